@@ -1,0 +1,3 @@
+"""rmmjax: learnable memory retrieval for long-term conversational agents."""
+
+__version__ = "0.1.0"

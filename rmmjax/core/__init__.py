@@ -1,0 +1,23 @@
+"""The pure, jit-compiled core of rmmjax: no file, network, clock, global RNG or print."""
+
+from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss, reinforce_loss,
+                                set_reward)
+from rmmjax.core.reranker import batch_scores, init_params, score, score_naive
+from rmmjax.core.selection import (gumbel_top_m, selection_entropy, selection_log_prob,
+                                   selection_log_prob_terms, top_m)
+from rmmjax.core.simulate import (SimSpec, World, make_world, sample_batch, sample_eval_batch,
+                                  simulate_citations)
+from rmmjax.core.step import (evaluate, init_state, make_optimizer, recall_at_m,
+                              reinforce_update, sample_selection, supervised_step, train_step)
+from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
+from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
+
+__all__ = [
+    "BASELINE_KINDS", "Batch", "CoreSpec", "HParams", "SimSpec", "TrainState", "World",
+    "baseline_values", "batch_scores", "citation_rewards", "evaluate", "gumbel_top_m",
+    "init_params", "init_state", "listwise_loss", "make_optimizer", "make_run", "make_sweep",
+    "make_world", "recall_at_m", "reinforce_loss", "reinforce_update", "run_steps",
+    "sample_batch", "sample_eval_batch", "sample_selection", "score", "score_naive",
+    "selection_entropy", "selection_log_prob", "selection_log_prob_terms", "set_reward",
+    "simulate_citations", "stack_hparams", "supervised_step", "top_m", "train_step",
+]

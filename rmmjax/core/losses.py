@@ -1,0 +1,95 @@
+"""Objectives: REINFORCE from citation rewards, and a supervised listwise loss."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rmmjax.core.selection import selection_log_prob_terms
+from rmmjax.core.types import BASELINE_KINDS
+
+
+def citation_rewards(cited_BxM: jax.Array, selected_BxM: jax.Array) -> jax.Array:
+  """+1 for a selected memory the generator cited, -1 for one it did not, 0 for no selection."""
+  return jnp.where(selected_BxM >= 0, jnp.where(cited_BxM, 1.0, -1.0), 0.0)
+
+
+def set_reward(rewards_BxM: jax.Array, selected_BxM: jax.Array) -> jax.Array:
+  """One reward per query: the mean over its selected positions (0 when nothing was selected)."""
+  num_taken_B = jnp.sum(selected_BxM >= 0, -1).astype(rewards_BxM.dtype)
+  return jnp.sum(rewards_BxM, -1) / jnp.maximum(num_taken_B, 1.0)
+
+
+def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Array,
+                    reward_B: jax.Array) -> jax.Array:
+  """The baseline b for each query in a batch, b_B.
+
+  kind indexes BASELINE_KINDS: constant b; running mean of past rewards; batch mean of the other
+  queries' rewards (leave-one-out, so a query's own reward never enters its baseline).
+  """
+  b = reward_B.shape[0]
+  if b > 1:
+    leave_one_out_B = (jnp.sum(reward_B) - reward_B) / (b - 1)
+  else:
+    leave_one_out_B = jnp.zeros_like(reward_B)
+  options = jnp.stack([jnp.full_like(reward_B, constant), jnp.full_like(reward_B, running_mean),
+                       leave_one_out_B])
+  assert options.shape[0] == len(BASELINE_KINDS)
+  return options[kind]
+
+
+def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: jax.Array,
+                   baseline_B: jax.Array, tau: jax.Array, mask_BxK: jax.Array,
+                   credit: str = "set", surrogate: bool = False):
+  """REINFORCE loss -(R - b) log P(selection), averaged over the batch.
+
+  Args:
+    scores_BxK: reranker scores (the only input gradients flow into).
+    selected_BxM: the sampled selection, -1 where nothing was selected.
+    rewards_BxM: per-position rewards (see `citation_rewards`).
+    baseline_B: baseline per query.
+    tau: temperature of the selection distribution.
+    mask_BxK: valid candidates.
+    credit: "set" weights the whole selection's log-probability by the set reward (mean over the
+      selected); "position" weights each position's term by that position's own reward.
+    surrogate: use the paper's sum-of-log-softmax instead of the Plackett-Luce log-probability.
+
+  Returns:
+    (loss, aux) with aux holding the mean advantage and the mean log-probability.
+  """
+  if scores_BxK.ndim != 2 or selected_BxM.shape != rewards_BxM.shape:
+    raise ValueError(f"expected scores (B, K) and selection/rewards (B, M), got "
+                     f"{scores_BxK.shape}, {selected_BxM.shape}, {rewards_BxM.shape}")
+  terms_BxM = jax.vmap(selection_log_prob_terms, in_axes=(0, 0, None, 0, None))(
+      scores_BxK, selected_BxM, tau, mask_BxK, surrogate)
+  taken_BxM = selected_BxM >= 0
+  if credit == "set":
+    adv_B = jax.lax.stop_gradient(set_reward(rewards_BxM, selected_BxM) - baseline_B)
+    per_query_B = adv_B * jnp.sum(terms_BxM, -1)
+    mean_adv = jnp.mean(adv_B)
+  elif credit == "position":
+    adv_BxM = jax.lax.stop_gradient(jnp.where(taken_BxM, rewards_BxM - baseline_B[:, None], 0.0))
+    per_query_B = jnp.sum(adv_BxM * terms_BxM, -1)
+    mean_adv = jnp.sum(adv_BxM) / jnp.maximum(jnp.sum(taken_BxM).astype(jnp.float32), 1.0)
+  else:
+    raise ValueError(f"credit={credit!r} is not one of set, position")
+  loss = -jnp.mean(per_query_B)
+  return loss, {"advantage": mean_adv, "log_prob": jnp.mean(jnp.sum(terms_BxM, -1))}
+
+
+def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,
+                  tau: jax.Array | float = 1.0) -> jax.Array:
+  """Softmax cross-entropy with several positives (labels spread evenly over the relevant).
+
+  Queries without a valid relevant candidate contribute nothing.
+  """
+  labels_BxK = (relevant_BxK & mask_BxK).astype(jnp.float32)
+  has_pos_B = jnp.sum(labels_BxK, -1) > 0
+  labels_BxK = labels_BxK / jnp.maximum(jnp.sum(labels_BxK, -1, keepdims=True), 1.0)
+  # Masked logits become a large negative number rather than -inf so no gradient turns NaN.
+  logits_BxK = jnp.where(mask_BxK, scores_BxK / tau, -1e30)
+  per_query_B = optax.losses.ranking_softmax_loss(
+      logits_BxK, labels_BxK, where=mask_BxK, reduce_fn=None)
+  per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
+  return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)

@@ -1,0 +1,87 @@
+"""The learnable reranker: residual transforms of query and memories, scored by dot product.
+
+Both variants start as the identity, so a fresh reranker reproduces the base retriever's order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rmmjax.core.types import CoreSpec
+
+
+def init_params(key: jax.Array, spec: CoreSpec) -> dict:
+  """Parameters that make the reranker the identity map."""
+  d = spec.dim
+  if spec.variant == "linear":
+    return {"wq": jnp.zeros((d, d), jnp.float32), "wm": jnp.zeros((d, d), jnp.float32)}
+  kq, km = jax.random.split(key)
+
+  def mlp(k):
+    # The output layer starts at zero so the residual branch adds nothing at first.
+    w1 = jax.random.normal(k, (d, spec.hidden), jnp.float32) / jnp.sqrt(d)
+    return {"w1": w1, "b1": jnp.zeros((spec.hidden,), jnp.float32),
+            "w2": jnp.zeros((spec.hidden, d), jnp.float32), "b2": jnp.zeros((d,), jnp.float32)}
+
+  return {"q_mlp": mlp(kq), "m_mlp": mlp(km)}
+
+
+def _residual_mlp(p: dict, x_D: jax.Array) -> jax.Array:
+  h = jax.nn.gelu(x_D @ p["w1"] + p["b1"])
+  return x_D + h @ p["w2"] + p["b2"]
+
+
+def _check_shapes(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str) -> None:
+  if q_D.ndim != 1 or m_KxD.ndim != 2:
+    raise ValueError(f"expected q of shape (D,) and m of shape (K, D), got {q_D.shape} and "
+                     f"{m_KxD.shape}; vmap over batches at the call site")
+  if q_D.shape[0] != m_KxD.shape[1]:
+    raise ValueError(f"query dimension {q_D.shape[0]} != memory dimension {m_KxD.shape[1]}")
+  if variant not in ("linear", "mlp"):
+    raise ValueError(f"variant={variant!r} is not one of linear, mlp")
+  want = params["wq"].shape[0] if variant == "linear" else params["q_mlp"]["w1"].shape[0]
+  if q_D.shape[0] != want:
+    raise ValueError(f"embedding dimension {q_D.shape[0]} != reranker dimension {want}")
+
+
+def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear") -> jax.Array:
+  """Reranker scores of K candidate memories for one query.
+
+  Args:
+    params: from `init_params`.
+    q_D: query embedding.
+    m_KxD: candidate memory embeddings.
+    variant: "linear" (q' = q + Wq q, m' = m + Wm m, s = q'.m') or "mlp" (residual MLPs).
+
+  Returns:
+    scores_K. For "linear" the memories are never transformed: s_i = m_i . (I+Wm)^T (I+Wq) q,
+    which costs O(D^2 + K D) instead of O(K D^2).
+  """
+  _check_shapes(params, q_D, m_KxD, variant)
+  if variant == "linear":
+    u_D = q_D + params["wq"] @ q_D
+    v_D = u_D + params["wm"].T @ u_D
+    return m_KxD @ v_D
+  q_D = _residual_mlp(params["q_mlp"], q_D)
+  m_KxD = jax.vmap(_residual_mlp, in_axes=(None, 0))(params["m_mlp"], m_KxD)
+  return m_KxD @ q_D
+
+
+def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
+  """The linear reranker written as the paper states it: all K memories transformed.
+
+  Kept as the reference for tests and for the benchmark of the fast formulation.
+  """
+  _check_shapes(params, q_D, m_KxD, "linear")
+  q_D = q_D + params["wq"] @ q_D
+  m_KxD = m_KxD + m_KxD @ params["wm"].T
+  return m_KxD @ q_D
+
+
+def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
+                 spec: CoreSpec) -> jax.Array:
+  """Scores for a batch of queries, scores_BxK, with the formulation the spec names."""
+  if spec.variant == "linear" and spec.formulation == "naive":
+    return jax.vmap(score_naive, in_axes=(None, 0, 0))(params, q_BxD, mem_BxKxD)
+  return jax.vmap(score, in_axes=(None, 0, 0, None))(params, q_BxD, mem_BxKxD, spec.variant)

@@ -1,0 +1,102 @@
+"""Stochastic top-M selection (Gumbel top-M) and its Plackett-Luce log-probability.
+
+Adding Gumbel noise to the logits s/tau and taking the M largest draws an exact ordered sample
+without replacement from the Plackett-Luce distribution with those logits. The paper's literal
+recipe ranks s + g and divides by tau only afterwards; its samples then ignore tau and disagree
+with the softmax(s/tau) probabilities the loss uses unless tau = 1. It is kept as `paper=True` so
+the difference can be measured.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# A finite stand-in for -inf: exp() of it is exactly 0, and its gradients are never NaN.
+_NEG = -1e30
+
+
+def _default_mask(scores_K: jax.Array, mask_K: jax.Array | None) -> jax.Array:
+  if scores_K.ndim != 1:
+    raise ValueError(f"expected scores of shape (K,), got {scores_K.shape}; vmap over batches")
+  if mask_K is None:
+    return jnp.ones(scores_K.shape, bool)
+  if mask_K.shape != scores_K.shape:
+    raise ValueError(f"mask shape {mask_K.shape} != scores shape {scores_K.shape}")
+  return mask_K.astype(bool)
+
+
+def _check_m(m: int, k: int) -> None:
+  if not isinstance(m, int) or m < 1 or m > k:
+    raise ValueError(f"m={m!r}: expected an integer in [1, K={k}]")
+
+
+def gumbel_top_m(key: jax.Array, scores_K: jax.Array, m: int, tau: jax.Array | float,
+                 mask_K: jax.Array | None = None, paper: bool = False) -> jax.Array:
+  """Samples M candidates without replacement, in selection order.
+
+  Args:
+    key: PRNG key.
+    scores_K: reranker scores.
+    m: how many to select (static).
+    tau: temperature > 0.
+    mask_K: valid candidates; invalid ones are never selected.
+    paper: rank s + g instead of s/tau + g (the paper's literal recipe, ignores tau).
+
+  Returns:
+    int32 indices of shape (m,); when fewer than m candidates are valid, every valid one is
+    selected and the trailing positions hold -1.
+  """
+  mask_K = _default_mask(scores_K, mask_K)
+  _check_m(m, scores_K.shape[0])
+  gumbel_K = jax.random.gumbel(key, scores_K.shape, jnp.float32)
+  logits_K = scores_K if paper else scores_K / tau
+  return top_m(logits_K + gumbel_K, m, mask_K)
+
+
+def top_m(scores_K: jax.Array, m: int, mask_K: jax.Array | None = None) -> jax.Array:
+  """Deterministic top-M of the valid candidates (evaluation), -1 where none is left."""
+  mask_K = _default_mask(scores_K, mask_K)
+  _check_m(m, scores_K.shape[0])
+  _, idx_M = jax.lax.top_k(jnp.where(mask_K, scores_K, -jnp.inf), m)
+  taken_M = jnp.arange(m) < jnp.sum(mask_K)
+  return jnp.where(taken_M, idx_M, -1).astype(jnp.int32)
+
+
+def selection_log_prob_terms(scores_K: jax.Array, selected_M: jax.Array,
+                             tau: jax.Array | float, mask_K: jax.Array | None = None,
+                             surrogate: bool = False) -> jax.Array:
+  """Per-position log-probability terms of an ordered selection; -1 positions give 0.
+
+  Plackett-Luce: term_j = s_j/tau - logsumexp over the valid candidates not selected before j.
+  Surrogate (paper): term_j = log_softmax(s/tau)_j over all valid candidates.
+  """
+  mask_K = _default_mask(scores_K, mask_K)
+  k = scores_K.shape[0]
+  logits_K = scores_K / tau
+  taken_M = selected_M >= 0
+  safe_M = jnp.where(taken_M, selected_M, 0)
+  if surrogate:
+    log_p_K = jax.nn.log_softmax(jnp.where(mask_K, logits_K, _NEG))
+    return jnp.where(taken_M, log_p_K[safe_M], 0.0)
+  # available_MxK[j] marks the valid candidates not chosen at positions before j.
+  chosen_MxK = (safe_M[:, None] == jnp.arange(k)[None, :]) & taken_M[:, None]
+  chosen_MxK = chosen_MxK.astype(jnp.int32)
+  chosen_before_MxK = jnp.cumsum(chosen_MxK, axis=0) - chosen_MxK
+  available_MxK = mask_K[None, :] & (chosen_before_MxK == 0)
+  lse_M = jax.nn.logsumexp(jnp.where(available_MxK, logits_K[None, :], _NEG), axis=-1)
+  return jnp.where(taken_M, logits_K[safe_M] - lse_M, 0.0)
+
+
+def selection_log_prob(scores_K: jax.Array, selected_M: jax.Array, tau: jax.Array | float,
+                       mask_K: jax.Array | None = None, surrogate: bool = False) -> jax.Array:
+  """Log-probability of the ordered selection (Plackett-Luce, or the paper's surrogate)."""
+  return jnp.sum(selection_log_prob_terms(scores_K, selected_M, tau, mask_K, surrogate))
+
+
+def selection_entropy(scores_K: jax.Array, tau: jax.Array | float,
+                      mask_K: jax.Array | None = None) -> jax.Array:
+  """Entropy of the first pick, softmax(s/tau) over the valid candidates (0 when none is)."""
+  mask_K = _default_mask(scores_K, mask_K)
+  log_p_K = jax.nn.log_softmax(jnp.where(mask_K, scores_K / tau, _NEG))
+  return -jnp.sum(jnp.where(mask_K, jnp.exp(log_p_K) * log_p_K, 0.0))

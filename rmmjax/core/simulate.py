@@ -1,0 +1,111 @@
+"""Latent simulator: users with memory banks, queries with known relevance, a citation model.
+
+Each user owns a bank of unit-norm memory embeddings (banks differ in size; padding is masked).
+A query is about 1..max_relevant of the user's memories. Its embedding mixes a weak copy of
+their mean direction with a strong copy passed through a hidden rotation, plus noise: the base
+dot-product retriever sees only the weak part, so it finds relevant memories among its top K but
+ranks them poorly, while a reranker whose (I+Wm)^T (I+Wq) learns to undo the rotation can rank
+them first. The citation model cites a relevant selected memory with p_rel and an irrelevant one
+with p_irr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from rmmjax.core.types import Batch, CoreSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class SimSpec:
+  """Static description of the simulated world."""
+
+  num_users: int = 64
+  bank_size: int = 128  # memories per bank before padding (N)
+  min_bank: int = 16  # smallest bank; sizes are uniform in [min_bank, bank_size]
+  max_relevant: int = 3  # a query is about 1..max_relevant memories
+  signal: float = 0.35  # weight of the undistorted direction, all the base retriever can use
+  distortion: float = 1.0  # weight of the rotated direction, learnable by a reranker
+  noise: float = 0.2  # weight of isotropic noise in the query
+  world_seed: int = 0
+
+  def __post_init__(self):
+    for name in ("num_users", "bank_size", "min_bank", "max_relevant"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}={v!r}: expected a positive integer")
+    if self.min_bank > self.bank_size:
+      raise ValueError(f"min_bank={self.min_bank} > bank_size={self.bank_size}")
+    if self.max_relevant > self.min_bank:
+      raise ValueError(f"max_relevant={self.max_relevant} > min_bank={self.min_bank}")
+    for name in ("signal", "distortion", "noise"):
+      if not getattr(self, name) >= 0:
+        raise ValueError(f"{name}={getattr(self, name)!r}: expected a value >= 0")
+
+
+class World(struct.PyTreeNode):
+  bank_UxNxD: jax.Array
+  bank_size_U: jax.Array
+  rotation_DxD: jax.Array  # the hidden distortion applied to query intents
+
+
+def _normalize(x: jax.Array) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def make_world(sim: SimSpec, dim: int) -> World:
+  """The fixed world of a simulation, drawn from sim.world_seed."""
+  k_bank, k_size, k_rot = jax.random.split(jax.random.PRNGKey(sim.world_seed), 3)
+  bank = _normalize(jax.random.normal(k_bank, (sim.num_users, sim.bank_size, dim)))
+  sizes = jax.random.randint(k_size, (sim.num_users,), sim.min_bank, sim.bank_size + 1)
+  rotation, _ = jnp.linalg.qr(jax.random.normal(k_rot, (dim, dim)))
+  pad = jnp.arange(sim.bank_size)[None, :] >= sizes[:, None]
+  return World(bank_UxNxD=jnp.where(pad[..., None], 0.0, bank), bank_size_U=sizes,
+               rotation_DxD=rotation)
+
+
+def sample_query(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
+  """One query and its base-retriever candidates (a Batch without the leading axis)."""
+  k_user, k_rel, k_num, k_noise = jax.random.split(key, 4)
+  n = world.bank_UxNxD.shape[1]
+  user = jax.random.randint(k_user, (), 0, world.bank_UxNxD.shape[0])
+  bank_NxD = world.bank_UxNxD[user]
+  valid_N = jnp.arange(n) < world.bank_size_U[user]
+  # A uniform draw of distinct valid memories: the top of random keys over the valid ones.
+  _, picks_R = jax.lax.top_k(jnp.where(valid_N, jax.random.uniform(k_rel, (n,)), -1.0),
+                             sim.max_relevant)
+  num_rel = jax.random.randint(k_num, (), 1, sim.max_relevant + 1)
+  use_R = jnp.arange(sim.max_relevant) < num_rel
+  intent_D = _normalize(jnp.sum(jnp.where(use_R[:, None], bank_NxD[picks_R], 0.0), 0))
+  noise_D = jax.random.normal(k_noise, intent_D.shape) / jnp.sqrt(intent_D.shape[0])
+  q_D = _normalize(sim.signal * intent_D + sim.distortion * world.rotation_DxD @ intent_D
+                   + sim.noise * noise_D)
+  base_N = jnp.where(valid_N, bank_NxD @ q_D, -jnp.inf)
+  _, cand_K = jax.lax.top_k(base_N, spec.k)
+  relevant_N = jnp.zeros((n,), bool).at[picks_R].set(use_R)
+  return Batch(q_BxD=q_D, mem_BxKxD=bank_NxD[cand_K], mask_BxK=valid_N[cand_K],
+               relevant_BxK=relevant_N[cand_K] & valid_N[cand_K], num_relevant_B=num_rel)
+
+
+def sample_batch(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec,
+                 size: int | None = None) -> Batch:
+  """A batch of `size` (default spec.batch) independent queries."""
+  keys = jax.random.split(key, spec.batch if size is None else size)
+  return jax.vmap(sample_query, in_axes=(None, 0, None, None))(world, keys, sim, spec)
+
+
+def sample_eval_batch(world: World, sim: SimSpec, spec: CoreSpec, size: int) -> Batch:
+  """A fixed set of held-out queries, the same for every run in the same world."""
+  key = jax.random.fold_in(jax.random.PRNGKey(sim.world_seed), 1_000_003)
+  return sample_batch(world, key, sim, spec, size)
+
+
+def simulate_citations(key: jax.Array, relevant_BxM: jax.Array, selected_BxM: jax.Array,
+                       p_rel: jax.Array, p_irr: jax.Array) -> jax.Array:
+  """Which selected memories the simulated generator cites (False where nothing was selected)."""
+  p_BxM = jnp.where(relevant_BxM, p_rel, p_irr)
+  return (jax.random.uniform(key, relevant_BxM.shape) < p_BxM) & (selected_BxM >= 0)

@@ -1,0 +1,118 @@
+"""Pure update steps: REINFORCE from citation rewards, and supervised listwise pretraining."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rmmjax.core import losses, reranker, selection
+from rmmjax.core.simulate import simulate_citations
+from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
+
+
+def make_optimizer(learning_rate) -> optax.GradientTransformation:
+  """Adam with its learning rate kept in the optimizer state, so sweeps can vmap over it."""
+  return optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
+
+
+def init_state(spec: CoreSpec, hparams: HParams) -> TrainState:
+  """A fresh run: identity reranker, Adam state, root key from hparams.seed."""
+  key = jax.random.PRNGKey(hparams.seed)
+  params = reranker.init_params(jax.random.fold_in(key, 0), spec)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=make_optimizer(hparams.lr).init(params), hparams=hparams,
+                    reward_mean=jnp.zeros((), jnp.float32), key=key, spec=spec)
+
+
+def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, key: jax.Array,
+                     spec: CoreSpec, tau: jax.Array) -> jax.Array:
+  """Gumbel top-M for each query of a batch, selected_BxM."""
+  keys = jax.random.split(key, scores_BxK.shape[0])
+  return jax.vmap(selection.gumbel_top_m, in_axes=(0, 0, None, None, 0, None))(
+      keys, scores_BxK, spec.m, tau, mask_BxK, spec.sampling == "paper")
+
+
+def gather_positions(values_BxK: jax.Array, selected_BxM: jax.Array) -> jax.Array:
+  """values at the selected candidates, False/0 where a position holds -1."""
+  picked = jnp.take_along_axis(values_BxK, jnp.maximum(selected_BxM, 0), axis=-1)
+  return jnp.where(selected_BxM >= 0, picked, jnp.zeros_like(picked))
+
+
+def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
+  """Mean over queries of (relevant memories selected) / (relevant memories in the bank)."""
+  hits_B = jnp.sum(gather_positions(batch.relevant_BxK, selected_BxM), -1).astype(jnp.float32)
+  return jnp.mean(hits_B / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0))
+
+
+def _apply(state: TrainState, grads) -> TrainState:
+  updates, opt_state = make_optimizer(state.hparams.lr).update(grads, state.opt_state,
+                                                               state.params)
+  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                       opt_state=opt_state)
+
+
+def reinforce_update(state: TrainState, batch: Batch, selected_BxM: jax.Array,
+                     rewards_BxM: jax.Array) -> tuple[TrainState, dict]:
+  """One REINFORCE update from rewards the caller observed (a real generator's citations)."""
+  spec, hp = state.spec, state.hparams
+  scores_BxK, scores_vjp = jax.vjp(
+      lambda p: reranker.batch_scores(p, batch.q_BxD, batch.mem_BxKxD, spec), state.params)
+  reward_B = losses.set_reward(rewards_BxM, selected_BxM)
+  if spec.credit == "position":  # the baseline then tracks the per-memory reward
+    reward_B = jnp.mean(jnp.where(selected_BxM >= 0, rewards_BxM, 0.0), -1)
+  baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B)
+  (loss, aux), g_scores_BxK = jax.value_and_grad(losses.reinforce_loss, has_aux=True)(
+      scores_BxK, selected_BxM, rewards_BxM, baseline_B, hp.tau, batch.mask_BxK, spec.credit,
+      spec.log_prob == "surrogate")
+  (grads,) = scores_vjp(g_scores_BxK)
+  entropy_B = jax.vmap(selection.selection_entropy, in_axes=(0, None, 0))(
+      scores_BxK, hp.tau, batch.mask_BxK)
+  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+             "entropy": jnp.mean(entropy_B), "reward": jnp.mean(reward_B), **aux}
+  decay = spec.running_decay
+  state = state.replace(reward_mean=decay * state.reward_mean + (1 - decay) * jnp.mean(reward_B))
+  return _apply(state, grads), metrics
+
+
+def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, dict]:
+  """Select with the current reranker, draw simulated citations, update with REINFORCE.
+
+  The key is the run's step stream; the step number is folded in here.
+  """
+  key = jax.random.fold_in(key, state.step)
+  k_select, k_cite = jax.random.split(key)
+  del key
+  hp = state.hparams
+  scores_BxK = reranker.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, state.spec)
+  selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, k_select, state.spec, hp.tau)
+  relevant_BxM = gather_positions(batch.relevant_BxK, selected_BxM)
+  cited_BxM = simulate_citations(k_cite, relevant_BxM, selected_BxM, hp.p_rel, hp.p_irr)
+  rewards_BxM = losses.citation_rewards(cited_BxM, selected_BxM)
+  state, metrics = reinforce_update(state, batch, selected_BxM, rewards_BxM)
+  taken = jnp.maximum(jnp.sum(selected_BxM >= 0).astype(jnp.float32), 1.0)
+  metrics["citation_rate"] = jnp.sum(cited_BxM).astype(jnp.float32) / taken
+  metrics["recall_at_m"] = recall_at_m(selected_BxM, batch)
+  return state, metrics
+
+
+def supervised_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+  """One step of listwise pretraining on labelled relevance (softmax CE, several positives)."""
+  def loss_fn(params):
+    scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, state.spec)
+    return losses.listwise_loss(scores_BxK, batch.relevant_BxK, batch.mask_BxK, state.hparams.tau)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  return _apply(state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+
+def evaluate(params, batch: Batch, spec: CoreSpec) -> dict:
+  """Deterministic top-M recall of the reranker, the base order, and all K candidates."""
+  scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+  reranked_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m,
+                                                                  batch.mask_BxK)
+  base_BxM = jnp.where(batch.mask_BxK[:, :spec.m], jnp.arange(spec.m)[None, :], -1)
+  all_BxK = jnp.where(batch.mask_BxK, jnp.arange(spec.k)[None, :], -1)
+  return {"recall_at_m": recall_at_m(reranked_BxM, batch),
+          "recall_at_m_base": recall_at_m(base_BxM, batch),
+          "recall_at_k": recall_at_m(all_BxK, batch)}

@@ -1,0 +1,113 @@
+"""Pytrees the core passes around: the static spec, sweepable hyperparameters, batches, state.
+
+`CoreSpec` holds everything that fixes a compiled program (shapes and discrete choices); changing
+it recompiles. `HParams` holds every value a sweep varies; its leaves are arrays, so a sweep vmaps
+over them instead of recompiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+VARIANTS = ("linear", "mlp")
+FORMULATIONS = ("fast", "naive")
+BASELINE_KINDS = ("constant", "running", "batch")
+CREDITS = ("set", "position")
+LOG_PROBS = ("plackett_luce", "surrogate")
+SAMPLINGS = ("gumbel", "paper")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{name}={value!r}: expected a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreSpec:
+  """Static description of the reranker and its objective."""
+
+  variant: str = "linear"  # linear (paper Eq. 1) or mlp (residual MLP, paper appendix)
+  formulation: str = "fast"  # linear only: fast transforms the query only; naive all K memories
+  dim: int = 64  # embedding dimension D
+  hidden: int = 256  # hidden width of the mlp variant
+  k: int = 20  # candidates from the base retriever
+  m: int = 5  # memories selected for the generator
+  batch: int = 4  # queries per update
+  credit: str = "set"  # set: one reward per query; position: each selected memory its own
+  log_prob: str = "plackett_luce"  # or surrogate: sum of log-softmax of the selected
+  sampling: str = "gumbel"  # gumbel: top-M of s/tau + g (exact); paper: top-M of s + g
+  running_decay: float = 0.99  # decay of the running-mean baseline
+
+  def __post_init__(self):
+    _check_choice("variant", self.variant, VARIANTS)
+    _check_choice("formulation", self.formulation, FORMULATIONS)
+    _check_choice("credit", self.credit, CREDITS)
+    _check_choice("log_prob", self.log_prob, LOG_PROBS)
+    _check_choice("sampling", self.sampling, SAMPLINGS)
+    for name in ("dim", "hidden", "k", "m", "batch"):
+      _check_positive_int(name, getattr(self, name))
+    if self.m > self.k:
+      raise ValueError(f"m={self.m} > k={self.k}: cannot select more memories than candidates")
+    if not 0.0 <= self.running_decay < 1.0:
+      raise ValueError(f"running_decay={self.running_decay!r}: expected a value in [0, 1)")
+
+
+class HParams(struct.PyTreeNode):
+  """Sweepable hyperparameters; every leaf is an array (scalar per run, (C,) per sweep)."""
+
+  tau: jax.Array  # Gumbel / softmax temperature
+  baseline: jax.Array  # constant baseline b
+  baseline_kind: jax.Array  # int32 index into BASELINE_KINDS
+  lr: jax.Array  # Adam learning rate
+  seed: jax.Array  # int32 seed of the run's randomness
+  p_rel: jax.Array  # probability the generator cites a relevant selected memory
+  p_irr: jax.Array  # probability the generator cites an irrelevant selected memory
+
+  @classmethod
+  def create(cls, *, tau=0.5, baseline=0.5, baseline_kind="constant", lr=1e-3, seed=0,
+             p_rel=0.911, p_irr=0.154) -> "HParams":
+    """Builds scalar hyperparameters from Python values, validating each."""
+    if not tau > 0:
+      raise ValueError(f"tau={tau!r}: expected a temperature > 0")
+    if not lr > 0:
+      raise ValueError(f"lr={lr!r}: expected a learning rate > 0")
+    for name, p in (("p_rel", p_rel), ("p_irr", p_irr)):
+      if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name}={p!r}: expected a probability in [0, 1]")
+    _check_choice("baseline_kind", baseline_kind, BASELINE_KINDS)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return cls(tau=f32(tau), baseline=f32(baseline),
+               baseline_kind=jnp.asarray(BASELINE_KINDS.index(baseline_kind), jnp.int32),
+               lr=f32(lr), seed=jnp.asarray(seed, jnp.int32), p_rel=f32(p_rel), p_irr=f32(p_irr))
+
+
+class Batch(struct.PyTreeNode):
+  """B queries with their K base-retriever candidates, in base order (best first)."""
+
+  q_BxD: jax.Array
+  mem_BxKxD: jax.Array
+  mask_BxK: jax.Array  # bool: candidate exists (a bank may hold fewer than K memories)
+  relevant_BxK: jax.Array  # bool: candidate is relevant to the query
+  num_relevant_B: jax.Array  # relevant memories in the whole bank (recall denominator)
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything a run carries from step to step."""
+
+  step: jax.Array  # int32, completed updates
+  params: Any
+  opt_state: Any
+  hparams: HParams
+  reward_mean: jax.Array  # running mean of the reward (the running baseline)
+  key: jax.Array  # the run's root key; each step folds in its step number
+  spec: CoreSpec = struct.field(pytree_node=False)

@@ -1,0 +1,72 @@
+"""The reranker: identity at initialisation, fast linear scores equal the naive formula."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rmmjax import core
+
+
+def _random_problem(d=16, k=7, seed=0):
+  kq, km = jax.random.split(jax.random.PRNGKey(seed))
+  return jax.random.normal(kq, (d,)), jax.random.normal(km, (k, d))
+
+
+@pytest.mark.parametrize("variant", ["linear", "mlp"])
+def test_identity_initialisation_reproduces_base_scores(variant):
+  q, m = _random_problem()
+  spec = core.CoreSpec(variant=variant, dim=16, hidden=8, k=7, m=3)
+  params = core.init_params(jax.random.PRNGKey(1), spec)
+  np.testing.assert_allclose(core.score(params, q, m, variant), m @ q, rtol=1e-6, atol=1e-6)
+
+
+def test_fast_linear_equals_naive_formula():
+  q, m = _random_problem(d=32, k=20)
+  kq, km = jax.random.split(jax.random.PRNGKey(3))
+  params = {"wq": 0.2 * jax.random.normal(kq, (32, 32)),
+            "wm": 0.2 * jax.random.normal(km, (32, 32))}
+  fast = core.score(params, q, m, "linear")
+  # Independent computation: transform every memory explicitly, in float64 NumPy.
+  qn, mn = np.asarray(q, np.float64), np.asarray(m, np.float64)
+  wq, wm = (np.asarray(params[k], np.float64) for k in ("wq", "wm"))
+  want = (mn + mn @ wm.T) @ (qn + wq @ qn)
+  np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(core.score_naive(params, q, m), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_and_naive_gradients_agree():
+  q, m = _random_problem(d=8, k=5)
+  params = core.init_params(jax.random.PRNGKey(0), core.CoreSpec(dim=8, k=5, m=2))
+  params = jax.tree.map(lambda x: x + 0.1, params)
+  w = jnp.arange(5.0)
+  g_fast = jax.grad(lambda p: core.score(p, q, m) @ w)(params)
+  g_naive = jax.grad(lambda p: core.score_naive(p, q, m) @ w)(params)
+  for name in ("wq", "wm"):
+    np.testing.assert_allclose(g_fast[name], g_naive[name], rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_learns_a_nonlinear_residual():
+  q, m = _random_problem()
+  spec = core.CoreSpec(variant="mlp", dim=16, hidden=8)
+  params = core.init_params(jax.random.PRNGKey(1), spec)
+  params = jax.tree.map(lambda x: x + 0.05, params)
+  mlp = lambda p, x: x + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+  want = jax.vmap(mlp, (None, 0))(params["m_mlp"], m) @ mlp(params["q_mlp"], q)
+  np.testing.assert_allclose(core.score(params, q, m, "mlp"), want, rtol=1e-5, atol=1e-5)
+
+
+def test_mismatched_dimensions_are_refused():
+  params = core.init_params(jax.random.PRNGKey(0), core.CoreSpec(dim=16))
+  q, m = _random_problem(d=16)
+  with pytest.raises(ValueError, match="query dimension 16 != memory dimension 8"):
+    core.score(params, q, m[:, :8])
+  with pytest.raises(ValueError, match="embedding dimension 8 != reranker dimension 16"):
+    core.score(params, q[:8], m[:, :8])
+  with pytest.raises(ValueError, match="vmap"):
+    core.score(params, m, m)
+
+
+def test_spec_refuses_m_above_k():
+  with pytest.raises(ValueError, match="m=21 > k=20"):
+    core.CoreSpec(k=20, m=21)
