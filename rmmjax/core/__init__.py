@@ -2,22 +2,26 @@
 
 from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss, reinforce_loss,
                                 set_reward)
-from rmmjax.core.reranker import batch_scores, init_params, score, score_naive
+from rmmjax.core.optim import AdamState, LowRank, adam_init, adam_update, global_norm
+from rmmjax.core.reranker import (batch_scores, init_params, linear_grad_factors, score,
+                                  score_naive)
 from rmmjax.core.selection import (gumbel_top_m, selection_entropy, selection_log_prob,
                                    selection_log_prob_terms, top_m)
 from rmmjax.core.simulate import (SimSpec, World, make_world, sample_batch, sample_eval_batch,
                                   simulate_citations)
-from rmmjax.core.step import (evaluate, init_state, make_optimizer, recall_at_m,
-                              reinforce_update, sample_selection, supervised_step, train_step)
+from rmmjax.core.step import (evaluate, init_state, recall_at_m, reinforce_update,
+                              sample_selection, scores_and_pullback, supervised_step, train_step)
 from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
 from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
 
 __all__ = [
-    "BASELINE_KINDS", "Batch", "CoreSpec", "HParams", "SimSpec", "TrainState", "World",
-    "baseline_values", "batch_scores", "citation_rewards", "evaluate", "gumbel_top_m",
-    "init_params", "init_state", "listwise_loss", "make_optimizer", "make_run", "make_sweep",
+    "AdamState", "BASELINE_KINDS", "Batch", "CoreSpec", "HParams", "LowRank", "SimSpec",
+    "TrainState", "World", "adam_init", "adam_update", "baseline_values", "batch_scores",
+    "citation_rewards", "evaluate", "global_norm", "gumbel_top_m", "init_params", "init_state",
+    "linear_grad_factors", "listwise_loss", "make_run", "make_sweep",
     "make_world", "recall_at_m", "reinforce_loss", "reinforce_update", "run_steps",
     "sample_batch", "sample_eval_batch", "sample_selection", "score", "score_naive",
+    "scores_and_pullback",
     "selection_entropy", "selection_log_prob", "selection_log_prob_terms", "set_reward",
     "simulate_citations", "stack_hparams", "supervised_step", "top_m", "train_step",
 ]

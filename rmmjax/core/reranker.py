@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rmmjax.core.optim import LowRank
 from rmmjax.core.types import CoreSpec
 
 
@@ -45,6 +46,14 @@ def _check_shapes(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str) 
     raise ValueError(f"embedding dimension {q_D.shape[0]} != reranker dimension {want}")
 
 
+def _linear_query_map(params: dict, q_BxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """u = (I+Wq) q and v = (I+Wm)^T u for each query, written so both weights are read in
+  their stored row-major layout (no transposed copy of a D x D matrix)."""
+  u_BxD = q_BxD + jnp.einsum("ij,bj->bi", params["wq"], q_BxD)
+  v_BxD = u_BxD + u_BxD @ params["wm"]
+  return u_BxD, v_BxD
+
+
 def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear") -> jax.Array:
   """Reranker scores of K candidate memories for one query.
 
@@ -60,9 +69,8 @@ def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear
   """
   _check_shapes(params, q_D, m_KxD, variant)
   if variant == "linear":
-    u_D = q_D + params["wq"] @ q_D
-    v_D = u_D + params["wm"].T @ u_D
-    return m_KxD @ v_D
+    _, v_D = _linear_query_map(params, q_D[None, :])
+    return m_KxD @ v_D[0]
   q_D = _residual_mlp(params["q_mlp"], q_D)
   m_KxD = jax.vmap(_residual_mlp, in_axes=(None, 0))(params["m_mlp"], m_KxD)
   return m_KxD @ q_D
@@ -84,4 +92,22 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   """Scores for a batch of queries, scores_BxK, with the formulation the spec names."""
   if spec.variant == "linear" and spec.formulation == "naive":
     return jax.vmap(score_naive, in_axes=(None, 0, 0))(params, q_BxD, mem_BxKxD)
+  if spec.variant == "linear":  # the whole batch's queries in one pass over the weights
+    _check_shapes(params, q_BxD[0], mem_BxKxD[0], "linear")
+    _, v_BxD = _linear_query_map(params, q_BxD)
+    return jnp.einsum("bkd,bd->bk", mem_BxKxD, v_BxD)
   return jax.vmap(score, in_axes=(None, 0, 0, None))(params, q_BxD, mem_BxKxD, spec.variant)
+
+
+def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
+                        g_scores_BxK: jax.Array) -> dict:
+  """Gradients of sum(g_scores * scores) for the fast linear scorer, as low-rank factors.
+
+  With u = (I+Wq) q and v = (I+Wm)^T u, s_k = m_k . v. Back-propagating g_v = sum_k g_k m_k:
+  dWm = sum_b outer(u_b, g_v_b) and dWq = sum_b outer((I+Wm) g_v_b, q_b). Returned as LowRank so
+  the dense D x D gradients are formed only inside the optimizer's fused update.
+  """
+  u_BxD, _ = _linear_query_map(params, q_BxD)
+  g_v_BxD = jnp.einsum("bk,bkd->bd", g_scores_BxK, mem_BxKxD)
+  g_u_BxD = g_v_BxD + jnp.einsum("ij,bj->bi", params["wm"], g_v_BxD)
+  return {"wq": LowRank(g_u_BxD, q_BxD), "wm": LowRank(u_BxD, g_v_BxD)}

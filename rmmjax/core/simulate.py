@@ -1,7 +1,8 @@
 """Latent simulator: users with memory banks, queries with known relevance, a citation model.
 
 Each user owns a bank of unit-norm memory embeddings (banks differ in size; padding is masked).
-A query is about 1..max_relevant of the user's memories. Its embedding mixes a weak copy of
+A training batch is one user's session: spec.batch queries, each about 1..max_relevant of that
+user's memories. Its embedding mixes a weak copy of
 their mean direction with a strong copy passed through a hidden rotation, plus noise: the base
 dot-product retriever sees only the weak part, so it finds relevant memories among its top K but
 ranks them poorly, while a reranker whose (I+Wm)^T (I+Wq) learns to undo the rotation can rank
@@ -68,13 +69,11 @@ def make_world(sim: SimSpec, dim: int) -> World:
                rotation_DxD=rotation)
 
 
-def sample_query(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
-  """One query and its base-retriever candidates (a Batch without the leading axis)."""
-  k_user, k_rel, k_num, k_noise = jax.random.split(key, 4)
-  n = world.bank_UxNxD.shape[1]
-  user = jax.random.randint(k_user, (), 0, world.bank_UxNxD.shape[0])
-  bank_NxD = world.bank_UxNxD[user]
-  valid_N = jnp.arange(n) < world.bank_size_U[user]
+def _sample_query(bank_NxD: jax.Array, valid_N: jax.Array, rotation_DxD: jax.Array,
+                  key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
+  """One query about some of a bank's memories, with its base-retriever candidates."""
+  k_rel, k_num, k_noise = jax.random.split(key, 3)
+  n = bank_NxD.shape[0]
   # A uniform draw of distinct valid memories: the top of random keys over the valid ones.
   _, picks_R = jax.lax.top_k(jnp.where(valid_N, jax.random.uniform(k_rel, (n,)), -1.0),
                              sim.max_relevant)
@@ -82,7 +81,7 @@ def sample_query(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> 
   use_R = jnp.arange(sim.max_relevant) < num_rel
   intent_D = _normalize(jnp.sum(jnp.where(use_R[:, None], bank_NxD[picks_R], 0.0), 0))
   noise_D = jax.random.normal(k_noise, intent_D.shape) / jnp.sqrt(intent_D.shape[0])
-  q_D = _normalize(sim.signal * intent_D + sim.distortion * world.rotation_DxD @ intent_D
+  q_D = _normalize(sim.signal * intent_D + sim.distortion * rotation_DxD @ intent_D
                    + sim.noise * noise_D)
   base_N = jnp.where(valid_N, bank_NxD @ q_D, -jnp.inf)
   _, cand_K = jax.lax.top_k(base_N, spec.k)
@@ -91,17 +90,31 @@ def sample_query(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> 
                relevant_BxK=relevant_N[cand_K] & valid_N[cand_K], num_relevant_B=num_rel)
 
 
+def sample_session(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
+  """One user's session: spec.batch queries against that user's bank (a training batch)."""
+  k_user, k_queries = jax.random.split(key)
+  user = jax.random.randint(k_user, (), 0, world.bank_UxNxD.shape[0])
+  bank_NxD = world.bank_UxNxD[user]
+  valid_N = jnp.arange(bank_NxD.shape[0]) < world.bank_size_U[user]
+  keys = jax.random.split(k_queries, spec.batch)
+  return jax.vmap(_sample_query, in_axes=(None, None, None, 0, None, None))(
+      bank_NxD, valid_N, world.rotation_DxD, keys, sim, spec)
+
+
 def sample_batch(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec,
-                 size: int | None = None) -> Batch:
-  """A batch of `size` (default spec.batch) independent queries."""
-  keys = jax.random.split(key, spec.batch if size is None else size)
-  return jax.vmap(sample_query, in_axes=(None, 0, None, None))(world, keys, sim, spec)
+                 sessions: int = 1) -> Batch:
+  """`sessions` sessions of spec.batch queries each, flattened to sessions * spec.batch."""
+  if sessions == 1:
+    return sample_session(world, key, sim, spec)
+  batches = jax.vmap(sample_session, in_axes=(None, 0, None, None))(
+      world, jax.random.split(key, sessions), sim, spec)
+  return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batches)
 
 
-def sample_eval_batch(world: World, sim: SimSpec, spec: CoreSpec, size: int) -> Batch:
-  """A fixed set of held-out queries, the same for every run in the same world."""
+def sample_eval_batch(world: World, sim: SimSpec, spec: CoreSpec, sessions: int) -> Batch:
+  """A fixed set of held-out sessions, the same for every run in the same world."""
   key = jax.random.fold_in(jax.random.PRNGKey(sim.world_seed), 1_000_003)
-  return sample_batch(world, key, sim, spec, size)
+  return sample_batch(world, key, sim, spec, sessions)
 
 
 def simulate_citations(key: jax.Array, relevant_BxM: jax.Array, selected_BxM: jax.Array,

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
-import optax
 
-from rmmjax.core import losses, reranker, selection
+from rmmjax.core import losses, optim, reranker, selection
 from rmmjax.core.simulate import simulate_citations
 from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
-
-
-def make_optimizer(learning_rate) -> optax.GradientTransformation:
-  """Adam with its learning rate kept in the optimizer state, so sweeps can vmap over it."""
-  return optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
 
 
 def init_state(spec: CoreSpec, hparams: HParams) -> TrainState:
@@ -21,8 +17,24 @@ def init_state(spec: CoreSpec, hparams: HParams) -> TrainState:
   key = jax.random.PRNGKey(hparams.seed)
   params = reranker.init_params(jax.random.fold_in(key, 0), spec)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=make_optimizer(hparams.lr).init(params), hparams=hparams,
+                    opt_state=optim.adam_init(params), hparams=hparams,
                     reward_mean=jnp.zeros((), jnp.float32), key=key, spec=spec)
+
+
+def scores_and_pullback(params: dict, batch: Batch,
+                        spec: CoreSpec) -> tuple[jax.Array, Callable]:
+  """scores_BxK, and a function taking d(loss)/d(scores) to parameter gradients.
+
+  The fast linear scorer back-propagates by hand into low-rank factors (see
+  `reranker.linear_grad_factors`); every other scorer uses autodiff.
+  """
+  if spec.variant == "linear" and spec.formulation == "fast":
+    scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+    return scores_BxK, lambda g_BxK: reranker.linear_grad_factors(
+        params, batch.q_BxD, batch.mem_BxKxD, g_BxK)
+  scores_BxK, vjp = jax.vjp(
+      lambda p: reranker.batch_scores(p, batch.q_BxD, batch.mem_BxKxD, spec), params)
+  return scores_BxK, lambda g_BxK: vjp(g_BxK)[0]
 
 
 def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, key: jax.Array,
@@ -46,33 +58,36 @@ def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
 
 
 def _apply(state: TrainState, grads) -> TrainState:
-  updates, opt_state = make_optimizer(state.hparams.lr).update(grads, state.opt_state,
-                                                               state.params)
-  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                       opt_state=opt_state)
+  params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr)
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+
+
+def _reinforce(state: TrainState, batch: Batch, scores_BxK: jax.Array, pullback: Callable,
+               selected_BxM: jax.Array, rewards_BxM: jax.Array) -> tuple[TrainState, dict]:
+  spec, hp = state.spec, state.hparams
+  if spec.credit == "position":  # the baseline then tracks the per-memory reward
+    reward_B = jnp.mean(jnp.where(selected_BxM >= 0, rewards_BxM, 0.0), -1)
+  else:
+    reward_B = losses.set_reward(rewards_BxM, selected_BxM)
+  baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B)
+  (loss, aux), g_scores_BxK = jax.value_and_grad(losses.reinforce_loss, has_aux=True)(
+      scores_BxK, selected_BxM, rewards_BxM, baseline_B, hp.tau, batch.mask_BxK, spec.credit,
+      spec.log_prob == "surrogate")
+  grads = pullback(g_scores_BxK)
+  entropy_B = jax.vmap(selection.selection_entropy, in_axes=(0, None, 0))(
+      scores_BxK, hp.tau, batch.mask_BxK)
+  metrics = {"loss": loss, "grad_norm": optim.global_norm(grads),
+             "entropy": jnp.mean(entropy_B), "reward": jnp.mean(reward_B), **aux}
+  decay = spec.running_decay
+  state = state.replace(reward_mean=decay * state.reward_mean + (1 - decay) * jnp.mean(reward_B))
+  return _apply(state, grads), metrics
 
 
 def reinforce_update(state: TrainState, batch: Batch, selected_BxM: jax.Array,
                      rewards_BxM: jax.Array) -> tuple[TrainState, dict]:
   """One REINFORCE update from rewards the caller observed (a real generator's citations)."""
-  spec, hp = state.spec, state.hparams
-  scores_BxK, scores_vjp = jax.vjp(
-      lambda p: reranker.batch_scores(p, batch.q_BxD, batch.mem_BxKxD, spec), state.params)
-  reward_B = losses.set_reward(rewards_BxM, selected_BxM)
-  if spec.credit == "position":  # the baseline then tracks the per-memory reward
-    reward_B = jnp.mean(jnp.where(selected_BxM >= 0, rewards_BxM, 0.0), -1)
-  baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B)
-  (loss, aux), g_scores_BxK = jax.value_and_grad(losses.reinforce_loss, has_aux=True)(
-      scores_BxK, selected_BxM, rewards_BxM, baseline_B, hp.tau, batch.mask_BxK, spec.credit,
-      spec.log_prob == "surrogate")
-  (grads,) = scores_vjp(g_scores_BxK)
-  entropy_B = jax.vmap(selection.selection_entropy, in_axes=(0, None, 0))(
-      scores_BxK, hp.tau, batch.mask_BxK)
-  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-             "entropy": jnp.mean(entropy_B), "reward": jnp.mean(reward_B), **aux}
-  decay = spec.running_decay
-  state = state.replace(reward_mean=decay * state.reward_mean + (1 - decay) * jnp.mean(reward_B))
-  return _apply(state, grads), metrics
+  scores_BxK, pullback = scores_and_pullback(state.params, batch, state.spec)
+  return _reinforce(state, batch, scores_BxK, pullback, selected_BxM, rewards_BxM)
 
 
 def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, dict]:
@@ -84,12 +99,12 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainSt
   k_select, k_cite = jax.random.split(key)
   del key
   hp = state.hparams
-  scores_BxK = reranker.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, state.spec)
+  scores_BxK, pullback = scores_and_pullback(state.params, batch, state.spec)
   selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, k_select, state.spec, hp.tau)
   relevant_BxM = gather_positions(batch.relevant_BxK, selected_BxM)
   cited_BxM = simulate_citations(k_cite, relevant_BxM, selected_BxM, hp.p_rel, hp.p_irr)
   rewards_BxM = losses.citation_rewards(cited_BxM, selected_BxM)
-  state, metrics = reinforce_update(state, batch, selected_BxM, rewards_BxM)
+  state, metrics = _reinforce(state, batch, scores_BxK, pullback, selected_BxM, rewards_BxM)
   taken = jnp.maximum(jnp.sum(selected_BxM >= 0).astype(jnp.float32), 1.0)
   metrics["citation_rate"] = jnp.sum(cited_BxM).astype(jnp.float32) / taken
   metrics["recall_at_m"] = recall_at_m(selected_BxM, batch)
@@ -98,12 +113,11 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainSt
 
 def supervised_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
   """One step of listwise pretraining on labelled relevance (softmax CE, several positives)."""
-  def loss_fn(params):
-    scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, state.spec)
-    return losses.listwise_loss(scores_BxK, batch.relevant_BxK, batch.mask_BxK, state.hparams.tau)
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  return _apply(state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+  scores_BxK, pullback = scores_and_pullback(state.params, batch, state.spec)
+  loss, g_scores_BxK = jax.value_and_grad(losses.listwise_loss)(
+      scores_BxK, batch.relevant_BxK, batch.mask_BxK, state.hparams.tau)
+  grads = pullback(g_scores_BxK)
+  return _apply(state, grads), {"loss": loss, "grad_norm": optim.global_norm(grads)}
 
 
 def evaluate(params, batch: Batch, spec: CoreSpec) -> dict:

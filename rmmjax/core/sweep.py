@@ -33,11 +33,11 @@ def run_steps(state: TrainState, world: simulate.World, sim: simulate.SimSpec,
 
 
 def make_run(spec: CoreSpec, sim: simulate.SimSpec, steps: int,
-             eval_size: int) -> Callable[[HParams, simulate.World], dict]:
+             eval_sessions: int) -> Callable[[HParams, simulate.World], dict]:
   """run(hparams, world) -> {"metrics": per-step metrics, "eval_first", "eval_final"}."""
 
   def run(hparams: HParams, world: simulate.World) -> dict:
-    eval_batch = simulate.sample_eval_batch(world, sim, spec, eval_size)
+    eval_batch = simulate.sample_eval_batch(world, sim, spec, eval_sessions)
     state = init_state(spec, hparams)
     eval_first = evaluate(state.params, eval_batch, spec)
     state, metrics = run_steps(state, world, sim, steps)
@@ -52,6 +52,6 @@ def stack_hparams(points: list[HParams]) -> HParams:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *points)
 
 
-def make_sweep(spec: CoreSpec, sim: simulate.SimSpec, steps: int, eval_size: int):
+def make_sweep(spec: CoreSpec, sim: simulate.SimSpec, steps: int, eval_sessions: int):
   """jit(vmap(run)): runs a chunk of configurations (leading axis of hparams) in one program."""
-  return jax.jit(jax.vmap(make_run(spec, sim, steps, eval_size), in_axes=(0, None)))
+  return jax.jit(jax.vmap(make_run(spec, sim, steps, eval_sessions), in_axes=(0, None)))

@@ -1,0 +1,152 @@
+"""`rmmjax bench core`: training-step throughput and sweep throughput against their limits.
+
+The fast linear scorer is timed side by side with the naive formulation (all K memories
+transformed), alternating within each repeat so machine noise hits both; medians are reported.
+The sweep is a memory-bound program (a few FLOPs per byte of Adam state), so its throughput is
+reported as a fraction of the memory-bandwidth limit measured on this machine in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+
+D, K, M = 384, 20, 5
+TRAIN_BATCHES = (4, 64, 1024)
+SWEEP_CONFIGS, SWEEP_STEPS, SWEEP_BATCH = 64, 200, 4
+BYTES_F32 = 4
+
+
+def _median_time(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def measure_bandwidth(megabytes: int = 256, repeats: int = 7) -> float:
+  """Bytes/s of a streaming kernel (y = a * x: one read, one write) over arrays far beyond cache."""
+  n = megabytes * 2**20 // BYTES_F32
+  x = jnp.ones((n,), jnp.float32)
+  scale = jax.jit(lambda x: x * 1.0001)
+  scale(x).block_until_ready()
+  t = _median_time(lambda: scale(x).block_until_ready(), repeats)
+  return 2 * n * BYTES_F32 / t
+
+
+def _random_batch(batch: int) -> core.Batch:
+  kq, km, kr = jax.random.split(jax.random.PRNGKey(0), 3)
+  unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+  return core.Batch(q_BxD=unit(jax.random.normal(kq, (batch, D))),
+                    mem_BxKxD=unit(jax.random.normal(km, (batch, K, D))),
+                    mask_BxK=jnp.ones((batch, K), bool),
+                    relevant_BxK=jax.random.uniform(kr, (batch, K)) < 0.15,
+                    num_relevant_B=jnp.full((batch,), 3, jnp.int32))
+
+
+def bench_train(repeats: int, min_seconds: float) -> list[dict]:
+  """Steps/s of the jitted, donated train_step for each batch size and formulation."""
+  results = []
+  for batch in TRAIN_BATCHES:
+    data = _random_batch(batch)
+    runners = {}
+    for formulation in ("fast", "naive"):
+      spec = core.CoreSpec(dim=D, k=K, m=M, batch=batch, formulation=formulation)
+      step = jax.jit(core.train_step, donate_argnums=0)
+      box = {"state": core.init_state(spec, core.HParams.create())}
+      key = jax.random.PRNGKey(1)
+
+      def run(n, step=step, box=box, key=key):
+        state = box["state"]
+        for _ in range(n):
+          state, _ = step(state, data, key)
+        box["state"] = jax.block_until_ready(state)
+
+      run(3)  # compile and warm up
+      t0 = time.perf_counter()
+      run(3)
+      per_step = max((time.perf_counter() - t0) / 3, 1e-6)
+      runners[formulation] = (run, max(3, int(min_seconds / per_step)))
+    times = {f: [] for f in runners}
+    for _ in range(repeats):  # alternate so both formulations see the same machine state
+      for f, (run, n) in runners.items():
+        t0 = time.perf_counter()
+        run(n)
+        times[f].append((time.perf_counter() - t0) / n)
+    for f in runners:
+      results.append({"batch": batch, "formulation": f,
+                      "steps_per_s": float(1.0 / np.median(times[f]))})
+  return results
+
+
+def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict:
+  """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
+  from rmmjax.sweeps import run_chunks  # the shell's chunk driver, as `rmmjax sweep` uses it
+
+  spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH)
+  sim = core.SimSpec()
+  world = core.make_world(sim, D)
+  points = [core.HParams.create(tau=t, baseline=b, lr=lr, seed=s)
+            for t in (0.1, 0.5) for b in (0.0, 0.5) for lr in (1e-3, 3e-3) for s in range(8)]
+  hparams = core.stack_hparams(points)
+  assert hparams.tau.shape[0] == SWEEP_CONFIGS
+  num_params = sum(x.size for x in jax.tree.leaves(core.init_params(jax.random.PRNGKey(0), spec)))
+  # Adam must read and write the parameters and both moments once per step: the floor on bytes.
+  bytes_per_config_step = 6 * num_params * BYTES_F32
+  by_chunk = []
+  for chunk in chunks:
+    run_chunk = core.make_sweep(spec, sim, SWEEP_STEPS, eval_sessions=16)
+    run_chunks(run_chunk, jax.tree.map(lambda x: x[:chunk], hparams), world, chunk)  # compile
+    t = _median_time(lambda: run_chunks(run_chunk, hparams, world, chunk), repeats)
+    rate = SWEEP_CONFIGS * SWEEP_STEPS / t
+    by_chunk.append({"chunk": chunk, "seconds": t, "config_steps_per_s": rate,
+                     "fraction_of_limit": rate * bytes_per_config_step / bandwidth})
+  best = max(by_chunk, key=lambda r: r["config_steps_per_s"])
+  return {"configs": SWEEP_CONFIGS, "steps": SWEEP_STEPS, "batch": SWEEP_BATCH,
+          "best_chunk": best["chunk"], "config_steps_per_s": best["config_steps_per_s"],
+          "bytes_per_config_step": bytes_per_config_step, "bandwidth_bytes_per_s": bandwidth,
+          "fraction_of_limit": best["fraction_of_limit"], "by_chunk": by_chunk}
+
+
+def bench_core(out: Path | None, quick: bool = False) -> dict:
+  repeats = 3 if quick else 7
+  bandwidth = measure_bandwidth(repeats=repeats)
+  train = bench_train(repeats=repeats, min_seconds=0.2 if quick else 1.0)
+  chunks = (8, 64) if quick else (1, 4, 8, 16, 64)
+  sweep = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth)
+  result = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
+            "shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}
+  print_table(result)
+  if out is not None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+  return result
+
+
+def print_table(result: dict) -> None:
+  train = {(r["batch"], r["formulation"]): r["steps_per_s"] for r in result["train"]}
+  print(f"train_step, D={D} K={K} M={M} (median steps/s)")
+  print(f"{'batch':>6s}{'fast':>12s}{'naive':>12s}{'fast/naive':>12s}")
+  for batch in TRAIN_BATCHES:
+    fast, naive = train[(batch, "fast")], train[(batch, "naive")]
+    print(f"{batch:6d}{fast:12.1f}{naive:12.1f}{fast / naive:11.2f}x")
+  s = result["sweep"]
+  print(f"\nsweep: {s['configs']} configurations x {s['steps']} steps, batch {s['batch']}; "
+        f"{s['bytes_per_config_step'] / 1e6:.2f} MB of Adam state per config-step; "
+        f"measured bandwidth {s['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+  print(f"{'chunk':>6s}{'seconds':>10s}{'config-steps/s':>16s}{'of limit':>10s}")
+  for r in s["by_chunk"]:
+    print(f"{r['chunk']:6d}{r['seconds']:10.2f}{r['config_steps_per_s']:16.1f}"
+          f"{r['fraction_of_limit']:10.2f}")

@@ -1,0 +1,119 @@
+"""The `rmmjax` command line: flags -> config -> library call."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _config(args) -> "object":
+  from rmmjax.config import apply_overrides, get_config
+  return apply_overrides(get_config(args.config), args.set or []).validate()
+
+
+def _cmd_train(args) -> None:
+  from rmmjax.train import train
+  cfg = _config(args)
+  summary = train(cfg, Path(args.workdir), progress=not args.quiet)
+  rows = [("recall@M of selected memories (eval queries)", summary["recall_at_m_base"],
+           summary["recall_at_m_final"]),
+          ("reward (first/last tenth of training)", summary["reward_first"],
+           summary["reward_last"]),
+          ("citation rate (first/last tenth)", summary["citation_rate_first"],
+           summary["citation_rate_last"])]
+  print(f"\n{'':48s}{'before':>10s}{'after':>10s}")
+  for name, before, after in rows:
+    print(f"{name:48s}{before:10.3f}{after:10.3f}")
+  print(f"{'ceiling: recall of all K candidates':48s}{summary['recall_at_k']:10.3f}")
+  workdir = Path(args.workdir)
+  print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
+        f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
+        f"checkpoints {workdir / 'checkpoints'}")
+
+
+def _cmd_sweep(args) -> None:
+  from rmmjax import sweeps
+  cfg = _config(args)
+  if args.steps is not None:
+    from rmmjax.config import apply_overrides
+    cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
+  grid = sweeps.parse_grid(args.grid or [], cfg)
+  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
+  keys = list(grid)
+  print(f"\n{'configuration':36s}{'seeds':>6s}{'recall base':>12s}{'recall final':>13s}"
+        f"{'reward first':>13s}{'reward last':>12s}")
+  groups: dict[str, list] = {}
+  for run in result["runs"]:
+    groups.setdefault(",".join(f"{k}={run[k]}" for k in keys) or "default", []).append(run)
+  for label, runs in groups.items():
+    mean = lambda key: sum(r[key] for r in runs) / len(runs)  # noqa: E731
+    print(f"{label:36s}{len(runs):6d}{mean('recall_at_m_base'):12.3f}"
+          f"{mean('recall_at_m_final'):13.3f}{mean('reward_first'):13.3f}"
+          f"{mean('reward_last'):12.3f}")
+  print(f"\nsweep.json {Path(args.workdir) / 'sweep.json'}\ncurves     "
+        f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
+
+
+def _cmd_export(args) -> None:
+  from rmmjax.io.export import export_reranker
+  meta = export_reranker(Path(args.workdir), Path(args.out))
+  print(f"wrote {args.out} and {Path(args.out).with_suffix('.json')}")
+  print(json.dumps(meta, indent=2))
+
+
+def _cmd_bench(args) -> None:
+  from rmmjax import bench
+  if args.what == "core":
+    bench.bench_core(Path(args.out) if args.out else None, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  def with_config(p):
+    p.add_argument("--config", default="latent", help="named config (default: latent)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value (repeatable)")
+    p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+  p = sub.add_parser("train", help="train a reranker (resumes from the workdir)")
+  with_config(p)
+  p.set_defaults(func=_cmd_train)
+
+  p = sub.add_parser("sweep", help="run a grid x seeds as one vmapped program")
+  with_config(p)
+  p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                 help="a sweepable key and its values (repeatable)")
+  p.add_argument("--seeds", type=int, default=1, help="seeds per grid point")
+  p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
+  p.set_defaults(func=_cmd_sweep)
+
+  p = sub.add_parser("export", help="write a trained reranker as safetensors + JSON")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--out", required=True, help="FILE.safetensors (FILE.json goes beside it)")
+  p.set_defaults(func=_cmd_export)
+
+  p = sub.add_parser("bench", help="benchmarks that print a table")
+  p.add_argument("what", choices=["core"])
+  p.add_argument("--out", default=None, help="write the results as JSON")
+  p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+  p.set_defaults(func=_cmd_bench)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  try:
+    args.func(args)
+  except (ValueError, FileNotFoundError) as err:
+    print(f"rmmjax {args.command}: error: {err}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,80 @@
+"""Adam as an init/update pair that also accepts gradients in low-rank form.
+
+A batch of B queries gives the linear reranker gradients that are sums of B outer products.
+Passed as factors (`LowRank`), the dense gradient is formed inside Adam's elementwise update and
+never written to memory: one step then reads and writes the parameters and both moments once,
+the floor for Adam. The arithmetic is optax.adam's (a test checks it against optax).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+# Above this many factors the outer products are summed by a matmul, not unrolled in the update.
+_UNROLL_MAX_RANK = 16
+
+
+class LowRank(struct.PyTreeNode):
+  """The matrix sum_b outer(left_BxP[b], right_BxQ[b]), of shape (P, Q)."""
+
+  left_BxP: jax.Array
+  right_BxQ: jax.Array
+
+  def dense(self) -> jax.Array:
+    rank = self.left_BxP.shape[0]
+    if rank > _UNROLL_MAX_RANK:
+      return self.left_BxP.T @ self.right_BxQ
+    # Unrolled broadcasts stay elementwise, so XLA fuses them into the consumer.
+    return sum(self.left_BxP[b][:, None] * self.right_BxQ[b][None, :] for b in range(rank))
+
+  def sq_norm(self) -> jax.Array:
+    """||sum_b l_b r_b^T||_F^2 = sum_{b,c} (l_b . l_c)(r_b . r_c), without the dense matrix."""
+    return jnp.sum((self.left_BxP @ self.left_BxP.T) * (self.right_BxQ @ self.right_BxQ.T))
+
+
+def _is_low_rank(x) -> bool:
+  return isinstance(x, LowRank)
+
+
+class AdamState(struct.PyTreeNode):
+  count: jax.Array  # int32, updates applied
+  mu: object
+  nu: object
+
+
+def adam_init(params) -> AdamState:
+  zeros = lambda p: jnp.zeros_like(p)  # noqa: E731
+  return AdamState(count=jnp.zeros((), jnp.int32), mu=jax.tree.map(zeros, params),
+                   nu=jax.tree.map(zeros, params))
+
+
+def adam_update(params, state: AdamState, grads, lr: jax.Array, b1: float = 0.9,
+                b2: float = 0.999, eps: float = 1e-8):
+  """One Adam step; grads leaves may be dense arrays or LowRank. Returns (params, state)."""
+  count = state.count + 1
+  t = count.astype(jnp.float32)
+  # Bias corrections as scalar factors: the per-element work is one sqrt and one divide.
+  step_size = lr / (1.0 - b1 ** t)
+  nu_scale = 1.0 / (1.0 - b2 ** t)
+
+  def leaf(p, mu, nu, g):
+    g = g.dense() if _is_low_rank(g) else g
+    mu = b1 * mu + (1.0 - b1) * g
+    nu = b2 * nu + (1.0 - b2) * (g * g)
+    p = p - step_size * mu / (jnp.sqrt(nu * nu_scale) + eps)
+    return p, mu, nu
+
+  flat_p, treedef = jax.tree.flatten(params)
+  flat_mu, flat_nu = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
+  flat_g = treedef.flatten_up_to(grads)
+  new = [leaf(*xs) for xs in zip(flat_p, flat_mu, flat_nu, flat_g)]
+  unflat = lambda i: treedef.unflatten([x[i] for x in new])  # noqa: E731
+  return unflat(0), AdamState(count=count, mu=unflat(1), nu=unflat(2))
+
+
+def global_norm(grads) -> jax.Array:
+  """The L2 norm of all gradients together (LowRank leaves without forming them)."""
+  leaves = jax.tree.leaves(grads, is_leaf=_is_low_rank)
+  return jnp.sqrt(sum(g.sq_norm() if _is_low_rank(g) else jnp.sum(g * g) for g in leaves))

@@ -1,0 +1,1 @@
+"""The I/O shell: workdirs, checkpoints, metric logs, TensorBoard, plots, export."""

@@ -1,0 +1,75 @@
+"""A NumPy-only scorer for an exported reranker: no JAX needed to serve it.
+
+    scorer = NumpyReranker.load("reranker.safetensors")
+    scores_K = scorer.score(q_D, m_KxD)
+    chosen_M = scorer.top_m(q_D, m_KxD)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+  # The tanh approximation, as jax.nn.gelu computes it by default.
+  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def check_embeddings(x: np.ndarray, name: str, dim: int, ndim: int) -> np.ndarray:
+  """Returns x as float32, refusing a wrong shape or non-finite values with a clear message."""
+  x = np.asarray(x, np.float32)
+  if x.ndim != ndim or x.shape[-1] != dim:
+    want = "(D,)" if ndim == 1 else "(K, D)"
+    raise ValueError(f"{name} has shape {x.shape}; expected {want} with D={dim}")
+  bad = ~np.isfinite(x)
+  if bad.any():
+    raise ValueError(f"{name} holds {int(bad.sum())} NaN or infinite values "
+                     f"(first at index {tuple(int(i) for i in np.argwhere(bad)[0])})")
+  return x
+
+
+class NumpyReranker:
+  """Scores candidate memories for a query with exported reranker weights."""
+
+  def __init__(self, weights: dict[str, np.ndarray], meta: dict):
+    self.meta = meta
+    self.variant = meta["variant"]
+    self.dim = int(meta["dim"])
+    self.weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    if self.variant == "linear":
+      # Precompute (I + wm)^T (I + wq): one D x D matrix, so a query costs one matvec.
+      eye = np.eye(self.dim, dtype=np.float32)
+      self._query_map = (eye + self.weights["wm"]).T @ (eye + self.weights["wq"])
+    elif self.variant != "mlp":
+      raise ValueError(f"unknown reranker variant {self.variant!r} in the export metadata")
+
+  @classmethod
+  def load(cls, path: str | Path) -> "NumpyReranker":
+    path = Path(path)
+    meta_path = path.with_suffix(".json")
+    if not path.exists() or not meta_path.exists():
+      raise FileNotFoundError(f"expected {path} and {meta_path} (written by `rmmjax export`)")
+    return cls(load_file(str(path)), json.loads(meta_path.read_text()))
+
+  def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
+    w = {k: self.weights[f"{prefix}/{k}"] for k in ("w1", "b1", "w2", "b2")}
+    return x + _gelu(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+
+  def score(self, q_D: np.ndarray, m_KxD: np.ndarray) -> np.ndarray:
+    """Scores of K candidates for one query, scores_K."""
+    q_D = check_embeddings(q_D, "query", self.dim, 1)
+    m_KxD = check_embeddings(m_KxD, "memories", self.dim, 2)
+    if self.variant == "linear":
+      return m_KxD @ (self._query_map @ q_D)
+    return self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
+
+  def top_m(self, q_D: np.ndarray, m_KxD: np.ndarray, m: int | None = None) -> np.ndarray:
+    """Indices of the m best candidates, best first (m defaults to the trained M)."""
+    m = int(self.meta["m"]) if m is None else m
+    scores = self.score(q_D, m_KxD)
+    return np.argsort(-scores, kind="stable")[:m]

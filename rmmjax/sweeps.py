@@ -1,0 +1,130 @@
+"""Hyperparameter sweeps: a grid of configurations x seeds, run as one compiled vmapped program.
+
+Configurations go through `core.make_sweep` (jit(vmap(run))) in chunks of `sweep_chunk`; the
+last chunk is padded with copies so every chunk has one shape and nothing recompiles. With several
+devices the sweep axis of each chunk is sharded across them (results equal the one-device run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from rmmjax import core
+from rmmjax.config import SWEEPABLE, Config, parse_value
+from rmmjax.io import plots
+from rmmjax.io.tensorboard import ScalarWriter
+from rmmjax.io.workdir import atomic_write_json, atomic_write_text
+from rmmjax.train import first_last, window_means
+
+
+def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
+  """["tau=0.1,0.5", "baseline=0,0.5"] -> {"tau": [0.1, 0.5], "baseline": [0.0, 0.5]}."""
+  grid = {}
+  for item in items:
+    if "=" not in item:
+      raise ValueError(f"--grid {item!r}: expected key=v1,v2,...")
+    key, text = (s.strip() for s in item.split("=", 1))
+    values = [parse_value(key, v.strip(), cfg) for v in text.split(",") if v.strip()]
+    if key == "seed":
+      raise ValueError("--grid seed=...: use --seeds N for seeds")
+    if key not in SWEEPABLE:
+      raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
+                       f"one run; sweepable keys: {', '.join(k for k in SWEEPABLE if k != 'seed')}")
+    if key in grid:
+      raise ValueError(f"--grid {key} is given twice")
+    if not values:
+      raise ValueError(f"--grid {item!r}: no values")
+    grid[key] = values
+  return grid
+
+
+def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config]:
+  """Every grid point x seeds 0..seeds-1 (offset by cfg.seed), each validated."""
+  if seeds < 1:
+    raise ValueError(f"--seeds {seeds}: expected at least 1")
+  keys = list(grid)
+  configs = []
+  for values in itertools.product(*(grid[k] for k in keys)):
+    for s in range(seeds):
+      point = dataclasses.replace(cfg, **dict(zip(keys, values)), seed=cfg.seed + s)
+      configs.append(point.validate())
+  return configs
+
+
+def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size: int,
+               devices: list | None = None, progress: bool = False) -> dict:
+  """Runs C configurations through a jit(vmap(run)) in equal chunks; numpy results (C, ...)."""
+  devices = jax.devices() if devices is None else devices
+  c = int(hparams_C.tau.shape[0])
+  chunk = min(chunk_size, c)
+  mesh = None
+  if len(devices) > 1:
+    mesh = Mesh(np.array(devices), ("sweep",))
+    chunk = -(-chunk // len(devices)) * len(devices)  # every device gets the same share
+    world = jax.device_put(world, NamedSharding(mesh, PartitionSpec()))
+  padded = -(-c // chunk) * chunk
+  index = np.minimum(np.arange(padded), c - 1)
+  pending = []
+  for start in range(0, padded, chunk):  # dispatch every chunk before fetching any
+    hp = jax.tree.map(lambda x, i=index[start:start + chunk]: x[i], hparams_C)
+    if mesh is not None:
+      hp = jax.device_put(hp, NamedSharding(mesh, PartitionSpec("sweep")))
+    pending.append(run_chunk(hp, world))
+  host = [jax.device_get(out) for out in tqdm(pending, desc="sweep chunks", disable=not progress)]
+  return jax.tree.map(lambda *xs: np.concatenate(xs)[:c], *host)
+
+
+def _label(cfg: Config, keys: list[str]) -> str:
+  return ",".join(f"{k}={getattr(cfg, k)}" for k in keys) or "default"
+
+
+def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
+          progress: bool = True) -> dict:
+  """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir."""
+  configs = sweep_configs(cfg.validate(), grid, seeds)
+  spec, sim = cfg.core_spec(), cfg.sim_spec()
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+
+  world = core.make_world(sim, spec.dim)
+  hparams_C = core.stack_hparams([c.hparams() for c in configs])
+  run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
+  out = run_chunks(run_chunk, hparams_C, world, cfg.sweep_chunk, progress=progress)
+
+  keys = list(grid)
+  runs, by_label = [], {}
+  for i, c in enumerate(configs):
+    rows = window_means({k: v[i] for k, v in out["metrics"].items()}, 0, cfg.log_every)
+    run = {k: getattr(c, k) for k in keys}
+    run.update(seed=c.seed, recall_at_m_base=float(out["eval_first"]["recall_at_m_base"][i]),
+               recall_at_m_final=float(out["eval_final"]["recall_at_m"][i]),
+               recall_at_k=float(out["eval_final"]["recall_at_k"][i]))
+    run["reward_first"], run["reward_last"] = first_last(rows, "reward")
+    runs.append(run)
+    by_label.setdefault(_label(c, keys), []).append(rows)
+
+  steps_T = np.array([r["step"] for r in next(iter(by_label.values()))[0]])
+  curves = {}
+  for label, seed_rows in by_label.items():
+    curves[label] = {m: np.array([[r[m] for r in rows] for rows in seed_rows])
+                     for m in seed_rows[0][0] if m != "step"}
+    mean_rows = [{"step": int(s), **{m: float(v[:, t].mean()) for m, v in curves[label].items()}}
+                 for t, s in enumerate(steps_T)]
+    writer = ScalarWriter(workdir / "tb" / label.replace("/", "_"))
+    writer.write_rows(mean_rows, prefix=f"seed_mean_of_{seeds}")
+    writer.close()
+  plots.plot_curves(workdir / "curves.png", steps_T, curves,
+                    title=f"sweep: {len(by_label)} configurations x {seeds} seeds, "
+                          f"{cfg.steps} steps")
+  result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
+            "runs": runs}
+  atomic_write_json(workdir / "sweep.json", result)
+  return result
