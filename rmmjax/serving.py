@@ -57,8 +57,9 @@ class NumpyReranker:
     return cls(load_file(str(path)), json.loads(meta_path.read_text()))
 
   def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
-    w = {k: self.weights[f"{prefix}/{k}"] for k in ("w1", "b1", "w2", "b2")}
-    return x + _gelu(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+    w = {k: self.weights[f"{prefix}/{k}"] for k in ("w1", "b1", "w2")}
+    out_bias = self.weights.get(f"{prefix}/b2", 0.0)  # only the query side has one
+    return x + _gelu(x @ w["w1"] + w["b1"]) @ w["w2"] + out_bias
 
   def score(self, q_D: np.ndarray, m_KxD: np.ndarray) -> np.ndarray:
     """Scores of K candidates for one query, scores_K."""

@@ -51,8 +51,10 @@ def test_mlp_learns_a_nonlinear_residual():
   spec = core.CoreSpec(variant="mlp", dim=16, hidden=8)
   params = core.init_params(jax.random.PRNGKey(1), spec)
   params = jax.tree.map(lambda x: x + 0.05, params)
-  mlp = lambda p, x: x + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
-  want = jax.vmap(mlp, (None, 0))(params["m_mlp"], m) @ mlp(params["q_mlp"], q)
+  assert "b2" in params["q_mlp"] and "b2" not in params["m_mlp"]
+  mlp = lambda p, x, b2: x + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + b2
+  want = (jax.vmap(mlp, (None, 0, None))(params["m_mlp"], m, 0.0)
+          @ mlp(params["q_mlp"], q, params["q_mlp"]["b2"]))
   np.testing.assert_allclose(core.score(params, q, m, "mlp"), want, rtol=1e-5, atol=1e-5)
 
 

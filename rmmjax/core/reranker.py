@@ -19,18 +19,22 @@ def init_params(key: jax.Array, spec: CoreSpec) -> dict:
     return {"wq": jnp.zeros((d, d), jnp.float32), "wm": jnp.zeros((d, d), jnp.float32)}
   kq, km = jax.random.split(key)
 
-  def mlp(k):
+  def mlp(k, out_bias):
     # The output layer starts at zero so the residual branch adds nothing at first.
     w1 = jax.random.normal(k, (d, spec.hidden), jnp.float32) / jnp.sqrt(d)
-    return {"w1": w1, "b1": jnp.zeros((spec.hidden,), jnp.float32),
-            "w2": jnp.zeros((spec.hidden, d), jnp.float32), "b2": jnp.zeros((d,), jnp.float32)}
+    p = {"w1": w1, "b1": jnp.zeros((spec.hidden,), jnp.float32),
+         "w2": jnp.zeros((spec.hidden, d), jnp.float32)}
+    return p | ({"b2": jnp.zeros((d,), jnp.float32)} if out_bias else {})
 
-  return {"q_mlp": mlp(kq), "m_mlp": mlp(km)}
+  # A bias added to every memory shifts all of a query's scores equally, which no selection
+  # sees: its gradient is zero up to rounding, and Adam would amplify that rounding. Only the
+  # query side gets an output bias.
+  return {"q_mlp": mlp(kq, True), "m_mlp": mlp(km, False)}
 
 
 def _residual_mlp(p: dict, x_D: jax.Array) -> jax.Array:
   h = jax.nn.gelu(x_D @ p["w1"] + p["b1"])
-  return x_D + h @ p["w2"] + p["b2"]
+  return x_D + h @ p["w2"] + (p["b2"] if "b2" in p else 0.0)
 
 
 def _check_shapes(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str) -> None:

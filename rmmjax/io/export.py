@@ -54,7 +54,7 @@ def export_reranker(workdir: Path, out: Path) -> dict:
           "hidden": cfg.hidden if cfg.variant == "mlp" else None, "tau": cfg.tau, "k": cfg.k,
           "m": cfg.m, "encoder": cfg.encoder, "step": step,
           "score": ("linear: s_i = m_i . (I + wm)^T (I + wq) q" if cfg.variant == "linear" else
-                    "mlp: s_i = (m_i + f_m(m_i)) . (q + f_q(q)), f(x) = gelu(x w1 + b1) w2 + b2"),
+                    "mlp: s_i = (m_i + f_m(m_i)) . (q + f_q(q)), f(x) = gelu(x w1 + b1) w2 (+ b2 for q)"),
           "selection": "serve the top m by score; sample with Gumbel noise on score / tau"}
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
