@@ -42,9 +42,9 @@ class NumpyReranker:
     self.dim = int(meta["dim"])
     self.weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     if self.variant == "linear":
-      # Precompute (I + wm)^T (I + wq): one D x D matrix, so a query costs one matvec.
+      # Precompute (I + wq)(I + wm)^T: one D x D matrix, so a query costs one product.
       eye = np.eye(self.dim, dtype=np.float32)
-      self._query_map = (eye + self.weights["wm"]).T @ (eye + self.weights["wq"])
+      self._query_map = (eye + self.weights["wq"]) @ (eye + self.weights["wm"]).T
     elif self.variant != "mlp":
       raise ValueError(f"unknown reranker variant {self.variant!r} in the export metadata")
 
@@ -66,7 +66,7 @@ class NumpyReranker:
     q_D = check_embeddings(q_D, "query", self.dim, 1)
     m_KxD = check_embeddings(m_KxD, "memories", self.dim, 2)
     if self.variant == "linear":
-      return m_KxD @ (self._query_map @ q_D)
+      return m_KxD @ (q_D @ self._query_map)
     return self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
 
   def top_m(self, q_D: np.ndarray, m_KxD: np.ndarray, m: int | None = None) -> np.ndarray:

@@ -30,7 +30,7 @@ def test_fast_linear_equals_naive_formula():
   # Independent computation: transform every memory explicitly, in float64 NumPy.
   qn, mn = np.asarray(q, np.float64), np.asarray(m, np.float64)
   wq, wm = (np.asarray(params[k], np.float64) for k in ("wq", "wm"))
-  want = (mn + mn @ wm.T) @ (qn + wq @ qn)
+  want = (mn + mn @ wm) @ (qn + qn @ wq)
   np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(core.score_naive(params, q, m), want, rtol=1e-4, atol=1e-4)
 

@@ -1,6 +1,8 @@
 """The learnable reranker: residual transforms of query and memories, scored by dot product.
 
 Both variants start as the identity, so a fresh reranker reproduces the base retriever's order.
+Embeddings are row vectors and weights are kernels applied on the right, as in a Flax Dense
+layer: the linear variant is q' = q + q wq, m' = m + m wm (the paper's W q with W = wq^T).
 """
 
 from __future__ import annotations
@@ -51,10 +53,9 @@ def _check_shapes(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str) 
 
 
 def _linear_query_map(params: dict, q_BxD: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """u = (I+Wq) q and v = (I+Wm)^T u for each query, written so both weights are read in
-  their stored row-major layout (no transposed copy of a D x D matrix)."""
-  u_BxD = q_BxD + jnp.einsum("ij,bj->bi", params["wq"], q_BxD)
-  v_BxD = u_BxD + u_BxD @ params["wm"]
+  """u = q (I + wq) and v = u (I + wm)^T for each query, so that s_i = m_i . v."""
+  u_BxD = q_BxD + q_BxD @ params["wq"]
+  v_BxD = u_BxD + jnp.einsum("bj,ij->bi", u_BxD, params["wm"])
   return u_BxD, v_BxD
 
 
@@ -65,10 +66,10 @@ def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear
     params: from `init_params`.
     q_D: query embedding.
     m_KxD: candidate memory embeddings.
-    variant: "linear" (q' = q + Wq q, m' = m + Wm m, s = q'.m') or "mlp" (residual MLPs).
+    variant: "linear" (q' = q + q wq, m' = m + m wm, s = q'.m') or "mlp" (residual MLPs).
 
   Returns:
-    scores_K. For "linear" the memories are never transformed: s_i = m_i . (I+Wm)^T (I+Wq) q,
+    scores_K. For "linear" the memories are never transformed: s_i = m_i . q (I+wq)(I+wm)^T,
     which costs O(D^2 + K D) instead of O(K D^2).
   """
   _check_shapes(params, q_D, m_KxD, variant)
@@ -86,8 +87,8 @@ def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
   Kept as the reference for tests and for the benchmark of the fast formulation.
   """
   _check_shapes(params, q_D, m_KxD, "linear")
-  q_D = q_D + params["wq"] @ q_D
-  m_KxD = m_KxD + m_KxD @ params["wm"].T
+  q_D = q_D + q_D @ params["wq"]
+  m_KxD = m_KxD + m_KxD @ params["wm"]
   return m_KxD @ q_D
 
 
@@ -107,11 +108,13 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
                         g_scores_BxK: jax.Array) -> dict:
   """Gradients of sum(g_scores * scores) for the fast linear scorer, as low-rank factors.
 
-  With u = (I+Wq) q and v = (I+Wm)^T u, s_k = m_k . v. Back-propagating g_v = sum_k g_k m_k:
-  dWm = sum_b outer(u_b, g_v_b) and dWq = sum_b outer((I+Wm) g_v_b, q_b). Returned as LowRank so
-  the dense D x D gradients are formed only inside the optimizer's fused update.
+  With u = q (I+wq) and v = u (I+wm)^T, s_k = m_k . v. Back-propagating g_v = sum_k g_k m_k:
+  dwm = sum_b outer(g_v_b, u_b) and dwq = sum_b outer(q_b, g_v_b (I+wm)). Returned as LowRank so
+  the dense D x D gradients are formed only inside the optimizer's fused update. Every product
+  here reads a weight matrix in its stored layout (x @ w), the fast case for CPU matmul kernels;
+  only the forward's u wm^T reads one transposed.
   """
   u_BxD, _ = _linear_query_map(params, q_BxD)
   g_v_BxD = jnp.einsum("bk,bkd->bd", g_scores_BxK, mem_BxKxD)
-  g_u_BxD = g_v_BxD + jnp.einsum("ij,bj->bi", params["wm"], g_v_BxD)
-  return {"wq": LowRank(g_u_BxD, q_BxD), "wm": LowRank(u_BxD, g_v_BxD)}
+  g_u_BxD = g_v_BxD + g_v_BxD @ params["wm"]
+  return {"wq": LowRank(q_BxD, g_u_BxD), "wm": LowRank(g_v_BxD, u_BxD)}

@@ -47,9 +47,16 @@ def gumbel_top_m(key: jax.Array, scores_K: jax.Array, m: int, tau: jax.Array | f
     int32 indices of shape (m,); when fewer than m candidates are valid, every valid one is
     selected and the trailing positions hold -1.
   """
+  gumbel_K = jax.random.gumbel(key, scores_K.shape, jnp.float32)
+  return perturbed_top_m(scores_K, gumbel_K, m, tau, mask_K, paper)
+
+
+def perturbed_top_m(scores_K: jax.Array, gumbel_K: jax.Array, m: int, tau: jax.Array | float,
+                    mask_K: jax.Array | None = None, paper: bool = False) -> jax.Array:
+  """`gumbel_top_m` with the Gumbel noise given (a caller that draws all of a step's noise at
+  once saves a random-number kernel per draw)."""
   mask_K = _default_mask(scores_K, mask_K)
   _check_m(m, scores_K.shape[0])
-  gumbel_K = jax.random.gumbel(key, scores_K.shape, jnp.float32)
   logits_K = scores_K if paper else scores_K / tau
   return top_m(logits_K + gumbel_K, m, mask_K)
 

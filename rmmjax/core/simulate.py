@@ -70,19 +70,19 @@ def make_world(sim: SimSpec, dim: int) -> World:
 
 
 def _sample_query(bank_NxD: jax.Array, valid_N: jax.Array, rotation_DxD: jax.Array,
-                  key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
-  """One query about some of a bank's memories, with its base-retriever candidates."""
-  k_rel, k_num, k_noise = jax.random.split(key, 3)
+                  u_N1: jax.Array, noise_D: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
+  """One query about some of a bank's memories, with its base-retriever candidates.
+
+  u_N1 holds N + 1 uniforms (which memories, then how many), noise_D standard normals.
+  """
   n = bank_NxD.shape[0]
   # A uniform draw of distinct valid memories: the top of random keys over the valid ones.
-  _, picks_R = jax.lax.top_k(jnp.where(valid_N, jax.random.uniform(k_rel, (n,)), -1.0),
-                             sim.max_relevant)
-  num_rel = jax.random.randint(k_num, (), 1, sim.max_relevant + 1)
+  _, picks_R = jax.lax.top_k(jnp.where(valid_N, u_N1[:n], -1.0), sim.max_relevant)
+  num_rel = 1 + jnp.minimum((u_N1[n] * sim.max_relevant).astype(jnp.int32), sim.max_relevant - 1)
   use_R = jnp.arange(sim.max_relevant) < num_rel
   intent_D = _normalize(jnp.sum(jnp.where(use_R[:, None], bank_NxD[picks_R], 0.0), 0))
-  noise_D = jax.random.normal(k_noise, intent_D.shape) / jnp.sqrt(intent_D.shape[0])
   q_D = _normalize(sim.signal * intent_D + sim.distortion * rotation_DxD @ intent_D
-                   + sim.noise * noise_D)
+                   + sim.noise * noise_D / jnp.sqrt(noise_D.shape[0]))
   base_N = jnp.where(valid_N, bank_NxD @ q_D, -jnp.inf)
   _, cand_K = jax.lax.top_k(base_N, spec.k)
   relevant_N = jnp.zeros((n,), bool).at[picks_R].set(use_R)
@@ -91,14 +91,21 @@ def _sample_query(bank_NxD: jax.Array, valid_N: jax.Array, rotation_DxD: jax.Arr
 
 
 def sample_session(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
-  """One user's session: spec.batch queries against that user's bank (a training batch)."""
-  k_user, k_queries = jax.random.split(key)
-  user = jax.random.randint(k_user, (), 0, world.bank_UxNxD.shape[0])
+  """One user's session: spec.batch queries against that user's bank (a training batch).
+
+  All of a session's randomness comes from two draws (uniforms and normals): on a CPU each
+  random-number kernel is a small loop, and a simulated step should not be dominated by them.
+  """
+  k_uniform, k_normal = jax.random.split(key)
+  num_users, n, d = world.bank_UxNxD.shape
+  u = jax.random.uniform(k_uniform, (1 + spec.batch * (n + 1),))
+  noise_BxD = jax.random.normal(k_normal, (spec.batch, d))
+  user = jnp.minimum((u[0] * num_users).astype(jnp.int32), num_users - 1)
   bank_NxD = world.bank_UxNxD[user]
-  valid_N = jnp.arange(bank_NxD.shape[0]) < world.bank_size_U[user]
-  keys = jax.random.split(k_queries, spec.batch)
-  return jax.vmap(_sample_query, in_axes=(None, None, None, 0, None, None))(
-      bank_NxD, valid_N, world.rotation_DxD, keys, sim, spec)
+  valid_N = jnp.arange(n) < world.bank_size_U[user]
+  return jax.vmap(_sample_query, in_axes=(None, None, None, 0, 0, None, None))(
+      bank_NxD, valid_N, world.rotation_DxD, u[1:].reshape(spec.batch, n + 1), noise_BxD, sim,
+      spec)
 
 
 def sample_batch(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec,
@@ -117,8 +124,12 @@ def sample_eval_batch(world: World, sim: SimSpec, spec: CoreSpec, sessions: int)
   return sample_batch(world, key, sim, spec, sessions)
 
 
-def simulate_citations(key: jax.Array, relevant_BxM: jax.Array, selected_BxM: jax.Array,
+def simulate_citations(uniform_BxM: jax.Array, relevant_BxM: jax.Array, selected_BxM: jax.Array,
                        p_rel: jax.Array, p_irr: jax.Array) -> jax.Array:
-  """Which selected memories the simulated generator cites (False where nothing was selected)."""
+  """Which selected memories the simulated generator cites (False where nothing was selected).
+
+  uniform_BxM: one Uniform(0, 1) draw per position; a memory is cited when its draw falls
+  below p_rel (relevant) or p_irr (irrelevant).
+  """
   p_BxM = jnp.where(relevant_BxM, p_rel, p_irr)
-  return (jax.random.uniform(key, relevant_BxM.shape) < p_BxM) & (selected_BxM >= 0)
+  return (uniform_BxM < p_BxM) & (selected_BxM >= 0)

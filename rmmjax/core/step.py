@@ -37,12 +37,11 @@ def scores_and_pullback(params: dict, batch: Batch,
   return scores_BxK, lambda g_BxK: vjp(g_BxK)[0]
 
 
-def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, key: jax.Array,
+def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, gumbel_BxK: jax.Array,
                      spec: CoreSpec, tau: jax.Array) -> jax.Array:
-  """Gumbel top-M for each query of a batch, selected_BxM."""
-  keys = jax.random.split(key, scores_BxK.shape[0])
-  return jax.vmap(selection.gumbel_top_m, in_axes=(0, 0, None, None, 0, None))(
-      keys, scores_BxK, spec.m, tau, mask_BxK, spec.sampling == "paper")
+  """Gumbel top-M for each query of a batch, selected_BxM, from the given Gumbel noise."""
+  return jax.vmap(selection.perturbed_top_m, in_axes=(0, 0, None, None, 0, None))(
+      scores_BxK, gumbel_BxK, spec.m, tau, mask_BxK, spec.sampling == "paper")
 
 
 def gather_positions(values_BxK: jax.Array, selected_BxM: jax.Array) -> jax.Array:
@@ -95,14 +94,17 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainSt
 
   The key is the run's step stream; the step number is folded in here.
   """
-  key = jax.random.fold_in(key, state.step)
-  k_select, k_cite = jax.random.split(key)
+  spec, hp = state.spec, state.hparams
+  # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
+  u_BxKM = jax.random.uniform(jax.random.fold_in(key, state.step), (spec.batch, spec.k + spec.m),
+                              minval=jnp.finfo(jnp.float32).tiny)
   del key
-  hp = state.hparams
-  scores_BxK, pullback = scores_and_pullback(state.params, batch, state.spec)
-  selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, k_select, state.spec, hp.tau)
+  gumbel_BxK = -jnp.log(-jnp.log(u_BxKM[:, :spec.k]))
+  scores_BxK, pullback = scores_and_pullback(state.params, batch, spec)
+  selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, gumbel_BxK, spec, hp.tau)
   relevant_BxM = gather_positions(batch.relevant_BxK, selected_BxM)
-  cited_BxM = simulate_citations(k_cite, relevant_BxM, selected_BxM, hp.p_rel, hp.p_irr)
+  cited_BxM = simulate_citations(u_BxKM[:, spec.k:], relevant_BxM, selected_BxM, hp.p_rel,
+                                 hp.p_irr)
   rewards_BxM = losses.citation_rewards(cited_BxM, selected_BxM)
   state, metrics = _reinforce(state, batch, scores_BxK, pullback, selected_BxM, rewards_BxM)
   taken = jnp.maximum(jnp.sum(selected_BxM >= 0).astype(jnp.float32), 1.0)

@@ -53,7 +53,7 @@ def export_reranker(workdir: Path, out: Path) -> dict:
   meta = {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
           "hidden": cfg.hidden if cfg.variant == "mlp" else None, "tau": cfg.tau, "k": cfg.k,
           "m": cfg.m, "encoder": cfg.encoder, "step": step,
-          "score": ("linear: s_i = m_i . (I + wm)^T (I + wq) q" if cfg.variant == "linear" else
+          "score": ("linear, row vectors: s_i = (q + q wq) . (m_i + m_i wm)" if cfg.variant == "linear" else
                     "mlp: s_i = (m_i + f_m(m_i)) . (q + f_q(q)), f(x) = gelu(x w1 + b1) w2 (+ b2 for q)"),
           "selection": "serve the top m by score; sample with Gumbel noise on score / tau"}
   out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,169 @@
+"""The command line end to end: outputs, bad input, kill-and-resume, sweeps, export."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rmmjax import core
+from rmmjax.cli import main
+
+pytestmark = pytest.mark.slow
+
+TINY = ["dim=16", "num_users=8", "bank_size=32", "min_bank=12", "eval_sessions=16", "log_every=5"]
+
+
+def _sets(*items):
+  return [arg for item in (*TINY, *items) for arg in ("--set", item)]
+
+
+def test_train_writes_every_output(tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--workdir", str(wd), "--quiet", *_sets("steps=40",
+                                                                "checkpoint_every=20")]) == 0
+  summary = json.loads((wd / "summary.json").read_text())
+  for key in ("recall_at_m_base", "recall_at_m_final", "reward_first", "reward_last", "steps"):
+    assert key in summary
+  assert summary["steps"] == 40
+  rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == list(range(5, 45, 5))
+  assert {"reward", "citation_rate", "recall_at_m", "loss", "grad_norm", "entropy"} <= set(rows[0])
+  assert (wd / "curves.png").stat().st_size > 10_000
+  assert any((wd / "tb").iterdir())
+  assert sorted(p.name for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "40"]
+  out = capsys.readouterr().out
+  assert "recall@M" in out and "summary.json" in out
+
+
+@pytest.mark.parametrize("override,message", [
+    ("m=30", "m=30 > k=20"),
+    ("tau=0", "tau=0.0: expected a temperature > 0"),
+    ("tau=nan", "expected a finite float"),
+    ("nonsense=1", "unknown config key 'nonsense'"),
+    ("variant=cubic", "variant='cubic' is not one of linear, mlp"),
+    ("k=40", "k=40 > bank_size=32"),
+])
+def test_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
+  wd = tmp_path / "run"
+  assert main(["train", "--workdir", str(wd), "--quiet", *_sets(override)]) == 2
+  assert message in capsys.readouterr().err
+  assert not wd.exists()
+
+
+def test_workdir_of_another_config_is_refused(tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--workdir", str(wd), "--quiet", *_sets("steps=20",
+                                                                "checkpoint_every=20")]) == 0
+  before = sorted(str(p) for p in wd.rglob("*"))
+  assert main(["train", "--workdir", str(wd), "--quiet", *_sets("steps=20", "checkpoint_every=20",
+                                                                "tau=0.9")]) == 2
+  err = capsys.readouterr().err
+  assert "holds a run of another config" in err and "tau: 0.5 there, 0.9 now" in err
+  assert sorted(str(p) for p in wd.rglob("*")) == before
+
+
+def test_killed_run_resumes_to_the_same_final_metrics(tmp_path):
+  args = _sets("steps=3000", "checkpoint_every=500")
+  reference = tmp_path / "reference"
+  assert main(["train", "--workdir", str(reference), "--quiet", *args]) == 0
+
+  killed = tmp_path / "killed"
+  cmd = [sys.executable, "-m", "rmmjax.cli", "train", "--workdir", str(killed), "--quiet", *args]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 240
+  while not (killed / "checkpoints" / "1000").exists():
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert time.time() < deadline
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not (killed / "summary.json").exists()
+  resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert json.loads((killed / "summary.json").read_text()) == json.loads(
+      (reference / "summary.json").read_text())
+  assert (killed / "metrics.jsonl").read_text() == (reference / "metrics.jsonl").read_text()
+
+
+def test_sweep_writes_one_record_per_run(tmp_path, capsys):
+  wd = tmp_path / "sweep"
+  assert main(["sweep", "--workdir", str(wd), "--quiet", "--grid", "tau=0.1,1.0",
+               "--grid", "baseline=0,0.5", "--seeds", "2", "--steps", "30", *_sets()]) == 0
+  result = json.loads((wd / "sweep.json").read_text())
+  assert len(result["runs"]) == 8
+  keys = {"tau", "baseline", "seed", "recall_at_m_base", "recall_at_m_final", "reward_first",
+          "reward_last"}
+  assert all(keys <= set(r) for r in result["runs"])
+  assert {(r["tau"], r["baseline"], r["seed"]) for r in result["runs"]} == {
+      (t, b, s) for t in (0.1, 1.0) for b in (0.0, 0.5) for s in (0, 1)}
+  assert len(list((wd / "tb").iterdir())) == 4
+  assert (wd / "curves.png").exists()
+  assert "tau=0.1,baseline=0.0" in capsys.readouterr().out
+
+
+def test_sweep_refuses_a_static_key(tmp_path, capsys):
+  assert main(["sweep", "--workdir", str(tmp_path / "s"), "--grid", "k=10,20", *_sets()]) == 2
+  assert "changes the compiled program" in capsys.readouterr().err
+
+
+_NUMPY_ONLY = """
+import sys, json, numpy as np
+sys.modules["jax"] = None  # any import of JAX now fails
+from rmmjax.serving import NumpyReranker
+data = np.load(sys.argv[2])
+scorer = NumpyReranker.load(sys.argv[1])
+scores = np.stack([scorer.score(q, m) for q, m in zip(data["q"], data["m"])])
+np.save(sys.argv[3], scores)
+print(json.dumps(scorer.top_m(data["q"][0], data["m"][0]).tolist()))
+"""
+
+
+@pytest.mark.parametrize("variant", ["linear", "mlp"])
+def test_export_round_trip_without_jax(tmp_path, variant):
+  wd = tmp_path / "run"
+  assert main(["train", "--workdir", str(wd), "--quiet",
+               *_sets("steps=200", "checkpoint_every=100", f"variant={variant}", "hidden=8",
+                      "lr=0.01")]) == 0
+  out = tmp_path / "export" / "reranker.safetensors"
+  assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 0
+  meta = json.loads(out.with_suffix(".json").read_text())
+  assert meta["variant"] == variant and meta["dim"] == 16 and meta["tau"] == 0.5
+
+  from rmmjax.config import Config
+  from rmmjax.io.export import load_trained_params
+  params, cfg, _ = load_trained_params(wd)
+  assert isinstance(cfg, Config)
+  spec = cfg.core_spec()
+  world = core.make_world(cfg.sim_spec(), spec.dim)
+  batch = core.sample_batch(world, jax.random.PRNGKey(7), cfg.sim_spec(), spec, sessions=8)
+  want = np.asarray(core.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec))
+  assert np.abs(want - np.einsum("bkd,bd->bk", batch.mem_BxKxD, batch.q_BxD)).max() > 1e-3
+  np.savez(tmp_path / "data.npz", q=np.asarray(batch.q_BxD), m=np.asarray(batch.mem_BxKxD))
+  result = subprocess.run([sys.executable, "-c", _NUMPY_ONLY, str(out), str(tmp_path / "data.npz"),
+                           str(tmp_path / "scores.npy")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+  assert result.returncode == 0, result.stderr[-2000:]
+  np.testing.assert_allclose(np.load(tmp_path / "scores.npy"), want, atol=1e-5, rtol=1e-5)
+  assert json.loads(result.stdout) == list(np.argsort(-want[0], kind="stable")[:cfg.m])
+
+
+def test_export_refuses_a_workdir_without_checkpoints(tmp_path, capsys):
+  assert main(["export", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.safetensors")]) == 2
+  assert "config.json" in capsys.readouterr().err
+
+
+def test_numpy_scorer_refuses_bad_embeddings(tmp_path):
+  from rmmjax.serving import NumpyReranker
+  scorer = NumpyReranker({"wq": np.zeros((4, 4)), "wm": np.zeros((4, 4))},
+                         {"variant": "linear", "dim": 4, "m": 2})
+  with pytest.raises(ValueError, match=r"memories holds 3 NaN or infinite values \(first at index \(0, 3\)\)"):
+    scorer.score(np.ones(4), np.array([[1, 2, 3, np.nan]] * 3))
+  with pytest.raises(ValueError, match=r"query has shape \(3,\); expected \(D,\) with D=4"):
+    scorer.score(np.ones(3), np.ones((2, 4)))
