@@ -62,7 +62,7 @@ class Config:
   checkpoint_every: int = 1_000
   log_every: int = 10
   eval_sessions: int = 512  # held-out sessions of `batch` queries
-  sweep_chunk: int = 8
+  sweep_chunk: int = 0  # configurations per vmapped chunk; 0 = 2 on a CPU, all on accelerators
   encoder: str = "latent"  # the embedding space the reranker was trained in, for serving
 
   def core_spec(self) -> core.CoreSpec:
@@ -90,10 +90,13 @@ class Config:
     if spec.k > sim.bank_size:
       raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                        "candidates")
-    for name in ("steps", "checkpoint_every", "log_every", "eval_sessions", "sweep_chunk"):
+    for name in ("steps", "checkpoint_every", "log_every", "eval_sessions"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}: expected a positive integer")
+    if self.sweep_chunk < 0:
+      raise ValueError(f"sweep_chunk={self.sweep_chunk}: expected 0 (automatic) or a positive "
+                       "integer")
     if self.checkpoint_every % self.log_every:
       raise ValueError(f"checkpoint_every={self.checkpoint_every} is not a multiple of "
                        f"log_every={self.log_every}")

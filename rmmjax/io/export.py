@@ -16,6 +16,10 @@ from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.workdir import atomic_write_json, read_config
 
 FORMAT_VERSION = 1
+SCORE_FORMULAS = {  # embeddings are row vectors; weights multiply them on the right
+    "linear": "s_i = (q + q wq) . (m_i + m_i wm)",
+    "mlp": "s_i = (q + f_q(q)) . (m_i + f_m(m_i)), f(x) = gelu(x w1 + b1) w2 (+ b2, query only)",
+}
 
 
 def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -53,8 +57,7 @@ def export_reranker(workdir: Path, out: Path) -> dict:
   meta = {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
           "hidden": cfg.hidden if cfg.variant == "mlp" else None, "tau": cfg.tau, "k": cfg.k,
           "m": cfg.m, "encoder": cfg.encoder, "step": step,
-          "score": ("linear, row vectors: s_i = (q + q wq) . (m_i + m_i wm)" if cfg.variant == "linear" else
-                    "mlp: s_i = (m_i + f_m(m_i)) . (q + f_q(q)), f(x) = gelu(x w1 + b1) w2 (+ b2 for q)"),
+          "score": SCORE_FORMULAS[cfg.variant],
           "selection": "serve the top m by score; sample with Gumbel noise on score / tau"}
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
