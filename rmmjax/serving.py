@@ -14,23 +14,12 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from rmmjax.checks import check_embeddings
+
 
 def _gelu(x: np.ndarray) -> np.ndarray:
   # The tanh approximation, as jax.nn.gelu computes it by default.
   return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def check_embeddings(x: np.ndarray, name: str, dim: int, ndim: int) -> np.ndarray:
-  """Returns x as float32, refusing a wrong shape or non-finite values with a clear message."""
-  x = np.asarray(x, np.float32)
-  if x.ndim != ndim or x.shape[-1] != dim:
-    want = "(D,)" if ndim == 1 else "(K, D)"
-    raise ValueError(f"{name} has shape {x.shape}; expected {want} with D={dim}")
-  bad = ~np.isfinite(x)
-  if bad.any():
-    raise ValueError(f"{name} holds {int(bad.sum())} NaN or infinite values "
-                     f"(first at index {tuple(int(i) for i in np.argwhere(bad)[0])})")
-  return x
 
 
 class NumpyReranker:

@@ -155,3 +155,34 @@ def test_sharded_sweep_equals_single_device():
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "OK (9, 20)" in result.stdout
+
+
+def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
+  """A generator that always cites candidate 0 of the three shown makes the reranker raise it
+  above the two it never cites (per-position credit: each memory its own reward)."""
+  state, batch = _state_and_batch(core.CoreSpec(dim=16, k=8, m=3, batch=4, credit="position"))
+  batch = jax.tree.map(lambda x: jnp.stack([x[0]] * 4), batch)  # one query, four times
+  batch = batch.replace(mask_BxK=jnp.ones_like(batch.mask_BxK))
+  state = state.replace(hparams=state.hparams.replace(lr=jnp.float32(1e-2)))
+  update = jax.jit(core.reinforce_update)
+  scores0 = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
+  selected = jnp.tile(jnp.array([0, 1, 2]), (4, 1))
+  rewards = jnp.tile(jnp.array([1.0, -1.0, -1.0]), (4, 1))
+  for _ in range(30):
+    state, metrics = update(state, batch, selected, rewards)
+  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
+  gain = scores - scores0
+  assert (gain[:, 0] > gain[:, 1]).all() and (gain[:, 0] > gain[:, 2]).all(), gain
+  assert int(state.step) == 30 and np.isfinite(metrics["loss"])
+
+
+def test_check_batch_refuses_bad_embeddings():
+  from rmmjax.checks import check_batch
+  _, batch = _state_and_batch()
+  check_batch(batch, dim=16, k=8)
+  with pytest.raises(ValueError, match=r"mem_BxKxD holds 1 NaN or infinite values"):
+    check_batch(batch.replace(mem_BxKxD=batch.mem_BxKxD.at[0, 1, 2].set(jnp.inf)), 16, 8)
+  with pytest.raises(ValueError, match=r"q_BxD has shape \(4, 16\); expected \(B, D\) with D=32"):
+    check_batch(batch, dim=32, k=8)
+  with pytest.raises(ValueError, match=r"mem_BxKxD has shape \(4, 8, 16\); expected \(4, 5, 16\)"):
+    check_batch(batch, dim=16, k=5)

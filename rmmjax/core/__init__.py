@@ -5,8 +5,8 @@ from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss
 from rmmjax.core.optim import AdamState, LowRank, adam_init, adam_update, global_norm
 from rmmjax.core.reranker import (batch_scores, init_params, linear_grad_factors, score,
                                   score_naive)
-from rmmjax.core.selection import (gumbel_top_m, selection_entropy, selection_log_prob,
-                                   selection_log_prob_terms, top_m)
+from rmmjax.core.selection import (gumbel_top_m, perturbed_top_m, selection_entropy,
+                                   selection_log_prob, selection_log_prob_terms, top_m)
 from rmmjax.core.simulate import (SimSpec, World, make_world, sample_batch, sample_eval_batch,
                                   simulate_citations)
 from rmmjax.core.step import (evaluate, init_state, recall_at_m, reinforce_update,
@@ -18,7 +18,7 @@ __all__ = [
     "AdamState", "BASELINE_KINDS", "Batch", "CoreSpec", "HParams", "LowRank", "SimSpec",
     "TrainState", "World", "adam_init", "adam_update", "baseline_values", "batch_scores",
     "citation_rewards", "evaluate", "global_norm", "gumbel_top_m", "init_params", "init_state",
-    "linear_grad_factors", "listwise_loss", "make_run", "make_sweep",
+    "linear_grad_factors", "listwise_loss", "make_run", "make_sweep", "perturbed_top_m",
     "make_world", "recall_at_m", "reinforce_loss", "reinforce_update", "run_steps",
     "sample_batch", "sample_eval_batch", "sample_selection", "score", "score_naive",
     "scores_and_pullback",
