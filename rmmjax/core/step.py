@@ -64,10 +64,9 @@ def _apply(state: TrainState, grads) -> TrainState:
 def _reinforce(state: TrainState, batch: Batch, scores_BxK: jax.Array, pullback: Callable,
                selected_BxM: jax.Array, rewards_BxM: jax.Array) -> tuple[TrainState, dict]:
   spec, hp = state.spec, state.hparams
-  if spec.credit == "position":  # the baseline then tracks the per-memory reward
-    reward_B = jnp.mean(jnp.where(selected_BxM >= 0, rewards_BxM, 0.0), -1)
-  else:
-    reward_B = losses.set_reward(rewards_BxM, selected_BxM)
+  # The mean reward of a query's selected memories: the set reward, and under per-position
+  # credit the quantity the running and batch baselines track.
+  reward_B = losses.set_reward(rewards_BxM, selected_BxM)
   baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B)
   (loss, aux), g_scores_BxK = jax.value_and_grad(losses.reinforce_loss, has_aux=True)(
       scores_BxK, selected_BxM, rewards_BxM, baseline_B, hp.tau, batch.mask_BxK, spec.credit,
@@ -96,14 +95,15 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainSt
   """
   spec, hp = state.spec, state.hparams
   # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
-  u_BxKM = jax.random.uniform(jax.random.fold_in(key, state.step), (spec.batch, spec.k + spec.m),
+  num_queries, k = batch.mask_BxK.shape
+  u_BxKM = jax.random.uniform(jax.random.fold_in(key, state.step), (num_queries, k + spec.m),
                               minval=jnp.finfo(jnp.float32).tiny)
   del key
-  gumbel_BxK = -jnp.log(-jnp.log(u_BxKM[:, :spec.k]))
+  gumbel_BxK = -jnp.log(-jnp.log(u_BxKM[:, :k]))
   scores_BxK, pullback = scores_and_pullback(state.params, batch, spec)
   selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, gumbel_BxK, spec, hp.tau)
   relevant_BxM = gather_positions(batch.relevant_BxK, selected_BxM)
-  cited_BxM = simulate_citations(u_BxKM[:, spec.k:], relevant_BxM, selected_BxM, hp.p_rel,
+  cited_BxM = simulate_citations(u_BxKM[:, k:], relevant_BxM, selected_BxM, hp.p_rel,
                                  hp.p_irr)
   rewards_BxM = losses.citation_rewards(cited_BxM, selected_BxM)
   state, metrics = _reinforce(state, batch, scores_BxK, pullback, selected_BxM, rewards_BxM)
