@@ -1,0 +1,68 @@
+"""Exact Gumbel top-M versus the paper's literal recipe, Plackett-Luce versus the surrogate.
+
+The paper ranks s + g and divides by tau only afterwards, so its samples ignore tau; the
+log-probability it differentiates is a sum of log-softmax terms rather than the probability of
+the ordered selection. This runs each combination over a range of temperatures on the latent
+simulator (3 seeds each, one vmapped sweep per combination) and writes a markdown table.
+
+    python experiments/sampling_and_log_prob.py [--steps N] [--out experiments/results/...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rmmjax import sweeps
+from rmmjax.config import get_config
+
+TAUS = (0.1, 0.5, 1.0, 2.0)
+COMBINATIONS = [("gumbel", "plackett_luce"), ("gumbel", "surrogate"),
+                ("paper", "plackett_luce"), ("paper", "surrogate")]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=10_000)
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--out", default="experiments/results/sampling_and_log_prob.md")
+  args = parser.parse_args()
+  base = dataclasses.replace(get_config("latent"), steps=args.steps)
+  rows = []
+  t0 = time.time()
+  for sampling, log_prob in COMBINATIONS:
+    cfg = dataclasses.replace(base, sampling=sampling, log_prob=log_prob)
+    with tempfile.TemporaryDirectory() as workdir:
+      result = sweeps.sweep(cfg, {"tau": list(TAUS)}, args.seeds, Path(workdir), progress=False)
+    for tau in TAUS:
+      runs = [r for r in result["runs"] if r["tau"] == tau]
+      final = np.array([r["recall_at_m_final"] for r in runs])
+      rows.append((sampling, log_prob, tau, runs[0]["recall_at_m_base"], final.mean(),
+                   final.std(), np.mean([r["reward_last"] for r in runs])))
+  lines = [
+      "# Sampling recipe and log-probability",
+      "",
+      f"Latent simulator, {args.steps} steps, batch 4, b = 0.5 (constant), lr 1e-3; mean and",
+      f"standard deviation of held-out recall@M over {args.seeds} seeds. Made by",
+      f"`python experiments/sampling_and_log_prob.py --steps {args.steps} --seeds {args.seeds}`"
+      f" ({time.time() - t0:.0f} s on a 2-core CPU).",
+      "",
+      "| sampling | log-probability | tau | recall@M base | recall@M final | sd | reward last |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for sampling, log_prob, tau, base_recall, mean, sd, reward in rows:
+    lines.append(f"| {sampling} | {log_prob} | {tau} | {base_recall:.3f} | {mean:.3f} | "
+                 f"{sd:.3f} | {reward:.3f} |")
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()
