@@ -75,7 +75,7 @@ def bench_train(repeats: int, min_seconds: float) -> list[dict]:
       box = {"state": core.init_state(spec, core.HParams.create())}
       key = jax.random.PRNGKey(1)
 
-      def run(n, step=step, box=box, key=key):
+      def run(n, step=step, box=box, key=key, data=data):
         state = box["state"]
         for _ in range(n):
           state, _ = step(state, data, key)
@@ -115,8 +115,9 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict
   by_chunk = []
   for chunk in chunks:
     run_chunk = core.make_sweep(spec, sim, SWEEP_STEPS, eval_sessions=16)
-    run_chunks(run_chunk, jax.tree.map(lambda x: x[:chunk], hparams), world, chunk)  # compile
-    t = _median_time(lambda: run_chunks(run_chunk, hparams, world, chunk), repeats)
+    first = jax.tree.map(lambda x, c=chunk: x[:c], hparams)
+    run_chunks(run_chunk, first, world, chunk)  # compile
+    t = _median_time(lambda f=run_chunk, c=chunk: run_chunks(f, hparams, world, c), repeats)
     rate = SWEEP_CONFIGS * SWEEP_STEPS / t
     by_chunk.append({"chunk": chunk, "seconds": t, "config_steps_per_s": rate,
                      "fraction_of_limit": rate * bytes_per_config_step / bandwidth})

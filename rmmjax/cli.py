@@ -48,10 +48,11 @@ def _cmd_sweep(args) -> None:
   for run in result["runs"]:
     groups.setdefault(",".join(f"{k}={run[k]}" for k in keys) or "default", []).append(run)
   for label, runs in groups.items():
-    mean = lambda key: sum(r[key] for r in runs) / len(runs)  # noqa: E731
-    print(f"{label:36s}{len(runs):6d}{mean('recall_at_m_base'):12.3f}"
-          f"{mean('recall_at_m_final'):13.3f}{mean('reward_first'):13.3f}"
-          f"{mean('reward_last'):12.3f}")
+    mean = {key: sum(r[key] for r in runs) / len(runs)
+            for key in ("recall_at_m_base", "recall_at_m_final", "reward_first", "reward_last")}
+    print(f"{label:36s}{len(runs):6d}{mean['recall_at_m_base']:12.3f}"
+          f"{mean['recall_at_m_final']:13.3f}{mean['reward_first']:13.3f}"
+          f"{mean['reward_last']:12.3f}")
   print(f"\nsweep.json {Path(args.workdir) / 'sweep.json'}\ncurves     "
         f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
 

@@ -16,8 +16,9 @@ from rmmjax import core
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
-# 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of the
-# ones it finds not useful (recall of "not useful"), so it cites an irrelevant one 15.4% of the time.
+# 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of
+# the ones it finds not useful (recall of "not useful"): it cites an irrelevant one 15.4% of
+# the time.
 P_REL_DEFAULT = 0.911
 P_IRR_DEFAULT = 1.0 - 0.846
 

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -163,7 +162,8 @@ def test_numpy_scorer_refuses_bad_embeddings(tmp_path):
   from rmmjax.serving import NumpyReranker
   scorer = NumpyReranker({"wq": np.zeros((4, 4)), "wm": np.zeros((4, 4))},
                          {"variant": "linear", "dim": 4, "m": 2})
-  with pytest.raises(ValueError, match=r"memories holds 3 NaN or infinite values \(first at index \(0, 3\)\)"):
+  with pytest.raises(ValueError,
+                     match=r"memories holds 3 NaN or infinite values \(first at index \(0, 3\)\)"):
     scorer.score(np.ones(4), np.array([[1, 2, 3, np.nan]] * 3))
   with pytest.raises(ValueError, match=r"query has shape \(3,\); expected \(D,\) with D=4"):
     scorer.score(np.ones(3), np.ones((2, 4)))
