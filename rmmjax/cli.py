@@ -64,6 +64,24 @@ def _cmd_export(args) -> None:
   print(json.dumps(meta, indent=2))
 
 
+def _cmd_eval(args) -> None:
+  from rmmjax.evaluate import evaluate_retrieval, format_table, write_report
+  try:
+    ks = tuple(int(k) for k in args.k.split(","))
+  except ValueError:
+    raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
+  result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
+                              args.budget_words)
+  print(format_table(result, ks))
+  counts = result["load_report"]["counts"]
+  if counts:
+    print("\nrepairs and drops while loading: " + "; ".join(f"{k}: {v}" for k, v in
+                                                        sorted(counts.items())))
+  if args.out:
+    write_report(result, Path(args.out))
+    print(f"\nwrote {args.out}")
+
+
 def _cmd_bench(args) -> None:
   from rmmjax import bench
   if args.what == "core":
@@ -97,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", required=True)
   p.add_argument("--out", required=True, help="FILE.safetensors (FILE.json goes beside it)")
   p.set_defaults(func=_cmd_export)
+
+  p = sub.add_parser("eval", help="evidence retrieval metrics on a labelled dataset")
+  p.add_argument("--dataset", default="locomo", help="dataset format (locomo)")
+  p.add_argument("--data", required=True, help="path to the dataset file")
+  p.add_argument("--units", default="turn", help="turn, session or mixed")
+  p.add_argument("--retriever", default="bm25", help="bm25")
+  p.add_argument("--k", default="5,10", help="recall cut-offs, comma-separated")
+  p.add_argument("--budget-words", type=int, default=None,
+                 help="also report recall of units taken in rank order up to this many words")
+  p.add_argument("--out", default=None, help="write the metrics as JSON")
+  p.set_defaults(func=_cmd_eval)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
   p.add_argument("what", choices=["core"])

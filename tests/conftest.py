@@ -8,3 +8,22 @@ import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+# The real data lives in ../shared/data beside the project; RMMJAX_DATA may point elsewhere.
+DATA_DIR = Path(os.environ.get("RMMJAX_DATA",
+                               Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
+
+@pytest.fixture
+def locomo_path() -> Path:
+  path = DATA_DIR / "locomo" / "locomo_dev8.json"
+  if not path.exists():
+    if os.environ.get("CI"):
+      pytest.fail(f"{path} is missing; CI must have the shared data")
+    pytest.skip(f"{path} not found: set RMMJAX_DATA to a folder holding locomo/locomo_dev8.json "
+                "(the LoCoMo release, github.com/snap-research/LoCoMo, data/locomo10.json)")
+  return path

@@ -1,0 +1,1 @@
+"""Dataset loaders into one schema: conversations of dated sessions of turns, and questions."""

@@ -1,0 +1,1 @@
+"""Metrics, defined once, and the evaluation of retrieval on labelled conversations."""

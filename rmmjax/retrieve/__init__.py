@@ -1,0 +1,1 @@
+"""Candidate retrieval: memory units of a conversation, and retrievers that rank them."""

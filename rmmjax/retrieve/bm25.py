@@ -1,0 +1,26 @@
+"""BM25 over one conversation's units, through the bm25s library."""
+
+from __future__ import annotations
+
+import bm25s
+import numpy as np
+
+
+class BM25Retriever:
+  """Ranks a fixed list of texts for each query (Lucene BM25, English stopwords)."""
+
+  def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
+    if not texts:
+      raise ValueError("BM25Retriever needs at least one text to index")
+    self._size = len(texts)
+    self._model = bm25s.BM25(k1=k1, b=b)
+    self._model.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
+                      show_progress=False)
+
+  def rank(self, queries: list[str], k: int) -> np.ndarray:
+    """Indices of the k best texts for each query, best first, shape (len(queries), k)."""
+    k = min(k, self._size)
+    tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+    # Texts that share no term with a query score 0; ties keep corpus order.
+    scores = np.stack([self._model.get_scores(query_tokens) for query_tokens in tokens])
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
