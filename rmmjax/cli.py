@@ -82,6 +82,30 @@ def _cmd_eval(args) -> None:
     print(f"\nwrote {args.out}")
 
 
+def _cmd_embed(args) -> None:
+  import numpy as np
+
+  from rmmjax.encode.cache import EmbeddingCache
+  from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+  path = Path(args.inp)
+  if not path.exists():
+    raise FileNotFoundError(f"--in {path} does not exist (expected one text per line)")
+  texts = path.read_text(encoding="utf-8").splitlines()
+  if not texts:
+    raise ValueError(f"--in {path} is empty (expected one text per line)")
+  out = Path(args.out)
+  if out.suffix != ".npy":
+    raise ValueError(f"--out {out}: expected a file name ending in .npy")
+  cache = None if args.no_cache else EmbeddingCache(args.cache or DEFAULT_CACHE)
+  encoder = SentenceEncoder(args.model, cache=cache)
+  embeddings = encoder.encode(texts)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f".{out.name}.tmp.npy")
+  np.save(tmp, embeddings)
+  tmp.replace(out)
+  print(f"wrote {out}: {embeddings.shape[0]} x {embeddings.shape[1]} ({encoder.identity})")
+
+
 def _cmd_bench(args) -> None:
   from rmmjax import bench
   if args.what == "core":
@@ -115,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", required=True)
   p.add_argument("--out", required=True, help="FILE.safetensors (FILE.json goes beside it)")
   p.set_defaults(func=_cmd_export)
+
+  p = sub.add_parser("embed", help="embed one text per line with the sentence encoder")
+  p.add_argument("--in", dest="inp", required=True, help="TEXTS.txt, one text per line")
+  p.add_argument("--out", required=True, help="EMB.npy")
+  p.add_argument("--model", default=None,
+                 help="Hugging Face-format model directory (default: all-MiniLM-L6-v2)")
+  p.add_argument("--cache", default=None, help="SQLite embedding cache (default under ~/.cache)")
+  p.add_argument("--no-cache", action="store_true")
+  p.set_defaults(func=_cmd_embed)
 
   p = sub.add_parser("eval", help="evidence retrieval metrics on a labelled dataset")
   p.add_argument("--dataset", default="locomo", help="dataset format (locomo)")

@@ -1,0 +1,1 @@
+"""Sentence encoders (Flax BERT) with length-bucketed batching and an on-disk embedding cache."""

