@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dataset", default="locomo", help="dataset format (locomo)")
   p.add_argument("--data", required=True, help="path to the dataset file")
   p.add_argument("--units", default="turn", help="turn, session or mixed")
-  p.add_argument("--retriever", default="bm25", help="bm25")
+  p.add_argument("--retriever", default="bm25", help="bm25, dense or hybrid")
   p.add_argument("--k", default="5,10", help="recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")

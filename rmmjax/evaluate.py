@@ -8,14 +8,24 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.retrieve.bm25 import BM25Retriever
+from rmmjax.retrieve.dense import DenseRetriever, FusionRetriever
 from rmmjax.retrieve.units import GRANULARITIES, build_units
 
 DATASETS = {"locomo": load_locomo}
-RETRIEVERS = {"bm25": BM25Retriever}
+RETRIEVERS = ("bm25", "dense", "hybrid")
+
+
+def make_retriever(name: str, texts: list[str], encoder):
+  """A ranker over texts: BM25, dense (the encoder), or their reciprocal-rank fusion."""
+  if name == "bm25":
+    return BM25Retriever(texts)
+  if name == "dense":
+    return DenseRetriever(texts, encoder)
+  return FusionRetriever([BM25Retriever(texts), DenseRetriever(texts, encoder)], len(texts))
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],
-                       budget_words: int | None = None) -> dict:
+                       budget_words: int | None = None, encoder=None) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report."""
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, GRANULARITIES),
                                ("retriever", retriever, RETRIEVERS)):
@@ -26,11 +36,14 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
   conversations, report = DATASETS[dataset](data)
+  if retriever != "bm25" and encoder is None:
+    from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415  (loads weights: only here)
+    encoder = SentenceEncoder()
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
   for conv in conversations:
     pool = build_units(conv, units)
-    ranker = RETRIEVERS[retriever]([u.text for u in pool])
+    ranker = make_retriever(retriever, [u.text for u in pool], encoder)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
     for question, ranked_idx in zip(conv.questions, order):
       evidence = set(question.evidence)
