@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_embed)
 
   p = sub.add_parser("eval", help="evidence retrieval metrics on a labelled dataset")
-  p.add_argument("--dataset", default="locomo", help="dataset format (locomo)")
+  p.add_argument("--dataset", default="locomo", help="locomo, longmemeval or msc")
   p.add_argument("--data", required=True, help="path to the dataset file")
   p.add_argument("--units", default="turn", help="turn, session or mixed")
   p.add_argument("--retriever", default="bm25", help="bm25, dense or hybrid")

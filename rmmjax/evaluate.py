@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmmjax.data.locomo import load_locomo
+from rmmjax.data.longmemeval import load_longmemeval
+from rmmjax.data.msc import load_msc
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.retrieve.bm25 import BM25Retriever
 from rmmjax.retrieve.dense import DenseRetriever, FusionRetriever
 from rmmjax.retrieve.units import GRANULARITIES, build_units
 
-DATASETS = {"locomo": load_locomo}
+DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "msc": load_msc}
 RETRIEVERS = ("bm25", "dense", "hybrid")
 
 
@@ -36,12 +38,17 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
   conversations, report = DATASETS[dataset](data)
+  if not any(c.questions for c in conversations):
+    raise ValueError(f"{data} holds no question with evidence labels; {dataset} cannot be "
+                     "evaluated for retrieval")
   if retriever != "bm25" and encoder is None:
     from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415  (loads weights: only here)
     encoder = SentenceEncoder()
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
   for conv in conversations:
+    if not conv.questions:
+      continue
     pool = build_units(conv, units)
     ranker = make_retriever(retriever, [u.text for u in pool], encoder)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)

@@ -18,12 +18,22 @@ DATA_DIR = Path(os.environ.get("RMMJAX_DATA",
                                Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
-@pytest.fixture
-def locomo_path() -> Path:
-  path = DATA_DIR / "locomo" / "locomo_dev8.json"
+def _shared_file(relative: str, source: str) -> Path:
+  path = DATA_DIR / relative
   if not path.exists():
     if os.environ.get("CI"):
       pytest.fail(f"{path} is missing; CI must have the shared data")
-    pytest.skip(f"{path} not found: set RMMJAX_DATA to a folder holding locomo/locomo_dev8.json "
-                "(the LoCoMo release, github.com/snap-research/LoCoMo, data/locomo10.json)")
+    pytest.skip(f"{path} not found: set RMMJAX_DATA to a folder holding {relative} ({source})")
   return path
+
+
+@pytest.fixture
+def locomo_path() -> Path:
+  return _shared_file("locomo/locomo_dev8.json",
+                      "the LoCoMo release, github.com/snap-research/LoCoMo, data/locomo10.json")
+
+
+@pytest.fixture
+def msc_path() -> Path:
+  return _shared_file("msc/msc_dialogue/session_3/valid.txt",
+                      "ParlAI's msc_v0.1 release, msc_dialogue/session_3/valid.txt")

@@ -7,15 +7,12 @@ import json
 import re
 from pathlib import Path
 
-from rmmjax.data.schema import (CATEGORY_NAMES, Conversation, LoadReport, Question, Session,
-                                Turn)
+from rmmjax.data.schema import (CATEGORY_NAMES, Conversation, LoadReport, MalformedData,
+                                Question, Session, Turn)
+from rmmjax.data.schema import require as _field
 
 _TURN_ID = re.compile(r"D(\d+):(\d+)")
 _SESSION_KEY = re.compile(r"session_(\d+)")
-
-
-class MalformedData(ValueError):
-  """A file that cannot be read as the dataset, naming the file, record and field."""
 
 
 def parse_evidence(raw: str, known: set[str], report: LoadReport) -> list[str]:
@@ -35,12 +32,6 @@ def parse_evidence(raw: str, known: set[str], report: LoadReport) -> list[str]:
   if not found and not re.search(r"D:?\d+:\d+", raw):
     report.note("evidence string without an id (dropped)", repr(raw))
   return found
-
-
-def _field(record: dict, key: str, where: str, path: Path):
-  if key not in record:
-    raise MalformedData(f"{path}: {where}: missing field {key!r}")
-  return record[key]
 
 
 def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:

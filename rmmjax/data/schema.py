@@ -37,9 +37,21 @@ class Conversation:
   conversation_id: str
   sessions: tuple[Session, ...]
   questions: tuple[Question, ...]
+  personas: tuple[tuple[str, ...], ...] = ()  # per-speaker facts, where a dataset has them (MSC)
 
   def turn_ids(self) -> set[str]:
     return {t.turn_id for s in self.sessions for t in s.turns}
+
+
+class MalformedData(ValueError):
+  """A file that cannot be read as the dataset, naming the file, record and field."""
+
+
+def require(record: dict, key: str, where: str, path) -> object:
+  """record[key], or a MalformedData naming the file, the record and the missing field."""
+  if not isinstance(record, dict) or key not in record:
+    raise MalformedData(f"{path}: {where}: missing field {key!r}")
+  return record[key]
 
 
 @dataclasses.dataclass

@@ -20,6 +20,8 @@ class BM25Retriever:
   def rank(self, queries: list[str], k: int) -> np.ndarray:
     """Indices of the k best texts for each query, best first, shape (len(queries), k)."""
     k = min(k, self._size)
+    if not queries:
+      return np.zeros((0, k), np.int64)
     tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
     # Texts that share no term with a query score 0; ties keep corpus order.
     scores = np.stack([self._model.get_scores(query_tokens) for query_tokens in tokens])
