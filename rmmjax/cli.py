@@ -107,9 +107,18 @@ def _cmd_embed(args) -> None:
 
 
 def _cmd_bench(args) -> None:
-  from rmmjax import bench
+  out = Path(args.out) if args.out else None
   if args.what == "core":
-    bench.bench_core(Path(args.out) if args.out else None, quick=args.quick)
+    from rmmjax import bench
+    bench.bench_core(out, quick=args.quick)
+  elif args.what == "search":
+    from rmmjax import bench_retrieval
+    bench_retrieval.bench_search(out, quick=args.quick)
+  else:
+    from rmmjax import bench_retrieval
+    if not args.data:
+      raise ValueError("bench encode needs --data PATH (a LoCoMo file, for real sentences)")
+    bench_retrieval.bench_encode(out, Path(args.data), quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_eval)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
-  p.add_argument("what", choices=["core"])
+  p.add_argument("what", choices=["core", "search", "encode"])
+  p.add_argument("--data", default=None, help="encode: the LoCoMo file whose turns are encoded")
   p.add_argument("--out", default=None, help="write the results as JSON")
   p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
   p.set_defaults(func=_cmd_bench)

@@ -167,3 +167,11 @@ def test_numpy_scorer_refuses_bad_embeddings(tmp_path):
     scorer.score(np.ones(4), np.array([[1, 2, 3, np.nan]] * 3))
   with pytest.raises(ValueError, match=r"query has shape \(3,\); expected \(D,\) with D=4"):
     scorer.score(np.ones(3), np.ones((2, 4)))
+
+
+def test_bench_search_runs_and_agrees_with_its_reference(tmp_path):
+  out = tmp_path / "search.json"
+  assert main(["bench", "search", "--quick", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["top_k_agreement"] == 1.0 and len(result["rows"]) == 2
+  assert all(r["queries_per_s"] > 0 for r in result["rows"])

@@ -20,7 +20,9 @@ from tokenizers import Tokenizer
 from rmmjax.encode.bert import BertConfig, BertEncoder, check_params, load_params
 from rmmjax.encode.cache import EmbeddingCache
 
-BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile
+# each) up to 128, coarser beyond where few texts reach.
+BUCKETS = tuple(range(8, 129, 8)) + (160, 192, 256, 384, 512)
 DEFAULT_CACHE = Path(os.environ.get("RMMJAX_CACHE", Path.home() / ".cache" / "rmmjax")) / (
     "embeddings.sqlite")
 
@@ -39,7 +41,8 @@ def _model_identity(model_dir: Path) -> str:
   with open(model_dir / "model.safetensors", "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
-  return f"{model_dir.name}:{digest.hexdigest()[:16]}"
+  resolved = model_dir.resolve()
+  return f"{resolved.parent.name}/{resolved.name}:{digest.hexdigest()[:16]}"
 
 
 class SentenceEncoder:
