@@ -9,25 +9,16 @@ encode: sentences/s of the Flax encoder against sentence-transformers on the sam
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rmmjax.bench import _median_time as _median
 from rmmjax.retrieve.dense import dense_top_k
 
 N, D, BATCH, K = 1_000_000, 384, 64, 20
-
-
-def _median(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def _write(result: dict, out: Path | None) -> None:
