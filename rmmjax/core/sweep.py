@@ -6,6 +6,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
 from rmmjax.core import simulate
 from rmmjax.core.step import evaluate, init_state, train_step
 from rmmjax.core.types import CoreSpec, HParams, TrainState
