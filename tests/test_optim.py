@@ -49,3 +49,23 @@ def test_linear_grad_factors_equal_autodiff():
   np.testing.assert_allclose(core.batch_scores(params, q, mem, spec),
                              jax.vmap(core.score_naive, (None, 0, 0))(params, q, mem),
                              rtol=1e-4, atol=1e-4)
+
+
+def test_an_inactive_adam_step_changes_nothing_and_the_next_matches_optax():
+  params = {"a": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)}
+  grads = {"a": jnp.full((3, 4), 0.5)}
+  state = core.adam_init(params)
+  p1, s1 = core.adam_update(params, state, grads, jnp.float32(1e-2))
+  p2, s2 = core.adam_update(p1, s1, {"a": jnp.full((3, 4), 7.0)}, jnp.float32(1e-2),
+                            active=jnp.bool_(False))
+  for a, b in zip(jax.tree.leaves((p1, s1)), jax.tree.leaves((p2, s2))):
+    np.testing.assert_array_equal(a, b)
+  # After the skipped step, the next one is optax's second step.
+  p3, _ = core.adam_update(p2, s2, grads, jnp.float32(1e-2))
+  tx = optax.adam(1e-2)
+  ref, ref_state = params, tx.init(params)
+  for _ in range(2):
+    with jax.numpy_dtype_promotion("standard"):
+      updates, ref_state = tx.update(grads, ref_state, ref)
+      ref = optax.apply_updates(ref, updates)
+  np.testing.assert_allclose(p3["a"], ref["a"], rtol=1e-6, atol=1e-7)

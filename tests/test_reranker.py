@@ -72,3 +72,31 @@ def test_mismatched_dimensions_are_refused():
 def test_spec_refuses_m_above_k():
   with pytest.raises(ValueError, match="m=21 > k=20"):
     core.CoreSpec(k=20, m=21)
+
+
+@pytest.mark.parametrize("variant", ["linear", "mlp"])
+def test_rank_prior_adds_a_bias_per_candidate_position(variant):
+  q, m = _random_problem(k=7)
+  spec = core.CoreSpec(variant=variant, dim=16, hidden=8, k=7, m=3, rank_prior=True)
+  params = core.init_params(jax.random.PRNGKey(1), spec)
+  np.testing.assert_allclose(core.score(params, q, m, variant), m @ q, rtol=1e-6, atol=1e-6)
+  bias = jnp.arange(7.0) / 10
+  params = params | {"rank_bias": bias}
+  np.testing.assert_allclose(core.score(params, q, m, variant), m @ q + bias, rtol=1e-5,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="6 candidates, but the rank prior was trained for k=7"):
+    core.score(params, q, m[:6], variant)
+
+
+def test_fast_low_rank_gradients_with_rank_prior_equal_autodiff_of_the_naive_formula():
+  kq, km, kg = jax.random.split(jax.random.PRNGKey(4), 3)
+  q_BxD, mem_BxKxD = jax.random.normal(kq, (3, 8)), jax.random.normal(km, (3, 5, 8))
+  g_BxK = jax.random.normal(kg, (3, 5))
+  spec = core.CoreSpec(dim=8, k=5, m=2, rank_prior=True)
+  params = jax.tree.map(lambda x: x + 0.1, core.init_params(jax.random.PRNGKey(0), spec))
+  naive = jax.grad(lambda p: jnp.sum(g_BxK * jax.vmap(core.score_naive, in_axes=(None, 0, 0))(
+      p, q_BxD, mem_BxKxD)))(params)
+  fast = core.linear_grad_factors(params, q_BxD, mem_BxKxD, g_BxK)
+  for name in ("wq", "wm"):
+    np.testing.assert_allclose(fast[name].dense(), naive[name], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(fast["rank_bias"], naive["rank_bias"], rtol=1e-5, atol=1e-6)

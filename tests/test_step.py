@@ -186,3 +186,47 @@ def test_check_batch_refuses_bad_embeddings():
     check_batch(batch, dim=32, k=8)
   with pytest.raises(ValueError, match=r"mem_BxKxD has shape \(4, 8, 16\); expected \(4, 5, 16\)"):
     check_batch(batch, dim=16, k=5)
+
+
+def _with_absent(batch, absent):
+  """The batch with the given queries made absent (no candidate)."""
+  keep = ~jnp.isin(jnp.arange(batch.mask_BxK.shape[0]), jnp.array(absent))
+  return batch.replace(mask_BxK=batch.mask_BxK & keep[:, None],
+                       relevant_BxK=batch.relevant_BxK & keep[:, None])
+
+
+@pytest.mark.parametrize("kind", ["constant", "running", "batch"])
+def test_absent_queries_change_nothing(kind):
+  """A batch padded with absent queries updates exactly like the batch of its present ones."""
+  spec = core.CoreSpec(dim=16, k=8, m=3, batch=4, rank_prior=True)
+  state, batch = _state_and_batch(spec)
+  state = state.replace(hparams=state.hparams.replace(
+      baseline_kind=jnp.int32(core.BASELINE_KINDS.index(kind))))
+  padded = _with_absent(batch, [1, 3])
+  present = jax.tree.map(lambda x: x[jnp.array([0, 2])], batch)
+  selected = jnp.array([[0, 1, 2], [3, 4, 5], [1, 0, 2], [5, 6, 7]])
+  rewards = jnp.array([[1.0, -1, -1], [1, 1, 1], [-1, 1, -1], [1, 1, -1]])
+  state = state.replace(reward_mean=jnp.float32(0.2))
+  a, ma = core.reinforce_update(state, padded, jnp.where(padded.mask_BxK[:, :1], selected, -1),
+                                jnp.where(padded.mask_BxK[:, :1], rewards, 0.0))
+  b, mb = core.reinforce_update(state, present, selected[::2], rewards[::2])
+  for x, y in zip(jax.tree.leaves((a.params, a.opt_state, a.reward_mean)),
+                  jax.tree.leaves((b.params, b.opt_state, b.reward_mean))):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+  for name in ("loss", "reward", "advantage", "log_prob", "grad_norm"):
+    np.testing.assert_allclose(ma[name], mb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_of_only_absent_queries_leaves_the_state_unchanged():
+  spec = core.CoreSpec(dim=16, k=8, m=3, batch=4)
+  state, batch = _state_and_batch(spec)
+  state, _ = core.train_step(state, batch, jax.random.PRNGKey(1))  # non-zero Adam moments
+  empty = _with_absent(batch, [0, 1, 2, 3])
+  after, metrics = core.train_step(state, empty, jax.random.PRNGKey(2))
+  for x, y in zip(jax.tree.leaves((state.params, state.opt_state, state.reward_mean)),
+                  jax.tree.leaves((after.params, after.opt_state, after.reward_mean))):
+    np.testing.assert_array_equal(x, y)
+  assert all(np.isfinite(v) for v in jax.device_get(metrics).values())
+  sup, _ = core.supervised_step(state, empty)
+  for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(sup.params)):
+    np.testing.assert_array_equal(x, y)

@@ -21,18 +21,31 @@ def set_reward(rewards_BxM: jax.Array, selected_BxM: jax.Array) -> jax.Array:
   return jnp.sum(rewards_BxM, -1) / jnp.maximum(num_taken_B, 1.0)
 
 
+def present_queries(mask_BxK: jax.Array) -> jax.Array:
+  """present_B: the queries that have at least one candidate (the rest are padding)."""
+  return jnp.any(mask_BxK, -1)
+
+
+def masked_mean(values_B: jax.Array, present_B: jax.Array) -> jax.Array:
+  """Mean over the present queries (0 when none is)."""
+  count = jnp.sum(present_B).astype(values_B.dtype)
+  return jnp.sum(jnp.where(present_B, values_B, 0.0)) / jnp.maximum(count, 1.0)
+
+
 def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Array,
-                    reward_B: jax.Array) -> jax.Array:
+                    reward_B: jax.Array, present_B: jax.Array | None = None) -> jax.Array:
   """The baseline b for each query in a batch, b_B.
 
   kind indexes BASELINE_KINDS: constant b; running mean of past rewards; batch mean of the other
-  queries' rewards (leave-one-out, so a query's own reward never enters its baseline).
+  present queries' rewards (leave-one-out, so a query's own reward never enters its baseline;
+  0 when it has no company).
   """
-  b = reward_B.shape[0]
-  if b > 1:
-    leave_one_out_B = (jnp.sum(reward_B) - reward_B) / (b - 1)
-  else:
-    leave_one_out_B = jnp.zeros_like(reward_B)
+  if present_B is None:
+    present_B = jnp.ones(reward_B.shape, bool)
+  others_B = jnp.sum(present_B).astype(reward_B.dtype) - present_B.astype(reward_B.dtype)
+  total = jnp.sum(jnp.where(present_B, reward_B, 0.0))
+  own_B = jnp.where(present_B, reward_B, 0.0)
+  leave_one_out_B = jnp.where(others_B > 0, (total - own_B) / jnp.maximum(others_B, 1.0), 0.0)
   options = jnp.stack([jnp.full_like(reward_B, constant), jnp.full_like(reward_B, running_mean),
                        leave_one_out_B])
   assert options.shape[0] == len(BASELINE_KINDS)
@@ -42,7 +55,7 @@ def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Arra
 def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: jax.Array,
                    baseline_B: jax.Array, tau: jax.Array, mask_BxK: jax.Array,
                    credit: str = "set", surrogate: bool = False):
-  """REINFORCE loss -(R - b) log P(selection), averaged over the batch.
+  """REINFORCE loss -(R - b) log P(selection), averaged over the batch's present queries.
 
   Args:
     scores_BxK: reranker scores (the only input gradients flow into).
@@ -64,18 +77,20 @@ def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: 
   terms_BxM = jax.vmap(selection_log_prob_terms, in_axes=(0, 0, None, 0, None))(
       scores_BxK, selected_BxM, tau, mask_BxK, surrogate)
   taken_BxM = selected_BxM >= 0
+  present_B = present_queries(mask_BxK)
   if credit == "set":
     adv_B = jax.lax.stop_gradient(set_reward(rewards_BxM, selected_BxM) - baseline_B)
     per_query_B = adv_B * jnp.sum(terms_BxM, -1)
-    mean_adv = jnp.mean(adv_B)
+    mean_adv = masked_mean(adv_B, present_B)
   elif credit == "position":
     adv_BxM = jax.lax.stop_gradient(jnp.where(taken_BxM, rewards_BxM - baseline_B[:, None], 0.0))
     per_query_B = jnp.sum(adv_BxM * terms_BxM, -1)
     mean_adv = jnp.sum(adv_BxM) / jnp.maximum(jnp.sum(taken_BxM).astype(jnp.float32), 1.0)
   else:
     raise ValueError(f"credit={credit!r} is not one of set, position")
-  loss = -jnp.mean(per_query_B)
-  return loss, {"advantage": mean_adv, "log_prob": jnp.mean(jnp.sum(terms_BxM, -1))}
+  loss = -masked_mean(per_query_B, present_B)
+  return loss, {"advantage": mean_adv,
+                "log_prob": masked_mean(jnp.sum(terms_BxM, -1), present_B)}
 
 
 def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,

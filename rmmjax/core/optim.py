@@ -58,13 +58,20 @@ def adam_init(params) -> AdamState:
 
 
 def adam_update(params, state: AdamState, grads, lr: jax.Array, b1: float = 0.9,
-                b2: float = 0.999, eps: float = 1e-8):
-  """One Adam step; grads leaves may be dense arrays or LowRank. Returns (params, state)."""
-  count = state.count + 1
-  t = count.astype(jnp.float32)
+                b2: float = 0.999, eps: float = 1e-8, active: jax.Array | bool = True):
+  """One Adam step; grads leaves may be dense arrays or LowRank. Returns (params, state).
+
+  With active False the step is skipped: parameters, moments and count stay as they were. The
+  switch acts through scalar factors, so it costs no extra pass over the parameters.
+  """
+  active = jnp.asarray(active, bool)
+  count = state.count + active.astype(state.count.dtype)
+  t = jnp.maximum(count, 1).astype(jnp.float32)
   # Bias corrections as scalar factors: the per-element work is one sqrt and one divide.
-  step_size = lr / (1.0 - b1 ** t)
+  step_size = jnp.where(active, lr / (1.0 - b1 ** t), 0.0)
   nu_scale = 1.0 / (1.0 - b2 ** t)
+  b1 = jnp.where(active, b1, 1.0)  # a skipped step keeps the moments: mu = 1 * mu + 0 * g
+  b2 = jnp.where(active, b2, 1.0)
 
   def leaf(p, mu, nu, g):
     g = g.dense() if _is_low_rank(g) else g

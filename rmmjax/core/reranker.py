@@ -17,8 +17,9 @@ from rmmjax.core.types import CoreSpec
 def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   """Parameters that make the reranker the identity map."""
   d = spec.dim
+  prior = {"rank_bias": jnp.zeros((spec.k,), jnp.float32)} if spec.rank_prior else {}
   if spec.variant == "linear":
-    return {"wq": jnp.zeros((d, d), jnp.float32), "wm": jnp.zeros((d, d), jnp.float32)}
+    return {"wq": jnp.zeros((d, d), jnp.float32), "wm": jnp.zeros((d, d), jnp.float32)} | prior
   kq, km = jax.random.split(key)
 
   def mlp(k, out_bias):
@@ -31,7 +32,18 @@ def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   # A bias added to every memory shifts all of a query's scores equally, which no selection
   # sees: its gradient is zero up to rounding, and Adam would amplify that rounding. Only the
   # query side gets an output bias.
-  return {"q_mlp": mlp(kq, True), "m_mlp": mlp(km, False)}
+  return {"q_mlp": mlp(kq, True), "m_mlp": mlp(km, False)} | prior
+
+
+def _add_rank_prior(params: dict, scores_xK: jax.Array) -> jax.Array:
+  """Adds the learnt bias of each candidate position (base rank), when the reranker has one."""
+  if "rank_bias" not in params:
+    return scores_xK
+  if params["rank_bias"].shape[0] != scores_xK.shape[-1]:
+    raise ValueError(f"{scores_xK.shape[-1]} candidates, but the rank prior was trained for "
+                     f"k={params['rank_bias'].shape[0]}")
+  bias = params["rank_bias"]
+  return scores_xK + (bias if scores_xK.ndim == 1 else bias[None, :])
 
 
 def _residual_mlp(p: dict, x_D: jax.Array) -> jax.Array:
@@ -75,10 +87,10 @@ def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear
   _check_shapes(params, q_D, m_KxD, variant)
   if variant == "linear":
     _, v_D = _linear_query_map(params, q_D[None, :])
-    return m_KxD @ v_D[0]
+    return _add_rank_prior(params, m_KxD @ v_D[0])
   q_D = _residual_mlp(params["q_mlp"], q_D)
   m_KxD = jax.vmap(_residual_mlp, in_axes=(None, 0))(params["m_mlp"], m_KxD)
-  return m_KxD @ q_D
+  return _add_rank_prior(params, m_KxD @ q_D)
 
 
 def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
@@ -89,7 +101,7 @@ def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
   _check_shapes(params, q_D, m_KxD, "linear")
   q_D = q_D + q_D @ params["wq"]
   m_KxD = m_KxD + m_KxD @ params["wm"]
-  return m_KxD @ q_D
+  return _add_rank_prior(params, m_KxD @ q_D)
 
 
 def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
@@ -100,13 +112,14 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   if spec.variant == "linear":  # the whole batch's queries in one pass over the weights
     _check_shapes(params, q_BxD[0], mem_BxKxD[0], "linear")
     _, v_BxD = _linear_query_map(params, q_BxD)
-    return jnp.einsum("bkd,bd->bk", mem_BxKxD, v_BxD)
+    return _add_rank_prior(params, jnp.einsum("bkd,bd->bk", mem_BxKxD, v_BxD))
   return jax.vmap(score, in_axes=(None, 0, 0, None))(params, q_BxD, mem_BxKxD, spec.variant)
 
 
 def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
                         g_scores_BxK: jax.Array) -> dict:
-  """Gradients of sum(g_scores * scores) for the fast linear scorer, as low-rank factors.
+  """Gradients of sum(g_scores * scores) for the fast linear scorer, as low-rank factors
+  (and the rank prior's dense gradient, when there is one).
 
   With u = q (I+wq) and v = u (I+wm)^T, s_k = m_k . v. Back-propagating g_v = sum_k g_k m_k:
   dwm = sum_b outer(g_v_b, u_b) and dwq = sum_b outer(q_b, g_v_b (I+wm)). Returned as LowRank so
@@ -117,4 +130,7 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   u_BxD, _ = _linear_query_map(params, q_BxD)
   g_v_BxD = jnp.einsum("bk,bkd->bd", g_scores_BxK, mem_BxKxD)
   g_u_BxD = g_v_BxD + g_v_BxD @ params["wm"]
-  return {"wq": LowRank(q_BxD, g_u_BxD), "wm": LowRank(g_v_BxD, u_BxD)}
+  grads = {"wq": LowRank(q_BxD, g_u_BxD), "wm": LowRank(g_v_BxD, u_BxD)}
+  if "rank_bias" in params:
+    grads["rank_bias"] = jnp.sum(g_scores_BxK, 0)
+  return grads

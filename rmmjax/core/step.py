@@ -50,14 +50,22 @@ def gather_positions(values_BxK: jax.Array, selected_BxM: jax.Array) -> jax.Arra
   return jnp.where(selected_BxM >= 0, picked, jnp.zeros_like(picked))
 
 
-def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
-  """Mean over queries of (relevant memories selected) / (relevant memories in the bank)."""
+def recall_per_query(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
+  """(relevant memories selected) / (relevant memories in the bank), recall_B."""
   hits_B = jnp.sum(gather_positions(batch.relevant_BxK, selected_BxM), -1).astype(jnp.float32)
-  return jnp.mean(hits_B / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0))
+  return hits_B / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0)
 
 
-def _apply(state: TrainState, grads) -> TrainState:
-  params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr)
+def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
+  """Mean recall over the present queries (see `recall_per_query`)."""
+  return losses.masked_mean(recall_per_query(selected_BxM, batch),
+                            losses.present_queries(batch.mask_BxK))
+
+
+def _apply(state: TrainState, grads, active: jax.Array) -> TrainState:
+  """Adam on the gradients; a batch without any present query leaves the state as it was."""
+  params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr,
+                                        active=active)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
@@ -67,18 +75,22 @@ def _reinforce(state: TrainState, batch: Batch, scores_BxK: jax.Array, pullback:
   # The mean reward of a query's selected memories: the set reward, and under per-position
   # credit the quantity the running and batch baselines track.
   reward_B = losses.set_reward(rewards_BxM, selected_BxM)
-  baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B)
+  present_B = losses.present_queries(batch.mask_BxK)
+  active = jnp.any(present_B)
+  baseline_B = losses.baseline_values(hp.baseline_kind, hp.baseline, state.reward_mean, reward_B,
+                                      present_B)
   (loss, aux), g_scores_BxK = jax.value_and_grad(losses.reinforce_loss, has_aux=True)(
       scores_BxK, selected_BxM, rewards_BxM, baseline_B, hp.tau, batch.mask_BxK, spec.credit,
       spec.log_prob == "surrogate")
   grads = pullback(g_scores_BxK)
   entropy_B = jax.vmap(selection.selection_entropy, in_axes=(0, None, 0))(
       scores_BxK, hp.tau, batch.mask_BxK)
+  mean_reward = losses.masked_mean(reward_B, present_B)
   metrics = {"loss": loss, "grad_norm": optim.global_norm(grads),
-             "entropy": jnp.mean(entropy_B), "reward": jnp.mean(reward_B), **aux}
-  decay = spec.running_decay
-  state = state.replace(reward_mean=decay * state.reward_mean + (1 - decay) * jnp.mean(reward_B))
-  return _apply(state, grads), metrics
+             "entropy": losses.masked_mean(entropy_B, present_B), "reward": mean_reward, **aux}
+  decay = jnp.where(active, spec.running_decay, 1.0)
+  state = state.replace(reward_mean=decay * state.reward_mean + (1 - decay) * mean_reward)
+  return _apply(state, grads, active), metrics
 
 
 def reinforce_update(state: TrainState, batch: Batch, selected_BxM: jax.Array,
@@ -119,7 +131,8 @@ def supervised_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
   loss, g_scores_BxK = jax.value_and_grad(losses.listwise_loss)(
       scores_BxK, batch.relevant_BxK, batch.mask_BxK, state.hparams.tau)
   grads = pullback(g_scores_BxK)
-  return _apply(state, grads), {"loss": loss, "grad_norm": optim.global_norm(grads)}
+  active = jnp.any(batch.relevant_BxK & batch.mask_BxK)
+  return _apply(state, grads, active), {"loss": loss, "grad_norm": optim.global_norm(grads)}
 
 
 def evaluate(params, batch: Batch, spec: CoreSpec) -> dict:

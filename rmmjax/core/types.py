@@ -47,6 +47,10 @@ class CoreSpec:
   log_prob: str = "plackett_luce"  # or surrogate: sum of log-softmax of the selected
   sampling: str = "gumbel"  # gumbel: top-M of s/tau + g (exact); paper: top-M of s + g
   running_decay: float = 0.99  # decay of the running-mean baseline
+  # A learnable bias per candidate position, added to every score. It lets the reranker keep
+  # what the base retriever knew but the embeddings do not (BM25's term matches, say): the
+  # identity reranker plus a rank prior can learn to follow the base order where it is right.
+  rank_prior: bool = False
 
   def __post_init__(self):
     _check_choice("variant", self.variant, VARIANTS)
@@ -92,7 +96,11 @@ class HParams(struct.PyTreeNode):
 
 
 class Batch(struct.PyTreeNode):
-  """B queries with their K base-retriever candidates, in base order (best first)."""
+  """B queries with their K base-retriever candidates, in base order (best first).
+
+  A query whose mask row is all False is absent: padding of a replayed stream that ran out of
+  questions. It is selected from, rewarded, averaged and learnt from nowhere.
+  """
 
   q_BxD: jax.Array
   mem_BxKxD: jax.Array
