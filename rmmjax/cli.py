@@ -18,11 +18,14 @@ def _cmd_train(args) -> None:
   cfg = _config(args)
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
   rows = [("recall@M of selected memories (eval queries)", summary["recall_at_m_base"],
-           summary["recall_at_m_final"]),
-          ("reward (first/last tenth of training)", summary["reward_first"],
-           summary["reward_last"]),
-          ("citation rate (first/last tenth)", summary["citation_rate_first"],
-           summary["citation_rate_last"])]
+           summary["recall_at_m_final"])]
+  if "recall_at_m_prequential" in summary:
+    rows.append(("  learning online on the held-out conversations", summary["recall_at_m_base"],
+                 summary["recall_at_m_prequential"]))
+  rows += [("reward (first/last tenth of training)", summary["reward_first"],
+            summary["reward_last"]),
+           ("citation rate (first/last tenth)", summary["citation_rate_first"],
+            summary["citation_rate_last"])]
   print(f"\n{'':48s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
     print(f"{name:48s}{before:10.3f}{after:10.3f}")
@@ -71,7 +74,11 @@ def _cmd_eval(args) -> None:
   except ValueError:
     raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
-                              args.budget_words)
+                              args.budget_words, reranker=args.reranker, online=args.online)
+  if args.reranker:
+    print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
+          f"{len(result['config']['conversations'])} conversations: "
+          f"{', '.join(result['config']['conversations'])}")
   print(format_table(result, ks))
   counts = result["load_report"]["counts"]
   if counts:
@@ -166,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--k", default="5,10", help="recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")
+  p.add_argument("--reranker", default=None,
+                 help="a training workdir or exported .safetensors: rerank the K candidates")
+  p.add_argument("--online", action="store_true",
+                 help="with --reranker: replay each conversation prequentially, learning online")
   p.add_argument("--out", default=None, help="write the metrics as JSON")
   p.set_defaults(func=_cmd_eval)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from rmmjax import core
@@ -41,6 +42,7 @@ class Config:
   log_prob: str = "plackett_luce"
   sampling: str = "gumbel"
   running_decay: float = 0.99
+  rank_prior: bool = False  # a learnt bias per base-retriever position (see core.CoreSpec)
   # Sweepable (see SWEEPABLE).
   tau: float = 0.5
   baseline: float = 0.5
@@ -65,12 +67,22 @@ class Config:
   eval_sessions: int = 512  # held-out sessions of `batch` queries
   sweep_chunk: int = 0  # configurations per vmapped chunk; 0 = 2 on a CPU, all on accelerators
   encoder: str = "latent"  # the embedding space the reranker was trained in, for serving
+  # Replay of a labelled dataset (configs other than latent).
+  data: str = ""  # the dataset file
+  dataset: str = "locomo"
+  units: str = "turn"  # memory granularity: turn, session or mixed
+  retriever: str = "bm25"  # base retriever giving the K candidates: bm25, dense or hybrid
+  holdout: int = 2  # the last conversations of the file, never trained on, for evaluation
+  mode: str = "pretrain+rl"  # rl, pretrain or pretrain+rl (see rmmjax.replay.MODES)
+  pretrain_epochs: int = 10
+  pretrain_lr: float = 1e-4
+  pretrain_tau: float = 0.05
 
   def core_spec(self) -> core.CoreSpec:
     return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
                          hidden=self.hidden, k=self.k, m=self.m, batch=self.batch,
                          credit=self.credit, log_prob=self.log_prob, sampling=self.sampling,
-                         running_decay=self.running_decay)
+                         running_decay=self.running_decay, rank_prior=self.rank_prior)
 
   def sim_spec(self) -> core.SimSpec:
     # Banks smaller than k are padded; the padding is masked out of every candidate list.
@@ -88,7 +100,9 @@ class Config:
       raise ValueError(f"config={self.config!r} is not one of {', '.join(CONFIGS)}")
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
-    if spec.k > sim.bank_size:
+    if self.config != "latent":
+      self._validate_replay()
+    elif spec.k > sim.bank_size:
       raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                        "candidates")
     for name in ("steps", "checkpoint_every", "log_every", "eval_sessions"):
@@ -103,11 +117,41 @@ class Config:
                        f"log_every={self.log_every}")
     return self
 
+  def _validate_replay(self) -> None:
+    from rmmjax.replay import MODES  # noqa: PLC0415  (config stays light to import)
+    from rmmjax.retrieve.units import GRANULARITIES  # noqa: PLC0415
+    choices = {"dataset": ("locomo",), "units": GRANULARITIES,
+               "retriever": ("bm25", "dense", "hybrid"),
+               "mode": tuple(m for m in MODES if m != "pretrain")}  # training runs learn online
+    for name, options in choices.items():
+      if getattr(self, name) not in options:
+        raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(options)}")
+    if not self.data:
+      raise ValueError(f"config {self.config} replays a dataset file: pass --set data=PATH "
+                       "(for example the LoCoMo dev file locomo_dev8.json)")
+    if not Path(self.data).is_file():
+      raise ValueError(f"data={self.data!r}: no such file")
+    if self.holdout < 1 or self.pretrain_epochs < 0:
+      raise ValueError(f"holdout={self.holdout}, pretrain_epochs={self.pretrain_epochs}: "
+                       "expected holdout >= 1 and pretrain_epochs >= 0")
+    if not (self.pretrain_lr > 0 and self.pretrain_tau > 0):
+      raise ValueError(f"pretrain_lr={self.pretrain_lr}, pretrain_tau={self.pretrain_tau}: "
+                       "expected both > 0")
+
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
-CONFIGS = {"latent": Config()}
+CONFIGS = {
+    "latent": Config(),
+    # LoCoMo replay: MiniLM embeddings, BM25 candidates, a linear reranker with a rank prior,
+    # pretrained on labelled evidence and then trained online from simulated citations. Learning
+    # rates above 1e-4 undo the pretraining (measured with experiments/replay_ablation.py).
+    "locomo": Config(config="locomo", dim=384, k=20, m=5, batch=4, rank_prior=True, tau=0.5,
+                     baseline=0.0, baseline_kind="running", lr=1e-4, steps=600,
+                     checkpoint_every=100, log_every=10, eval_sessions=1,
+                     encoder="all-MiniLM-L6-v2"),
+}
 
 
 def get_config(name: str) -> Config:

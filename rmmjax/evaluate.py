@@ -27,8 +27,14 @@ def make_retriever(name: str, texts: list[str], encoder):
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],
-                       budget_words: int | None = None, encoder=None) -> dict:
-  """Retrieves for every question from its own conversation's units; returns the report."""
+                       budget_words: int | None = None, encoder=None,
+                       reranker: Path | None = None, online: bool = False) -> dict:
+  """Retrieves for every question from its own conversation's units; returns the report.
+
+  With a reranker (a training workdir or an exported file) its order over the retriever's K
+  candidates replaces theirs; a workdir's reranker is evaluated only on the conversations it
+  held out. `online` replays each conversation prequentially, the reranker learning as it goes.
+  """
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, GRANULARITIES),
                                ("retriever", retriever, RETRIEVERS)):
     if value not in choices:
@@ -37,13 +43,70 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     raise ValueError(f"--k {ks}: expected positive cut-offs such as 5,10")
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
+  if online and reranker is None:
+    raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
+  loaded = None
+  if reranker is not None:
+    from rmmjax.reranked_eval import load_reranker  # noqa: PLC0415
+    loaded = load_reranker(Path(reranker))
   conversations, report = DATASETS[dataset](data)
   if not any(c.questions for c in conversations):
     raise ValueError(f"{data} holds no question with evidence labels; {dataset} cannot be "
                      "evaluated for retrieval")
-  if retriever != "bm25" and encoder is None:
-    from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415  (loads weights: only here)
-    encoder = SentenceEncoder()
+  if (retriever != "bm25" or loaded) and encoder is None:
+    from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
+    from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
+    encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
+  config = {"dataset": dataset, "data": str(data), "units": units, "retriever": retriever,
+            "k": list(ks), "budget_words": budget_words}
+  if loaded:
+    conversations = _unseen(conversations, loaded, data)
+    config |= {"reranker": str(reranker), "online": online,
+               "conversations": [c.conversation_id for c in conversations]}
+    rows = _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
+                          budget_words)
+  else:
+    rows = _base_rows(conversations, units, retriever, encoder, ks, budget_words)
+  return {"config": config,
+          "load_report": {"counts": dict(report.counts), "examples": report.examples},
+          "metrics": aggregate(rows)}
+
+
+def _unseen(conversations: list, loaded: dict, data: Path) -> list:
+  """The conversations a workdir's reranker held out, when it trained on this very file."""
+  if loaded["holdout"] is None or Path(loaded["data"]).resolve() != Path(data).resolve():
+    return conversations
+  with_questions = [c for c in conversations if c.questions]
+  return with_questions[-loaded["holdout"]:]
+
+
+def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
+  rows = []
+  for question, ranked_idx in zip(conv.questions, orders):
+    evidence = set(question.evidence)
+    ranked = [(pool[i].turn_ids, pool[i].words) for i in ranked_idx if i >= 0]
+    num_relevant = sum(bool(evidence.intersection(u.turn_ids)) for u in pool)
+    rows.append((question.category,
+                 question_metrics(ranked, evidence, num_relevant, ks, budget_words)))
+  return rows
+
+
+def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
+                   budget_words) -> list:
+  from rmmjax.reranked_eval import reranked_orders  # noqa: PLC0415
+  from rmmjax.replay_data import build_replay  # noqa: PLC0415
+  if budget_words:
+    raise ValueError("--budget-words with --reranker is not supported: the reranked list holds "
+                     "only the base ranking's first 100 units")
+  conversations = [c for c in conversations if c.questions]
+  replays = build_replay(conversations, units, retriever, encoder, loaded["spec"].k)
+  rows = []
+  for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
+    rows += _rows_from_orders(conv, build_units(conv, units), orders, ks, budget_words)
+  return rows
+
+
+def _base_rows(conversations, units, retriever, encoder, ks, budget_words) -> list:
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
   for conv in conversations:
@@ -52,16 +115,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     pool = build_units(conv, units)
     ranker = make_retriever(retriever, [u.text for u in pool], encoder)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
-    for question, ranked_idx in zip(conv.questions, order):
-      evidence = set(question.evidence)
-      ranked = [(pool[i].turn_ids, pool[i].words) for i in ranked_idx]
-      num_relevant = sum(bool(evidence.intersection(u.turn_ids)) for u in pool)
-      rows.append((question.category,
-                   question_metrics(ranked, evidence, num_relevant, ks, budget_words)))
-  return {"config": {"dataset": dataset, "data": str(data), "units": units,
-                     "retriever": retriever, "k": list(ks), "budget_words": budget_words},
-          "load_report": {"counts": dict(report.counts), "examples": report.examples},
-          "metrics": aggregate(rows)}
+    rows += _rows_from_orders(conv, pool, order, ks, budget_words)
+  return rows
 
 
 def write_report(result: dict, out: Path) -> None:

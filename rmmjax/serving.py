@@ -55,8 +55,15 @@ class NumpyReranker:
     q_D = check_embeddings(q_D, "query", self.dim, 1)
     m_KxD = check_embeddings(m_KxD, "memories", self.dim, 2)
     if self.variant == "linear":
-      return m_KxD @ (q_D @ self._query_map)
-    return self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
+      scores_K = m_KxD @ (q_D @ self._query_map)
+    else:
+      scores_K = self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
+    if "rank_bias" in self.weights:  # candidates must come in the base retriever's order
+      if len(scores_K) != len(self.weights["rank_bias"]):
+        raise ValueError(f"{len(scores_K)} candidates, but the rank prior was trained for "
+                         f"k={len(self.weights['rank_bias'])}")
+      scores_K = scores_K + self.weights["rank_bias"]
+    return scores_K
 
   def top_m(self, q_D: np.ndarray, m_KxD: np.ndarray, m: int | None = None) -> np.ndarray:
     """Indices of the m best candidates, best first (m defaults to the trained M)."""

@@ -1,5 +1,7 @@
 """The training loop: scanned segments of steps, logged, checkpointed, resumable.
 
+The task (tasks.py) says what the steps learn from: the latent simulator or a replayed dataset.
+
 A run advances in segments of `checkpoint_every` steps, each one compiled `lax.scan`. After a
 segment its metrics go to metrics.jsonl and TensorBoard and the state to an Orbax checkpoint.
 A restarted run resumes from the newest checkpoint; since step t always draws the randomness of
@@ -8,6 +10,7 @@ step t, it ends with exactly the metrics of an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -15,12 +18,12 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax import core
 from rmmjax.config import Config
 from rmmjax.io import metrics_log, plots
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.tensorboard import ScalarWriter
 from rmmjax.io.workdir import atomic_write_json, atomic_write_text, check_resumable
+from rmmjax.tasks import make_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 
@@ -51,34 +54,33 @@ def _check_finite(metrics_T: dict, start_step: int) -> None:
       raise FloatingPointError(f"{name} became {values[bad[0]]} at step {start_step + bad[0] + 1}")
 
 
-def train(cfg: Config, workdir: Path, progress: bool = True) -> dict:
-  """Trains (or resumes) a reranker on the latent simulator; returns the summary it writes."""
+def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
+  """Trains (or resumes) a reranker on the config's task; returns the summary it writes."""
   cfg.validate()
   workdir = Path(workdir)
   check_resumable(workdir, cfg)  # before anything is created or compiled
-  spec, sim, hp = cfg.core_spec(), cfg.sim_spec(), cfg.hparams()
+  task = make_task(cfg, encoder)  # replay tasks embed their dataset here (cached on disk)
   workdir.mkdir(parents=True, exist_ok=True)
   atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
 
-  world = core.make_world(sim, spec.dim)
-  eval_batch = core.sample_eval_batch(world, sim, spec, cfg.eval_sessions)
-  evaluate = jax.jit(core.evaluate, static_argnums=2)
-  template = core.init_state(spec, hp)
-  eval_first = jax.device_get(evaluate(template.params, eval_batch, spec))
-
+  eval_first = task.evaluate(task.template)
   checkpointer = Checkpointer(workdir / "checkpoints")
   step = checkpointer.latest_step() or 0
-  state = checkpointer.restore(step, template) if step else template
+  if step:
+    state = checkpointer.restore(step, task.template)
+  else:
+    state = task.initial_state()  # pretraining, for the replay tasks that have it
+    if getattr(task, "pretrain_loss", None) is not None:
+      atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
   log_path = workdir / "metrics.jsonl"
   rows = metrics_log.rewind(log_path, step)
   writer = ScalarWriter(workdir / "tb", cfg.to_json() if step == 0 else None)
-  advance = jax.jit(core.run_steps, static_argnums=(2, 3), donate_argnums=0)
   try:
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress) as bar:
       while step < cfg.steps:
         n = min(cfg.checkpoint_every, cfg.steps - step)
-        state, metrics_T = advance(state, world, sim, n)
+        state, metrics_T = task.advance(state, n)
         metrics_T = jax.device_get(metrics_T)
         _check_finite(metrics_T, step)
         new_rows = window_means(metrics_T, step, cfg.log_every)
@@ -94,13 +96,20 @@ def train(cfg: Config, workdir: Path, progress: bool = True) -> dict:
     writer.close()
     checkpointer.close()
 
-  eval_final = jax.device_get(evaluate(state.params, eval_batch, spec))
+  eval_final = task.evaluate(state)
   summary = {"config": cfg.config, "steps": cfg.steps,
-             "recall_at_m_base": float(eval_first["recall_at_m_base"]),
-             "recall_at_m_first": float(eval_first["recall_at_m"]),
-             "recall_at_m_final": float(eval_final["recall_at_m"]),
-             "recall_at_k": float(eval_final["recall_at_k"]),
-             "eval_queries": cfg.eval_sessions * cfg.batch, "k": cfg.k, "m": cfg.m}
+             "recall_at_m_base": eval_first["recall_at_m_base"],
+             "recall_at_m_first": eval_first["recall_at_m"],
+             "recall_at_m_final": eval_final["recall_at_m"],
+             "recall_at_k": eval_final["recall_at_k"],
+             "eval_queries": task.eval_queries, "k": cfg.k, "m": cfg.m}
+  if "recall_at_m_prequential" in eval_final:
+    summary["recall_at_m_prequential"] = eval_final["recall_at_m_prequential"]
+    summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
+  pretrain_path = workdir / "pretrain.json"
+  if pretrain_path.exists():
+    loss = json.loads(pretrain_path.read_text())["loss"]
+    summary["pretrain_loss_first"], summary["pretrain_loss_last"] = loss[0], loss[-1]
   for metric in ("reward", "citation_rate"):
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
   atomic_write_json(workdir / "summary.json", summary)

@@ -100,10 +100,13 @@ def reinforce_update(state: TrainState, batch: Batch, selected_BxM: jax.Array,
   return _reinforce(state, batch, scores_BxK, pullback, selected_BxM, rewards_BxM)
 
 
-def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, dict]:
+def train_step(state: TrainState, batch: Batch, key: jax.Array,
+               scorer: Callable | None = None) -> tuple[TrainState, dict]:
   """Select with the current reranker, draw simulated citations, update with REINFORCE.
 
-  The key is the run's step stream; the step number is folded in here.
+  The key is the run's step stream; the step number is folded in here. `scorer(params, batch)`
+  -> (scores_BxK, pullback) replaces the reranker when the parameters are something else (the
+  encoder itself, for REINFORCE on the retriever).
   """
   spec, hp = state.spec, state.hparams
   # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
@@ -112,7 +115,8 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainSt
                               minval=jnp.finfo(jnp.float32).tiny)
   del key
   gumbel_BxK = -jnp.log(-jnp.log(u_BxKM[:, :k]))
-  scores_BxK, pullback = scores_and_pullback(state.params, batch, spec)
+  scorer = scorer or (lambda params, batch: scores_and_pullback(params, batch, spec))
+  scores_BxK, pullback = scorer(state.params, batch)
   selected_BxM = sample_selection(scores_BxK, batch.mask_BxK, gumbel_BxK, spec, hp.tau)
   relevant_BxM = gather_positions(batch.relevant_BxK, selected_BxM)
   cited_BxM = simulate_citations(u_BxKM[:, k:], relevant_BxM, selected_BxM, hp.p_rel,

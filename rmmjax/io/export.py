@@ -20,6 +20,7 @@ SCORE_FORMULAS = {  # embeddings are row vectors; weights multiply them on the r
     "linear": "s_i = (q + q wq) . (m_i + m_i wm)",
     "mlp": "s_i = (q + f_q(q)) . (m_i + f_m(m_i)), f(x) = gelu(x w1 + b1) w2 (+ b2, query only)",
 }
+RANK_PRIOR_FORMULA = " + rank_bias[i], i the candidate's position in the base retriever's order"
 
 
 def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -57,7 +58,9 @@ def export_reranker(workdir: Path, out: Path) -> dict:
   meta = {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
           "hidden": cfg.hidden if cfg.variant == "mlp" else None, "tau": cfg.tau, "k": cfg.k,
           "m": cfg.m, "encoder": cfg.encoder, "step": step,
-          "score": SCORE_FORMULAS[cfg.variant],
+          "score": SCORE_FORMULAS[cfg.variant] + (RANK_PRIOR_FORMULA if cfg.rank_prior else ""),
+          "online": {"baseline": cfg.baseline, "baseline_kind": cfg.baseline_kind,
+                     "lr": cfg.lr, "p_rel": cfg.p_rel, "p_irr": cfg.p_irr},
           "selection": "serve the top m by score; sample with Gumbel noise on score / tau"}
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")

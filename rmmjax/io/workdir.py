@@ -45,7 +45,7 @@ def check_resumable(workdir: Path, cfg: Config) -> None:
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
-  old = json.loads(path.read_text())
+  old = json.loads(from_json(path.read_text()).to_json())  # keys added since: their defaults
   new = json.loads(cfg.to_json())
   diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and k not in EXTENDABLE_KEYS}

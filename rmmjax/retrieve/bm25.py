@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import bm25s
 import numpy as np
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 
 class BM25Retriever:

@@ -1,0 +1,100 @@
+"""Replay of recorded conversations: their questions streamed through the reranker in order.
+
+A stream is a Batch with a leading step axis, stream_SxB: step s holds the B questions asked
+s-th, each with its K candidates from the base retriever and evidence labels for relevance.
+Streams of different conversations are padded to one length with absent queries (no
+candidate), which no update sees, so many conversations replay in one vmapped program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rmmjax.core import optim, reranker, selection
+from rmmjax.core.step import recall_per_query, supervised_step, train_step
+from rmmjax.core.types import Batch, TrainState
+
+# Streams folded out of a run's root key (0 initialises the parameters, 1 and 2 the latent
+# simulator's data and steps).
+_PRETRAIN_STREAM, _REPLAY_STREAM = 3, 4
+
+
+def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
+  """The batch of step `index` (taken modulo the stream's length, so epochs wrap around)."""
+  num_steps = stream_SxB.mask_BxK.shape[0]
+  return jax.tree.map(lambda x: x[index % num_steps], stream_SxB)
+
+
+def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
+  """Deterministic top-M recall of each query, recall_B, and the reranker's scores_BxK."""
+  scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+  top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m, batch.mask_BxK)
+  return recall_per_query(top_BxM, batch), scores_BxK
+
+
+def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[TrainState, dict]:
+  """num_steps online REINFORCE updates from simulated citations, step t on stream step t.
+
+  Before each update the batch is also scored deterministically with the reranker as it stands,
+  so `recall_at_m_before` is the prequential recall: what a user would have received.
+  """
+  key = jax.random.fold_in(state.key, _REPLAY_STREAM)
+
+  def body(state, _):
+    batch = step_batch(stream_SxB, state.step)
+    recall_B, _ = rerank_recall(state.params, batch, state.spec)
+    present_B = jnp.any(batch.mask_BxK, -1)
+    state, metrics = train_step(state, batch, key)
+    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, recall_B, 0.0))
+    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
+    return state, metrics
+
+  return jax.lax.scan(body, state, None, length=num_steps)
+
+
+def prequential(state: TrainState, stream_SxB: Batch, adapt: bool) -> dict:
+  """Scores every question of a stream with the reranker as it stands; with adapt, the reranker
+  then learns from that batch's simulated citations before the next batch arrives.
+
+  Returns recall_SxB (top-M recall of each question, 0 for absent ones) and scores_SxBxK.
+  """
+  key = jax.random.fold_in(state.key, _REPLAY_STREAM)
+
+  def body(state, batch):
+    recall_B, scores_BxK = rerank_recall(state.params, batch, state.spec)
+    if adapt:
+      state, _ = train_step(state, batch, key)
+    return state, {"recall_B": recall_B, "scores_BxK": scores_BxK}
+
+  _, out = jax.lax.scan(body, state, stream_SxB)
+  return {"recall_SxB": out["recall_B"], "scores_SxBxK": out["scores_BxK"]}
+
+
+def pretrain(state: TrainState, questions_N: Batch, epochs: int) -> tuple[TrainState, jax.Array]:
+  """Supervised listwise pretraining on labelled relevance: `epochs` shuffled passes over N
+  questions in batches of spec.batch (the last partial batch of each pass is dropped).
+
+  Uses the state's hyperparameters (lr, tau); returns the state and the loss of every step.
+  """
+  b = state.spec.batch
+  num = questions_N.mask_BxK.shape[0]
+  per_epoch = num // b
+  if per_epoch < 1:
+    raise ValueError(f"{num} questions cannot fill one batch of {b}")
+  key = jax.random.fold_in(state.key, _PRETRAIN_STREAM)
+
+  def epoch(state, e):
+    order = jax.random.permutation(jax.random.fold_in(key, e), num)[:per_epoch * b]
+    batches = jax.tree.map(lambda x: x[order].reshape((per_epoch, b) + x.shape[1:]), questions_N)
+    return jax.lax.scan(lambda s, batch: supervised_step(s, batch), state, batches)
+
+  state, metrics = jax.lax.scan(epoch, state, jnp.arange(epochs))
+  return state, metrics["loss"].reshape(-1)
+
+
+def restart_optimizer(state: TrainState, hparams) -> TrainState:
+  """The same parameters under new hyperparameters, with fresh Adam moments and step 0 (the
+  switch from offline pretraining to online learning)."""
+  return state.replace(step=jnp.zeros((), jnp.int32), opt_state=optim.adam_init(state.params),
+                       hparams=hparams, reward_mean=jnp.zeros((), jnp.float32))

@@ -1,0 +1,125 @@
+"""Training protocols on replayed conversations, and their cross-validation over conversations.
+
+One fold: the reranker learns from the training conversations (offline pretraining on labelled
+relevance, then online REINFORCE from simulated citations, or either alone) and is measured on
+held-out conversations it never saw. Held-out conversations are replayed prequentially: each
+batch of questions is answered with the reranker as it stands, then (with `adapt`) the reranker
+learns from that batch's simulated citations. Every held-out conversation starts from the same
+trained reranker, so they replay in parallel (vmap), and so do hyperparameter configurations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+from rmmjax.core import replay as core_replay
+from rmmjax.replay_data import ConversationReplay, folds, to_questions, to_sequence, to_streams
+
+MODES = ("rl", "pretrain", "pretrain+rl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """What a fold trains and how held-out conversations are replayed (all static)."""
+
+  mode: str = "pretrain+rl"
+  pretrain_epochs: int = 10
+  online_epochs: int = 2  # passes of online REINFORCE over the training conversations
+  adapt: bool = True  # keep learning online on held-out conversations (prequential)
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+    for name in ("pretrain_epochs", "online_epochs"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r}: expected a non-negative integer")
+
+  @property
+  def pretrains(self) -> bool:
+    return self.mode != "rl" and self.pretrain_epochs > 0
+
+  @property
+  def learns_online(self) -> bool:
+    return self.mode != "pretrain"
+
+
+def train_reranker(spec: core.CoreSpec, hparams: core.HParams, pretrain_hparams: core.HParams,
+                   train_qs: core.Batch, train_seq: core.Batch, protocol: Protocol,
+                   online_steps: int) -> tuple[core.TrainState, dict]:
+  """Pretraining then online REINFORCE on the training conversations (pure, jittable)."""
+  state = core.init_state(spec, pretrain_hparams)
+  logs = {}
+  if protocol.pretrains:
+    state, logs["pretrain_loss"] = core_replay.pretrain(state, train_qs, protocol.pretrain_epochs)
+  state = core_replay.restart_optimizer(state, hparams)
+  if protocol.learns_online and online_steps:
+    state, logs["online"] = core_replay.replay_steps(state, train_seq, online_steps)
+  return state, logs
+
+
+def fold_program(spec: core.CoreSpec, protocol: Protocol, online_steps: int):
+  """jit(vmap over configurations) of: train on a fold's conversations, replay the held out."""
+
+  def program(hparams, pretrain_lr, pretrain_tau, train_qs, train_seq, test_streams):
+    pre_hp = hparams.replace(lr=pretrain_lr, tau=pretrain_tau)
+    state, logs = train_reranker(spec, hparams, pre_hp, train_qs, train_seq, protocol,
+                                 online_steps)
+    replay = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))
+    adapt = protocol.adapt and protocol.learns_online
+    return {"params": state.params, "logs": logs,
+            "frozen": replay(state, test_streams, False)["recall_SxB"],
+            "heldout": replay(state, test_streams, adapt)["recall_SxB"]}
+
+  return jax.jit(jax.vmap(program, in_axes=(0, None, None, None, None, None)))
+
+
+def base_recall(conv: ConversationReplay, m: int) -> np.ndarray:
+  """Recall of each question when the base retriever's top m are kept, recall_N."""
+  return conv.relevant_NxK[:, :m].sum(1) / np.maximum(conv.num_relevant_N, 1)
+
+
+def _per_question(recall_SxB: np.ndarray, conv: ConversationReplay) -> np.ndarray:
+  return np.asarray(recall_SxB).reshape(-1)[:len(conv.questions)]
+
+
+def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.CoreSpec,
+             hparams: core.HParams, protocol: Protocol, pretrain_lr: float,
+             pretrain_tau: float) -> dict:
+  """Trains on every conversation not in test_idx; hparams has a leading configuration axis.
+
+  Returns per configuration the held-out recall of every question (base, frozen reranker,
+  prequential reranker), the training logs and the parameters.
+  """
+  train = [c for i, c in enumerate(convs) if i not in test_idx]
+  test = [convs[i] for i in test_idx]
+  train_seq = to_sequence(train, spec.batch)
+  online_steps = protocol.online_epochs * train_seq.mask_BxK.shape[0]
+  program = fold_program(spec, protocol, online_steps)
+  out = jax.device_get(program(hparams, jnp.float32(pretrain_lr), jnp.float32(pretrain_tau),
+                               to_questions(train), train_seq, to_streams(test, spec.batch)))
+  result = {"test": [c.conversation_id for c in test], "logs": out["logs"],
+            "params": out["params"],
+            "base": np.concatenate([base_recall(c, spec.m) for c in test])}
+  for name in ("frozen", "heldout"):  # (configs, conversations, S, B) -> (configs, questions)
+    result[name] = np.stack([np.concatenate([_per_question(per_conv[j], c)
+                                             for j, c in enumerate(test)])
+                             for per_conv in out[name]])
+  return result
+
+
+def cross_validate(convs: list[ConversationReplay], num_folds: int, spec: core.CoreSpec,
+                   hparams: core.HParams, protocol: Protocol, pretrain_lr: float = 1e-4,
+                   pretrain_tau: float = 0.05) -> dict:
+  """Every fold in turn held out; recalls concatenated over all held-out questions."""
+  runs = [run_fold(convs, idx, spec, hparams, protocol, pretrain_lr, pretrain_tau)
+          for idx in folds(len(convs), num_folds)]
+  return {"folds": runs,
+          "base": np.concatenate([r["base"] for r in runs]),
+          "frozen": np.concatenate([r["frozen"] for r in runs], axis=1),
+          "heldout": np.concatenate([r["heldout"] for r in runs], axis=1)}

@@ -1,0 +1,114 @@
+"""What a training run learns from: the latent simulator, or a replayed labelled dataset.
+
+A task gives the training loop its first state, a compiled way to advance it by n online steps,
+and an evaluation; the loop (train.py) does the logging, checkpointing and resuming for both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+from rmmjax.config import Config
+from rmmjax.core import replay as core_replay
+
+
+class LatentTask:
+  """Sessions drawn from the latent simulator; evaluation on held-out simulated sessions."""
+
+  def __init__(self, cfg: Config):
+    self.spec, self.sim, hp = cfg.core_spec(), cfg.sim_spec(), cfg.hparams()
+    self.world = core.make_world(self.sim, self.spec.dim)
+    self.eval_batch = core.sample_eval_batch(self.world, self.sim, self.spec, cfg.eval_sessions)
+    self.template = core.init_state(self.spec, hp)
+    self.eval_queries = cfg.eval_sessions * cfg.batch
+    self._evaluate = jax.jit(core.evaluate, static_argnums=2)
+    self._advance = jax.jit(core.run_steps, static_argnums=(2, 3), donate_argnums=0)
+
+  def initial_state(self) -> core.TrainState:
+    return self.template
+
+  def advance(self, state: core.TrainState, n: int):
+    return self._advance(state, self.world, self.sim, n)
+
+  def evaluate(self, state: core.TrainState) -> dict:
+    return {k: float(v) for k, v in jax.device_get(
+        self._evaluate(state.params, self.eval_batch, self.spec)).items()}
+
+
+class ReplayTask:
+  """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
+  rest are pretrained on (when the mode says so) and then replayed as an online stream."""
+
+  def __init__(self, cfg: Config, encoder=None, workdir: Path | None = None):
+    from rmmjax.data.locomo import load_locomo  # noqa: PLC0415
+    from rmmjax.replay_data import build_replay, to_questions, to_sequence, to_streams  # noqa
+    self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
+    conversations, self.load_report = load_locomo(Path(cfg.data))
+    conversations = [c for c in conversations if c.questions]
+    if len(conversations) <= cfg.holdout:
+      raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
+                       f"holdout={cfg.holdout} would leave none to train on")
+    if encoder is None:
+      from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
+      from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
+      encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+    if encoder.dim != cfg.dim:
+      raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
+    replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k)
+    self.train_convs, self.test_convs = replays[:-cfg.holdout], replays[-cfg.holdout:]
+    self.train_qs = to_questions(self.train_convs)
+    self.train_seq = to_sequence(self.train_convs, cfg.batch)
+    self.test_streams = to_streams(self.test_convs, cfg.batch)
+    self.template = core.init_state(self.spec, self.hp)
+    self.eval_queries = sum(len(c.questions) for c in self.test_convs)
+    self.pretrain_loss: np.ndarray | None = None
+    self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
+    replay = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))
+    self._replay = jax.jit(replay, static_argnums=2)
+
+  def initial_state(self) -> core.TrainState:
+    """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
+    cfg = self.cfg
+    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
+                                  tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
+    state = core.init_state(self.spec, pretrain_hp)
+    if cfg.mode == "pretrain+rl" and cfg.pretrain_epochs:
+      state, loss = jax.jit(core_replay.pretrain, static_argnums=2)(
+          state, self.train_qs, cfg.pretrain_epochs)
+      self.pretrain_loss = np.asarray(loss)
+    return core_replay.restart_optimizer(state, self.hp)
+
+  def advance(self, state: core.TrainState, n: int):
+    state, metrics = self._advance(state, self.train_seq, n)
+    # Prequential recall of the training stream: each batch scored before its update.
+    metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
+        metrics.pop("present"), 1.0)
+    return state, metrics
+
+  def _mean_recall(self, recall_CxSxB) -> float:
+    recall_CxSxB = np.asarray(recall_CxSxB)
+    return float(np.mean(np.concatenate([r.reshape(-1)[:len(c.questions)]
+                                         for r, c in zip(recall_CxSxB, self.test_convs)])))
+
+  def evaluate(self, state: core.TrainState) -> dict:
+    """Held-out recall@M: base order, the reranker as it stands, and prequential (learning on
+    as each held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
+    from rmmjax.replay import base_recall  # noqa: PLC0415
+    m = self.spec.m
+    frozen = self._replay(state, self.test_streams, False)["recall_SxB"]
+    adapting = self._replay(state, self.test_streams, True)["recall_SxB"]
+    return {"recall_at_m_base": float(np.mean(np.concatenate(
+                [base_recall(c, m) for c in self.test_convs]))),
+            "recall_at_m": self._mean_recall(frozen),
+            "recall_at_m_prequential": self._mean_recall(adapting),
+            "recall_at_k": float(np.mean(np.concatenate(
+                [c.relevant_NxK.sum(1) / c.num_relevant_N for c in self.test_convs])))}
+
+
+def make_task(cfg: Config, encoder=None):
+  return LatentTask(cfg) if cfg.config == "latent" else ReplayTask(cfg, encoder)
