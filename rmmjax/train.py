@@ -108,8 +108,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
   pretrain_path = workdir / "pretrain.json"
   if pretrain_path.exists():
-    loss = json.loads(pretrain_path.read_text())["loss"]
-    summary["pretrain_loss_first"], summary["pretrain_loss_last"] = loss[0], loss[-1]
+    loss = [{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
+    summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
   for metric in ("reward", "citation_rate"):
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
   atomic_write_json(workdir / "summary.json", summary)
