@@ -101,6 +101,9 @@ def _label(cfg: Config, keys: list[str]) -> str:
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
           progress: bool = True) -> dict:
   """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir."""
+  if cfg.config != "latent":
+    raise ValueError(f"sweep runs the latent simulator, not config {cfg.config}; sweeps over "
+                     "replayed conversations are in experiments/replay_tau_baseline.py")
   configs = sweep_configs(cfg.validate(), grid, seeds)
   spec, sim = cfg.core_spec(), cfg.sim_spec()
   workdir = Path(workdir)

@@ -177,3 +177,10 @@ def test_reinforce_on_the_query_encoder(locomo_path, tmp_path):
   q_before = encoder.encode(list(replay.questions))
   q_after = encoder.encode(list(replay.questions), params=params)
   assert not np.allclose(q_before, q_after, atol=1e-4)
+
+
+def test_sweep_refuses_a_replay_config(tmp_path):
+  from rmmjax.sweeps import sweep
+  cfg = apply_overrides(get_config("locomo"), [f"data={tmp_path}"])
+  with pytest.raises(ValueError, match="sweep runs the latent simulator, not config locomo"):
+    sweep(cfg, {}, 1, tmp_path / "sweep")

@@ -1,0 +1,43 @@
+"""Base retrievers x memory granularities on the LoCoMo dev file (no learning).
+
+    python experiments/retrievers_granularities.py [--data PATH]
+
+Writes experiments/results/retrievers_granularities.md. Budget recall takes units in rank
+order up to 200 words, so granularities compare at equal context.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from replay_common import DEFAULT_DATA, RESULTS
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.evaluate import evaluate_retrieval
+
+BUDGET = 200
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  args = parser.parse_args()
+  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  lines = ["# Base retrievers x granularities, LoCoMo dev (8 conversations, 1,584 questions)", "",
+           "`python experiments/retrievers_granularities.py`", "",
+           "| units | retriever | Recall@5 (all) | Recall@10 (all) | Recall@5 (any) | NDCG@10 | "
+           f"MRR | words@5 | Recall@{BUDGET} words |", "|---|---|---|---|---|---|---|---|---|"]
+  for units in ("turn", "session", "mixed"):
+    for retriever in ("bm25", "dense", "hybrid"):
+      m = evaluate_retrieval("locomo", args.data, units, retriever, (5, 10), BUDGET,
+                             encoder=encoder)["metrics"]["overall"]
+      lines.append(f"| {units} | {retriever} | {m['recall_all@5']:.3f} | "
+                   f"{m['recall_all@10']:.3f} | {m['recall_any@5']:.3f} | {m['ndcg@10']:.3f} | "
+                   f"{m['mrr']:.3f} | {m['words@5']:.0f} | {m['recall_all@budget']:.3f} |")
+      print(lines[-1], flush=True)
+  RESULTS.mkdir(parents=True, exist_ok=True)
+  (RESULTS / "retrievers_granularities.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+  main()
