@@ -17,13 +17,14 @@ DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "msc": load_
 RETRIEVERS = ("bm25", "dense", "hybrid")
 
 
-def make_retriever(name: str, texts: list[str], encoder):
+def make_retriever(name: str, texts: list[str], encoder, query_encoder=None):
   """A ranker over texts: BM25, dense (the encoder), or their reciprocal-rank fusion."""
   if name == "bm25":
     return BM25Retriever(texts)
+  dense = DenseRetriever(texts, encoder, query_encoder)
   if name == "dense":
-    return DenseRetriever(texts, encoder)
-  return FusionRetriever([BM25Retriever(texts), DenseRetriever(texts, encoder)], len(texts))
+    return dense
+  return FusionRetriever([BM25Retriever(texts), dense], len(texts))
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],

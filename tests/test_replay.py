@@ -153,11 +153,13 @@ def test_locomo_config_refuses_missing_or_absent_data(tmp_path):
     apply_overrides(get_config("locomo"), [f"data={tmp_path}", "retriever=tfidf"]).validate()
 
 
-def test_reinforce_on_the_query_encoder(locomo_path, tmp_path):
-  """REINFORCE through the real MiniLM: the query encoder moves, the memories' embeddings do
-  not, and with the untouched encoder dense search reproduces the base retriever's recall."""
+def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
+  """Supervised steps and REINFORCE through the real MiniLM: the query encoder moves, the
+  memories' embeddings do not, and with the untouched encoder the retrieval path reproduces the
+  base retriever's recall."""
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.encoder_rl import dense_recall, train_query_encoder
+  from rmmjax.encoder_tuning import (TunedQueryEncoder, pretrain_query_encoder,
+                                     retrieval_recall, train_query_encoder)
   encoder = SentenceEncoder()
   conversations, _ = load_locomo(_subset_file(locomo_path, tmp_path, 1))
   conv = conversations[0]
@@ -165,18 +167,28 @@ def test_reinforce_on_the_query_encoder(locomo_path, tmp_path):
       q for q in conv.questions if all(e.split(":")[0] in ("D1", "D2", "D3") for e in q.evidence)
   )[:8])
   replay = build_replay([short], "turn", "dense", encoder, k=10)[0]
-  np.testing.assert_allclose(dense_recall(encoder, None, replay, 3), base_recall(replay, 3),
-                             atol=1e-6)
+  np.testing.assert_allclose(retrieval_recall(short, "turn", "dense", encoder, None, 3),
+                             base_recall(replay, 3), atol=1e-6)
   spec = core.CoreSpec(dim=encoder.dim, k=10, m=3, batch=4)
+  pretrained, losses = pretrain_query_encoder(encoder, [replay], spec,
+                                              core.HParams.create(lr=1e-4, tau=0.05), epochs=3)
+  assert losses.shape == (6,) and losses[-2:].mean() < losses[:2].mean()
   params, metrics = train_query_encoder(encoder, [replay], spec,
-                                        core.HParams.create(lr=1e-3, tau=0.5), epochs=1)
+                                        core.HParams.create(lr=1e-3, tau=0.5), epochs=1,
+                                        params=pretrained)
   assert np.isfinite(metrics["loss"]).all() and len(metrics["loss"]) == 2
   moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params),
-                                                      jax.tree.leaves(encoder.params))]
+                                                      jax.tree.leaves(pretrained))]
   assert max(moved) > 0
   q_before = encoder.encode(list(replay.questions))
-  q_after = encoder.encode(list(replay.questions), params=params)
+  q_after = TunedQueryEncoder(encoder, params).encode(list(replay.questions))
   assert not np.allclose(q_before, q_after, atol=1e-4)
+  # Retrieval with the tuned queries searches the bank's original embeddings.
+  top = np.argsort(-(q_after @ replay.unit_emb_UxD.T), 1, kind="stable")[:, :3]
+  want = np.take_along_axis(replay.unit_relevant_NxU, top, 1).sum(1) / replay.num_relevant_N
+  np.testing.assert_allclose(retrieval_recall(short, "turn", "dense", encoder,
+                                              TunedQueryEncoder(encoder, params), 3), want,
+                             atol=1e-6)
 
 
 def test_sweep_refuses_a_replay_config(tmp_path):

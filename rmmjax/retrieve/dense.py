@@ -33,12 +33,16 @@ def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int) -> np.ndarray:
 
 
 class DenseRetriever:
-  """Ranks a fixed list of texts by the inner product of their embeddings with the query's."""
+  """Ranks a fixed list of texts by the inner product of their embeddings with the query's.
 
-  def __init__(self, texts: list[str], encoder):
+  A separate query encoder (a fine-tuned one) may embed the queries; the bank keeps the
+  embeddings it was indexed with.
+  """
+
+  def __init__(self, texts: list[str], encoder, query_encoder=None):
     if not texts:
       raise ValueError("DenseRetriever needs at least one text to index")
-    self._encoder = encoder
+    self._encoder = query_encoder or encoder
     self._bank = encoder.encode(texts)
 
   def rank(self, queries: list[str], k: int) -> np.ndarray:
