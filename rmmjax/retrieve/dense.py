@@ -7,6 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 QUERY_CHUNK = 64  # queries scored together: bounds the (chunk x N) score matrix
 
@@ -17,19 +19,59 @@ def dense_top_k(q_QxD: jax.Array, bank_NxD: jax.Array, k: int) -> tuple[jax.Arra
   return jax.lax.top_k(q_QxD @ bank_NxD.T, k)
 
 
-def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int) -> np.ndarray:
+@functools.lru_cache(maxsize=None)
+def _sharded_top_k(mesh: Mesh, k: int):
+  """Top-k over a bank whose rows are split across the mesh's devices: each device takes the
+  top k of its own rows, then the devices' candidates are gathered and the top k of those kept.
+  Only Q x k x devices scores cross devices, never the Q x N score matrix."""
+  axis = mesh.axis_names[0]
+
+  def local(q_QxD, bank_nxD, valid_n):
+    scores_Qxn = jnp.where(valid_n[None, :], q_QxD @ bank_nxD.T, -jnp.inf)
+    values_Qxk, idx_Qxk = jax.lax.top_k(scores_Qxn, k)
+    idx_Qxk = idx_Qxk + jax.lax.axis_index(axis) * bank_nxD.shape[0]
+    values = jax.lax.all_gather(values_Qxk, axis, axis=1, tiled=True)
+    idx = jax.lax.all_gather(idx_Qxk, axis, axis=1, tiled=True)
+    best_Qxk, pos_Qxk = jax.lax.top_k(values, k)
+    return best_Qxk, jnp.take_along_axis(idx, pos_Qxk, axis=1)
+
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis), P(axis)),
+                               out_specs=(P(), P()), check_vma=False))
+
+
+def shard_bank(bank_NxD: np.ndarray, devices) -> tuple[Mesh, jax.Array, jax.Array]:
+  """The bank's rows split evenly over the devices (padded with invalid rows)."""
+  mesh = Mesh(np.asarray(devices), ("bank",))
+  n, d = bank_NxD.shape
+  per = -(-n // len(devices))
+  padded = np.zeros((per * len(devices), d), np.float32)
+  padded[:n] = bank_NxD
+  valid = np.arange(per * len(devices)) < n
+  rows = NamedSharding(mesh, P("bank"))
+  return mesh, jax.device_put(padded, rows), jax.device_put(valid, rows)
+
+
+def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int, devices=None) -> np.ndarray:
   """Indices (Q, k) of the best bank rows for each query, queries in fixed-size chunks so one
-  compiled program serves any number of queries."""
+  compiled program serves any number of queries. With several devices (all local ones by
+  default) the bank is sharded across them by rows."""
   q_QxD = np.asarray(q_QxD, np.float32)
   k = min(k, bank_NxD.shape[0])
-  bank = jnp.asarray(bank_NxD, jnp.float32)
+  devices = jax.local_devices() if devices is None else list(devices)
+  if len(devices) > 1 and bank_NxD.shape[0] >= k * len(devices):
+    mesh, bank, valid = shard_bank(np.asarray(bank_NxD, np.float32), devices)
+    top_k = _sharded_top_k(mesh, k)
+    run = lambda q: top_k(q, bank, valid)  # noqa: E731
+  else:
+    bank = jnp.asarray(bank_NxD, jnp.float32)
+    run = lambda q: dense_top_k(q, bank, k)  # noqa: E731
   out = []
   for start in range(0, len(q_QxD), QUERY_CHUNK):
     chunk = q_QxD[start:start + QUERY_CHUNK]
     padded = np.zeros((QUERY_CHUNK, q_QxD.shape[1]), np.float32)
     padded[:len(chunk)] = chunk
-    out.append(dense_top_k(padded, bank, k)[1][:len(chunk)])
-  return np.asarray(jnp.concatenate(out)) if out else np.zeros((0, k), np.int32)
+    out.append(np.asarray(run(padded)[1])[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros((0, k), np.int32)
 
 
 class DenseRetriever:
