@@ -1,11 +1,12 @@
 """Convergence of online REINFORCE on replayed LoCoMo conversations, over seeds.
 
 Trains on six dev conversations (the last two are held out, as in `train --config locomo`) for
-four passes of the question stream, from scratch (online RL alone) and after pretraining, five
-seeds each in one vmapped program. Per replay step: the citation rate of the sampled selection
-and the prequential Recall@5 of the training stream (each batch ranked before its update).
+four passes of their question stream, from scratch (online RL alone, two learning rates) and
+after pretraining; five seeds in one vmapped program. Every SEGMENT replay steps it records the
+citation rate of the sampled selections over those steps and the Recall@5 (all) of the reranker
+as it stands on the held-out conversations' questions.
 
-    python experiments/replay_convergence.py [--data PATH] [--seeds 5]
+    python experiments/replay_convergence.py [--data PATH] [--seeds 5] [--epochs 4]
 
 Writes experiments/results/replay_convergence.md and .png.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+import jax
+import jax.numpy as jnp
 import matplotlib
 
 matplotlib.use("Agg")
@@ -23,17 +26,13 @@ import numpy as np  # noqa: E402
 from replay_common import DEFAULT_DATA, RESULTS, locomo_replays  # noqa: E402
 from rmmjax import core  # noqa: E402
 from rmmjax.config import get_config  # noqa: E402
-from rmmjax.replay import Protocol, run_fold  # noqa: E402
+from rmmjax.core import replay as core_replay  # noqa: E402
+from rmmjax.replay import Protocol, base_recall, train_reranker  # noqa: E402
+from rmmjax.replay_data import to_questions, to_sequence, to_streams  # noqa: E402
 
-RUNS = [("online RL, lr 1e-4", "rl", 1e-4), ("online RL, lr 1e-3", "rl", 1e-3),
+RUNS = [("online RL, lr 1e-4", "rl", 1e-4), ("online RL, lr 1e-3 (paper)", "rl", 1e-3),
         ("pretraining + online RL, lr 1e-4", "pretrain+rl", 1e-4)]
-SMOOTH = 25  # steps per plotted window
-
-
-def _windows(values_SxT: np.ndarray) -> np.ndarray:
-  """Means over consecutive windows of SMOOTH steps, seeds x windows."""
-  n = values_SxT.shape[1] // SMOOTH
-  return values_SxT[:, :n * SMOOTH].reshape(values_SxT.shape[0], n, SMOOTH).mean(-1)
+SEGMENT = 25  # replay steps between measurements
 
 
 def main() -> None:
@@ -45,41 +44,62 @@ def main() -> None:
   cfg = get_config("locomo")
   replays = locomo_replays(args.data, cfg.retriever, cfg.k)
   spec = cfg.core_spec()
-  test_idx = list(range(len(replays) - cfg.holdout, len(replays)))
+  train, test = replays[:-cfg.holdout], replays[-cfg.holdout:]
+  train_seq, test_streams = to_sequence(train, cfg.batch), to_streams(test, cfg.batch)
+  questions = to_questions(train)
+  steps = args.epochs * train_seq.mask_BxK.shape[0]
+  segments = steps // SEGMENT
+  n_test = [len(c.questions) for c in test]
+  base = float(np.concatenate([base_recall(c, cfg.m) for c in test]).mean())
+
+  def heldout(state):
+    recall = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))(
+        state, test_streams, False)["recall_SxB"]
+    return jnp.sum(recall) / sum(n_test)  # absent questions score 0
+
+  def run(hparams, mode):
+    pre = hparams.replace(lr=jnp.float32(cfg.pretrain_lr), tau=jnp.float32(cfg.pretrain_tau))
+    state, _ = train_reranker(spec, hparams, pre, questions, train_seq, Protocol(mode=mode), 0)
+
+    def segment(state, _):
+      state, metrics = core_replay.replay_steps(state, train_seq, SEGMENT)
+      return state, (jnp.mean(metrics["citation_rate"]), heldout(state))
+
+    first = heldout(state)
+    _, (cite, recall) = jax.lax.scan(segment, state, None, length=segments)
+    return first, cite, recall
+
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  x = (np.arange(segments) + 1) * SEGMENT
   lines = ["# Convergence of online REINFORCE on LoCoMo replay", "",
            f"`python experiments/replay_convergence.py --seeds {args.seeds} --epochs "
            f"{args.epochs}`", "",
-           f"Training stream: {len(replays) - cfg.holdout} dev conversations, batches of "
-           f"{cfg.batch} questions, {args.epochs} passes; BM25 top-{cfg.k} candidates, M={cfg.m}. "
-           f"Mean +- std over {args.seeds} seeds of windows of {SMOOTH} steps.", "",
-           "| run | citation rate, first window | last window | prequential Recall@5, first "
-           "window | last window | held-out Recall@5 (base -> frozen -> prequential) |",
+           f"Training stream: {len(train)} dev conversations in batches of {cfg.batch} questions, "
+           f"{args.epochs} passes ({steps} replay steps); BM25 top-{cfg.k} candidates, M = "
+           f"{cfg.m}, tau {cfg.tau}, running-mean baseline. Held out: "
+           f"{', '.join(c.conversation_id for c in test)} ({sum(n_test)} questions; BM25 base "
+           f"order {base:.3f}). Mean +- std over {args.seeds} seeds.", "",
+           "| run | citation rate, first segment | last segment | held-out Recall@5 at the "
+           "start of online RL | after the first segment | at the end |",
            "|---|---|---|---|---|---|"]
   for label, mode, lr in RUNS:
     hp = core.stack_hparams([core.HParams.create(
         tau=cfg.tau, baseline=cfg.baseline, baseline_kind=cfg.baseline_kind, lr=lr, seed=s)
         for s in range(args.seeds)])
-    res = run_fold(replays, test_idx, spec, hp, Protocol(mode=mode, online_epochs=args.epochs),
-                   cfg.pretrain_lr, cfg.pretrain_tau)
-    online = res["logs"]["online"]
-    cite = np.asarray(online["citation_rate"])  # seeds x steps
-    recall = np.asarray(online["recall_sum_before"]) / np.maximum(online["present"], 1.0)
-    cite_w, recall_w = _windows(cite), _windows(recall)
-    windows = cite_w.shape[1]
-    steps = (np.arange(windows) + 1) * SMOOTH
-    for ax, values in zip(axes, (cite_w, recall_w)):
-      mean, std = values.mean(0), values.std(0)
-      ax.plot(steps, mean, label=label)
-      ax.fill_between(steps, mean - std, mean + std, alpha=0.25)
-    cell = lambda v, i: f"{v[:, i].mean():.3f} +- {v[:, i].std():.3f}"  # noqa: E731
-    lines.append(f"| {label} | {cell(cite_w, 0)} | {cell(cite_w, -1)} | {cell(recall_w, 0)} | "
-                 f"{cell(recall_w, -1)} | {res['base'].mean():.3f} -> "
-                 f"{res['frozen'].mean():.3f} -> {res['heldout'].mean():.3f} |")
+    first, cite, recall = jax.device_get(
+        jax.jit(jax.vmap(run, in_axes=(0, None)), static_argnums=1)(hp, mode))
+    for ax, values in zip(axes, (cite, recall)):
+      ax.plot(x, values.mean(0), label=label)
+      ax.fill_between(x, values.mean(0) - values.std(0), values.mean(0) + values.std(0),
+                      alpha=0.25)
+    cell = lambda v: f"{v.mean():.3f} +- {v.std():.3f}"  # noqa: E731
+    lines.append(f"| {label} | {cell(cite[:, 0])} | {cell(cite[:, -1])} | {cell(first)} | "
+                 f"{cell(recall[:, 0])} | {cell(recall[:, -1])} |")
     print(lines[-1], flush=True)
-  for ax, title in zip(axes, ("citation rate of the sampled selection",
-                              "prequential Recall@5 (training stream)")):
-    ax.set_title(title)
+  axes[1].axhline(base, color="gray", linestyle="--", label="BM25 base order")
+  for ax, title in zip(axes, ("citation rate of the sampled selections (training stream)",
+                              "Recall@5 (all) on the held-out conversations")):
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("replay step")
     ax.grid(alpha=0.3)
   axes[1].legend(fontsize=8)

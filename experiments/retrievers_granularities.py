@@ -3,7 +3,7 @@
     python experiments/retrievers_granularities.py [--data PATH]
 
 Writes experiments/results/retrievers_granularities.md. Budget recall takes units in rank
-order up to 200 words, so granularities compare at equal context.
+order up to 1,000 words, so granularities compare at equal context.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.evaluate import evaluate_retrieval
 
-BUDGET = 200
+BUDGET = 1000
 
 
 def main() -> None:

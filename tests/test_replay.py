@@ -138,6 +138,19 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
                               reranker=wd, online=True)
   np.testing.assert_allclose(online["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_prequential"], atol=1e-6)
+  # The exported weights score like the trained reranker, rank prior included, without JAX.
+  from rmmjax.io.export import export_reranker, load_trained_params
+  from rmmjax.serving import NumpyReranker
+  meta = export_reranker(wd, tmp_path / "reranker.safetensors")
+  assert "rank_bias" in meta["score"] and meta["online"]["lr"] == cfg.lr
+  scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")
+  params, _, _ = load_trained_params(wd)
+  rng = np.random.default_rng(0)
+  q, m = rng.standard_normal(32).astype(np.float32), rng.standard_normal((20, 32)).astype(
+      np.float32)
+  np.testing.assert_allclose(scorer.score(q, m), core.score(params, q, m), rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="19 candidates, but the rank prior was trained for k=20"):
+    scorer.score(q, m[:19])
   # Resuming with more steps continues from the last checkpoint.
   more = train(apply_overrides(cfg, ["steps=60"]), wd, progress=False, encoder=HashEncoder())
   assert more["steps"] == 60
