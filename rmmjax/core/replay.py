@@ -23,7 +23,7 @@ _PRETRAIN_STREAM, _REPLAY_STREAM = 3, 4
 def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
   """The batch of step `index` (taken modulo the stream's length, so epochs wrap around)."""
   num_steps = stream_SxB.mask_BxK.shape[0]
-  return jax.tree.map(lambda x: x[index % num_steps], stream_SxB)
+  return jax.tree.map(lambda x: jnp.asarray(x)[index % num_steps], stream_SxB)
 
 
 def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
@@ -86,7 +86,8 @@ def pretrain(state: TrainState, questions_N: Batch, epochs: int) -> tuple[TrainS
 
   def epoch(state, e):
     order = jax.random.permutation(jax.random.fold_in(key, e), num)[:per_epoch * b]
-    batches = jax.tree.map(lambda x: x[order].reshape((per_epoch, b) + x.shape[1:]), questions_N)
+    batches = jax.tree.map(lambda x: jnp.asarray(x)[order].reshape((per_epoch, b) + x.shape[1:]),
+                           questions_N)
     return jax.lax.scan(lambda s, batch: supervised_step(s, batch), state, batches)
 
   state, metrics = jax.lax.scan(epoch, state, jnp.arange(epochs))
