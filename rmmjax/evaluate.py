@@ -96,11 +96,10 @@ def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
                    budget_words) -> list:
   from rmmjax.reranked_eval import reranked_orders  # noqa: PLC0415
   from rmmjax.replay_data import build_replay  # noqa: PLC0415
-  if budget_words:
-    raise ValueError("--budget-words with --reranker is not supported: the reranked list holds "
-                     "only the base ranking's first 100 units")
   conversations = [c for c in conversations if c.questions]
-  replays = build_replay(conversations, units, retriever, encoder, loaded["spec"].k)
+  # A word budget may reach past the first 100 units: keep the whole base ranking then.
+  replays = build_replay(conversations, units, retriever, encoder, loaded["spec"].k,
+                         depth=None if budget_words else max(max(ks), 10, MRR_DEPTH))
   rows = []
   for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
     rows += _rows_from_orders(conv, build_units(conv, units), orders, ks, budget_words)

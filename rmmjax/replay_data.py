@@ -31,7 +31,7 @@ class ConversationReplay:
   mask_NxK: np.ndarray  # candidate exists (a conversation may hold fewer than K units)
   relevant_NxK: np.ndarray  # candidate covers an evidence turn
   num_relevant_N: np.ndarray  # units covering evidence in the whole conversation
-  order_NxR: np.ndarray  # base ranking of unit indices to RANK_DEPTH (-1 past the end)
+  order_NxR: np.ndarray  # base ranking of unit indices to the kept depth (-1 past the end)
   unit_emb_UxD: np.ndarray  # every unit's embedding (retrieval with a fine-tuned encoder)
   unit_relevant_NxU: np.ndarray  # unit covers the question's evidence
   unit_turns: tuple[tuple[str, ...], ...]
@@ -40,8 +40,9 @@ class ConversationReplay:
 
 
 def build_replay(conversations: list[Conversation], units: str, retriever: str, encoder,
-                 k: int) -> list[ConversationReplay]:
-  """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`."""
+                 k: int, depth: int | None = RANK_DEPTH) -> list[ConversationReplay]:
+  """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`; the
+  base ranking is kept to `depth` units (None: all of them)."""
   from rmmjax.evaluate import make_retriever  # noqa: PLC0415  (evaluate imports this module)
   out = []
   for conv in conversations:
@@ -54,8 +55,9 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
     questions = [q.question for q in conv.questions]
     unit_emb = encoder.encode(texts)
     q_emb = encoder.encode(questions)
-    order = make_retriever(retriever, texts, encoder).rank(questions, min(len(pool), RANK_DEPTH))
-    order_NxR = np.full((len(questions), RANK_DEPTH), -1, np.int64)
+    width = len(pool) if depth is None else depth
+    order = make_retriever(retriever, texts, encoder).rank(questions, min(len(pool), width))
+    order_NxR = np.full((len(questions), max(width, k)), -1, np.int64)
     order_NxR[:, :order.shape[1]] = order
     covers = np.array([[bool(set(q.evidence).intersection(u.turn_ids)) for u in pool]
                        for q in conv.questions])

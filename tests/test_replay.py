@@ -138,6 +138,13 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
                               reranker=wd, online=True)
   np.testing.assert_allclose(online["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_prequential"], atol=1e-6)
+  # A word budget takes reranked units past the first 100: everything fits in a huge budget.
+  budget = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), budget_words=10**6,
+                              encoder=HashEncoder(), reranker=wd)["metrics"]["overall"]
+  assert budget["recall_all@budget"] == 1.0
+  small = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), budget_words=300,
+                             encoder=HashEncoder(), reranker=wd)["metrics"]["overall"]
+  assert small["words@budget"] <= 300 and 0 < small["recall_all@budget"] < 1
   # The exported weights score like the trained reranker, rank prior included, without JAX.
   from rmmjax.io.export import export_reranker, load_trained_params
   from rmmjax.serving import NumpyReranker
