@@ -28,6 +28,24 @@ def _shared_file(relative: str, source: str) -> Path:
 
 
 @pytest.fixture
+def on_four_devices():
+  """Runs a Python script in a fresh process that sees 4 (fake CPU) devices; returns stdout."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  import textwrap  # noqa: PLC0415
+
+  def run(script: str) -> str:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+  return run
+
+
+@pytest.fixture
 def locomo_path() -> Path:
   return _shared_file("locomo/locomo_dev8.json",
                       "the LoCoMo release, github.com/snap-research/LoCoMo, data/locomo10.json")

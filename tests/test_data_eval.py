@@ -148,14 +148,11 @@ def test_dense_and_hybrid_retrieval_rank_the_evidence(locomo_path, tmp_path):
   assert recall["hybrid"] >= min(recall["bm25"], recall["dense"])
 
 
-def test_dense_search_with_the_bank_sharded_over_devices_equals_exhaustive_ranking():
+def test_dense_search_with_the_bank_sharded_over_devices_equals_exhaustive_ranking(
+    on_four_devices):
   """On 4 (fake CPU) devices the bank's rows are split across them; the top 20 equal an
   exhaustive NumPy ranking, and the one-device path's."""
-  import os
-  import subprocess
-  import sys
-  import textwrap
-  script = textwrap.dedent("""
+  out = on_four_devices("""
       import jax, numpy as np
       from rmmjax.retrieve.dense import search
       assert jax.device_count() == 4
@@ -167,9 +164,4 @@ def test_dense_search_with_the_bank_sharded_over_devices_equals_exhaustive_ranki
       np.testing.assert_array_equal(search(q, bank, 20, devices=jax.devices()[:1]), want)
       print("OK", search(q, bank, 20).shape)
   """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "OK (70, 20)" in result.stdout
+  assert "OK (70, 20)" in out

@@ -1,10 +1,6 @@
 """Train steps, whole runs and sweeps: jit equals no-jit, learning happens, nothing recompiles."""
 
 import logging
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -130,9 +126,9 @@ def test_sweep_compiles_once_for_all_points(caplog):
   assert len({float(x) for x in out["metrics"]["loss"][:, -1]}) > 8
 
 
-def test_sharded_sweep_equals_single_device():
+def test_sharded_sweep_equals_single_device(on_four_devices):
   """On 4 (fake CPU) devices the sweep axis is sharded; results equal the one-device run."""
-  script = textwrap.dedent("""
+  out = on_four_devices("""
       import jax, numpy as np
       from rmmjax import core
       from rmmjax.sweeps import run_chunks
@@ -149,12 +145,7 @@ def test_sharded_sweep_equals_single_device():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
       print("OK", sharded["metrics"]["reward"].shape)
   """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "OK (9, 20)" in result.stdout
+  assert "OK (9, 20)" in out
 
 
 def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
