@@ -216,3 +216,14 @@ def test_sweep_refuses_a_replay_config(tmp_path):
   cfg = apply_overrides(get_config("locomo"), [f"data={tmp_path}"])
   with pytest.raises(ValueError, match="sweep runs the latent simulator, not config locomo"):
     sweep(cfg, {}, 1, tmp_path / "sweep")
+
+
+def test_train_locomo_on_a_malformed_file_fails_naming_it_and_writes_nothing(tmp_path, capsys):
+  from rmmjax.cli import main
+  bad = tmp_path / "bad.json"
+  bad.write_text('[{"sample_id": "x"}]')
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--set", f"data={bad}", "--workdir", str(wd),
+               "--quiet"]) == 2
+  assert f"{bad}: record 0 (x): missing field 'conversation'" in capsys.readouterr().err
+  assert not wd.exists()
