@@ -3,12 +3,19 @@ questions. Evidence ids are parsed leniently; every repair or drop is counted in
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from rmmjax.data.schema import (CATEGORY_NAMES, Conversation, LoadReport, MalformedData,
-                                Question, Session, Turn)
+from rmmjax.data.records import read_records
+from rmmjax.data.schema import (
+  CATEGORY_NAMES,
+  Conversation,
+  LoadReport,
+  MalformedData,
+  Question,
+  Session,
+  Turn,
+)
 from rmmjax.data.schema import require as _field
 
 _TURN_ID = re.compile(r"D(\d+):(\d+)")
@@ -37,15 +44,7 @@ def parse_evidence(raw: str, known: set[str], report: LoadReport) -> list[str]:
 def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   """Conversations of a LoCoMo JSON file (the released schema) and what was repaired."""
   path = Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist (expected a LoCoMo JSON file)")
-  try:
-    records = json.loads(path.read_text())
-  except json.JSONDecodeError as err:
-    raise MalformedData(f"{path}: not JSON ({err})") from None
-  if not isinstance(records, list):
-    raise MalformedData(f"{path}: expected a JSON list of conversations, got "
-                        f"{type(records).__name__}")
+  records = read_records(path, "a LoCoMo JSON file: a list of conversations")
   report = LoadReport()
   conversations = []
   for i, record in enumerate(records):

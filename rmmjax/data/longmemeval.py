@@ -9,24 +9,24 @@ skipped (counted).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rmmjax.data.schema import (Conversation, LoadReport, MalformedData, Question, Session, Turn,
-                                require)
+from rmmjax.data.records import read_records
+from rmmjax.data.schema import (
+  Conversation,
+  LoadReport,
+  MalformedData,
+  Question,
+  Session,
+  Turn,
+  require,
+)
 
 
 def load_longmemeval(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   """One Conversation (with its one question) per LongMemEval instance."""
   path = Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist (expected a LongMemEval JSON file)")
-  try:
-    records = json.loads(path.read_text(encoding="utf-8"))
-  except json.JSONDecodeError as err:
-    raise MalformedData(f"{path}: not JSON ({err})") from None
-  if not isinstance(records, list):
-    raise MalformedData(f"{path}: expected a JSON list of instances")
+  records = read_records(path, "a LongMemEval JSON file: a list of instances")
   report = LoadReport()
   conversations = []
   for i, rec in enumerate(records):

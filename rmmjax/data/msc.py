@@ -7,10 +7,17 @@ MSC has no questions; its per-speaker persona summaries are kept as `personas`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rmmjax.data.schema import Conversation, LoadReport, MalformedData, Session, Turn, require
+from rmmjax.data.records import read_records
+from rmmjax.data.schema import (
+  Conversation,
+  LoadReport,
+  MalformedData,
+  Session,
+  Turn,
+  require,
+)
 
 SPEAKERS = ("Speaker 1", "Speaker 2")
 
@@ -34,18 +41,10 @@ def _turns(dialog: list, session: int, where: str, path: Path, report: LoadRepor
 def load_msc(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   """Episodes of an MSC session file (e.g. msc_dialogue/session_3/valid.txt)."""
   path = Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist (expected an MSC JSON Lines file)")
   report = LoadReport()
   conversations = []
-  for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-    if not line.strip():
-      continue
-    where = f"line {line_no}"
-    try:
-      episode = json.loads(line)
-    except json.JSONDecodeError as err:
-      raise MalformedData(f"{path}: {where}: not JSON ({err})") from None
+  for number, episode in enumerate(read_records(path, "an MSC JSON Lines file"), 1):
+    where = f"episode {number}"
     meta = require(episode, "metadata", where, path)
     conv_id = str(require(meta, "initial_data_id", where + ", metadata", path))
     sessions = []

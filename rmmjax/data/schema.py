@@ -48,8 +48,9 @@ class MalformedData(ValueError):
 
 
 def require(record: dict, key: str, where: str, path) -> object:
-  """record[key], or a MalformedData naming the file, the record and the missing field."""
-  if not isinstance(record, dict) or key not in record:
+  """record[key], or a MalformedData naming the file, the record and the missing field (a null
+  counts as missing)."""
+  if not isinstance(record, dict) or record.get(key) is None:
     raise MalformedData(f"{path}: {where}: missing field {key!r}")
   return record[key]
 
