@@ -20,6 +20,7 @@ Writes experiments/results/replay_ablation.md (and .json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS
+from replay_common import DEFAULT_DATA, RESULTS, seed_hparams
 from rmmjax import core
 from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
@@ -69,14 +70,12 @@ def main() -> None:
     spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=cfg.batch,
                          rank_prior=retriever != "dense")
     for label, protocol, lr in ROWS:
-      hp = core.stack_hparams([core.HParams.create(
-          tau=cfg.tau, baseline=cfg.baseline, baseline_kind=cfg.baseline_kind, lr=lr, seed=s)
-          for s in range(args.seeds)])
+      hp = seed_hparams(cfg, args.seeds, lr=lr)
       start = time.time()
       res = cross_validate(replays, args.folds, spec, hp, protocol, cfg.pretrain_lr,
                            cfg.pretrain_tau)
       results[(retriever, "RAG (base retriever)")] = {"mean": float(res["base"].mean()),
-                                                      "std": 0.0}
+                                                      "std": 0.0}  # the same for every row
       per_seed = res["heldout"].mean(1)
       results[(retriever, label)] = {"mean": float(per_seed.mean()),
                                      "std": float(per_seed.std()),
@@ -104,9 +103,7 @@ def encoder_rows(conversations, encoder, replays, cfg, num_folds) -> dict:
         params, _ = pretrain_query_encoder(encoder, train, spec, hp, pretrain_epochs)
       if rl_epochs:
         spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=cfg.batch)
-        hp = core.HParams.create(tau=cfg.tau, baseline=cfg.baseline,
-                                 baseline_kind=cfg.baseline_kind,
-                                 lr=ENCODER_RL_LR[bool(pretrain_epochs)])
+        hp = dataclasses.replace(cfg, lr=ENCODER_RL_LR[bool(pretrain_epochs)]).hparams()
         params, _ = train_query_encoder(encoder, train, spec, hp, rl_epochs, params)
       tuned = TunedQueryEncoder(encoder, params)
       for r in ("dense", "hybrid"):

@@ -23,8 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from replay_common import DEFAULT_DATA, RESULTS, locomo_replays  # noqa: E402
-from rmmjax import core  # noqa: E402
+from replay_common import DEFAULT_DATA, RESULTS, locomo_replays, seed_hparams  # noqa: E402
 from rmmjax.config import get_config  # noqa: E402
 from rmmjax.core import replay as core_replay  # noqa: E402
 from rmmjax.replay import Protocol, base_recall, train_reranker  # noqa: E402
@@ -83,9 +82,7 @@ def main() -> None:
            "start of online RL | after the first segment | at the end |",
            "|---|---|---|---|---|---|"]
   for label, mode, lr in RUNS:
-    hp = core.stack_hparams([core.HParams.create(
-        tau=cfg.tau, baseline=cfg.baseline, baseline_kind=cfg.baseline_kind, lr=lr, seed=s)
-        for s in range(args.seeds)])
+    hp = seed_hparams(cfg, args.seeds, lr=lr)
     first, cite, recall = jax.device_get(
         jax.jit(jax.vmap(run, in_axes=(0, None)), static_argnums=1)(hp, mode))
     for ax, values in zip(axes, (cite, recall)):

@@ -12,6 +12,7 @@ Writes experiments/results/replay_tau_baseline.md and .png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import matplotlib
@@ -39,8 +40,8 @@ def main() -> None:
   cfg = get_config("locomo")
   replays = locomo_replays(args.data, cfg.retriever, cfg.k)
   grid = list(itertools.product(TAUS, BASELINES, range(args.seeds)))
-  hp = core.stack_hparams([core.HParams.create(tau=tau, baseline=b, baseline_kind=kind, lr=1e-4,
-                                               seed=seed)
+  hp = core.stack_hparams([dataclasses.replace(cfg, tau=tau, baseline=b, baseline_kind=kind,
+                                               lr=1e-4, seed=seed).hparams()
                            for tau, (_, b, kind), seed in grid])
   res = cross_validate(replays, args.folds, cfg.core_spec(), hp,
                        Protocol(mode="rl", online_epochs=2))

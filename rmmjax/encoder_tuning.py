@@ -40,7 +40,7 @@ def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
   for conv in convs:
     texts += list(conv.questions) + [""] * (stream_steps(conv, batch) * batch - len(conv.questions))
   ids = encoder.tokenize(texts)
-  length = encoder._bucket(max(len(x) for x in ids))
+  length = encoder.bucket_length(max(len(x) for x in ids))
   ids_NxT = np.zeros((len(texts), length), np.int32)
   mask_NxT = np.zeros((len(texts), length), bool)
   for i, x in enumerate(ids):

@@ -71,10 +71,10 @@ def fold_program(spec: core.CoreSpec, protocol: Protocol, online_steps: int):
     state, logs = train_reranker(spec, hparams, pre_hp, train_qs, train_seq, protocol,
                                  online_steps)
     replay = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))
-    adapt = protocol.adapt and protocol.learns_online
-    return {"params": state.params, "logs": logs,
-            "frozen": replay(state, test_streams, False)["recall_SxB"],
-            "heldout": replay(state, test_streams, adapt)["recall_SxB"]}
+    frozen = replay(state, test_streams, False)["recall_SxB"]
+    adapting = protocol.adapt and protocol.learns_online
+    return {"params": state.params, "logs": logs, "frozen": frozen,
+            "heldout": replay(state, test_streams, True)["recall_SxB"] if adapting else frozen}
 
   return jax.jit(jax.vmap(program, in_axes=(0, None, None, None, None, None)))
 
@@ -84,8 +84,10 @@ def base_recall(conv: ConversationReplay, m: int) -> np.ndarray:
   return conv.relevant_NxK[:, :m].sum(1) / np.maximum(conv.num_relevant_N, 1)
 
 
-def _per_question(recall_SxB: np.ndarray, conv: ConversationReplay) -> np.ndarray:
-  return np.asarray(recall_SxB).reshape(-1)[:len(conv.questions)]
+def per_question(recall_CxSxB, convs: list[ConversationReplay]) -> np.ndarray:
+  """Stream-shaped values of C conversations -> one value per real question, concatenated."""
+  return np.concatenate([np.asarray(r).reshape(-1)[:len(c.questions)]
+                         for r, c in zip(recall_CxSxB, convs)])
 
 
 def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.CoreSpec,
@@ -107,9 +109,7 @@ def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.Co
             "params": out["params"],
             "base": np.concatenate([base_recall(c, spec.m) for c in test])}
   for name in ("frozen", "heldout"):  # (configs, conversations, S, B) -> (configs, questions)
-    result[name] = np.stack([np.concatenate([_per_question(per_conv[j], c)
-                                             for j, c in enumerate(test)])
-                             for per_conv in out[name]])
+    result[name] = np.stack([per_question(per_conv, test) for per_conv in out[name]])
   return result
 
 

@@ -7,6 +7,7 @@ reranker as it stands, then the reranker learns from that batch's simulated cita
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def reranked_orders(replays: list[ConversationReplay], reranker: dict, online: b
     if conv.q_NxD.shape[1] != spec.dim:
       raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
                        f"{conv.q_NxD.shape[1]}")
-  spec = core.CoreSpec(**{**spec.__dict__, "batch": batch})
+  spec = dataclasses.replace(spec, batch=batch)
   state = core.init_state(spec, reranker["hparams"]).replace(params=params)
   replay = jax.jit(jax.vmap(core_replay.prequential, in_axes=(None, 0, None)), static_argnums=2)
   scores = np.asarray(replay(state, to_streams(replays, batch), online)["scores_SxBxK"])

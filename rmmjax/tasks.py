@@ -73,15 +73,17 @@ class ReplayTask:
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
+    from rmmjax.replay import Protocol, train_reranker  # noqa: PLC0415
     cfg = self.cfg
     pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
                                   tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
-    state = core.init_state(self.spec, pretrain_hp)
-    if cfg.mode == "pretrain+rl" and cfg.pretrain_epochs:
-      state, loss = jax.jit(core_replay.pretrain, static_argnums=2)(
-          state, self.train_qs, cfg.pretrain_epochs)
-      self.pretrain_loss = np.asarray(loss)
-    return core_replay.restart_optimizer(state, self.hp)
+    protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs)
+    # No online steps here: the training loop takes them, in checkpointed segments.
+    state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6))(
+        self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0)
+    if "pretrain_loss" in logs:
+      self.pretrain_loss = np.asarray(logs["pretrain_loss"])
+    return state
 
   def advance(self, state: core.TrainState, n: int):
     state, metrics = self._advance(state, self.train_seq, n)
@@ -90,22 +92,18 @@ class ReplayTask:
         metrics.pop("present"), 1.0)
     return state, metrics
 
-  def _mean_recall(self, recall_CxSxB) -> float:
-    recall_CxSxB = np.asarray(recall_CxSxB)
-    return float(np.mean(np.concatenate([r.reshape(-1)[:len(c.questions)]
-                                         for r, c in zip(recall_CxSxB, self.test_convs)])))
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out recall@M: base order, the reranker as it stands, and prequential (learning on
     as each held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
-    from rmmjax.replay import base_recall  # noqa: PLC0415
+    from rmmjax.replay import base_recall, per_question  # noqa: PLC0415
     m = self.spec.m
     frozen = self._replay(state, self.test_streams, False)["recall_SxB"]
     adapting = self._replay(state, self.test_streams, True)["recall_SxB"]
     return {"recall_at_m_base": float(np.mean(np.concatenate(
                 [base_recall(c, m) for c in self.test_convs]))),
-            "recall_at_m": self._mean_recall(frozen),
-            "recall_at_m_prequential": self._mean_recall(adapting),
+            "recall_at_m": float(per_question(frozen, self.test_convs).mean()),
+            "recall_at_m_prequential": float(per_question(adapting, self.test_convs).mean()),
             "recall_at_k": float(np.mean(np.concatenate(
                 [c.relevant_NxK.sum(1) / c.num_relevant_N for c in self.test_convs])))}
 

@@ -77,7 +77,8 @@ class SentenceEncoder:
     other.cache = cache
     return other
 
-  def _bucket(self, length: int) -> int:
+  def bucket_length(self, length: int) -> int:
+    """The padded length a batch whose longest text has `length` tokens is compiled for."""
     return next((b for b in BUCKETS if b >= length and b <= self.max_length), self.max_length)
 
   def tokenize(self, texts: list[str]) -> list[list[int]]:
@@ -111,7 +112,7 @@ class SentenceEncoder:
     pending = []
     for start in range(0, len(order), self.batch_size):
       rows = order[start:start + self.batch_size]
-      length = self._bucket(max(len(ids[i]) for i in rows))
+      length = self.bucket_length(max(len(ids[i]) for i in rows))
       ids_BxT = np.zeros((self.batch_size, length), np.int32)
       mask_BxT = np.zeros((self.batch_size, length), bool)
       for r, i in enumerate(rows):
