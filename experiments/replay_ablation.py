@@ -34,10 +34,10 @@ from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.encoder_tuning import (TunedQueryEncoder, pretrain_query_encoder, retrieval_recall,
+from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder, retrieval_recall,
                                    train_query_encoder)
-from rmmjax.replay import Protocol, cross_validate
-from rmmjax.replay_data import build_replay, folds
+from rmmjax.replay.protocols import Protocol, cross_validate
+from rmmjax.replay.candidates import build_replay, folds
 
 OUT = RESULTS / "replay_ablation"
 RETRIEVERS = ("dense", "bm25", "hybrid")

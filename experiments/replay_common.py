@@ -11,7 +11,7 @@ from rmmjax import core
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.replay_data import build_replay
+from rmmjax.replay.candidates import build_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("RMMJAX_DATA", ROOT.parent / "shared" / "data"))

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from replay_common import DEFAULT_DATA, RESULTS, locomo_replays  # noqa: E402
 from rmmjax import core  # noqa: E402
 from rmmjax.config import get_config  # noqa: E402
-from rmmjax.replay import Protocol, cross_validate  # noqa: E402
+from rmmjax.replay.protocols import Protocol, cross_validate  # noqa: E402
 
 TAUS = (0.1, 0.25, 0.5, 1.0, 2.0)
 BASELINES = (("b=0", 0.0, "constant"), ("b=0.5", 0.5, "constant"), ("running", 0.0, "running"),

@@ -13,7 +13,7 @@ import argparse
 from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.evaluate import evaluate_retrieval
+from rmmjax.eval.retrieval import evaluate_retrieval
 
 BUDGET = 1000
 

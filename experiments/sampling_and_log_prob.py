@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax import sweeps
+from rmmjax.train import sweeps
 from rmmjax.config import get_config
 
 TAUS = (0.1, 0.5, 1.0, 2.0)

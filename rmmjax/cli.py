@@ -14,7 +14,7 @@ def _config(args) -> "object":
 
 
 def _cmd_train(args) -> None:
-  from rmmjax.train import train
+  from rmmjax.train.loop import train
   cfg = _config(args)
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
   rows = [("recall@M of selected memories (eval queries)", summary["recall_at_m_base"],
@@ -37,7 +37,7 @@ def _cmd_train(args) -> None:
 
 
 def _cmd_sweep(args) -> None:
-  from rmmjax import sweeps
+  from rmmjax.train import sweeps
   cfg = _config(args)
   if args.steps is not None:
     from rmmjax.config import apply_overrides
@@ -68,7 +68,7 @@ def _cmd_export(args) -> None:
 
 
 def _cmd_eval(args) -> None:
-  from rmmjax.evaluate import evaluate_retrieval, format_table, write_report
+  from rmmjax.eval.retrieval import evaluate_retrieval, format_table, write_report
   try:
     ks = tuple(int(k) for k in args.k.split(","))
   except ValueError:
@@ -116,13 +116,13 @@ def _cmd_embed(args) -> None:
 def _cmd_bench(args) -> None:
   out = Path(args.out) if args.out else None
   if args.what == "core":
-    from rmmjax import bench
+    from rmmjax.bench import core as bench
     bench.bench_core(out, quick=args.quick)
   elif args.what == "search":
-    from rmmjax import bench_retrieval
+    from rmmjax.bench import retrieval as bench_retrieval
     bench_retrieval.bench_search(out, quick=args.quick)
   else:
-    from rmmjax import bench_retrieval
+    from rmmjax.bench import retrieval as bench_retrieval
     if not args.data:
       raise ValueError("bench encode needs --data PATH (a LoCoMo file, for real sentences)")
     bench_retrieval.bench_encode(out, Path(args.data), quick=args.quick)

@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from rmmjax import core
+from rmmjax.retrieve.rankers import RETRIEVERS
+from rmmjax.retrieve.units import GRANULARITIES
 
 # Values a sweep may vary without recompiling (leaves of core.HParams).
+# Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
+# labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
+MODES = ("rl", "pretrain", "pretrain+rl")
+
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
@@ -73,7 +79,7 @@ class Config:
   units: str = "turn"  # memory granularity: turn, session or mixed
   retriever: str = "bm25"  # base retriever giving the K candidates: bm25, dense or hybrid
   holdout: int = 2  # the last conversations of the file, never trained on, for evaluation
-  mode: str = "pretrain+rl"  # rl, pretrain or pretrain+rl (see rmmjax.replay.MODES)
+  mode: str = "pretrain+rl"  # rl, pretrain or pretrain+rl (see MODES)
   pretrain_epochs: int = 10
   pretrain_lr: float = 1e-4
   pretrain_tau: float = 0.05
@@ -118,10 +124,8 @@ class Config:
     return self
 
   def _validate_replay(self) -> None:
-    from rmmjax.replay import MODES  # noqa: PLC0415  (config stays light to import)
-    from rmmjax.retrieve.units import GRANULARITIES  # noqa: PLC0415
     choices = {"dataset": ("locomo",), "units": GRANULARITIES,
-               "retriever": ("bm25", "dense", "hybrid"),
+               "retriever": RETRIEVERS,
                "mode": tuple(m for m in MODES if m != "pretrain")}  # training runs learn online
     for name, options in choices.items():
       if getattr(self, name) not in options:

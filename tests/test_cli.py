@@ -115,7 +115,7 @@ def test_sweep_refuses_a_static_key(tmp_path, capsys):
 _NUMPY_ONLY = """
 import sys, json, numpy as np
 sys.modules["jax"] = None  # any import of JAX now fails
-from rmmjax.serving import NumpyReranker
+from rmmjax.io.serving import NumpyReranker
 data = np.load(sys.argv[2])
 scorer = NumpyReranker.load(sys.argv[1])
 scores = np.stack([scorer.score(q, m) for q, m in zip(data["q"], data["m"])])
@@ -159,7 +159,7 @@ def test_export_refuses_a_workdir_without_checkpoints(tmp_path, capsys):
 
 
 def test_numpy_scorer_refuses_bad_embeddings(tmp_path):
-  from rmmjax.serving import NumpyReranker
+  from rmmjax.io.serving import NumpyReranker
   scorer = NumpyReranker({"wq": np.zeros((4, 4)), "wm": np.zeros((4, 4))},
                          {"variant": "linear", "dim": 4, "m": 2})
   with pytest.raises(ValueError,

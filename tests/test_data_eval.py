@@ -131,7 +131,7 @@ def test_dense_and_hybrid_retrieval_rank_the_evidence(locomo_path, tmp_path):
   """One conversation end to end with the real encoder: dense and the BM25 fusion find evidence
   far above chance, and fusion is at least as good as the weaker of its two inputs."""
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.evaluate import evaluate_retrieval
+  from rmmjax.eval.retrieval import evaluate_retrieval
 
   records = json.loads(locomo_path.read_text())
   subset = tmp_path / "one.json"

@@ -19,10 +19,10 @@ from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
-from rmmjax.evaluate import evaluate_retrieval
-from rmmjax.replay import base_recall
-from rmmjax.replay_data import build_replay, to_questions, to_sequence, to_streams
-from rmmjax.train import train
+from rmmjax.eval.retrieval import evaluate_retrieval
+from rmmjax.replay.protocols import base_recall
+from rmmjax.replay.candidates import build_replay, to_questions, to_sequence, to_streams
+from rmmjax.train.loop import train
 
 
 class HashEncoder:
@@ -147,7 +147,7 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
   assert small["words@budget"] <= 300 and 0 < small["recall_all@budget"] < 1
   # The exported weights score like the trained reranker, rank prior included, without JAX.
   from rmmjax.io.export import export_reranker, load_trained_params
-  from rmmjax.serving import NumpyReranker
+  from rmmjax.io.serving import NumpyReranker
   meta = export_reranker(wd, tmp_path / "reranker.safetensors")
   assert "rank_bias" in meta["score"] and meta["online"]["lr"] == cfg.lr
   scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")
@@ -178,7 +178,7 @@ def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
   memories' embeddings do not, and with the untouched encoder the retrieval path reproduces the
   base retriever's recall."""
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.encoder_tuning import (TunedQueryEncoder, pretrain_query_encoder,
+  from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder,
                                      retrieval_recall, train_query_encoder)
   encoder = SentenceEncoder()
   conversations, _ = load_locomo(_subset_file(locomo_path, tmp_path, 1))
@@ -212,7 +212,7 @@ def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
 
 
 def test_sweep_refuses_a_replay_config(tmp_path):
-  from rmmjax.sweeps import sweep
+  from rmmjax.train.sweeps import sweep
   cfg = apply_overrides(get_config("locomo"), [f"data={tmp_path}"])
   with pytest.raises(ValueError, match="sweep runs the latent simulator, not config locomo"):
     sweep(cfg, {}, 1, tmp_path / "sweep")

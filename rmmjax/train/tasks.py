@@ -15,6 +15,11 @@ import numpy as np
 from rmmjax import core
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
+from rmmjax.data.locomo import load_locomo
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.replay.candidates import build_replay, to_questions, to_sequence, to_streams
+from rmmjax.replay.protocols import Protocol, base_recall, per_question, train_reranker
 
 
 class LatentTask:
@@ -45,8 +50,6 @@ class ReplayTask:
   rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   def __init__(self, cfg: Config, encoder=None, workdir: Path | None = None):
-    from rmmjax.data.locomo import load_locomo  # noqa: PLC0415
-    from rmmjax.replay_data import build_replay, to_questions, to_sequence, to_streams  # noqa
     self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
     conversations, self.load_report = load_locomo(Path(cfg.data))
     conversations = [c for c in conversations if c.questions]
@@ -54,8 +57,6 @@ class ReplayTask:
       raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                        f"holdout={cfg.holdout} would leave none to train on")
     if encoder is None:
-      from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
-      from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
       encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
     if encoder.dim != cfg.dim:
       raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
@@ -73,7 +74,6 @@ class ReplayTask:
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
-    from rmmjax.replay import Protocol, train_reranker  # noqa: PLC0415
     cfg = self.cfg
     pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
                                   tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
@@ -96,7 +96,6 @@ class ReplayTask:
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out recall@M: base order, the reranker as it stands, and prequential (learning on
     as each held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
-    from rmmjax.replay import base_recall, per_question  # noqa: PLC0415
     m = self.spec.m
     frozen = self._replay(state, self.test_streams, False)["recall_SxB"]
     adapting = self._replay(state, self.test_streams, True)["recall_SxB"]

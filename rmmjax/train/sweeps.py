@@ -21,7 +21,7 @@ from rmmjax.config import SWEEPABLE, Config, parse_value
 from rmmjax.io import plots
 from rmmjax.io.tensorboard import ScalarWriter
 from rmmjax.io.workdir import atomic_write_json, atomic_write_text
-from rmmjax.train import first_last, window_means
+from rmmjax.train.loop import first_last, window_means
 
 
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:

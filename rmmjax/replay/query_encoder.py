@@ -16,7 +16,8 @@ import numpy as np
 
 from rmmjax import core
 from rmmjax.data.schema import Conversation
-from rmmjax.replay_data import ConversationReplay, stream_steps, to_sequence
+from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_sequence
+from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.retrieve.units import build_units
 
 
@@ -113,7 +114,6 @@ def retrieval_recall(conversation: Conversation, units: str, retriever: str, enc
                      query_encoder=None, m: int = 5) -> np.ndarray:
   """Recall@m (all) of each question of a conversation, retrieving with `retriever` over its
   units; dense scores use `query_encoder` for the questions when given."""
-  from rmmjax.evaluate import make_retriever  # noqa: PLC0415  (evaluate imports replay_data)
   pool = build_units(conversation, units)
   ranker = make_retriever(retriever, [u.text for u in pool], encoder, query_encoder)
   top_NxM = ranker.rank([q.question for q in conversation.questions], m)

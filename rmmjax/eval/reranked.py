@@ -18,7 +18,8 @@ from safetensors.numpy import load_file
 
 from rmmjax import core
 from rmmjax.core import replay as core_replay
-from rmmjax.replay_data import ConversationReplay, to_streams
+from rmmjax.io.export import load_trained_params
+from rmmjax.replay.candidates import ConversationReplay, to_streams
 
 
 def _nest(flat: dict[str, np.ndarray]) -> dict:
@@ -41,7 +42,6 @@ def load_reranker(path: Path) -> dict:
   """
   path = Path(path)
   if path.is_dir():
-    from rmmjax.io.export import load_trained_params  # noqa: PLC0415
     params, cfg, _ = load_trained_params(path)
     return {"params": params, "spec": cfg.core_spec(), "hparams": cfg.hparams(),
             "holdout": cfg.holdout if cfg.config != "latent" else None, "data": cfg.data,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax.bench import _median_time as _median
+from rmmjax.bench.core import median_time
 from rmmjax.retrieve.dense import dense_top_k
 
 N, D, BATCH, K = 1_000_000, 384, 64, 20
@@ -41,7 +41,7 @@ def bench_search(out: Path | None, quick: bool = False) -> dict:
   q_dev = jnp.asarray(queries)
   jax_run = lambda: jax.block_until_ready(dense_top_k(q_dev, bank_dev, K))  # noqa: E731
   jax_idx = np.asarray(jax_run()[1])
-  rows = [{"method": "jax (jit matmul + top_k)", "seconds": _median(jax_run, repeats)}]
+  rows = [{"method": "jax (jit matmul + top_k)", "seconds": median_time(jax_run, repeats)}]
   try:
     import faiss  # noqa: PLC0415  (optional reference)
     index = faiss.IndexFlatIP(D)
@@ -56,7 +56,7 @@ def bench_search(out: Path | None, quick: bool = False) -> dict:
       return None, np.take_along_axis(part, order, 1)
     ref_name = "numpy (matmul + argpartition)"
   ref_idx = np.asarray(ref_run()[1])
-  rows.append({"method": ref_name, "seconds": _median(ref_run, repeats)})
+  rows.append({"method": ref_name, "seconds": median_time(ref_run, repeats)})
   agreement = float(np.mean([len(set(a) & set(b)) / K for a, b in zip(jax_idx, ref_idx)]))
   flops = 2.0 * BATCH * D * n
   for row in rows:
@@ -84,7 +84,7 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
   texts = [u.text for c in conversations for u in build_units(c, "turn")][:200 if quick else 1000]
   ours = SentenceEncoder(batch_size=64)
   ours.encode(texts)  # compile every bucket shape first
-  rows = [{"method": "rmmjax Flax encoder", "seconds": _median(lambda: ours.encode(texts), 3)}]
+  rows = [{"method": "rmmjax Flax encoder", "seconds": median_time(lambda: ours.encode(texts), 3)}]
   try:
     from sentence_transformers import SentenceTransformer  # noqa: PLC0415
   except ImportError:
@@ -92,7 +92,7 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
   else:
     reference = SentenceTransformer(str(ours.model_dir), device="cpu")
     reference.encode(texts[:64])
-    rows.append({"method": "sentence-transformers (PyTorch)", "seconds": _median(
+    rows.append({"method": "sentence-transformers (PyTorch)", "seconds": median_time(
         lambda: reference.encode(texts, batch_size=64, show_progress_bar=False), 3)})
   for row in rows:
     row["sentences_per_s"] = len(texts) / row["seconds"]

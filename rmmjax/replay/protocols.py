@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
+from rmmjax.config import MODES
 from rmmjax.core import replay as core_replay
-from rmmjax.replay_data import ConversationReplay, folds, to_questions, to_sequence, to_streams
+from rmmjax.replay.candidates import ConversationReplay, folds, to_questions, to_sequence, to_streams
 
-MODES = ("rl", "pretrain", "pretrain+rl")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 
 from rmmjax.core.types import Batch
 from rmmjax.data.schema import Conversation
+from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.retrieve.units import build_units
 
 RANK_DEPTH = 100  # base ranking kept per question, for metrics beyond the K candidates
@@ -43,7 +44,6 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
                  k: int, depth: int | None = RANK_DEPTH) -> list[ConversationReplay]:
   """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`; the
   base ranking is kept to `depth` units (None: all of them)."""
-  from rmmjax.evaluate import make_retriever  # noqa: PLC0415  (evaluate imports this module)
   out = []
   for conv in conversations:
     if not conv.questions:

@@ -23,7 +23,7 @@ from rmmjax.io import metrics_log, plots
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.tensorboard import ScalarWriter
 from rmmjax.io.workdir import atomic_write_json, atomic_write_text, check_resumable
-from rmmjax.tasks import make_task
+from rmmjax.train.tasks import make_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 

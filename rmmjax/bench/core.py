@@ -25,7 +25,7 @@ SWEEP_CONFIGS, SWEEP_STEPS, SWEEP_BATCH = 64, 200, 4
 BYTES_F32 = 4
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
   """Median wall time of fn over repeats calls."""
   times = []
   for _ in range(repeats):
@@ -102,7 +102,7 @@ def bench_train(repeats: int, min_seconds: float) -> list[dict]:
 
 def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict:
   """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
-  from rmmjax.sweeps import run_chunks  # the shell's chunk driver, as `rmmjax sweep` uses it
+  from rmmjax.train.sweeps import run_chunks  # the shell's chunk driver, as `rmmjax sweep` uses it
 
   spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH)
   sim = core.SimSpec()
@@ -119,7 +119,7 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict
     run_chunk = core.make_sweep(spec, sim, SWEEP_STEPS, eval_sessions=16)
     first = jax.tree.map(lambda x, c=chunk: x[:c], hparams)
     run_chunks(run_chunk, first, world, chunk)  # compile
-    t = _median_time(lambda f=run_chunk, c=chunk: run_chunks(f, hparams, world, c), repeats)
+    t = median_time(lambda f=run_chunk, c=chunk: run_chunks(f, hparams, world, c), repeats)
     rate = SWEEP_CONFIGS * SWEEP_STEPS / t
     by_chunk.append({"chunk": chunk, "seconds": t, "config_steps_per_s": rate,
                      "fraction_of_limit": rate * bytes_per_config_step / bandwidth})

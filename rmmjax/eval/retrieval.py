@@ -7,24 +7,16 @@ from pathlib import Path
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.data.msc import load_msc
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
+from rmmjax.eval.reranked import load_reranker, reranked_orders
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.retrieve.bm25 import BM25Retriever
-from rmmjax.retrieve.dense import DenseRetriever, FusionRetriever
+from rmmjax.replay.candidates import build_replay
+from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.retrieve.units import GRANULARITIES, build_units
 
 DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "msc": load_msc}
-RETRIEVERS = ("bm25", "dense", "hybrid")
-
-
-def make_retriever(name: str, texts: list[str], encoder, query_encoder=None):
-  """A ranker over texts: BM25, dense (the encoder), or their reciprocal-rank fusion."""
-  if name == "bm25":
-    return BM25Retriever(texts)
-  dense = DenseRetriever(texts, encoder, query_encoder)
-  if name == "dense":
-    return dense
-  return FusionRetriever([BM25Retriever(texts), dense], len(texts))
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],
@@ -48,15 +40,12 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
   loaded = None
   if reranker is not None:
-    from rmmjax.reranked_eval import load_reranker  # noqa: PLC0415
     loaded = load_reranker(Path(reranker))
   conversations, report = DATASETS[dataset](data)
   if not any(c.questions for c in conversations):
     raise ValueError(f"{data} holds no question with evidence labels; {dataset} cannot be "
                      "evaluated for retrieval")
   if (retriever != "bm25" or loaded) and encoder is None:
-    from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
-    from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
   config = {"dataset": dataset, "data": str(data), "units": units, "retriever": retriever,
             "k": list(ks), "budget_words": budget_words}
@@ -94,8 +83,6 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 
 def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
                    budget_words) -> list:
-  from rmmjax.reranked_eval import reranked_orders  # noqa: PLC0415
-  from rmmjax.replay_data import build_replay  # noqa: PLC0415
   conversations = [c for c in conversations if c.questions]
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded["spec"].k,

@@ -1,0 +1,1 @@
+"""Replay of labelled conversations: candidate tensors, training protocols, query-encoder tuning."""

@@ -1,0 +1,1 @@
+"""Training runs: what they learn from (tasks), the resumable loop, and sweeps."""
