@@ -1,0 +1,56 @@
+"""The LLM interface (messages in, text or JSON out) and its two errors."""
+
+from __future__ import annotations
+
+import abc
+import json
+
+from rmmjax.llm.parse import extract_json
+
+DEFAULT_MAX_TOKENS = 512
+ROLES = ("system", "user", "assistant")
+
+
+class LLMError(RuntimeError):
+  """A call that failed: the server could not be reached, kept failing, or rejected the request."""
+
+
+def check_messages(messages: list[dict]) -> None:
+  """Raises ValueError naming the first message that is not {"role": ..., "content": str}."""
+  if not isinstance(messages, list) or not messages:
+    raise ValueError(f"messages must be a non-empty list of dicts, got {messages!r:.200}")
+  for i, message in enumerate(messages):
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+      raise ValueError(f"messages[{i}] must be a dict with a role in {ROLES}, got {message!r:.200}")
+    if not isinstance(message.get("content"), str):
+      raise ValueError(f"messages[{i}]['content'] must be a string, got {message!r:.200}")
+
+
+def with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
+  """The messages with the JSON Schema spelled out, for servers that cannot enforce it."""
+  note = ("Reply with one JSON value and nothing else. It must match this JSON Schema:\n"
+          + json.dumps(schema, separators=(",", ":")))
+  if messages[0]["role"] == "system":
+    return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
+  return [{"role": "system", "content": note}, *messages]
+
+
+class LLM(abc.ABC):
+  """A chat model: `chat` for free text, `chat_structured`/`chat_json` for JSON replies."""
+
+  @abc.abstractmethod
+  def chat(self, messages: list[dict], *, max_tokens: int = DEFAULT_MAX_TOKENS,
+           temperature: float = 0.0) -> str:
+    """The assistant's reply to the messages; LLMError when the call fails."""
+
+  @abc.abstractmethod
+  def chat_structured(self, messages: list[dict], schema: dict, *,
+                      max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0) -> str:
+    """The raw reply text to a request for JSON matching `schema` (not parsed, never checked)."""
+
+  def chat_json(self, messages: list[dict], schema: dict, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                temperature: float = 0.0) -> dict | list:
+    """The reply parsed as JSON; LLMOutputError (holding the text) when it holds no JSON."""
+    return extract_json(self.chat_structured(messages, schema, max_tokens=max_tokens,
+                                             temperature=temperature))
+

@@ -1,0 +1,192 @@
+"""The prompts: each builds chat messages and the JSON Schema of the reply it asks for.
+
+Items the model may point at (turns, memories, evidence) are shown with labels: turn ids as
+given, memories and evidence numbered from 1. The matching parsers in `parse.py` turn the
+numbers back into 0-based positions. Schemas keep every property required and no extra ones, so
+they are valid for strict structured output on every server form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol, final
+
+from rmmjax.llm.parse import SUFFICIENCY_LABELS
+
+MAX_TOPICS = 12  # per session; also keeps a looping small model from running to max_tokens
+
+
+class TurnLike(Protocol):
+  """A dialogue turn as the data loaders and the memory bank hold it."""
+
+  @property
+  def turn_id(self) -> str: ...
+
+  @property
+  def speaker(self) -> str: ...
+
+  @property
+  def text(self) -> str: ...
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  messages: list[dict]
+  schema: dict  # JSON Schema of the reply; "title" names it for servers that want a name
+
+
+def _object(title: str | None, properties: dict) -> dict:
+  schema = {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+  return {"title": title, **schema} if title else schema
+
+
+def _numbers(n: int) -> dict:
+  """Schema of one item number from 1 to n."""
+  return {"type": "integer", "enum": list(range(1, n + 1))}
+
+
+def _numbered(items: Sequence[str]) -> str:
+  return "\n".join(f"[{i}] {' '.join(item.split())}" for i, item in enumerate(items, start=1))
+
+
+def _check_texts(items: Sequence[str], what: str) -> None:
+  if isinstance(items, str) or not all(isinstance(item, str) for item in items):
+    raise ValueError(f"{what} must be a sequence of strings, got {items!r:.200}")
+
+
+_TOPICS_SYSTEM = """\
+You write memory notes at the end of a conversation, to be recalled in later conversations.
+Find the topics worth remembering: facts about the people, their plans, preferences, events and \
+when they happened. Skip greetings and small talk.
+For each topic write a short note that makes sense on its own: name the people and give dates \
+where the dialogue has them. List the ids of the turns the note is based on, copied exactly as \
+they appear in square brackets (without the brackets).
+Reply in JSON: {"topics": [{"summary": "...", "turn_ids": ["..."]}]}. Use an empty list when \
+nothing is worth remembering."""
+
+
+def topic_extraction(turns: Sequence[TurnLike], date: str,
+                     max_topics: int = MAX_TOPICS) -> Prompt:
+  """Prompt to extract topic memories from one session's turns, held on `date`."""
+  if not turns:
+    raise ValueError("topic_extraction needs at least one turn, got none")
+  if max_topics < 1:
+    raise ValueError(f"max_topics must be at least 1, got {max_topics}")
+  turn_ids = [turn.turn_id for turn in turns]
+  if len(set(turn_ids)) != len(turn_ids):
+    raise ValueError(f"turn ids must be unique within a session, got {turn_ids!r:.200}")
+  lines = [f"[{turn.turn_id}] {date} - {turn.speaker}: {' '.join(turn.text.split())}"
+           for turn in turns]
+  user = "Conversation:\n" + "\n".join(lines)
+  topic = _object(None, {"summary": {"type": "string"},
+                         "turn_ids": {"type": "array", "minItems": 1,
+                                      "items": {"type": "string", "enum": turn_ids}}})
+  schema = _object("topics", {"topics": {"type": "array", "maxItems": max_topics,
+                                         "items": topic}})
+  return Prompt([{"role": "system", "content": _TOPICS_SYSTEM},
+                 {"role": "user", "content": user}], schema)
+
+
+_MERGE_SYSTEM = """\
+You keep a bank of memory notes. A new note has just been written. Decide whether it is about \
+the same topic as one of the existing notes listed with numbers (the same people and the same \
+subject, possibly with newer details).
+If it is, merge the two: write one note that keeps every detail of both and prefers the newer \
+note where they disagree. Reply in JSON: {"action": "merge", "index": <number of the existing \
+note>, "summary": "<the merged note>"}.
+If it is a different topic, reply in JSON: {"action": "add", "index": null, "summary": null}."""
+
+
+def add_or_merge(new_summary: str, existing: Sequence[str]) -> Prompt:
+  """Prompt to add a new topic memory or merge it into one of the `existing` similar ones."""
+  if not isinstance(new_summary, str) or not new_summary.strip():
+    raise ValueError(f"new_summary must be a non-empty string, got {new_summary!r:.200}")
+  _check_texts(existing, "existing")
+  if not existing:
+    raise ValueError("add_or_merge needs at least one existing memory; with none, add directly")
+  user = (f"Existing notes:\n{_numbered(existing)}\n\n"
+          f"New note: {' '.join(new_summary.split())}")
+  schema = _object("memory_update", {
+      "action": {"type": "string", "enum": ["add", "merge"]},
+      "index": {"anyOf": [_numbers(len(existing)), {"type": "null"}]},
+      "summary": {"anyOf": [{"type": "string"}, {"type": "null"}]}})
+  return Prompt([{"role": "system", "content": _MERGE_SYSTEM},
+                 {"role": "user", "content": user}], schema)
+
+
+_ANSWER_SYSTEM = """\
+You are a personal assistant with a memory of earlier conversations with the user. Answer the \
+user's question using the numbered memories below and the current conversation. Rely only on \
+what they say; if they do not hold the answer, say that you do not know.
+In "citations" list the numbers of the memories you actually used for the answer, and none \
+that you did not use; leave the list empty if you used none.
+Reply in JSON: {"answer": "...", "citations": [<numbers>]}."""
+
+
+def answer_with_citations(question: str, memories: Sequence[str],
+                          current_session: str = "") -> Prompt:
+  """Prompt to answer from numbered memories and cite the ones used (RMM's reward signal)."""
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
+  _check_texts(memories, "memories")
+  shown = _numbered(memories) if memories else "(no memories retrieved)"
+  user = f"Memories:\n{shown}\n\n"
+  if current_session.strip():
+    user += f"Current conversation:\n{current_session.strip()}\n\n"
+  user += f"Question: {question.strip()}"
+  # An empty enum is not a valid schema: with no memories, only the empty list fits.
+  citations = ({"type": "array", "items": _numbers(len(memories))} if memories
+               else {"type": "array", "items": {"type": "integer"}, "maxItems": 0})
+  schema = _object("cited_answer", {"answer": {"type": "string"}, "citations": citations})
+  return Prompt([{"role": "system", "content": _ANSWER_SYSTEM},
+                 {"role": "user", "content": user}], schema)
+
+
+_JUDGE_SYSTEM = """\
+You grade answers to questions about past conversations. Compare the candidate answer with the \
+reference answer. The candidate is correct when it states the same fact as the reference, in any \
+wording; for dates and numbers it must agree at the precision the reference gives. A candidate \
+that says it does not know, that misses the point, or that contradicts the reference is not \
+correct.
+Reply in JSON: {"correct": true} or {"correct": false}."""
+
+
+def answer_judge(question: str, gold: str, candidate: str) -> Prompt:
+  """Prompt for a binary verdict: does the candidate answer match the reference answer."""
+  for name, value in (("question", question), ("gold", gold), ("candidate", candidate)):
+    if not isinstance(value, str):
+      raise ValueError(f"{name} must be a string, got {value!r:.200}")
+  user = (f"Question: {question.strip()}\nReference answer: {gold.strip()}\n"
+          f"Candidate answer: {candidate.strip()}")
+  schema = _object("verdict", {"correct": {"type": "boolean"}})
+  return Prompt([{"role": "system", "content": _JUDGE_SYSTEM},
+                 {"role": "user", "content": user}], schema)
+
+
+_SUFFICIENCY_SYSTEM = """\
+You decide whether the evidence gathered so far is enough to answer a question. Label it:
+EXACT when one piece of evidence states the answer outright;
+INFERRABLE when the answer follows from combining or reasoning over the evidence;
+PARTIAL when something needed to answer is still missing.
+Give your confidence in the label as a number from 0 to 1, and under "missing" say briefly what \
+information is still needed (an empty string when nothing is).
+Reply in JSON: {"label": "EXACT" | "INFERRABLE" | "PARTIAL", "confidence": <0 to 1>, \
+"missing": "..."}."""
+
+
+def sufficiency_judge(question: str, evidence: Sequence[str]) -> Prompt:
+  """Prompt to judge whether numbered evidence suffices to answer the question (IRIS)."""
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
+  _check_texts(evidence, "evidence")
+  shown = _numbered(evidence) if evidence else "(no evidence yet)"
+  user = f"Evidence:\n{shown}\n\nQuestion: {question.strip()}"
+  schema = _object("sufficiency", {
+      "label": {"type": "string", "enum": list(SUFFICIENCY_LABELS)},
+      "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+      "missing": {"type": "string"}})
+  return Prompt([{"role": "system", "content": _SUFFICIENCY_SYSTEM},
+                 {"role": "user", "content": user}], schema)
