@@ -1,5 +1,19 @@
 """LoCoMo (Maharana et al., 2024): long two-person chats in dated sessions, with evidence-labelled
-questions. Evidence ids are parsed leniently; every repair or drop is counted in a LoadReport."""
+questions. Evidence ids are parsed leniently; every repair or drop is counted in a LoadReport.
+
+Field types follow the released schema. Strings: sample_id, a turn's dia_id, speaker and text
+(and blip_caption), session dates, a question. A list: qa, each session_<N> (a null session is
+absent), a question's evidence. An object: conversation, each turn, each question. answer and
+adversarial_answer: a string or a number (the release has both); category: a number 1..5.
+Anything else is refused with a MalformedData naming the file, the record (index and sample_id),
+the field, the value and what was expected. Two departures are read and counted as repairs:
+- evidence given as one string instead of a list ("D1:3", or "D1:3; D2:4") is read as a list
+  holding that string;
+- category given as its digit string ("2") or as the name the loader gives it ("temporal";
+  one of multi-hop, temporal, open-domain, single-hop, adversarial).
+Any other category (0, 6, 2.0, "Temporal", true) is refused. Fields the loader does not use
+(observations, summaries, image URLs) are not checked.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +23,21 @@ from pathlib import Path
 from rmmjax.data.records import read_records
 from rmmjax.data.schema import (
   CATEGORY_NAMES,
+  LIST,
+  OBJECT,
+  SCALAR,
+  STRING,
   Conversation,
   LoadReport,
   MalformedData,
   Question,
   Session,
   Turn,
+  check,
+  describe,
+  optional,
+  require,
 )
-from rmmjax.data.schema import require as _field
 
 _TURN_ID = re.compile(r"D(\d+):(\d+)")
 _SESSION_KEY = re.compile(r"session_(\d+)")
@@ -41,52 +62,101 @@ def parse_evidence(raw: str, known: set[str], report: LoadReport) -> list[str]:
   return found
 
 
+EXPECTED = "a LoCoMo JSON file: a list of conversations (such as locomo10.json)"
+CATEGORY_EXPECTED = (f"a category number 1..5 (or its string \"1\"..\"5\") or one of the names "
+                     f"{', '.join(CATEGORY_NAMES.values())}")
+EVIDENCE_EXPECTED = "a list of turn ids such as [\"D1:3\"] (or one id as a string)"
+_CATEGORY_BY_NAME = {name: name for name in CATEGORY_NAMES.values()} | {
+    str(n): name for n, name in CATEGORY_NAMES.items()}
+
+
+def _category(raw: object, where: str, path: Path, report: LoadReport, example: str) -> str:
+  """The category name of a question's category field (see the module docstring)."""
+  if isinstance(raw, int) and not isinstance(raw, bool) and raw in CATEGORY_NAMES:
+    return CATEGORY_NAMES[raw]
+  if isinstance(raw, str) and raw in _CATEGORY_BY_NAME:
+    named = raw in CATEGORY_NAMES.values()
+    report.note("category given as a name (kept)" if named else
+                "category given as a digit string (read as its number)", f"{example}: {raw!r}")
+    return _CATEGORY_BY_NAME[raw]
+  raise MalformedData(f"{path}: {where}: field 'category' is {describe(raw)}; expected "
+                      f"{CATEGORY_EXPECTED}")
+
+
+def _evidence(qa: dict, where: str, path: Path, report: LoadReport, example: str) -> list[str]:
+  """A question's raw evidence strings: a list of strings, or one string (counted)."""
+  raw = require(qa, "evidence", where, path, expected=EVIDENCE_EXPECTED)
+  if isinstance(raw, str):
+    report.note("evidence given as a string, not a list (read as a list of it)",
+                f"{example}: {raw!r}")
+    return [raw]
+  check(raw, LIST, "field 'evidence'", where, path, EVIDENCE_EXPECTED)
+  for k, item in enumerate(raw):
+    check(item, STRING, f"evidence[{k}]", where, path, "a turn id string such as \"D1:3\"")
+  return raw
+
+
+def _session(chat: dict, n: int, where: str, path: Path) -> tuple[str, list[Turn]]:
+  """The date and turns of session_<n>."""
+  date = optional(chat, f"session_{n}_date_time", where, path, STRING, "")
+  turns = []
+  for j, turn in enumerate(chat[f"session_{n}"]):
+    turn_where = f"{where}, session_{n}[{j}]"
+    check(turn, OBJECT, "the turn", turn_where, path,
+          "an object with speaker, dia_id and text")
+    turns.append(Turn(turn_id=require(turn, "dia_id", turn_where, path, STRING),
+                      speaker=require(turn, "speaker", turn_where, path, STRING),
+                      text=require(turn, "text", turn_where, path, STRING),
+                      caption=optional(turn, "blip_caption", turn_where, path, STRING, "")))
+  return date, turns
+
+
 def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   """Conversations of a LoCoMo JSON file (the released schema) and what was repaired."""
   path = Path(path)
-  records = read_records(path, "a LoCoMo JSON file: a list of conversations")
+  records = read_records(path, EXPECTED, "conversations")
   report = LoadReport()
   conversations = []
   for i, record in enumerate(records):
     where = f"record {i}"
-    conv_id = str(_field(record, "sample_id", where, path))
+    conv_id = require(record, "sample_id", where, path, STRING)
     where = f"record {i} ({conv_id})"
-    chat = _field(record, "conversation", where, path)
-    numbers = sorted(int(m.group(1)) for key in chat
-                     if (m := _SESSION_KEY.fullmatch(key)) and isinstance(chat[key], list))
+    chat = require(record, "conversation", where, path, OBJECT,
+                   "an object holding session_<N> lists of turns")
+    numbers = []
+    for key, value in chat.items():
+      if (m := _SESSION_KEY.fullmatch(key)) and value is not None:
+        check(value, LIST, f"field {key!r}", f"{where}, conversation", path, "a list of turns")
+        numbers.append(int(m.group(1)))
     sessions = []
-    for n in numbers:
-      turns = []
-      for j, turn in enumerate(chat[f"session_{n}"]):
-        turn_where = f"{where}, session_{n}[{j}]"
-        turns.append(Turn(turn_id=str(_field(turn, "dia_id", turn_where, path)),
-                          speaker=str(_field(turn, "speaker", turn_where, path)),
-                          text=str(_field(turn, "text", turn_where, path)),
-                          caption=str(turn.get("blip_caption", "") or "")))
+    for n in sorted(numbers):
+      date, turns = _session(chat, n, where, path)
       if not turns:
         report.note("empty session (dropped)", f"{conv_id} session_{n}")
         continue
-      sessions.append(Session(session_id=f"S{n}", date=str(chat.get(f"session_{n}_date_time", "")),
-                              turns=tuple(turns)))
+      sessions.append(Session(session_id=f"S{n}", date=date, turns=tuple(turns)))
     if not sessions:
       raise MalformedData(f"{path}: {where}: the conversation has no session with turns")
     conv_turns = {t.turn_id for s in sessions for t in s.turns}
     questions = []
-    for j, qa in enumerate(_field(record, "qa", where, path)):
+    qas = require(record, "qa", where, path, LIST, "a list of questions")
+    for j, qa in enumerate(qas):
       qa_where = f"{where}, qa[{j}]"
-      category = int(_field(qa, "category", qa_where, path))
-      if category not in CATEGORY_NAMES:
-        raise MalformedData(f"{path}: {qa_where}: category {category} is not one of 1..5")
-      evidence = [t for raw in _field(qa, "evidence", qa_where, path)
-                  for t in parse_evidence(str(raw), conv_turns, report)]
+      check(qa, OBJECT, "the question", qa_where, path,
+            "an object with question, evidence and category")
+      # Every field is checked before the question may be skipped for want of evidence.
+      text = require(qa, "question", qa_where, path, STRING)
+      category = _category(require(qa, "category", qa_where, path, expected=CATEGORY_EXPECTED),
+                           qa_where, path, report, f"{conv_id} qa[{j}]")
+      raw_evidence = _evidence(qa, qa_where, path, report, f"{conv_id} qa[{j}]")
+      answer = optional(qa, "answer", qa_where, path, SCALAR, None)
+      if answer is None:
+        answer = optional(qa, "adversarial_answer", qa_where, path, SCALAR, "")
+      evidence = [t for raw in raw_evidence for t in parse_evidence(raw, conv_turns, report)]
       if not evidence:
         report.note("question without valid evidence (skipped)", f"{conv_id} qa[{j}]")
         continue
-      answer = qa.get("answer", qa.get("adversarial_answer", ""))
-      questions.append(Question(question=str(_field(qa, "question", qa_where, path)),
-                                answer=str(answer), evidence=tuple(dict.fromkeys(evidence)),
-                                category=CATEGORY_NAMES[category]))
+      questions.append(Question(question=text, answer=str(answer),
+                                evidence=tuple(dict.fromkeys(evidence)), category=category))
     conversations.append(Conversation(conv_id, tuple(sessions), tuple(questions)))
-  if not conversations:
-    raise MalformedData(f"{path}: no conversations")
   return conversations, report

@@ -3,6 +3,12 @@
 Sessions 1 and 2 come without speakers (the two alternate, Speaker 1 first); a few session-3
 turns carry a number instead of "Speaker 1/2" and are given the alternating speaker, counted.
 MSC has no questions; its per-speaker persona summaries are kept as `personas`.
+
+Field types follow the release: objects for an episode, its metadata, each previous dialog and
+each turn; lists for previous_dialogs, each dialog and personas (lists of strings); strings for
+initial_data_id, a turn's text and time_back; a session-3 turn's id is a string or a number.
+Anything else is refused with a MalformedData naming the file, the record (index, counting
+records from 0, and initial_data_id), the field, the value and what was expected.
 """
 
 from __future__ import annotations
@@ -11,25 +17,34 @@ from pathlib import Path
 
 from rmmjax.data.records import read_records
 from rmmjax.data.schema import (
+  LIST,
+  OBJECT,
+  STRING,
   Conversation,
   LoadReport,
   MalformedData,
   Session,
   Turn,
+  check,
+  optional,
   require,
 )
 
+EXPECTED = "an MSC JSON Lines file, one episode a line (such as msc_dialogue/session_3/valid.txt)"
 SPEAKERS = ("Speaker 1", "Speaker 2")
+_SPEAKER_ID = ((str, int), "a string or a number")
 
 
 def _turns(dialog: list, session: int, where: str, path: Path, report: LoadReport,
            named: bool) -> tuple[Turn, ...]:
   turns = []
   for k, turn in enumerate(dialog):
-    text = str(require(turn, "text", f"{where}, turn {k}", path))
+    turn_where = f"{where}, turn {k}"
+    check(turn, OBJECT, "the turn", turn_where, path, "an object with a text")
+    text = require(turn, "text", turn_where, path, STRING)
     speaker = SPEAKERS[k % 2]
     if named:
-      given = str(turn.get("id", ""))
+      given = str(optional(turn, "id", turn_where, path, _SPEAKER_ID, ""))
       if given in SPEAKERS:
         speaker = given
       else:
@@ -38,29 +53,44 @@ def _turns(dialog: list, session: int, where: str, path: Path, report: LoadRepor
   return tuple(turns)
 
 
+def _personas(episode: dict, where: str, path: Path) -> tuple[tuple[str, ...], ...]:
+  """Per-speaker persona facts: a list of lists of strings."""
+  personas = optional(episode, "personas", where, path, LIST, [], "a list of lists of facts")
+  for s, facts in enumerate(personas):
+    check(facts, LIST, f"personas[{s}]", where, path, "a list of fact strings")
+    for f, fact in enumerate(facts):
+      check(fact, STRING, f"personas[{s}][{f}]", where, path, "a fact string")
+  return tuple(tuple(facts) for facts in personas)
+
+
 def load_msc(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   """Episodes of an MSC session file (e.g. msc_dialogue/session_3/valid.txt)."""
   path = Path(path)
   report = LoadReport()
   conversations = []
-  for number, episode in enumerate(read_records(path, "an MSC JSON Lines file"), 1):
-    where = f"episode {number}"
-    meta = require(episode, "metadata", where, path)
-    conv_id = str(require(meta, "initial_data_id", where + ", metadata", path))
+  for i, episode in enumerate(read_records(path, EXPECTED, "episodes")):
+    where = f"record {i}"
+    meta = require(episode, "metadata", where, path, OBJECT, "an object with initial_data_id")
+    conv_id = require(meta, "initial_data_id", where + ", metadata", path, STRING)
+    where = f"record {i} ({conv_id})"
     sessions = []
-    for n, previous in enumerate(require(episode, "previous_dialogs", where, path), 1):
-      turns = _turns(require(previous, "dialog", f"{where}, session {n}", path), n,
-                     f"{where}, session {n}", path, report, named=False)
-      sessions.append(Session(f"S{n}", str(previous.get("time_back", "")).strip(), turns))
+    previous_dialogs = require(episode, "previous_dialogs", where, path, LIST,
+                               "a list of the earlier sessions")
+    for n, previous in enumerate(previous_dialogs, 1):
+      session_where = f"{where}, session {n}"
+      check(previous, OBJECT, "previous_dialogs entry", session_where, path,
+            "an object with a dialog")
+      dialog = require(previous, "dialog", session_where, path, LIST, "a list of turns")
+      turns = _turns(dialog, n, session_where, path, report, named=False)
+      date = optional(previous, "time_back", session_where, path, STRING, "")
+      sessions.append(Session(f"S{n}", date.strip(), turns))
     current = len(sessions) + 1
+    dialog = require(episode, "dialog", where, path, LIST, "a list of turns")
     sessions.append(Session(f"S{current}", "now", _turns(
-        require(episode, "dialog", where, path), current, f"{where}, session {current}", path,
-        report, named=True)))
+        dialog, current, f"{where}, session {current}", path, report, named=True)))
     sessions = [s for s in sessions if s.turns]
     if not sessions:
-      raise MalformedData(f"{path}: {where} ({conv_id}): no session with turns")
-    personas = tuple(tuple(str(f) for f in facts) for facts in episode.get("personas", []))
-    conversations.append(Conversation(conv_id, tuple(sessions), (), personas))
-  if not conversations:
-    raise MalformedData(f"{path}: no episodes")
+      raise MalformedData(f"{path}: {where}: no session with turns")
+    conversations.append(Conversation(conv_id, tuple(sessions), (), _personas(episode, where,
+                                                                               path)))
   return conversations, report

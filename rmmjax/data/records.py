@@ -1,35 +1,111 @@
-"""Reading a dataset file's records through Hugging Face `datasets`.
+"""Reading a dataset file's records: a JSON list (LoCoMo, LongMemEval) or JSON Lines (MSC).
 
-JSON lists (LoCoMo, LongMemEval) and JSON Lines (MSC) alike come back as a list of plain
-records, exactly as written (nested objects, per-record keys and mixed value types are kept),
-for the loaders to check and convert. Nothing is cached on disk: the Arrow table lives in a
-temporary folder for the duration of the read.
+Records come back exactly as written (nested objects, per-record keys and every value's JSON
+type), for the loaders to check and convert. The standard `json` module reads them: a columnar
+reader (Arrow, as Hugging Face `datasets` uses) gives each field one type across records, so it
+turns "2" into 2 beside other numbers, 2 into 2.0 beside a 2.5, an ISO date string into a
+timestamp and a null record into a record of nulls, and the loaders could then neither check
+types nor name the record at fault.
+
+A file that cannot be records fails with a MalformedData (a FileNotFoundError for a path that
+does not exist) naming the file, the line or record, what was found and what was expected.
 """
 
 from __future__ import annotations
 
-import tempfile
+import json
+import re
 from pathlib import Path
 
-from rmmjax.data.schema import MalformedData
+from rmmjax.data.schema import MalformedData, describe
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
-def read_records(path: Path, expected: str) -> list[dict]:
-  """The records of a JSON list or JSON Lines file; MalformedData naming the file otherwise."""
-  import datasets  # noqa: PLC0415  (slow to import: only when a dataset is read)
+def read_records(path: str | Path, expected: str, noun: str = "records") -> list[dict]:
+  """The records of a JSON list or JSON Lines file; MalformedData naming the file otherwise.
+
+  `expected` says what the file should be (it ends every message); `noun` names the records
+  ("conversations") in the message for a file that holds none."""
   path = Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist (expected {expected})")
-  if path.stat().st_size == 0:
-    raise MalformedData(f"{path}: empty file (expected {expected})")
-  datasets.disable_progress_bars()
-  with tempfile.TemporaryDirectory() as cache:
+  text = _text(path, expected)
+  start = _SPACE.match(text).end()
+  if start == len(text):
+    what = "an empty file" if not text else f"only whitespace ({len(text)} characters)"
+    raise MalformedData(f"{path}: {what}; expected {expected}")
+
+  def refuse(name: str) -> None:
+    raise MalformedData(f"{path}: holds {name}, which is not a JSON value; expected {expected}")
+
+  decoder = json.JSONDecoder(parse_constant=refuse)  # Python's json reads NaN, Infinity
+  if text[start] == "[":
     try:
-      table = datasets.load_dataset("json", data_files=str(path), split="train",
-                                    cache_dir=cache, keep_in_memory=True)
-    except Exception as err:  # noqa: BLE001  (datasets wraps parser errors in several types)
-      cause = err.__cause__ or err
-      raise MalformedData(f"{path}: not JSON records ({type(cause).__name__}: "
-                          f"{str(cause).splitlines()[0] if str(cause) else ''}); expected "
+      items, lines = decoder.decode(text), None
+    except json.JSONDecodeError as err:
+      raise MalformedData(f"{path}: not JSON ({err.msg} at line {err.lineno}, column "
+                          f"{err.colno}); expected {expected}") from None
+    if not items:
+      raise MalformedData(f"{path}: no {noun} (an empty list); expected {expected}")
+  elif text[start] == "{":
+    items, lines = _json_lines(path, text, start, expected, decoder)
+  else:
+    raise MalformedData(f"{path}: not JSON records: the file starts with "
+                        f"{text[start:start + 30].splitlines()[0]!r}, not '[' (a JSON list) or "
+                        f"'{{' (JSON Lines); expected {expected}")
+  for i, item in enumerate(items):
+    if not isinstance(item, dict):
+      where = f"record {i}" + (f" (line {lines[i]})" if lines else "")
+      raise MalformedData(f"{path}: {where} is {describe(item)}, not an object; "
+                          f"expected {expected}")
+  return items
+
+
+def _text(path: Path, expected: str) -> str:
+  """The file's text; a missing path, a directory, an unreadable or non-UTF-8 file named as
+  such."""
+  if not path.exists():
+    parent = path.parent
+    where = "" if parent.is_dir() else f" (nor does its folder {parent})"
+    raise FileNotFoundError(f"{path} does not exist{where}; expected {expected}")
+  if path.is_dir():
+    inside = sorted(p.name for p in path.iterdir()
+                    if p.is_file() and p.suffix in (".json", ".jsonl", ".txt"))[:5]
+    holds = f"; it holds {', '.join(inside)}" if inside else ""
+    raise MalformedData(f"{path} is a directory, not a file{holds}; expected {expected}")
+  if not path.is_file():
+    raise MalformedData(f"{path} is not a regular file; expected {expected}")
+  try:
+    data = path.read_bytes()
+  except PermissionError:
+    raise MalformedData(f"{path} cannot be read (permission denied); expected {expected}") from None
+  except OSError as err:
+    raise MalformedData(f"{path} cannot be read ({err.strerror or err}); expected "
+                        f"{expected}") from None
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as err:
+    raise MalformedData(f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset "
+                        f"{err.start}; a compressed file must be unpacked first); expected "
+                        f"{expected}") from None
+
+
+def _json_lines(path: Path, text: str, start: int, expected: str,
+                decoder: json.JSONDecoder) -> tuple[list, list[int]]:
+  """The JSON values of a JSON Lines file (one a line, or each spread over several lines), with
+  the line each starts on."""
+  items, lines = [], []
+  line, counted = 1, 0
+  pos = start
+  while pos < len(text):
+    line += text.count("\n", counted, pos)
+    counted = pos
+    try:
+      item, pos = decoder.raw_decode(text, pos)
+    except json.JSONDecodeError as err:
+      raise MalformedData(f"{path}: record {len(items)} (line {line}) is not JSON "
+                          f"({err.msg} at line {err.lineno}, column {err.colno}); expected "
                           f"{expected}") from None
-    return table.to_list()
+    items.append(item)
+    lines.append(line)
+    pos = _SPACE.match(text, pos).end()
+  return items, lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
                   5: "adversarial"}
@@ -47,12 +48,71 @@ class MalformedData(ValueError):
   """A file that cannot be read as the dataset, naming the file, record and field."""
 
 
-def require(record: dict, key: str, where: str, path) -> object:
-  """record[key], or a MalformedData naming the file, the record and the missing field (a null
-  counts as missing)."""
-  if not isinstance(record, dict) or record.get(key) is None:
-    raise MalformedData(f"{path}: {where}: missing field {key!r}")
-  return record[key]
+_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+          dict: "an object", type(None): "null"}
+
+# The JSON types a field may hold, with the words a message uses for them.
+Kind = tuple[tuple[type, ...], str]
+STRING = ((str,), "a string")
+LIST = ((list,), "a list")
+OBJECT = ((dict,), "an object")
+SCALAR = ((str, int, float), "a string or a number")
+
+
+def describe(value: object) -> str:
+  """A JSON value as a message shows it: its type and, abridged, the value."""
+  kind = _KINDS.get(type(value), type(value).__name__)
+  if value is None:
+    return kind
+  if isinstance(value, (list, dict)):
+    text = _abridged(value)
+  else:  # as the file writes it: true, "D1:3"
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+  if len(text) > 60:
+    text = text[:57] + "..."
+  return f"{kind} ({text})"
+
+
+def _abridged(value: list | dict) -> str:
+  if isinstance(value, list):
+    items = json.dumps(value, ensure_ascii=False, default=repr)
+    return f"{len(value)} item{'s' * (len(value) != 1)}: {items}" if value else "[]"
+  return f"keys {', '.join(map(str, list(value)[:6]))}" if value else "{}"
+
+
+def check(value: object, kind: Kind, name: str, where: str, path,
+          expected: str | None = None) -> object:
+  """value if its JSON type is one of kind's (a boolean is no number here); otherwise a
+  MalformedData naming the file, the record, the field, the value and what was expected."""
+  types, words = kind
+  if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+    return value
+  raise MalformedData(f"{path}: {where}: {name} is {describe(value)}; expected "
+                      f"{expected or words}")
+
+
+def require(record: dict, key: str, where: str, path, kind: Kind | None = None,
+            expected: str | None = None) -> object:
+  """record[key], checked against kind when given, or a MalformedData naming the file, the
+  record and the missing field (a null counts as missing) and what was expected."""
+  if not isinstance(record, dict):
+    raise MalformedData(f"{path}: {where} is {describe(record)}, not an object (with a field "
+                        f"{key!r})")
+  if record.get(key) is None:
+    wanted = f"; expected {expected or kind[1]}" if expected or kind else ""
+    raise MalformedData(f"{path}: {where}: missing field {key!r}{wanted}")
+  if kind is None:
+    return record[key]
+  return check(record[key], kind, f"field {key!r}", where, path, expected)
+
+
+def optional(record: dict, key: str, where: str, path, kind: Kind, default: object,
+             expected: str | None = None) -> object:
+  """record[key] checked against kind, or default where it is absent or null."""
+  value = record.get(key)
+  if value is None:
+    return default
+  return check(value, kind, f"field {key!r}", where, path, expected)
 
 
 @dataclasses.dataclass

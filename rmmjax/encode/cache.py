@@ -1,12 +1,32 @@
-"""Embeddings cached on disk in SQLite, keyed by the model's identity and the text's hash."""
+"""Embeddings cached on disk in SQLite, keyed by the model's identity and the text's hash.
+
+Several processes may share one cache file (parallel evaluations, a training run beside an
+evaluation): the file is in WAL mode, so readers never wait for a writer, and writers wait for
+each other (busy timeout) instead of failing. A file that cannot be used (corrupt, not a
+database, in a folder that cannot be created or written) fails with a CacheError naming the file
+and the remedy: the cache only saves recomputation, so deleting or moving it loses nothing.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
+
+# Long enough to outlast another process's largest write (one batch of embeddings).
+BUSY_TIMEOUT_S = 60.0
+_ELSEWHERE = "set RMMJAX_CACHE to another folder (or pass --cache FILE, or --no-cache)"
+
+
+class CacheError(ValueError):
+  """An embedding cache file that cannot be used; a ValueError so that commands report it as a
+  bad argument, with the file and the remedy, rather than a traceback."""
 
 
 def text_key(text: str) -> bytes:
@@ -16,31 +36,81 @@ def text_key(text: str) -> bytes:
 class EmbeddingCache:
   """get/put of float32 vectors; writes are one transaction per call."""
 
-  def __init__(self, path: str | Path):
+  def __init__(self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S):
     self.path = Path(path)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._db = sqlite3.connect(self.path)
-    self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (model TEXT NOT NULL, key BLOB NOT "
-                     "NULL, vector BLOB NOT NULL, PRIMARY KEY (model, key))")
-    self._db.commit()
+    if self.path.is_dir():
+      raise CacheError(f"embedding cache {self.path} is a directory; expected an SQLite file "
+                       f"(such as {self.path / 'embeddings.sqlite'}): {_ELSEWHERE}")
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+      blocker = next((p for p in self.path.parents if p.exists()), None)
+      why = (f"{blocker} is a file, not a folder" if blocker is not None and not blocker.is_dir()
+             else err.strerror or str(err))
+      raise CacheError(f"embedding cache {self.path}: its folder {self.path.parent} cannot be "
+                       f"created ({why}); {_ELSEWHERE}") from None
+    self._db = None
+    try:
+      # isolation_level IMMEDIATE: a write takes the lock when its transaction begins, so two
+      # writers queue on the busy timeout instead of one failing when it upgrades its lock.
+      self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level="IMMEDIATE")
+      self._db.execute("PRAGMA journal_mode = WAL")
+      with self._db:
+        self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (model TEXT NOT NULL, key BLOB "
+                         "NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (model, key))")
+    except sqlite3.DatabaseError as err:
+      if self._db is not None:
+        self._db.close()
+      raise self._error(err, "opened") from None
+
+  def _error(self, err: sqlite3.DatabaseError, doing: str) -> CacheError:
+    """The CacheError for an SQLite failure, with the remedy that fits it."""
+    reason = str(err)
+    if "locked" in reason or "busy" in reason:
+      remedy = f"another process held it longer than the busy timeout; retry, or {_ELSEWHERE}"
+    elif "readonly" in reason or "unable to open" in reason or "disk I/O" in reason:
+      remedy = (f"check that {self.path.parent} and the file are writable (SQLite also writes "
+                f"{self.path.name}-wal and -shm beside it), or {_ELSEWHERE}")
+    else:  # "file is not a database", "database disk image is malformed", ...
+      remedy = ("the file is corrupt or not an embedding cache; if it is the cache, delete it "
+                "(it is only a cache: embeddings are recomputed when missing); if it is another "
+                f"file, keep it and {_ELSEWHERE}")
+    return CacheError(f"embedding cache {self.path} cannot be {doing} (sqlite: {reason}): "
+                      f"{remedy}")
+
+  def _run(self, doing: str, work: Callable[[], T]) -> T:
+    """work(), with an SQLite failure (corruption may first show on a read) as a CacheError."""
+    try:
+      return work()
+    except sqlite3.DatabaseError as err:
+      raise self._error(err, doing) from None
 
   def get(self, model: str, texts: list[str], dim: int) -> list[np.ndarray | None]:
-    found = {}
     keys = [text_key(t) for t in texts]
-    for start in range(0, len(keys), 500):  # SQLite caps the number of bound parameters
-      chunk = keys[start:start + 500]
-      rows = self._db.execute(
-          f"SELECT key, vector FROM embeddings WHERE model = ? AND key IN "
-          f"({','.join('?' * len(chunk))})", [model, *chunk]).fetchall()
-      found.update((bytes(k), np.frombuffer(v, np.float32)) for k, v in rows)
+
+    def read() -> dict:
+      found = {}
+      for start in range(0, len(keys), 500):  # SQLite caps the number of bound parameters
+        chunk = keys[start:start + 500]
+        rows = self._db.execute(
+            f"SELECT key, vector FROM embeddings WHERE model = ? AND key IN "
+            f"({','.join('?' * len(chunk))})", [model, *chunk]).fetchall()
+        found.update((bytes(k), np.frombuffer(v, np.float32)) for k, v in rows)
+      return found
+
+    found = self._run("read", read)
     return [found.get(k) if found.get(k) is not None and found[k].size == dim else None
             for k in keys]
 
   def put(self, model: str, texts: list[str], vectors: np.ndarray) -> None:
     rows = [(model, text_key(t), np.asarray(v, np.float32).tobytes())
             for t, v in zip(texts, vectors, strict=True)]
-    with self._db:  # one transaction: all rows or none
-      self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
+
+    def write() -> None:
+      with self._db:  # one transaction: all rows or none
+        self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
+
+    self._run("written", write)
 
   def close(self) -> None:
     self._db.close()
