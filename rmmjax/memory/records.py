@@ -1,0 +1,145 @@
+"""What the memory bank stores and returns, its errors, and checks of what callers pass in."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, final
+
+import numpy as np
+
+_CHUNK = 500  # ids bound per IN (...): SQLite caps the number of bound parameters
+
+
+class BankError(ValueError):
+  """Base of the bank's errors (never raised itself); a ValueError so commands report it."""
+
+
+@final
+class BankFileError(BankError):
+  """A file that cannot be used as a memory bank, naming the file, the reason and the remedy."""
+
+
+@final
+class UnknownRecord(BankError):
+  """A user, session, turn or memory that the named user does not have."""
+
+
+@final
+class EncoderMismatch(BankError):
+  """Embeddings asked for with an encoder other than the one the memories were embedded with."""
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+  session_id: str
+  date: str
+  ordinal: int  # 0 for the user's first session
+  ended: bool  # its reflection is applied; it takes no more turns
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class BankTurn:
+  turn_id: str
+  session_id: str
+  speaker: str
+  text: str
+  date: str  # its session's date
+
+
+@final
+class Snippet(NamedTuple):
+  """A raw turn that a memory came from, verbatim."""
+
+  turn_id: str
+  session_id: str
+  date: str
+  text: str
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Memory:
+  id: int
+  summary: str
+  snippets: tuple[Snippet, ...]
+  created: float
+  updated: float
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class NewMemory:
+  """A topic memory to add: its summary, the turns it came from, its summary's embedding."""
+
+  summary: str
+  turn_ids: Sequence[str]
+  embedding: np.ndarray
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Merge:
+  """A merge into an existing memory: the new summary, more turns, the new summary's embedding."""
+
+  memory_id: int
+  summary: str
+  turn_ids: Sequence[str]
+  embedding: np.ndarray
+
+
+
+def text_arg(value: object, name: str) -> str:
+  if not isinstance(value, str) or not value:
+    raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+  return value
+
+
+def string_arg(value: object, name: str) -> str:
+  if not isinstance(value, str):
+    raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+  return value
+
+
+def turn_rows(turns: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+  """turns checked: (turn_id, speaker, text) strings, turn ids non-empty and distinct."""
+  rows = []
+  for i, turn in enumerate(turns):
+    if not isinstance(turn, (tuple, list)) or len(turn) != 3:
+      raise ValueError(f"turns[{i}] must be a (turn_id, speaker, text) tuple, got {turn!r}")
+    rows.append((text_arg(turn[0], f"turns[{i}] turn_id"),
+                 string_arg(turn[1], f"turns[{i}] speaker"),
+                 string_arg(turn[2], f"turns[{i}] text")))
+  if dup := repeated([r[0] for r in rows]):
+    raise ValueError(f"turn ids repeat within one add_turns call: {dup}")
+  return rows
+
+
+def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
+  """value as float32 with ndim dimensions, the last one non-empty, every number finite."""
+  try:
+    array = np.asarray(value, np.float32)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be numbers, got {type(value).__name__}") from None
+  if array.ndim != ndim or array.shape[-1] == 0 or not np.isfinite(array).all():
+    what = "a non-empty vector" if ndim == 1 else "an N x D matrix (D > 0)"
+    bad = " with NaN or inf" if array.ndim == ndim and array.size else ""
+    raise ValueError(f"{name} must be {what} of finite numbers, got shape {array.shape}{bad}")
+  return array
+
+
+def repeated(values: list) -> list:
+  return sorted((v for v, n in collections.Counter(values).items() if n > 1), key=str)[:5]
+
+
+def select_in(db: sqlite3.Connection, sql: str, params: tuple, values: list) -> list[tuple]:
+  """Rows of sql, whose IN ({}) takes values, in chunks."""
+  rows = []
+  for start in range(0, len(values), _CHUNK):
+    chunk = values[start:start + _CHUNK]
+    rows += db.execute(sql.format(",".join("?" * len(chunk))), [*params, *chunk]).fetchall()
+  return rows

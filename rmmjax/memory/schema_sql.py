@@ -1,0 +1,107 @@
+"""The memory bank's SQLite schema, as migrations by version.
+
+MIGRATIONS[v - 1] takes a bank from schema version v - 1 to v; a later layer (atomic facts,
+edges) adds its tables as the next version. Every table that holds a user's data has a user_id
+column: delete_user removes a user by it, so a new table needs nothing more to be covered.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from rmmjax.memory.crypto import KEY_CHECK, KEY_ENV, BankKeyError, Cipher
+from rmmjax.memory.records import BankFileError
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: users, sessions, raw turns, topic memories with their snippets, embeddings.
+    (
+        "CREATE TABLE bank_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE users (user_id TEXT PRIMARY KEY)",
+        """CREATE TABLE sessions (
+             user_id TEXT NOT NULL REFERENCES users (user_id) ON DELETE CASCADE,
+             session_id TEXT NOT NULL, date TEXT NOT NULL, ordinal INTEGER NOT NULL,
+             ended INTEGER NOT NULL DEFAULT 0 CHECK (ended IN (0, 1)),
+             PRIMARY KEY (user_id, session_id), UNIQUE (user_id, ordinal))""",
+        # Turn ids are unique per user (as within a conversation), so a snippet names its turn.
+        """CREATE TABLE turns (
+             user_id TEXT NOT NULL, session_id TEXT NOT NULL, turn_id TEXT NOT NULL,
+             speaker TEXT NOT NULL, text TEXT NOT NULL, date TEXT NOT NULL,
+             ordinal INTEGER NOT NULL,
+             PRIMARY KEY (user_id, turn_id), UNIQUE (user_id, session_id, ordinal),
+             FOREIGN KEY (user_id, session_id) REFERENCES sessions (user_id, session_id)
+               ON DELETE CASCADE)""",
+        # AUTOINCREMENT: a deleted user's memory ids are never handed to another user.
+        """CREATE TABLE memories (
+             memory_id INTEGER PRIMARY KEY AUTOINCREMENT,
+             user_id TEXT NOT NULL REFERENCES users (user_id) ON DELETE CASCADE,
+             summary TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+             UNIQUE (memory_id, user_id))""",
+        "CREATE INDEX memories_by_user ON memories (user_id)",
+        # Both keys carry user_id: a snippet cannot join one user's memory to another's turn.
+        """CREATE TABLE snippets (
+             memory_id INTEGER NOT NULL, user_id TEXT NOT NULL, turn_id TEXT NOT NULL,
+             session_id TEXT NOT NULL, date TEXT NOT NULL, text TEXT NOT NULL,
+             ordinal INTEGER NOT NULL,
+             PRIMARY KEY (memory_id, turn_id),
+             FOREIGN KEY (memory_id, user_id) REFERENCES memories (memory_id, user_id)
+               ON DELETE CASCADE,
+             FOREIGN KEY (user_id, turn_id) REFERENCES turns (user_id, turn_id)
+               ON DELETE CASCADE)""",
+        "CREATE INDEX snippets_by_turn ON snippets (user_id, turn_id)",
+        # kind says what owner_id names ('memory' now; facts and other rows later).
+        """CREATE TABLE embeddings (
+             kind TEXT NOT NULL, owner_id INTEGER NOT NULL,
+             user_id TEXT NOT NULL REFERENCES users (user_id) ON DELETE CASCADE,
+             encoder TEXT NOT NULL, dim INTEGER NOT NULL CHECK (dim > 0),
+             vector BLOB NOT NULL,
+             PRIMARY KEY (kind, owner_id, encoder))""",
+        "CREATE INDEX embeddings_by_user ON embeddings (user_id, kind, encoder)",
+        # owner_id has no foreign key (its table depends on kind): triggers keep it honest.
+        """CREATE TRIGGER embeddings_of_own_memory BEFORE INSERT ON embeddings
+             WHEN NEW.kind = 'memory' AND NOT EXISTS (SELECT 1 FROM memories
+               WHERE memory_id = NEW.owner_id AND user_id = NEW.user_id)
+             BEGIN SELECT RAISE(ABORT, 'embedding of a memory the user does not have'); END""",
+        """CREATE TRIGGER embeddings_follow_memory AFTER DELETE ON memories
+             BEGIN DELETE FROM embeddings WHERE kind = 'memory'
+               AND owner_id = OLD.memory_id; END""",
+    ),
+)
+
+LATEST = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, cipher: Cipher, where: str) -> None:
+  """Creates the schema in a new file, brings an older one up to date, and checks the key;
+  inside the caller's write transaction, so a refused key leaves an old file as it was."""
+  tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+  if "schema_version" not in tables:
+    if tables:
+      raise BankFileError(f"{where} is an SQLite file but not a memory bank (it has tables "
+                          f"{sorted(tables)[:5]}); pick another path")
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (0)")
+  version = db.execute("SELECT version FROM schema_version").fetchone()[0]
+  if version > LATEST:
+    raise BankFileError(f"{where} has schema version {version}; this rmmjax reads versions up "
+                        f"to {LATEST}: upgrade rmmjax")
+  for statements in MIGRATIONS[version:]:
+    for statement in statements:
+      db.execute(statement)
+  db.execute("UPDATE schema_version SET version = ?", (LATEST,))
+  if version == 0:
+    check = cipher.seal_bytes(KEY_CHECK).decode("ascii", "replace")
+    db.executemany("INSERT INTO bank_meta VALUES (?, ?)", [
+        ("encryption", "fernet" if cipher.encrypted else "none"), ("key_check", check)])
+  meta = dict(db.execute("SELECT name, value FROM bank_meta"))
+  if meta["encryption"] == "fernet" and not cipher.encrypted:
+    raise BankKeyError(f"{where} is encrypted: open it with its key (set {KEY_ENV})")
+  if meta["encryption"] != "fernet" and cipher.encrypted:
+    raise BankKeyError(f"{where} is not encrypted, so a key is refused (its rows would mix plain "
+                       f"and encrypted): open it without a key, or export_user and import_user "
+                       f"into a new encrypted bank")
+  if cipher.encrypted:
+    try:
+      cipher.open_bytes(meta["key_check"].encode("ascii"))
+    except BankKeyError:
+      raise BankKeyError(f"the key does not open {where} (it was encrypted with another "
+                         f"key)") from None
