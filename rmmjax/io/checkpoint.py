@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
@@ -10,28 +11,113 @@ from flax import serialization
 
 from rmmjax.core import TrainState
 
+REASON_CHARS = 300  # of an error's message, in a warning about an unreadable checkpoint
+
+
+def _reason(err: Exception) -> str:
+  """The gist of why a checkpoint did not read back (tensorstore appends a long spec)."""
+  text = str(err).split(" [tensorstore_spec", 1)[0].strip().splitlines()
+  text = text[0] if text else type(err).__name__
+  return text if len(text) <= REASON_CHARS else text[:REASON_CHARS] + "..."
+
+
+_quiet_hook_installed = False
+
+
+def _silence_closed_loop_noise() -> None:
+  """Drops the 'Event loop is closed' errors of reads still in flight when a restore failed.
+
+  They complete into the event loop Orbax has closed by then and would print tracebacks that say
+  nothing about the checkpoint; every other unraisable error still goes to the previous hook.
+  """
+  global _quiet_hook_installed
+  if _quiet_hook_installed:
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  _quiet_hook_installed = True
+
 
 class Checkpointer:
-  """Saves and restores TrainStates under one directory, keeping the newest few."""
+  """Saves and restores TrainStates under one directory, keeping the newest few.
 
-  def __init__(self, directory: Path, max_to_keep: int = 2):
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                           enable_async_checkpointing=False)
-    self._manager = ocp.CheckpointManager(Path(directory).absolute(), options=options)
+  Opening one creates nothing: the directory appears with the first save, and one opened with
+  read_only=True never writes (for export and evaluation).
+  """
+
+  def __init__(self, directory: Path, max_to_keep: int = 2, read_only: bool = False):
+    self._directory = Path(directory).absolute()
+    self._max_to_keep, self._read_only = max_to_keep, read_only
+    self._manager = self._open() if self._directory.is_dir() else None
+
+  def _open(self) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep,
+                                           enable_async_checkpointing=False,
+                                           create=not self._read_only, read_only=self._read_only)
+    return ocp.CheckpointManager(self._directory, options=options)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps()) if self._manager is not None else []
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    steps = self.all_steps()
+    return steps[-1] if steps else None
 
   def save(self, step: int, state: TrainState) -> None:
+    if self._read_only:
+      raise ValueError(f"{self._directory} was opened read-only; cannot save step {step}")
+    if self._manager is None:
+      self._manager = self._open()
     self._manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
     self._manager.wait_until_finished()
 
+  def delete(self, step: int) -> None:
+    if self._read_only:
+      raise ValueError(f"{self._directory} was opened read-only; cannot delete step {step}")
+    self._manager.delete(step)
+
   def restore(self, step: int, template: TrainState) -> TrainState:
     """The state saved at `step`, in the structure (and static spec) of `template`."""
+    if step not in self.all_steps():
+      raise FileNotFoundError(f"{self._directory} holds no checkpoint of step {step}")
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                           serialization.to_state_dict(template))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(target))
-    return serialization.from_state_dict(template, restored)
+    state = serialization.from_state_dict(template, restored)
+    if int(state.step) != step:
+      raise ValueError(f"the state it holds is of step {int(state.step)}, not {step}")
+    return state
+
+  def restore_latest(self, template: TrainState) -> tuple[int, TrainState | None, list[int]]:
+    """The newest checkpoint that reads back: (its step, the state, the newer steps skipped).
+
+    (0, None, []) when there is none; each skipped checkpoint is reported on stderr. When there
+    are checkpoints but none reads back, raises ValueError naming each and why.
+    """
+    failures = []
+    for step in reversed(self.all_steps()):
+      try:
+        state = self.restore(step, template)
+      except Exception as err:  # damage fails in any layer: JSON, zarr, tensorstore, shapes
+        _silence_closed_loop_noise()
+        failures.append((step, _reason(err)))
+        continue
+      for bad, reason in failures:
+        print(f"warning: skipping unreadable checkpoint {self._directory / str(bad)} ({reason}); "
+              f"resuming from step {step}", file=sys.stderr)
+      return step, state, [bad for bad, _ in failures]
+    if failures:
+      shown = "; ".join(f"step {s}: {reason}" for s, reason in failures)
+      raise ValueError(f"no checkpoint in {self._directory} reads back ({shown}); use a fresh "
+                       "workdir")
+    return 0, None, []
 
   def close(self) -> None:
-    self._manager.close()
+    if self._manager is not None:
+      self._manager.close()

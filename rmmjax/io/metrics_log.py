@@ -9,15 +9,33 @@ from rmmjax.io.workdir import atomic_write_text
 
 
 def read_rows(path: Path) -> list[dict]:
+  """The logged rows; an unreadable last line (an append cut short by a kill) is dropped, an
+  unreadable line before it is refused, naming the file and line."""
   path = Path(path)
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  lines = path.read_bytes().split(b"\n")
+  if lines[-1] == b"":
+    lines.pop()  # the newline that ends the last row
+  rows = []
+  for number, line in enumerate(lines, 1):
+    try:
+      row = json.loads(line)  # bytes that are not UTF-8 raise a ValueError too
+      if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        raise ValueError("expected an object with an integer \"step\"")
+    except ValueError as err:
+      if number == len(lines):
+        break  # rows are appended before the checkpoint they lead to: this one is redone
+      raise ValueError(f"{path}, line {number}: not a metrics row ({err}); only the last line "
+                       "may be cut short, so the file is damaged: use a fresh workdir") from None
+    rows.append(row)
+  return rows
 
 
-def rewind(path: Path, upto_step: int) -> list[dict]:
-  """Keeps only the rows of steps up to `upto_step` (work after a checkpoint is redone)."""
-  rows = [r for r in read_rows(path) if r["step"] <= upto_step]
+def rewind(path: Path, upto_step: int, rows: list[dict] | None = None) -> list[dict]:
+  """Keeps only the rows (read from path unless given) of steps up to `upto_step`: work after a
+  checkpoint is redone."""
+  rows = [r for r in (read_rows(path) if rows is None else rows) if r["step"] <= upto_step]
   atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
   return rows
 

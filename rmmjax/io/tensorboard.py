@@ -6,12 +6,19 @@ from pathlib import Path
 
 from tensorboardX import SummaryWriter
 
+from rmmjax.io.workdir import replace_dir
+
+# Event files are named by the second they were opened in, then by these suffixes: a file of
+# appended rows sorts after the rewritten one it continues even when both open in one second.
+REWRITTEN_SUFFIX = ".0"
+APPENDED_SUFFIX = ".1"
+
 
 class ScalarWriter:
   """Writes rows of scalars, and the run's config as text at step 0."""
 
-  def __init__(self, logdir: Path, config_json: str | None = None):
-    self._writer = SummaryWriter(str(logdir))
+  def __init__(self, logdir: Path, config_json: str | None = None, filename_suffix: str = ""):
+    self._writer = SummaryWriter(str(logdir), filename_suffix=filename_suffix)
     if config_json is not None:
       self._writer.add_text("config", f"```\n{config_json}\n```", 0)
 
@@ -24,3 +31,21 @@ class ScalarWriter:
 
   def close(self) -> None:
     self._writer.close()
+
+
+def rewrite(logdir: Path, runs: dict[str, list[dict]], prefix: str,
+            config_json: str | None = None) -> None:
+  """Replaces logdir by event files of exactly `runs` (subdirectory -> rows; "" for logdir
+  itself), written into a temporary directory that is then swapped in."""
+  with replace_dir(logdir) as tmp:
+    for name, rows in runs.items():
+      writer = ScalarWriter(tmp / name if name else tmp, config_json, REWRITTEN_SUFFIX)
+      try:
+        writer.write_rows(rows, prefix)
+      finally:
+        writer.close()  # drains the writer's queue: the file is whole before the swap
+
+
+def appender(logdir: Path) -> ScalarWriter:
+  """A writer that continues the run of logdir (after `rewrite`) in an event file of its own."""
+  return ScalarWriter(logdir, filename_suffix=APPENDED_SUFFIX)

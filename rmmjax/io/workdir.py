@@ -1,16 +1,43 @@
-"""A run's working directory: its config.json, and files written whole or not at all."""
+"""A run's working directory: what kind of run it holds, its config.json, and files written whole
+or not at all.
+
+A workdir belongs to one kind of run, recorded in run.json: "train" (resumable, extendable) or
+"sweep" (rerun only with the same grid, seeds and config, which overwrites its own outputs).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from rmmjax.config import Config, from_json
 
 # Keys a resumed run may change: more steps extend a run without changing its first steps.
 EXTENDABLE_KEYS = ("steps",)
+RUN_FILE = "run.json"
+KINDS = ("train", "sweep")
+
+
+def _umask() -> int:
+  """The process umask, read without changing it where the platform allows (threads may be
+  creating files meanwhile)."""
+  with contextlib.suppress(OSError, ValueError):
+    for line in Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("Umask:"):
+        return int(line.split()[1], 8)
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def default_mode(directory: bool = False) -> int:
+  """The permissions open() or mkdir() would give a new file or directory."""
+  return (0o777 if directory else 0o666) & ~_umask()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -19,6 +46,7 @@ def atomic_write_text(path: Path, text: str) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
+    os.fchmod(fd, default_mode())  # mkstemp makes 0600; the file should be like any other output
     with os.fdopen(fd, "w") as f:
       f.write(text)
     os.replace(tmp, path)
@@ -31,25 +59,123 @@ def atomic_write_json(path: Path, data) -> None:
   atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+@contextlib.contextmanager
+def replace_dir(path: Path) -> Iterator[Path]:
+  """Yields an empty temporary directory beside path that replaces path when the block ends.
+
+  A kill leaves the old directory or the new one whole; between the two renames it leaves the
+  old one aside as .NAME.*.old, which the next replace_dir of the same path removes.
+  """
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  for stale in [*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f".{path.name}.*.old")]:
+    shutil.rmtree(stale, ignore_errors=True)
+  tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+  try:
+    os.chmod(tmp, default_mode(directory=True))  # mkdtemp makes 0700
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  old = None
+  if path.exists():
+    old = path.with_name(f".{path.name}.{os.getpid()}.old")
+    os.replace(path, old)
+  os.replace(tmp, path)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_run_record(workdir: Path) -> dict | None:
+  """run.json of a workdir ({"kind": ..., ...}); inferred for workdirs written before it existed;
+  None for a fresh workdir."""
+  workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"workdir {workdir} is a file; expected a directory (or a path to create)")
+  path = workdir / RUN_FILE
+  if path.exists():
+    try:
+      record = json.loads(path.read_text())
+    except ValueError as err:
+      raise ValueError(f"{path} is not valid JSON ({err}); expected {{\"kind\": \"train\"}} or "
+                       "{\"kind\": \"sweep\", ...}") from None
+    if not isinstance(record, dict) or record.get("kind") not in KINDS:
+      raise ValueError(f"{path}: expected a \"kind\" of {' or '.join(KINDS)}")
+    return record
+  if (workdir / "sweep.json").exists():
+    try:
+      old = json.loads((workdir / "sweep.json").read_text())
+    except ValueError as err:
+      raise ValueError(f"{workdir / 'sweep.json'} is not valid JSON ({err})") from None
+    return {"kind": "sweep", "grid": old.get("grid"), "seeds": old.get("seeds")}
+  if (workdir / "config.json").exists() or (workdir / "checkpoints").exists():
+    return {"kind": "train"}
+  return None
+
+
+def write_run_record(workdir: Path, record: dict) -> None:
+  atomic_write_json(Path(workdir) / RUN_FILE, record)
+
+
 def read_config(workdir: Path) -> Config:
+  """The config of a training workdir (a sweep's workdir is refused: it has no trained model)."""
+  record = read_run_record(workdir)
+  if record is not None and record["kind"] == "sweep":
+    raise ValueError(f"{workdir} holds a sweep, not a training run (its config.json is the "
+                     "sweep's base config and it has no checkpoints); expected a training workdir")
   path = Path(workdir) / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a training workdir?")
   return from_json(path.read_text())
 
 
+def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
+  old = json.loads(from_json(path.read_text()).to_json())  # keys added since: their defaults
+  new = json.loads(cfg.to_json())
+  return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+          if old.get(k) != new.get(k) and k not in ignore}
+
+
+def _shown(diff: dict) -> str:
+  return ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+
+
 def check_resumable(workdir: Path, cfg: Config) -> None:
-  """Refuses a workdir that holds a run of another config (before anything is written)."""
+  """Refuses a sweep's workdir or one that holds a run of another config (before anything is
+  written)."""
+  record = read_run_record(workdir)
+  if record is not None and record["kind"] == "sweep":
+    raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
   path = Path(workdir) / "config.json"
   if not path.exists():
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
-  old = json.loads(from_json(path.read_text()).to_json())  # keys added since: their defaults
-  new = json.loads(cfg.to_json())
-  diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k) and k not in EXTENDABLE_KEYS}
+  diff = _config_diff(path, cfg, EXTENDABLE_KEYS)
   if diff:
-    shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-    raise ValueError(f"{workdir} holds a run of another config ({shown}); use a fresh workdir "
-                     "or the same settings to resume")
+    raise ValueError(f"{workdir} holds a run of another config ({_shown(diff)}); use a fresh "
+                     "workdir or the same settings to resume")
+
+
+def sweep_record(grid: dict[str, list], seeds: int) -> dict:
+  """What run.json says of a sweep (its grid as JSON reads it back, for comparisons)."""
+  return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds}
+
+
+def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int) -> None:
+  """Refuses a training workdir, or one holding a sweep of another grid, seeds or config (the
+  same sweep again may overwrite its own outputs)."""
+  record = read_run_record(workdir)
+  if record is None:
+    return
+  if record["kind"] == "train":
+    raise ValueError(f"{workdir} holds a training run; a sweep needs a fresh workdir (it would "
+                     "overwrite the run's config and outputs)")
+  new = sweep_record(grid, seeds)
+  diff = {k: (record.get(k), new[k]) for k in ("grid", "seeds") if record.get(k) != new[k]}
+  path = Path(workdir) / "config.json"
+  if path.exists():
+    diff.update(_config_diff(path, cfg))
+  if diff:
+    raise ValueError(f"{workdir} holds a sweep of another grid, seeds or config ({_shown(diff)});"
+                     " use a fresh workdir, or the same settings to redo it")

@@ -18,9 +18,9 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.config import SWEEPABLE, Config, parse_value
-from rmmjax.io import plots
-from rmmjax.io.tensorboard import ScalarWriter
-from rmmjax.io.workdir import atomic_write_json, atomic_write_text
+from rmmjax.io import plots, tensorboard
+from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable,
+                               sweep_record, write_run_record)
 from rmmjax.train.loop import first_last, window_means
 
 
@@ -41,6 +41,10 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
       raise ValueError(f"--grid {key} is given twice")
     if not values:
       raise ValueError(f"--grid {item!r}: no values")
+    repeated = [v for i, v in enumerate(values) if v in values[:i]]
+    if repeated:
+      raise ValueError(f"--grid {item!r}: {key}={repeated[0]!r} is given more than once; each "
+                       "value is one configuration (use --seeds N to repeat runs)")
     grid[key] = values
   return grid
 
@@ -84,13 +88,24 @@ def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size
     world = jax.device_put(world, NamedSharding(mesh, PartitionSpec()))
   padded = -(-c // chunk) * chunk
   index = np.minimum(np.arange(padded), c - 1)
-  pending = []
-  for start in range(0, padded, chunk):  # dispatch every chunk before fetching any
+
+  def dispatch(start: int):
     hp = jax.tree.map(lambda x, i=index[start:start + chunk]: x[i], hparams_C)
     if mesh is not None:
       hp = jax.device_put(hp, NamedSharding(mesh, PartitionSpec("sweep")))
-    pending.append(run_chunk(hp, world))
-  host = [jax.device_get(out) for out in tqdm(pending, desc="sweep chunks", disable=not progress)]
+    return run_chunk(hp, world)
+
+  starts = list(range(0, padded, chunk))
+  host = []
+  with tqdm(total=len(starts), desc="sweep chunks", unit="chunk", disable=not progress) as bar:
+    pending = dispatch(starts[0])
+    for i in range(len(starts)):
+      # The next chunk is dispatched before this one is fetched: the device always has work
+      # queued, and the bar moves as each chunk finishes (also where dispatch runs the chunk).
+      following = dispatch(starts[i + 1]) if i + 1 < len(starts) else None
+      host.append(jax.device_get(pending))
+      bar.update(1)
+      pending = following
   return jax.tree.map(lambda *xs: np.concatenate(xs)[:c], *host)
 
 
@@ -107,14 +122,16 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
   configs = sweep_configs(cfg.validate(), grid, seeds)
   spec, sim = cfg.core_spec(), cfg.sim_spec()
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+  check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
 
   world = core.make_world(sim, spec.dim)
   hparams_C = core.stack_hparams([c.hparams() for c in configs])
   run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
   out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
                    progress=progress)
+  workdir.mkdir(parents=True, exist_ok=True)
+  write_run_record(workdir, sweep_record(grid, seeds))
+  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
 
   keys = list(grid)
   runs, by_label = [], {}
@@ -129,15 +146,15 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
     by_label.setdefault(_label(c, keys), []).append(rows)
 
   steps_T = np.array([r["step"] for r in next(iter(by_label.values()))[0]])
-  curves = {}
+  curves, tb_runs = {}, {}
   for label, seed_rows in by_label.items():
     curves[label] = {m: np.array([[r[m] for r in rows] for rows in seed_rows])
                      for m in seed_rows[0][0] if m != "step"}
-    mean_rows = [{"step": int(s), **{m: float(v[:, t].mean()) for m, v in curves[label].items()}}
-                 for t, s in enumerate(steps_T)]
-    writer = ScalarWriter(workdir / "tb" / label.replace("/", "_"))
-    writer.write_rows(mean_rows, prefix=f"seed_mean_of_{seeds}")
-    writer.close()
+    tb_runs[label.replace("/", "_")] = [
+        {"step": int(s), **{m: float(v[:, t].mean()) for m, v in curves[label].items()}}
+        for t, s in enumerate(steps_T)]
+  # A fresh tb/ each time: the same sweep run again leaves no second copy of its points.
+  tensorboard.rewrite(workdir / "tb", tb_runs, prefix=f"seed_mean_of_{seeds}")
   plots.plot_curves(workdir / "curves.png", steps_T, curves,
                     title=f"sweep: {len(by_label)} configurations x {seeds} seeds, "
                           f"{cfg.steps} steps")

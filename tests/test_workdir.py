@@ -1,0 +1,262 @@
+"""Workdirs: one kind of run each, refused before anything is written when they cannot be
+continued, and resumed or extended to exactly the outputs (metrics.jsonl, summary.json,
+TensorBoard, checkpoints) of an uninterrupted run."""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from rmmjax import core
+from rmmjax.cli import main
+from rmmjax.config import Config
+from rmmjax.io import metrics_log
+from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.workdir import atomic_write_text, read_config, replace_dir
+from rmmjax.train import sweeps
+
+pytestmark = pytest.mark.slow
+
+TINY = ["dim=16", "num_users=8", "bank_size=32", "min_bank=12", "eval_sessions=16", "log_every=5",
+        "checkpoint_every=15"]
+
+
+def _train(wd, steps, *extra, quiet=True):
+  sets = [arg for item in (*TINY, f"steps={steps}", *extra) for arg in ("--set", item)]
+  return main(["train", "--workdir", str(wd), *(["--quiet"] if quiet else []), *sets])
+
+
+def _sweep(wd, *grid, steps=20):
+  sets = [arg for item in TINY for arg in ("--set", item)]
+  return main(["sweep", "--workdir", str(wd), "--quiet", *(a for g in grid for a in ("--grid", g)),
+               "--steps", str(steps), *sets])
+
+
+def _events(logdir):
+  """(tag, step, value) of every summary under logdir, in the order TensorBoard reads them."""
+  found = []
+  for path in sorted(logdir.rglob("events.out.tfevents.*")):
+    data, pos = path.read_bytes(), 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      for value in event.summary.value:
+        kind = value.WhichOneof("value")
+        shown = value.simple_value if kind == "simple_value" else bytes(value.tensor.string_val[0])
+        found.append((str(path.parent.relative_to(logdir)), value.tag, event.step, shown))
+  return found
+
+
+def _snapshot(wd):
+  """Every path under wd with its bytes and modification time: to check nothing was touched."""
+  return {str(p.relative_to(wd)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+          for p in sorted(wd.rglob("*"))}
+
+
+def _outputs(wd):
+  return {"metrics": (wd / "metrics.jsonl").read_text(),
+          "summary": json.loads((wd / "summary.json").read_text()),
+          "events": _events(wd / "tb"),
+          "checkpoints": sorted(p.name for p in (wd / "checkpoints").iterdir())}
+
+
+def _garble_checkpoint(wd, step):
+  """Overwrites the array data Orbax wrote for `step` with noise of the same sizes."""
+  rng = np.random.default_rng(step)
+  files = [p for p in (wd / "checkpoints" / str(step)).rglob("*")
+           if p.is_file() and p.parent.name == "d"]
+  assert files
+  for path in files:
+    path.write_bytes(rng.bytes(path.stat().st_size))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted run of 60 steps (checkpoints every 15, rows every 5)."""
+  wd = tmp_path_factory.mktemp("reference") / "run"
+  assert _train(wd, 60) == 0
+  return wd, _outputs(wd)
+
+
+@pytest.fixture
+def copy(reference, tmp_path):
+  wd = tmp_path / "run"
+  shutil.copytree(reference[0], wd)
+  return wd
+
+
+def test_fewer_steps_than_done_are_refused(copy, capsys):
+  before = _snapshot(copy)
+  assert _train(copy, 30) == 2
+  err = capsys.readouterr().err
+  assert f"{copy} has already trained 60 steps and steps=30 asks for fewer" in err
+  assert _snapshot(copy) == before
+
+
+def test_a_workdir_holds_one_kind_of_run(copy, tmp_path, capsys):
+  before = _snapshot(copy)
+  assert _sweep(copy, "tau=0.1,1.0") == 2
+  assert f"{copy} holds a training run" in capsys.readouterr().err
+  assert _snapshot(copy) == before
+
+  sweep_wd = tmp_path / "sweep"
+  assert _sweep(sweep_wd, "tau=0.1,1.0") == 0
+  assert json.loads((sweep_wd / "run.json").read_text())["kind"] == "sweep"
+  events = _events(sweep_wd / "tb")
+  before = _snapshot(sweep_wd)
+  assert _train(sweep_wd, 60) == 2
+  assert f"{sweep_wd} holds a sweep, not a training run" in capsys.readouterr().err
+  with pytest.raises(ValueError, match="holds a sweep, not a training run"):
+    read_config(sweep_wd)
+  assert _sweep(sweep_wd, "tau=0.1,0.5") == 2
+  err = capsys.readouterr().err
+  assert "holds a sweep of another grid" in err and "[0.1, 1.0]" in err
+  assert _sweep(sweep_wd, "tau=0.1,1.0", steps=30) == 2
+  assert "steps: 20 there, 30 now" in capsys.readouterr().err
+  assert _snapshot(sweep_wd) == before
+  # The same sweep again overwrites its own outputs, TensorBoard included (no second copy).
+  assert _sweep(sweep_wd, "tau=0.1,1.0") == 0
+  assert _events(sweep_wd / "tb") == events
+  assert sorted(p.name for p in (sweep_wd / "tb").iterdir()) == ["tau=0.1", "tau=1.0"]
+  assert isinstance(read_config(copy), Config)
+
+
+def test_cut_short_last_metrics_line_is_dropped_and_a_damaged_one_refused(copy, reference,
+                                                                           capsys):
+  with open(copy / "metrics.jsonl", "a") as f:
+    f.write('{"step": 65, "rew')  # what a kill in the middle of an append leaves
+  assert _train(copy, 60) == 0
+  assert "resuming" not in capsys.readouterr().err  # --quiet
+  assert _outputs(copy) == reference[1]
+
+  lines = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+  lines[2] = lines[2][:20] + "\n"
+  (copy / "metrics.jsonl").write_text("".join(lines))
+  before = _snapshot(copy)
+  assert _train(copy, 60) == 2
+  assert f"{copy / 'metrics.jsonl'}, line 3: not a metrics row" in capsys.readouterr().err
+  assert _snapshot(copy) == before
+
+
+def test_read_rows_drops_only_a_cut_short_last_line(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(b'{"step": 5, "reward": 1.0}\n{"step": 10, "reward": 2.0}\n\xff\xfe{"st')
+  assert [r["step"] for r in metrics_log.read_rows(path)] == [5, 10]
+  path.write_bytes(b'{"step": 5, "reward": 1.0}\n[1, 2]\n{"step": 15, "reward": 2.0}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a metrics row"):
+    metrics_log.read_rows(path)
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_the_one_before(copy, reference, capsys):
+  _garble_checkpoint(copy, 60)
+  assert _train(copy, 60) == 0
+  err = capsys.readouterr().err
+  assert f"skipping unreadable checkpoint {copy / 'checkpoints' / '60'}" in err
+  assert "resuming from step 45" in err
+  assert _outputs(copy) == reference[1]
+
+  _garble_checkpoint(copy, 45)
+  _garble_checkpoint(copy, 60)
+  before = _snapshot(copy)
+  assert _train(copy, 60) == 2
+  err = capsys.readouterr().err
+  assert f"no checkpoint in {copy / 'checkpoints'} reads back (step 60: " in err
+  assert "step 45: " in err and "Traceback" not in err
+  assert _snapshot(copy) == before
+
+
+def test_resume_after_a_kill_rebuilds_tensorboard_exactly(copy, reference, capsys):
+  # Killed after logging steps 46-60 and before checkpointing step 60, in the middle of
+  # appending a TensorBoard event.
+  shutil.rmtree(copy / "checkpoints" / "60")
+  with open(sorted((copy / "tb").iterdir())[-1], "ab") as f:
+    f.write(b"\x20\x00\x00\x00\x00\x00\x00\x00\x01\x02")
+  assert _train(copy, 60, quiet=False) == 0
+  outputs = _outputs(copy)
+  steps = [step for _, tag, step, _ in outputs["events"] if tag == "train/reward"]
+  assert steps == list(range(5, 65, 5))
+  assert outputs == reference[1]
+  assert f"resuming {copy} from step 45 of 60" in capsys.readouterr().err
+
+
+def test_extended_run_equals_an_uninterrupted_one(tmp_path, reference, capsys):
+  wd = tmp_path / "run"
+  assert _train(wd, 42) == 2
+  assert "steps=42 is not a multiple of log_every=5" in capsys.readouterr().err
+  assert not wd.exists()
+  assert _train(wd, 40) == 0
+  assert _train(wd, 60) == 0
+  assert _outputs(wd) == reference[1]
+
+
+def test_reading_checkpoints_creates_nothing(tmp_path, capsys):
+  wd = tmp_path / "run"
+  atomic_write_text(wd / "config.json", Config().to_json())
+  for read_only in (True, False):  # a writable one creates the folder only when it saves
+    reader = Checkpointer(wd / "checkpoints", read_only=read_only)
+    assert reader.latest_step() is None
+    template = core.init_state(Config().core_spec(), Config().hparams())
+    assert reader.restore_latest(template) == (0, None, [])
+    reader.close()
+  assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "x.safetensors")]) == 2
+  assert "checkpoint" in capsys.readouterr().err
+  assert sorted(p.name for p in wd.iterdir()) == ["config.json"]
+
+
+def test_written_files_follow_the_umask(tmp_path, reference):
+  mask = os.umask(0o022)
+  os.umask(mask)
+  for name in ("config.json", "run.json", "summary.json", "metrics.jsonl"):
+    assert (reference[0] / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+  try:
+    for umask in (0o022, 0o077, 0o002):
+      os.umask(umask)
+      path = tmp_path / f"file{umask}.txt"
+      atomic_write_text(path, "x")
+      assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+      with replace_dir(tmp_path / f"dir{umask}") as tmp:
+        (tmp / "a").write_text("a")
+      assert (tmp_path / f"dir{umask}").stat().st_mode & 0o777 == 0o777 & ~umask
+  finally:
+    os.umask(mask)
+
+
+def test_sweep_refuses_a_repeated_grid_value(tmp_path, capsys):
+  assert _sweep(tmp_path / "s", "tau=0.1,0.10") == 2
+  assert "--grid 'tau=0.1,0.10': tau=0.1 is given more than once" in capsys.readouterr().err
+  assert not (tmp_path / "s").exists()
+
+
+def test_sweep_progress_moves_as_chunks_finish(monkeypatch):
+  log = []
+
+  class Bar:
+    def __init__(self, *args, **kwargs):
+      pass
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      return False
+
+    def __iter__(self):  # what a bar over pending results would do
+      raise AssertionError("the bar must advance chunk by chunk")
+
+    def update(self, n=1):
+      log.append("done")
+
+  def run_chunk(hp, world):
+    log.append("dispatch")
+    return {"tau": np.asarray(hp.tau)}
+
+  monkeypatch.setattr(sweeps, "tqdm", Bar)
+  hparams = core.stack_hparams([core.HParams.create(tau=t) for t in (0.1, 0.2, 0.3, 0.4, 0.5)])
+  out = sweeps.run_chunks(run_chunk, hparams, None, chunk_size=2, progress=True)
+  np.testing.assert_allclose(out["tau"], [0.1, 0.2, 0.3, 0.4, 0.5])
+  assert log == ["dispatch", "dispatch", "done", "dispatch", "done", "done"]
