@@ -9,16 +9,24 @@ from pathlib import Path
 
 
 def _config(args) -> "object":
-  from rmmjax.config import apply_overrides, get_config
-  return apply_overrides(get_config(args.config), args.set or []).validate()
+  from rmmjax.config import apply_overrides, apply_precision, get_config
+  from rmmjax.io.outputs import check_output_dir
+  cfg = apply_overrides(get_config(args.config), args.set or []).validate()
+  check_output_dir(args.workdir, "--workdir")
+  apply_precision(cfg.precision)
+  return cfg
 
 
 def _cmd_train(args) -> None:
   from rmmjax.train.loop import train
   cfg = _config(args)
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
-  rows = [("recall@M of selected memories (eval queries)", summary["recall_at_m_base"],
-           summary["recall_at_m_final"])]
+  rows = []
+  if "recall_at_m_final" in summary:
+    where = ("eval queries" if cfg.config == "latent" else
+             f"held-out: {', '.join(summary['heldout_conversations'])}")
+    rows.append((f"recall@M of selected memories ({where})", summary["recall_at_m_base"],
+                 summary["recall_at_m_final"]))
   if "recall_at_m_prequential" in summary:
     rows.append(("  learning online on the held-out conversations", summary["recall_at_m_base"],
                  summary["recall_at_m_prequential"]))
@@ -26,10 +34,14 @@ def _cmd_train(args) -> None:
             summary["reward_last"]),
            ("citation rate (first/last tenth)", summary["citation_rate_first"],
             summary["citation_rate_last"])]
-  print(f"\n{'':48s}{'before':>10s}{'after':>10s}")
+  print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
-    print(f"{name:48s}{before:10.3f}{after:10.3f}")
-  print(f"{'ceiling: recall of all K candidates':48s}{summary['recall_at_k']:10.3f}")
+    print(f"{name:58s}{before:10.3f}{after:10.3f}")
+  if "recall_at_k" in summary:
+    print(f"{'ceiling: recall of all K candidates':58s}{summary['recall_at_k']:10.3f}")
+  else:
+    print("no conversation was held out (holdout=0): evaluate on another file with "
+          f"rmmjax eval --reranker {args.workdir}")
   workdir = Path(args.workdir)
   print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
         f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
@@ -62,28 +74,46 @@ def _cmd_sweep(args) -> None:
 
 def _cmd_export(args) -> None:
   from rmmjax.io.export import export_reranker
+  from rmmjax.io.outputs import check_output_file
+  check_output_file(args.out, "--out")
   meta = export_reranker(Path(args.workdir), Path(args.out))
-  print(f"wrote {args.out} and {Path(args.out).with_suffix('.json')}")
-  print(json.dumps(meta, indent=2))
+  print(f"wrote {args.out} (description in its header) and "
+        f"{Path(args.out).with_suffix('.json')} (a readable copy)")
+  print(json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
 
 
 def _cmd_eval(args) -> None:
-  from rmmjax.eval.retrieval import evaluate_retrieval, format_table, write_report
+  from rmmjax.config import apply_precision
+  from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
+  from rmmjax.io.outputs import check_output_file
   try:
     ks = tuple(int(k) for k in args.k.split(","))
   except ValueError:
     raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
+  check_cutoffs(ks)
+  if args.out:
+    check_output_file(args.out, "--out")
+  apply_precision(args.precision)
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
-                              args.budget_words, reranker=args.reranker, online=args.online)
+                              args.budget_words, reranker=args.reranker, online=args.online,
+                              in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
+                              progress=not args.quiet)
+  config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
-          f"{len(result['config']['conversations'])} conversations: "
-          f"{', '.join(result['config']['conversations'])}")
+          f"{len(config['conversations'])} conversations: {', '.join(config['conversations'])}")
+    trained = config["trained_conversations_in_file"]
+    if config["in_sample"]:
+      print(f"IN-SAMPLE: {len(trained)} of them were trained on ({', '.join(trained)})")
+    elif trained:
+      print(f"left out {len(trained)} conversations it trained on: {', '.join(trained)}")
+    for mismatch in config["mismatches"]:
+      print(f"MISMATCH (--allow-mismatch): {mismatch}")
   print(format_table(result, ks))
   counts = result["load_report"]["counts"]
   if counts:
     print("\nrepairs and drops while loading: " + "; ".join(f"{k}: {v}" for k, v in
-                                                        sorted(counts.items())))
+                                                          sorted(counts.items())))
   if args.out:
     write_report(result, Path(args.out))
     print(f"\nwrote {args.out}")
@@ -94,6 +124,7 @@ def _cmd_embed(args) -> None:
 
   from rmmjax.encode.cache import EmbeddingCache
   from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+  from rmmjax.io.outputs import check_output_file
   path = Path(args.inp)
   if not path.exists():
     raise FileNotFoundError(f"--in {path} does not exist (expected one text per line)")
@@ -103,6 +134,7 @@ def _cmd_embed(args) -> None:
   out = Path(args.out)
   if out.suffix != ".npy":
     raise ValueError(f"--out {out}: expected a file name ending in .npy")
+  check_output_file(out, "--out")
   cache = None if args.no_cache else EmbeddingCache(args.cache or DEFAULT_CACHE)
   encoder = SentenceEncoder(args.model, cache=cache)
   embeddings = encoder.encode(texts)
@@ -114,7 +146,8 @@ def _cmd_embed(args) -> None:
 
 
 def _cmd_bench(args) -> None:
-  out = Path(args.out) if args.out else None
+  from rmmjax.io.outputs import check_output_file
+  out = check_output_file(args.out, "--out") if args.out else None
   if args.what == "core":
     from rmmjax.bench import core as bench
     bench.bench_core(out, quick=args.quick)
@@ -128,18 +161,30 @@ def _cmd_bench(args) -> None:
     bench_retrieval.bench_encode(out, Path(args.data), quick=args.quick)
 
 
+TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
+LoCoMo file: --set data=PATH). Every key, its default and what it means is in
+rmmjax/config.py (class Config and CONFIGS); the README's "Command line" section describes
+the outputs. Running the same command again resumes the workdir."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+  from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS
+  from rmmjax.retrieve.rankers import RETRIEVERS
+  from rmmjax.retrieve.units import GRANULARITIES
   parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
 
   def with_config(p):
-    p.add_argument("--config", default="latent", help="named config (default: latent)")
+    p.add_argument("--config", default="latent", choices=sorted(CONFIGS),
+                   help="named config (default: latent)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value (repeatable)")
+                   help="override a config value (repeatable); keys and defaults: "
+                        "rmmjax/config.py")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
-  p = sub.add_parser("train", help="train a reranker (resumes from the workdir)")
+  p = sub.add_parser("train", help="train a reranker (resumes from the workdir)",
+                     description=TRAIN_HELP)
   with_config(p)
   p.set_defaults(func=_cmd_train)
 
@@ -166,17 +211,27 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_embed)
 
   p = sub.add_parser("eval", help="evidence retrieval metrics on a labelled dataset")
-  p.add_argument("--dataset", default="locomo", help="locomo, longmemeval or msc")
+  p.add_argument("--dataset", default="locomo", choices=EVALUABLE_DATASETS,
+                 help="a dataset with evidence-labelled questions")
   p.add_argument("--data", required=True, help="path to the dataset file")
-  p.add_argument("--units", default="turn", help="turn, session or mixed")
-  p.add_argument("--retriever", default="bm25", help="bm25, dense or hybrid")
-  p.add_argument("--k", default="5,10", help="recall cut-offs, comma-separated")
+  p.add_argument("--units", default="turn", choices=GRANULARITIES)
+  p.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
+  p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")
   p.add_argument("--reranker", default=None,
-                 help="a training workdir or exported .safetensors: rerank the K candidates")
+                 help="a training workdir or exported .safetensors: rerank the K candidates "
+                      "(conversations it trained on are left out)")
   p.add_argument("--online", action="store_true",
                  help="with --reranker: replay each conversation prequentially, learning online")
+  p.add_argument("--in-sample", action="store_true",
+                 help="with --reranker: keep the conversations it trained on (in-sample numbers)")
+  p.add_argument("--allow-mismatch", action="store_true",
+                 help="with --reranker: evaluate although its units, retriever or encoder differ "
+                      "(the report lists the mismatches)")
+  p.add_argument("--precision", default="highest", choices=PRECISIONS,
+                 help="float32 matmul precision (default: highest, full float32)")
+  p.add_argument("--quiet", action="store_true", help="no progress bars")
   p.add_argument("--out", default=None, help="write the metrics as JSON")
   p.set_defaults(func=_cmd_eval)
 
@@ -193,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   try:
     args.func(args)
-  except (ValueError, FileNotFoundError) as err:
+  except KeyboardInterrupt:
+    print(f"\nrmmjax {args.command}: interrupted"
+          + ("; rerun the same command to resume" if args.command == "train"
+             else "; nothing was written"), file=sys.stderr)
+    return 130
+  except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
+          FloatingPointError) as err:
     print(f"rmmjax {args.command}: error: {err}", file=sys.stderr)
     return 2
   return 0

@@ -8,6 +8,9 @@ import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+# Full float32 matmuls on every platform, so the parity tests (fast = naive scorer, export =
+# JAX, encoder = sentence-transformers) mean the same on an accelerator as on the CPU.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 from pathlib import Path  # noqa: E402
 
@@ -45,13 +48,13 @@ def on_four_devices():
   return run
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def locomo_path() -> Path:
   return _shared_file("locomo/locomo_dev8.json",
                       "the LoCoMo release, github.com/snap-research/LoCoMo, data/locomo10.json")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def msc_path() -> Path:
   return _shared_file("msc/msc_dialogue/session_3/valid.txt",
                       "ParlAI's msc_v0.1 release, msc_dialogue/session_3/valid.txt")

@@ -133,7 +133,7 @@ def test_export_round_trip_without_jax(tmp_path, variant):
   out = tmp_path / "export" / "reranker.safetensors"
   assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 0
   meta = json.loads(out.with_suffix(".json").read_text())
-  assert meta["variant"] == variant and meta["dim"] == 16 and meta["tau"] == 0.5
+  assert meta["variant"] == variant and meta["dim"] == 16 and meta["hparams"]["tau"] == 0.5
 
   from rmmjax.config import Config
   from rmmjax.io.export import load_trained_params

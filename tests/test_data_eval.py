@@ -117,14 +117,44 @@ def test_eval_command_reproduces_the_bm25_turn_baseline(locomo_path, tmp_path, c
                                                    "single-hop", "adversarial"}
   for key in ("recall_all@5", "recall_any@5", "ndcg@10", "mrr", "words@5", "recall_all@budget"):
     assert key in result["metrics"]["by_category"]["multi-hop"]
-  assert "recall_all@5" in capsys.readouterr().out
+  table = capsys.readouterr().out
+  assert "R@5 all" in table and "R all@200w" in table
 
 
-def test_eval_refuses_bad_arguments(locomo_path, capsys):
-  assert main(["eval", "--data", str(locomo_path), "--units", "paragraph"]) == 2
-  assert "--units 'paragraph' is not one of turn, session, mixed" in capsys.readouterr().err
-  assert main(["eval", "--data", str(locomo_path), "--k", "five"]) == 2
-  assert "expected comma-separated integers" in capsys.readouterr().err
+@pytest.mark.parametrize("flags,message", [
+    (["--units", "paragraph"], "invalid choice: 'paragraph' (choose from 'turn', 'session', 'mixed')"),
+    (["--retriever", "tfidf"], "invalid choice: 'tfidf'"),
+    (["--dataset", "msc"], "invalid choice: 'msc' (choose from 'locomo', 'longmemeval')"),
+])
+def test_eval_offers_only_what_it_can_evaluate(locomo_path, capsys, flags, message):
+  with pytest.raises(SystemExit) as exit_info:
+    main(["eval", "--data", str(locomo_path), *flags])
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("k,message", [
+    ("five", "expected comma-separated integers"),
+    ("0,5", "--k 0,5: expected distinct positive cut-offs"),
+    ("5,5", "--k 5,5: expected distinct positive cut-offs"),
+])
+def test_eval_refuses_bad_cutoffs_before_loading_anything(tmp_path, capsys, k, message):
+  missing = tmp_path / "not-there.json"  # never read: the cut-offs fail first
+  assert main(["eval", "--data", str(missing), "--k", k]) == 2
+  assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make_out,message", [
+    (lambda d: d, "is a directory; expected a file name"),
+    (lambda d: d / "afile" / "eval.json", "is a file, so no directory can be made there"),
+])
+def test_eval_checks_its_output_path_before_the_work(locomo_path, tmp_path, capsys, make_out,
+                                                      message):
+  (tmp_path / "afile").write_text("x")
+  out = make_out(tmp_path)
+  assert main(["eval", "--data", str(locomo_path), "--quiet", "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert message in err and str(out) in err and "R@5" not in err
 
 
 def test_dense_and_hybrid_retrieval_rank_the_evidence(locomo_path, tmp_path):

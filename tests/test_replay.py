@@ -6,36 +6,22 @@ itself is tested against sentence-transformers in test_encode.py, and one test h
 REINFORCE through the real MiniLM encoder.
 """
 
-import hashlib
 import json
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hash_encoder import HashEncoder
 from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
-from rmmjax.replay.protocols import base_recall
-from rmmjax.replay.candidates import build_replay, to_questions, to_sequence, to_streams
+from rmmjax.replay.candidates import (base_recall, build_replay, to_questions, to_sequence,
+                                     to_streams)
 from rmmjax.train.loop import train
-
-
-class HashEncoder:
-  """Unit-norm hashed bag-of-words embeddings: deterministic, and fast enough for tests."""
-
-  dim = 32
-
-  def encode(self, texts):
-    out = np.zeros((len(texts), self.dim), np.float32)
-    for i, text in enumerate(texts):
-      for word in re.findall(r"\w+", text.lower()):
-        out[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
 
 
 @pytest.fixture
@@ -149,7 +135,7 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
   from rmmjax.io.export import export_reranker, load_trained_params
   from rmmjax.io.serving import NumpyReranker
   meta = export_reranker(wd, tmp_path / "reranker.safetensors")
-  assert "rank_bias" in meta["score"] and meta["online"]["lr"] == cfg.lr
+  assert "rank_bias" in meta["score"] and meta["hparams"]["lr"] == cfg.lr
   scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")
   params, _, _ = load_trained_params(wd)
   rng = np.random.default_rng(0)

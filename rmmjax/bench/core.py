@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from rmmjax import core
+from rmmjax.train.sweeps import run_chunks  # the chunk driver `rmmjax sweep` uses
 
 D, K, M = 384, 20, 5
 TRAIN_BATCHES = (4, 64, 1024)
@@ -65,10 +68,12 @@ def _random_batch(batch: int) -> core.Batch:
                     num_relevant_B=jnp.full((batch,), 3, jnp.int32))
 
 
-def bench_train(repeats: int, min_seconds: float) -> list[dict]:
+def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
   """Steps/s of the jitted, donated train_step for each batch size and formulation."""
   results = []
   for batch in TRAIN_BATCHES:
+    if bar is not None:
+      bar.set_description(f"train_step, batch {batch}")
     data = _random_batch(batch)
     runners = {}
     for formulation in ("fast", "naive"):
@@ -97,12 +102,13 @@ def bench_train(repeats: int, min_seconds: float) -> list[dict]:
     for f in runners:
       results.append({"batch": batch, "formulation": f,
                       "steps_per_s": float(1.0 / np.median(times[f]))})
+    if bar is not None:
+      bar.update()
   return results
 
 
-def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict:
+def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar=None) -> dict:
   """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
-  from rmmjax.train.sweeps import run_chunks  # the shell's chunk driver, as `rmmjax sweep` uses it
 
   spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH)
   sim = core.SimSpec()
@@ -116,6 +122,8 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict
   bytes_per_config_step = 6 * num_params * BYTES_F32
   by_chunk = []
   for chunk in chunks:
+    if bar is not None:
+      bar.set_description(f"sweep, {chunk} configurations per chunk")
     run_chunk = core.make_sweep(spec, sim, SWEEP_STEPS, eval_sessions=16)
     first = jax.tree.map(lambda x, c=chunk: x[:c], hparams)
     run_chunks(run_chunk, first, world, chunk)  # compile
@@ -123,6 +131,8 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict
     rate = SWEEP_CONFIGS * SWEEP_STEPS / t
     by_chunk.append({"chunk": chunk, "seconds": t, "config_steps_per_s": rate,
                      "fraction_of_limit": rate * bytes_per_config_step / bandwidth})
+    if bar is not None:
+      bar.update()
   best = max(by_chunk, key=lambda r: r["config_steps_per_s"])
   return {"configs": SWEEP_CONFIGS, "steps": SWEEP_STEPS, "batch": SWEEP_BATCH,
           "best_chunk": best["chunk"], "config_steps_per_s": best["config_steps_per_s"],
@@ -130,12 +140,15 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float) -> dict
           "fraction_of_limit": best["fraction_of_limit"], "by_chunk": by_chunk}
 
 
-def bench_core(out: Path | None, quick: bool = False) -> dict:
+def bench_core(out: Path | None, quick: bool = False, progress: bool = True) -> dict:
   repeats = 3 if quick else 7
-  bandwidth = measure_bandwidth()
-  train = bench_train(repeats=repeats, min_seconds=0.2 if quick else 1.0)
   chunks = (2, 64) if quick else (1, 2, 4, 8, 16, 64)
-  sweep = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth)
+  with tqdm(total=1 + len(TRAIN_BATCHES) + len(chunks), desc="memory bandwidth",
+            unit="phase", disable=not progress, file=sys.stderr) as bar:
+    bandwidth = measure_bandwidth()
+    bar.update()
+    train = bench_train(repeats=repeats, min_seconds=0.2 if quick else 1.0, bar=bar)
+    sweep = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth, bar=bar)
   result = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
             "shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}

@@ -17,7 +17,7 @@ from rmmjax.core.types import Batch, TrainState
 
 # Streams folded out of a run's root key (0 initialises the parameters, 1 and 2 the latent
 # simulator's data and steps).
-_PRETRAIN_STREAM, _REPLAY_STREAM = 3, 4
+_PRETRAIN_STREAM, _REPLAY_STREAM, _HELDOUT_STREAM = 3, 4, 5
 
 
 def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
@@ -53,13 +53,16 @@ def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[
   return jax.lax.scan(body, state, None, length=num_steps)
 
 
-def prequential(state: TrainState, stream_SxB: Batch, adapt: bool) -> dict:
+def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,
+                 stream_id: jax.Array | int = 0) -> dict:
   """Scores every question of a stream with the reranker as it stands; with adapt, the reranker
   then learns from that batch's simulated citations before the next batch arrives.
 
-  Returns recall_SxB (top-M recall of each question, 0 for absent ones) and scores_SxBxK.
+  `stream_id` is folded into the key, so streams replayed side by side (vmapped) draw their
+  own Gumbel noise and citations. Returns recall_SxB (top-M recall of each question, 0 for
+  absent ones) and scores_SxBxK.
   """
-  key = jax.random.fold_in(state.key, _REPLAY_STREAM)
+  key = jax.random.fold_in(jax.random.fold_in(state.key, _HELDOUT_STREAM), stream_id)
 
   def body(state, batch):
     recall_B, scores_BxK = rerank_recall(state.params, batch, state.spec)

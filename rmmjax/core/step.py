@@ -51,9 +51,21 @@ def gather_positions(values_BxK: jax.Array, selected_BxM: jax.Array) -> jax.Arra
 
 
 def recall_per_query(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
-  """(relevant memories selected) / (relevant memories in the bank), recall_B."""
-  hits_B = jnp.sum(gather_positions(batch.relevant_BxK, selected_BxM), -1).astype(jnp.float32)
-  return hits_B / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0)
+  """Recall of each query's selection, recall_B.
+
+  With evidence labels (batch.evidence_BxKxE): evidence items covered by any selected
+  candidate / the query's evidence items. Without: relevant memories selected / relevant
+  memories in the bank (the same number when every candidate is one evidence item).
+  """
+  if batch.evidence_BxKxE is None:
+    hits_B = jnp.sum(gather_positions(batch.relevant_BxK, selected_BxM), -1)
+  else:
+    taken_BxM = selected_BxM >= 0
+    picked_BxMxE = jnp.take_along_axis(batch.evidence_BxKxE,
+                                       jnp.maximum(selected_BxM, 0)[..., None], axis=1)
+    covered_BxE = jnp.any(picked_BxMxE & taken_BxM[..., None], axis=1)
+    hits_B = jnp.sum(covered_BxE, -1)
+  return hits_B.astype(jnp.float32) / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0)
 
 
 def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:

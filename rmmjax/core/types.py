@@ -106,7 +106,13 @@ class Batch(struct.PyTreeNode):
   mem_BxKxD: jax.Array
   mask_BxK: jax.Array  # bool: candidate exists (a bank may hold fewer than K memories)
   relevant_BxK: jax.Array  # bool: candidate is relevant to the query
-  num_relevant_B: jax.Array  # relevant memories in the whole bank (recall denominator)
+  # The recall denominator: relevant memories in the whole bank, or, when evidence_BxKxE is
+  # given, the query's evidence items (a labelled question's evidence turns).
+  num_relevant_B: jax.Array
+  # bool, optional: candidate k covers the query's evidence item e (padded with False). A unit
+  # that spans several turns (a session, a topic) covers several; recall then counts evidence
+  # items found, the definition every evaluation uses, not relevant units selected.
+  evidence_BxKxE: jax.Array | None = None
 
 
 class TrainState(struct.PyTreeNode):

@@ -1,25 +1,37 @@
 """Evaluation through a trained reranker: its order over the base retriever's K candidates.
 
 The reranked list is the K candidates by reranker score, then the base ranking beyond K. With
-`online` the conversation is replayed prequentially: every batch of questions is ranked by the
-reranker as it stands, then the reranker learns from that batch's simulated citations.
+`online` each conversation is replayed prequentially by `heldout_replay`, the same function the
+training summary's `recall_at_m_prequential` comes from: a fresh optimizer under the trained
+run's hyperparameters and batch size, each batch ranked before the reranker learns from its
+simulated citations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file
 
 from rmmjax import core
-from rmmjax.core import replay as core_replay
-from rmmjax.io.export import load_trained_params
+from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.io.reranker_format import read_reranker
 from rmmjax.replay.candidates import ConversationReplay, to_streams
+from rmmjax.replay.protocols import heldout_replay, stream_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedReranker:
+  """A trained reranker with its hyperparameters and the record of what it was trained on."""
+
+  source: str  # the workdir or file it came from
+  params: dict
+  spec: core.CoreSpec
+  hparams: core.HParams
+  record: dict
 
 
 def _nest(flat: dict[str, np.ndarray]) -> dict:
@@ -34,47 +46,36 @@ def _nest(flat: dict[str, np.ndarray]) -> dict:
   return out
 
 
-def load_reranker(path: Path) -> dict:
-  """A trained reranker from a training workdir or an exported .safetensors file.
-
-  Returns params, spec, hparams (for online learning), and the conversations it never trained
-  on when the workdir says (None for an exported file).
-  """
+def load_reranker(path: Path) -> LoadedReranker:
+  """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
   if path.is_dir():
+    record = read_record(path)
     params, cfg, _ = load_trained_params(path)
-    return {"params": params, "spec": cfg.core_spec(), "hparams": cfg.hparams(),
-            "holdout": cfg.holdout if cfg.config != "latent" else None, "data": cfg.data,
-            "encoder": cfg.encoder}
-  if path.suffix != ".safetensors" or not path.exists():
-    raise FileNotFoundError(f"--reranker {path}: expected a training workdir or an exported "
-                            ".safetensors file (with its .json beside it)")
-  meta_path = path.with_suffix(".json")
-  if not meta_path.exists():
-    raise FileNotFoundError(f"{meta_path} not found: `rmmjax export` writes it beside {path}")
-  meta = json.loads(meta_path.read_text())
-  params = _nest(load_file(str(path)))
+    return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record)
+  if path.suffix != ".safetensors":
+    raise ValueError(f"--reranker {path}: expected a training workdir or an exported "
+                     ".safetensors file")
+  weights, meta = read_reranker(path)
   spec = core.CoreSpec(variant=meta["variant"], dim=int(meta["dim"]), k=int(meta["k"]),
-                       m=int(meta["m"]), hidden=int(meta.get("hidden") or 256),
-                       rank_prior="rank_bias" in params)
-  online = meta.get("online", {})
-  hparams = core.HParams.create(tau=meta["tau"], **online)
-  return {"params": params, "spec": spec, "hparams": hparams, "holdout": None, "data": None,
-          "encoder": meta.get("encoder")}
+                       m=int(meta["m"]), batch=int(meta["batch"]),
+                       hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
+  return LoadedReranker(str(path), _nest(weights), spec, core.HParams.create(**meta["hparams"]),
+                        meta["record"])
 
 
-def reranked_orders(replays: list[ConversationReplay], reranker: dict, online: bool,
-                    batch: int = 4) -> list[np.ndarray]:
+def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
+                    online: bool) -> list[np.ndarray]:
   """Per conversation, the reranked unit order of every question, order_NxR."""
-  spec, params = reranker["spec"], reranker["params"]
+  spec = reranker.spec
   for conv in replays:
     if conv.q_NxD.shape[1] != spec.dim:
       raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
                        f"{conv.q_NxD.shape[1]}")
-  spec = dataclasses.replace(spec, batch=batch)
-  state = core.init_state(spec, reranker["hparams"]).replace(params=params)
-  replay = jax.jit(jax.vmap(core_replay.prequential, in_axes=(None, 0, None)), static_argnums=2)
-  scores = np.asarray(replay(state, to_streams(replays, batch), online)["scores_SxBxK"])
+  state = core.init_state(spec, reranker.hparams).replace(params=reranker.params)
+  replay = jax.jit(heldout_replay, static_argnums=3)
+  out = replay(state, to_streams(replays, spec.batch), stream_ids(replays), online)
+  scores = np.asarray(out["scores_SxBxK"])
   orders = []
   for conv, scores_SxBxK in zip(replays, scores):
     n, k = conv.mask_NxK.shape

@@ -4,70 +4,101 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm import tqdm
+
+from rmmjax.config import EVALUABLE_DATASETS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
-from rmmjax.data.msc import load_msc
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import load_reranker, reranked_orders
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.replay.candidates import build_replay
+from rmmjax.replay.candidates import build_replay, conversation_fingerprint
+from rmmjax.replay.record import encoder_identity, mismatches, trained_on
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.retrieve.units import GRANULARITIES, build_units
 
-DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "msc": load_msc}
+DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval}
+assert tuple(DATASETS) == EVALUABLE_DATASETS
+
+
+def check_cutoffs(ks: tuple[int, ...]) -> None:
+  if not ks or min(ks) < 1 or len(set(ks)) != len(ks):
+    raise ValueError(f"--k {','.join(map(str, ks))}: expected distinct positive cut-offs such "
+                     "as 5,10")
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],
                        budget_words: int | None = None, encoder=None,
-                       reranker: Path | None = None, online: bool = False) -> dict:
+                       reranker: Path | None = None, online: bool = False,
+                       in_sample: bool = False, allow_mismatch: bool = False,
+                       progress: bool = False) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
   With a reranker (a training workdir or an exported file) its order over the retriever's K
-  candidates replaces theirs; a workdir's reranker is evaluated only on the conversations it
-  held out. `online` replays each conversation prequentially, the reranker learning as it goes.
+  candidates replaces theirs. Conversations the reranker trained on (the same id, or the same
+  turns under another id) are left out and counted, unless `in_sample`; a reranker trained on
+  other units, another base retriever or encoder is refused, unless `allow_mismatch` (the report
+  then lists the mismatches). `online` replays each conversation prequentially.
   """
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, GRANULARITIES),
                                ("retriever", retriever, RETRIEVERS)):
     if value not in choices:
       raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
-  if not ks or min(ks) < 1:
-    raise ValueError(f"--k {ks}: expected positive cut-offs such as 5,10")
+  check_cutoffs(ks)
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
-  if online and reranker is None:
-    raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
-  loaded = None
-  if reranker is not None:
-    loaded = load_reranker(Path(reranker))
+  if (online or in_sample or allow_mismatch) and reranker is None:
+    raise ValueError("--online, --in-sample and --allow-mismatch apply to a reranker: pass "
+                     "--reranker as well")
+  loaded = load_reranker(Path(reranker)) if reranker is not None else None
   conversations, report = DATASETS[dataset](data)
-  if not any(c.questions for c in conversations):
-    raise ValueError(f"{data} holds no question with evidence labels; {dataset} cannot be "
-                     "evaluated for retrieval")
+  conversations = [c for c in conversations if c.questions]
+  if not conversations:
+    raise ValueError(f"{data} holds no question with evidence labels; it cannot be evaluated "
+                     "for retrieval")
   if (retriever != "bm25" or loaded) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
-  config = {"dataset": dataset, "data": str(data), "units": units, "retriever": retriever,
-            "k": list(ks), "budget_words": budget_words}
+  config = {"dataset": dataset, "data": str(Path(data).resolve()), "units": units,
+            "retriever": retriever, "k": list(ks), "budget_words": budget_words,
+            "encoder": encoder_identity(encoder) if encoder is not None else None}
   if loaded:
-    conversations = _unseen(conversations, loaded, data)
-    config |= {"reranker": str(reranker), "online": online,
-               "conversations": [c.conversation_id for c in conversations]}
+    conversations, fit = _fit(loaded, conversations, dataset, units, retriever, encoder,
+                              in_sample, allow_mismatch)
+    config |= fit | {"online": online}
     rows = _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
-                          budget_words)
+                          budget_words, progress)
   else:
-    rows = _base_rows(conversations, units, retriever, encoder, ks, budget_words)
+    rows = _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress)
+  config["conversations"] = [c.conversation_id for c in conversations]
   return {"config": config,
           "load_report": {"counts": dict(report.counts), "examples": report.examples},
           "metrics": aggregate(rows)}
 
 
-def _unseen(conversations: list, loaded: dict, data: Path) -> list:
-  """The conversations a workdir's reranker held out, when it trained on this very file."""
-  if loaded["holdout"] is None or Path(loaded["data"]).resolve() != Path(data).resolve():
-    return conversations
-  with_questions = [c for c in conversations if c.questions]
-  return with_questions[-loaded["holdout"]:]
+def _fit(loaded, conversations, dataset, units, retriever, encoder, in_sample,
+         allow_mismatch) -> tuple[list, dict]:
+  """The conversations to evaluate the reranker on, and what the report records about it."""
+  record = loaded.record
+  wanted = {"dataset": dataset, "units": units, "retriever": retriever,
+            "encoder": encoder_identity(encoder), "dim": encoder.dim}
+  found = mismatches(record, wanted)
+  if found and not allow_mismatch:
+    raise ValueError(f"the reranker {loaded.source} does not fit this evaluation ("
+                     + "; ".join(found) + "): evaluate it with the settings it was trained "
+                     "with, or pass --allow-mismatch to record the mismatch in the report")
+  seen = [c for c in conversations
+          if trained_on(record, c.conversation_id, conversation_fingerprint(c))]
+  kept = conversations if in_sample else [c for c in conversations if c not in seen]
+  if not kept:
+    raise ValueError(f"every conversation of this file ({len(conversations)}) was trained on by "
+                     f"{loaded.source}; evaluate on other conversations, or pass --in-sample "
+                     "for in-sample numbers")
+  return kept, {"reranker": loaded.source, "reranker_record": record, "in_sample": in_sample,
+                "trained_conversations_in_file": [c.conversation_id for c in seen],
+                "excluded_conversations": [] if in_sample else [c.conversation_id for c in seen],
+                "mismatches": found}
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
@@ -82,23 +113,22 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 
 
 def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
-                   budget_words) -> list:
-  conversations = [c for c in conversations if c.questions]
+                   budget_words, progress) -> list:
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
-  replays = build_replay(conversations, units, retriever, encoder, loaded["spec"].k,
-                         depth=None if budget_words else max(max(ks), 10, MRR_DEPTH))
+  replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
+                         depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
+                         progress=progress)
   rows = []
   for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
     rows += _rows_from_orders(conv, build_units(conv, units), orders, ks, budget_words)
   return rows
 
 
-def _base_rows(conversations, units, retriever, encoder, ks, budget_words) -> list:
+def _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress) -> list:
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
-  for conv in conversations:
-    if not conv.questions:
-      continue
+  for conv in tqdm(conversations, desc=f"retrieving ({retriever}, {units} units)",
+                   unit="conversation", disable=not progress):
     pool = build_units(conv, units)
     ranker = make_retriever(retriever, [u.text for u in pool], encoder)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
@@ -111,15 +141,19 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def format_table(result: dict, ks: tuple[int, ...]) -> str:
-  keys = [f"recall_all@{k}" for k in ks] + [f"recall_any@{k}" for k in ks] + [
-      "ndcg@10", "mrr"] + [f"words@{k}" for k in ks]
-  if result["config"]["budget_words"]:
-    keys.append("recall_all@budget")
-  header = f"{'':14s}{'n':>6s}" + "".join(f"{k:>16s}" for k in keys)
-  lines = [header]
+  """One row per category and overall; column names say what each number is."""
+  columns = ([(f"recall_all@{k}", f"R@{k} all") for k in ks]
+             + [(f"recall_any@{k}", f"R@{k} any") for k in ks]
+             + [("ndcg@10", "NDCG@10"), ("mrr", "MRR")] + [(f"words@{k}", f"words@{k}") for k in ks])
+  budget = result["config"]["budget_words"]
+  if budget:
+    columns += [("recall_all@budget", f"R all@{budget}w"), ("words@budget", f"words@{budget}w")]
+  width = max(10, max(len(label) for _, label in columns) + 2)
+  lines = [f"{'':14s}{'questions':>10s}" + "".join(f"{label:>{width}s}" for _, label in columns)]
   groups = [("overall", result["metrics"]["overall"])] + list(
       result["metrics"]["by_category"].items())
   for name, m in groups:
-    lines.append(f"{name:14s}{m['questions']:6d}" + "".join(
-        f"{m[k]:16.1f}" if k.startswith("words") else f"{m[k]:16.3f}" for k in keys))
+    lines.append(f"{name:14s}{m['questions']:10d}" + "".join(
+        f"{m[key]:{width}.1f}" if key.startswith("words") else f"{m[key]:{width}.3f}"
+        for key, _ in columns))
   return "\n".join(lines)

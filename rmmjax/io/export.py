@@ -1,4 +1,6 @@
-"""Export a trained reranker for serving: safetensors weights plus a JSON of what a server needs."""
+"""Export a trained reranker for serving: safetensors weights whose header holds the description
+(variant, shapes, hyperparameters, batch, and the record of what it was trained on), plus a
+readable JSON copy of that description beside it."""
 
 from __future__ import annotations
 
@@ -12,15 +14,13 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from rmmjax import core
+from rmmjax.config import SWEEPABLE
 from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.reranker_format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
+                                       SCORE_FORMULAS, check_weights)
 from rmmjax.io.workdir import atomic_write_json, read_config
 
-FORMAT_VERSION = 1
-SCORE_FORMULAS = {  # embeddings are row vectors; weights multiply them on the right
-    "linear": "s_i = (q + q wq) . (m_i + m_i wm)",
-    "mlp": "s_i = (q + f_q(q)) . (m_i + f_m(m_i)), f(x) = gelu(x w1 + b1) w2 (+ b2, query only)",
-}
-RANK_PRIOR_FORMULA = " + rank_bias[i], i the candidate's position in the base retriever's order"
+RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
 
 
 def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -34,40 +34,61 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
   return flat
 
 
-def load_trained_params(workdir: Path) -> tuple[dict, "object"]:
-  """The newest checkpointed parameters of a training workdir, with its config."""
+def read_record(workdir: Path) -> dict:
+  path = Path(workdir) / RECORD_FILE
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: {workdir} was trained by an older rmmjax "
+                            "that did not record what it trained on; train it again")
+  return json.loads(path.read_text())
+
+
+def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
+  """The newest checkpointed parameters of a training workdir, with its config and step."""
   cfg = read_config(workdir)
-  checkpointer = Checkpointer(Path(workdir) / "checkpoints")
+  checkpoints = Path(workdir) / "checkpoints"
+  checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
-    step = checkpointer.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint to export")
     template = core.init_state(cfg.core_spec(), cfg.hparams())
-    state = checkpointer.restore(step, template)
+    step, state, _ = checkpointer.restore_latest(template)  # the newest that reads back
   finally:
     checkpointer.close()
+  if state is None:
+    raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
+                            "trained reranker")
   return jax.device_get(state.params), cfg, step
 
 
+def describe(cfg, record: dict, step: int) -> dict:
+  """The description an export carries: enough to score, evaluate and keep training."""
+  return {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
+          "hidden": cfg.hidden if cfg.variant == "mlp" else None, "k": cfg.k, "m": cfg.m,
+          "batch": cfg.batch, "rank_prior": cfg.rank_prior, "step": step,
+          "hparams": {name: getattr(cfg, name) for name in SWEEPABLE},
+          "score": SCORE_FORMULAS[cfg.variant] + (RANK_PRIOR_FORMULA if cfg.rank_prior else ""),
+          "selection": "serve the top m by score; sample with Gumbel noise on score / tau",
+          "record": record}
+
+
 def export_reranker(workdir: Path, out: Path) -> dict:
-  """Writes OUT (.safetensors) and OUT with .json; returns the metadata written."""
+  """Writes OUT (.safetensors, description in its header) and OUT with .json (a readable copy);
+  returns the description."""
   out = Path(out)
   if out.suffix != ".safetensors":
     raise ValueError(f"--out {out}: expected a file name ending in .safetensors")
+  if out.is_dir():
+    raise ValueError(f"--out {out} is a directory; expected a file name ending in .safetensors")
   params, cfg, step = load_trained_params(workdir)
-  meta = {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
-          "hidden": cfg.hidden if cfg.variant == "mlp" else None, "tau": cfg.tau, "k": cfg.k,
-          "m": cfg.m, "encoder": cfg.encoder, "step": step,
-          "score": SCORE_FORMULAS[cfg.variant] + (RANK_PRIOR_FORMULA if cfg.rank_prior else ""),
-          "online": {"baseline": cfg.baseline, "baseline_kind": cfg.baseline_kind,
-                     "lr": cfg.lr, "p_rel": cfg.p_rel, "p_irr": cfg.p_irr},
-          "selection": "serve the top m by score; sample with Gumbel noise on score / tau"}
+  meta = describe(cfg, read_record(workdir), step)
+  flat = flatten_params(params)
+  check_weights(flat, meta, f"{workdir} (step {step})")
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
   os.close(fd)
   try:
-    save_file(flatten_params(params), tmp,
-              metadata={k: json.dumps(v) for k, v in meta.items()})
+    save_file(flat, tmp, metadata={HEADER_KEY: json.dumps(meta, sort_keys=True)})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, out)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)

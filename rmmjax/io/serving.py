@@ -7,14 +7,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
-
 from rmmjax.checks import check_embeddings
+from rmmjax.io.reranker_format import read_reranker
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -39,11 +37,8 @@ class NumpyReranker:
 
   @classmethod
   def load(cls, path: str | Path) -> "NumpyReranker":
-    path = Path(path)
-    meta_path = path.with_suffix(".json")
-    if not path.exists() or not meta_path.exists():
-      raise FileNotFoundError(f"expected {path} and {meta_path} (written by `rmmjax export`)")
-    return cls(load_file(str(path)), json.loads(meta_path.read_text()))
+    """From an exported file alone (its header holds the description); checked on load."""
+    return cls(*read_reranker(path))
 
   def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
     w = {k: self.weights[f"{prefix}/{k}"] for k in ("w1", "b1", "w2")}

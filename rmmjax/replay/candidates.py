@@ -2,22 +2,26 @@
 
 For every question of a conversation the base retriever ranks that conversation's memory units;
 the top K become the reranker's candidates, with their embeddings and whether each covers an
-evidence turn. Conversations then become padded streams (`to_streams`) or one pool of
-questions (`to_questions`) in the core's Batch layout.
+evidence turn, and which of the question's evidence turns each covers: recall everywhere
+counts evidence turns found, so a session or topic unit counts every evidence turn it holds.
+Conversations then become padded streams (`to_streams`) or one pool of questions
+(`to_questions`) in the core's Batch layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
+from tqdm import tqdm
 
 from rmmjax.core.types import Batch
 from rmmjax.data.schema import Conversation
 from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.retrieve.units import build_units
 
-RANK_DEPTH = 100  # base ranking kept per question, for metrics beyond the K candidates
+RANK_DEPTH = 100  # base ranking kept per question beyond the K candidates (for NDCG, MRR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,29 +29,63 @@ class ConversationReplay:
   """One conversation's questions with their base-retriever candidates (arrays on the host)."""
 
   conversation_id: str
+  fingerprint: str  # hash of the conversation's turns (see `conversation_fingerprint`)
   questions: tuple[str, ...]
   categories: tuple[str, ...]
   q_NxD: np.ndarray  # question embeddings
   mem_NxKxD: np.ndarray  # candidate embeddings, base order
   mask_NxK: np.ndarray  # candidate exists (a conversation may hold fewer than K units)
   relevant_NxK: np.ndarray  # candidate covers an evidence turn
+  evidence_NxKxE: np.ndarray  # candidate covers the question's e-th evidence turn (padded)
+  num_evidence_N: np.ndarray  # evidence turns of each question (the recall denominator)
   num_relevant_N: np.ndarray  # units covering evidence in the whole conversation
   order_NxR: np.ndarray  # base ranking of unit indices to the kept depth (-1 past the end)
   unit_emb_UxD: np.ndarray  # every unit's embedding (retrieval with a fine-tuned encoder)
   unit_relevant_NxU: np.ndarray  # unit covers the question's evidence
   unit_turns: tuple[tuple[str, ...], ...]
   unit_words: tuple[int, ...]
-  evidence: tuple[frozenset, ...]
+  evidence: tuple[tuple[str, ...], ...]
+
+
+def conversation_fingerprint(conv: Conversation) -> str:
+  """A hash of a conversation's dated turns: the same conversation under another file name,
+  format or id has the same fingerprint."""
+  digest = hashlib.sha256()
+  for session in conv.sessions:
+    digest.update(f"{session.date}\x1e".encode())
+    for turn in session.turns:
+      digest.update(f"{turn.turn_id}\x1f{turn.speaker}\x1f{turn.text}\x1e".encode())
+  return digest.hexdigest()[:16]
+
+
+def evidence_recall(conv: ConversationReplay, columns_NxM: np.ndarray) -> np.ndarray:
+  """Recall (all) of each question when the candidates at columns_NxM (-1: none) are kept:
+  evidence turns covered / evidence turns, recall_N (the definition of `rmmjax.eval.metrics`)."""
+  cols = np.asarray(columns_NxM)
+  picked_NxMxE = np.take_along_axis(conv.evidence_NxKxE, np.maximum(cols, 0)[..., None], 1)
+  covered_NxE = (picked_NxMxE & (cols >= 0)[..., None]).any(1)
+  return covered_NxE.sum(1) / conv.num_evidence_N
+
+
+def base_recall(conv: ConversationReplay, m: int) -> np.ndarray:
+  """Recall of each question when the base retriever's top m candidates are kept, recall_N."""
+  return evidence_recall(conv, np.broadcast_to(np.arange(m), (len(conv.questions), m)))
+
+
+def ceiling_recall(conv: ConversationReplay) -> np.ndarray:
+  """Recall of each question when all K candidates are kept (what any reranker is capped at)."""
+  return evidence_recall(conv, np.where(conv.mask_NxK, np.arange(conv.mask_NxK.shape[1]), -1))
 
 
 def build_replay(conversations: list[Conversation], units: str, retriever: str, encoder,
-                 k: int, depth: int | None = RANK_DEPTH) -> list[ConversationReplay]:
+                 k: int, depth: int | None = RANK_DEPTH,
+                 progress: bool = False) -> list[ConversationReplay]:
   """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`; the
-  base ranking is kept to `depth` units (None: all of them)."""
+  base ranking is kept to max(depth, k) units (None: all of them)."""
   out = []
-  for conv in conversations:
-    if not conv.questions:
-      continue
+  with_questions = [c for c in conversations if c.questions]
+  for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
+                   unit="conversation", disable=not progress):
     pool = build_units(conv, units)
     if not pool:
       raise ValueError(f"conversation {conv.conversation_id} has no {units} units to retrieve")
@@ -55,12 +93,19 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
     questions = [q.question for q in conv.questions]
     unit_emb = encoder.encode(texts)
     q_emb = encoder.encode(questions)
-    width = len(pool) if depth is None else depth
+    width = len(pool) if depth is None else max(depth, k)
     order = make_retriever(retriever, texts, encoder).rank(questions, min(len(pool), width))
     order_NxR = np.full((len(questions), max(width, k)), -1, np.int64)
     order_NxR[:, :order.shape[1]] = order
-    covers = np.array([[bool(set(q.evidence).intersection(u.turn_ids)) for u in pool]
-                       for q in conv.questions])
+    evidence = [tuple(q.evidence) for q in conv.questions]
+    num_e = max(len(e) for e in evidence)
+    # covers_NxUxE[n, u, e]: unit u holds question n's e-th evidence turn.
+    covers_NxUxE = np.zeros((len(questions), len(pool), num_e), bool)
+    for n, ev in enumerate(evidence):
+      for u, unit in enumerate(pool):
+        turns = set(unit.turn_ids)
+        covers_NxUxE[n, u, :len(ev)] = [e in turns for e in ev]
+    covers = covers_NxUxE.any(-1)
     num_relevant = covers.sum(1)
     if (num_relevant == 0).any():
       bad = conv.questions[int(np.argmin(num_relevant))]
@@ -69,32 +114,43 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
     cand = order_NxR[:, :k]
     mask = cand >= 0
     safe = np.maximum(cand, 0)
+    rows = np.arange(len(questions))[:, None]
     out.append(ConversationReplay(
-        conversation_id=conv.conversation_id, questions=tuple(questions),
-        categories=tuple(q.category for q in conv.questions),
+        conversation_id=conv.conversation_id, fingerprint=conversation_fingerprint(conv),
+        questions=tuple(questions), categories=tuple(q.category for q in conv.questions),
         q_NxD=q_emb, mem_NxKxD=np.where(mask[..., None], unit_emb[safe], 0.0).astype(np.float32),
         mask_NxK=mask, relevant_NxK=np.take_along_axis(covers, safe, 1) & mask,
+        evidence_NxKxE=covers_NxUxE[rows, safe] & mask[..., None],
+        num_evidence_N=np.array([len(e) for e in evidence], np.int32),
         num_relevant_N=num_relevant.astype(np.int32), order_NxR=order_NxR,
         unit_emb_UxD=unit_emb, unit_relevant_NxU=covers,
         unit_turns=tuple(u.turn_ids for u in pool), unit_words=tuple(u.words for u in pool),
-        evidence=tuple(frozenset(q.evidence) for q in conv.questions)))
+        evidence=tuple(evidence)))
   return out
 
 
 def _batch(arrays: dict) -> Batch:
   return Batch(q_BxD=arrays["q"], mem_BxKxD=arrays["mem"], mask_BxK=arrays["mask"],
-               relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_relevant"])
+               relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_evidence"],
+               evidence_BxKxE=arrays["evidence"])
 
 
-def _arrays(conv: ConversationReplay, length: int) -> dict:
-  """The conversation's questions padded with absent ones to `length`."""
+def _arrays(conv: ConversationReplay, length: int, num_e: int) -> dict:
+  """The conversation's questions padded with absent ones to `length`, evidence to num_e."""
   n, k, d = conv.mem_NxKxD.shape
   pad = length - n
+  evidence = np.zeros((length, k, num_e), bool)
+  evidence[:n, :, :conv.evidence_NxKxE.shape[2]] = conv.evidence_NxKxE
   return {"q": np.concatenate([conv.q_NxD, np.zeros((pad, d), np.float32)]),
           "mem": np.concatenate([conv.mem_NxKxD, np.zeros((pad, k, d), np.float32)]),
           "mask": np.concatenate([conv.mask_NxK, np.zeros((pad, k), bool)]),
           "relevant": np.concatenate([conv.relevant_NxK, np.zeros((pad, k), bool)]),
-          "num_relevant": np.concatenate([conv.num_relevant_N, np.ones(pad, np.int32)])}
+          "num_evidence": np.concatenate([conv.num_evidence_N, np.ones(pad, np.int32)]),
+          "evidence": evidence}
+
+
+def _num_evidence(convs: list[ConversationReplay]) -> int:
+  return max(c.evidence_NxKxE.shape[2] for c in convs)
 
 
 def stream_steps(conv: ConversationReplay, batch: int) -> int:
@@ -104,22 +160,22 @@ def stream_steps(conv: ConversationReplay, batch: int) -> int:
 def to_streams(convs: list[ConversationReplay], batch: int, steps: int | None = None) -> Batch:
   """Conversations as parallel streams, stream_CxSxB, all padded to the longest (or `steps`)."""
   steps = steps or max(stream_steps(c, batch) for c in convs)
-  stacked = [_arrays(c, steps * batch) for c in convs]
+  stacked = [_arrays(c, steps * batch, _num_evidence(convs)) for c in convs]
   return _batch({name: np.stack([s[name] for s in stacked]).reshape(
       (len(convs), steps, batch) + stacked[0][name].shape[1:]) for name in stacked[0]})
 
 
 def to_sequence(convs: list[ConversationReplay], batch: int) -> Batch:
   """Conversations one after another as one stream, stream_SxB (each padded to whole steps)."""
-  parts = [_arrays(c, stream_steps(c, batch) * batch) for c in convs]
+  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs)) for c in convs]
   flat = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
   return _batch({name: x.reshape((-1, batch) + x.shape[1:]) for name, x in flat.items()})
 
 
 def to_questions(convs: list[ConversationReplay]) -> Batch:
   """Every question of the conversations as one pool, questions_N (for pretraining)."""
-  return _batch({name: np.concatenate([_arrays(c, len(c.questions))[name] for c in convs])
-                 for name in ("q", "mem", "mask", "relevant", "num_relevant")})
+  parts = [_arrays(c, len(c.questions), _num_evidence(convs)) for c in convs]
+  return _batch({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
 
 
 def folds(num_conversations: int, num_folds: int) -> list[list[int]]:

@@ -2,15 +2,22 @@
 
 One fold: the reranker learns from the training conversations (offline pretraining on labelled
 relevance, then online REINFORCE from simulated citations, or either alone) and is measured on
-held-out conversations it never saw. Held-out conversations are replayed prequentially: each
-batch of questions is answered with the reranker as it stands, then (with `adapt`) the reranker
-learns from that batch's simulated citations. Every held-out conversation starts from the same
-trained reranker, so they replay in parallel (vmap), and so do hyperparameter configurations.
+held-out conversations it never saw.
+
+Held-out conversations are replayed prequentially (`heldout_replay`, the one definition that
+training summaries, cross-validation and `rmmjax eval --online` all use): each conversation
+starts from the trained parameters with a fresh optimizer (Adam moments and step zero, running
+baseline zero: what a new user of a deployed reranker gets), the run's hyperparameters and
+batch size; each batch of questions is ranked with the reranker as it stands, then (with
+`adapt`) it learns from that batch's simulated citations. Every held-out conversation draws its
+own randomness (its id is folded into the key) and starts from the same trained reranker, so
+they replay in parallel (vmap), and so do hyperparameter configurations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +26,8 @@ import numpy as np
 from rmmjax import core
 from rmmjax.config import MODES
 from rmmjax.core import replay as core_replay
-from rmmjax.replay.candidates import ConversationReplay, folds, to_questions, to_sequence, to_streams
-
+from rmmjax.replay.candidates import (ConversationReplay, base_recall, folds, to_questions,
+                                     to_sequence, to_streams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,31 +70,60 @@ def train_reranker(spec: core.CoreSpec, hparams: core.HParams, pretrain_hparams:
   return state, logs
 
 
+def stream_id(conversation_id: str) -> int:
+  """A stable 31-bit number for a conversation, folded into its replay's key."""
+  return zlib.crc32(conversation_id.encode()) & 0x7FFFFFFF
+
+
+def stream_ids(convs: list[ConversationReplay]) -> np.ndarray:
+  return np.array([stream_id(c.conversation_id) for c in convs], np.int32)
+
+
+def heldout_replay(state: core.TrainState, streams_CxSxB: core.Batch, ids_C: jax.Array,
+                   adapt: bool) -> dict:
+  """C held-out conversations replayed prequentially from the trained state (pure, jittable).
+
+  Each starts with a fresh optimizer under the state's hyperparameters; with adapt it learns
+  online from each batch's simulated citations after ranking it. Returns recall_CxSxB and
+  scores_CxSxBxK.
+  """
+  fresh = core_replay.restart_optimizer(state, state.hparams)
+  return jax.vmap(core_replay.prequential, in_axes=(None, 0, None, 0))(
+      fresh, streams_CxSxB, adapt, ids_C)
+
+
 def fold_program(spec: core.CoreSpec, protocol: Protocol, online_steps: int):
   """jit(vmap over configurations) of: train on a fold's conversations, replay the held out."""
 
-  def program(hparams, pretrain_lr, pretrain_tau, train_qs, train_seq, test_streams):
+  def program(hparams, pretrain_lr, pretrain_tau, train_qs, train_seq, test_streams, test_ids):
     pre_hp = hparams.replace(lr=pretrain_lr, tau=pretrain_tau)
     state, logs = train_reranker(spec, hparams, pre_hp, train_qs, train_seq, protocol,
                                  online_steps)
-    replay = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))
-    frozen = replay(state, test_streams, False)["recall_SxB"]
+    frozen = heldout_replay(state, test_streams, test_ids, False)["recall_SxB"]
     adapting = protocol.adapt and protocol.learns_online
     return {"params": state.params, "logs": logs, "frozen": frozen,
-            "heldout": replay(state, test_streams, True)["recall_SxB"] if adapting else frozen}
+            "heldout": (heldout_replay(state, test_streams, test_ids, True)["recall_SxB"]
+                        if adapting else frozen)}
 
-  return jax.jit(jax.vmap(program, in_axes=(0, None, None, None, None, None)))
-
-
-def base_recall(conv: ConversationReplay, m: int) -> np.ndarray:
-  """Recall of each question when the base retriever's top m are kept, recall_N."""
-  return conv.relevant_NxK[:, :m].sum(1) / np.maximum(conv.num_relevant_N, 1)
+  return jax.jit(jax.vmap(program, in_axes=(0, None, None, None, None, None, None)))
 
 
 def per_question(recall_CxSxB, convs: list[ConversationReplay]) -> np.ndarray:
   """Stream-shaped values of C conversations -> one value per real question, concatenated."""
   return np.concatenate([np.asarray(r).reshape(-1)[:len(c.questions)]
                          for r, c in zip(recall_CxSxB, convs)])
+
+
+def split_fold(convs: list[ConversationReplay],
+               test_idx: list[int]) -> tuple[list[ConversationReplay], list[ConversationReplay]]:
+  """(training, held-out) conversations of a fold: every conversation in exactly one of them."""
+  if not test_idx or len(set(test_idx)) != len(test_idx) or not set(test_idx) <= set(
+      range(len(convs))):
+    raise ValueError(f"held-out indices {test_idx} do not name distinct conversations of "
+                     f"{len(convs)}")
+  if len(test_idx) == len(convs):
+    raise ValueError("a fold must leave at least one conversation to train on")
+  return ([c for i, c in enumerate(convs) if i not in test_idx], [convs[i] for i in test_idx])
 
 
 def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.CoreSpec,
@@ -98,14 +134,15 @@ def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.Co
   Returns per configuration the held-out recall of every question (base, frozen reranker,
   prequential reranker), the training logs and the parameters.
   """
-  train = [c for i, c in enumerate(convs) if i not in test_idx]
-  test = [convs[i] for i in test_idx]
+  train, test = split_fold(convs, test_idx)
   train_seq = to_sequence(train, spec.batch)
   online_steps = protocol.online_epochs * train_seq.mask_BxK.shape[0]
   program = fold_program(spec, protocol, online_steps)
   out = jax.device_get(program(hparams, jnp.float32(pretrain_lr), jnp.float32(pretrain_tau),
-                               to_questions(train), train_seq, to_streams(test, spec.batch)))
-  result = {"test": [c.conversation_id for c in test], "logs": out["logs"],
+                               to_questions(train), train_seq, to_streams(test, spec.batch),
+                               stream_ids(test)))
+  result = {"train": [c.conversation_id for c in train],
+            "test": [c.conversation_id for c in test], "logs": out["logs"],
             "params": out["params"],
             "base": np.concatenate([base_recall(c, spec.m) for c in test])}
   for name in ("frozen", "heldout"):  # (configs, conversations, S, B) -> (configs, questions)
@@ -116,7 +153,9 @@ def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.Co
 def cross_validate(convs: list[ConversationReplay], num_folds: int, spec: core.CoreSpec,
                    hparams: core.HParams, protocol: Protocol, pretrain_lr: float = 1e-4,
                    pretrain_tau: float = 0.05) -> dict:
-  """Every fold in turn held out; recalls concatenated over all held-out questions."""
+  """Every fold in turn held out. Results are pooled over questions: the held-out recall of
+  every question of every fold, concatenated (a mean over them weighs each question once, not
+  each fold)."""
   runs = [run_fold(convs, idx, spec, hparams, protocol, pretrain_lr, pretrain_tau)
           for idx in folds(len(convs), num_folds)]
   return {"folds": runs,

@@ -2,27 +2,31 @@
 
 The task (tasks.py) says what the steps learn from: the latent simulator or a replayed dataset.
 
-A run advances in segments of `checkpoint_every` steps, each one compiled `lax.scan`. After a
-segment its metrics go to metrics.jsonl and TensorBoard and the state to an Orbax checkpoint.
-A restarted run resumes from the newest checkpoint; since step t always draws the randomness of
-step t, it ends with exactly the metrics of an uninterrupted run.
+A run advances in segments that end on multiples of `checkpoint_every`, each one compiled
+`lax.scan`. After a segment its metrics go to metrics.jsonl and TensorBoard and the state to an
+Orbax checkpoint. A restarted run resumes from the newest checkpoint that reads back, rewinding
+metrics.jsonl to it and rebuilding TensorBoard from what is kept; since step t always draws the
+randomness of step t, it ends with exactly the outputs of an uninterrupted run. So does a run
+extended with more steps, as `steps` must be a multiple of `log_every`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax.config import Config
-from rmmjax.io import metrics_log, plots
+from rmmjax.config import Config, apply_precision
+from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.tensorboard import ScalarWriter
-from rmmjax.io.workdir import atomic_write_json, atomic_write_text, check_resumable
+from rmmjax.io.export import RECORD_FILE
+from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable,
+                               write_run_record)
 from rmmjax.train.tasks import make_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
@@ -54,37 +58,90 @@ def _check_finite(metrics_T: dict, start_step: int) -> None:
       raise FloatingPointError(f"{name} became {values[bad[0]]} at step {start_step + bad[0] + 1}")
 
 
+def _check_extendable(cfg: Config, workdir: Path, done: int) -> None:
+  """Refuses steps that an extended run could not continue exactly, or fewer than were done."""
+  if cfg.steps % cfg.log_every:
+    raise ValueError(f"steps={cfg.steps} is not a multiple of log_every={cfg.log_every}: a run "
+                     "extended from it would average other windows than an uninterrupted one")
+  if done > cfg.steps:
+    raise ValueError(f"{workdir} has already trained {done} steps and steps={cfg.steps} asks for "
+                     f"fewer; a run cannot be shortened: use a fresh workdir, or steps >= {done} "
+                     "to resume or extend it")
+
+
+def _kept_rows(log_path: Path, logged: list[dict], step: int, log_every: int) -> list[dict]:
+  """The logged rows up to the checkpoint's step, which must be one every log_every steps."""
+  rows = [r for r in logged if r["step"] <= step]
+  if [r["step"] for r in rows] != list(range(log_every, step + 1, log_every)):
+    raise ValueError(f"{log_path} does not hold one row every {log_every} steps up to the "
+                     f"checkpoint at step {step}; use a fresh workdir")
+  return rows
+
+
+def _check_record(workdir: Path, record: dict | None) -> None:
+  """Refuses to resume a run whose data changed since it started (other file contents, other
+  conversations, units, retriever or encoder)."""
+  path = workdir / RECORD_FILE
+  if record is None or not path.exists():
+    return
+  old = json.loads(path.read_text())
+  diff = [k for k in sorted(set(old) | set(record)) if old.get(k) != record.get(k)]
+  if diff:
+    raise ValueError(f"{workdir} was trained on other data than {record.get('data')} holds now "
+                     f"({', '.join(diff)} differ); restore that file or use a fresh workdir")
+
+
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
   """Trains (or resumes) a reranker on the config's task; returns the summary it writes."""
-  cfg.validate()
+  cfg = cfg.validate().resolved()  # paths absolute: a resume from elsewhere reads the same file
+  apply_precision(cfg.precision)
   workdir = Path(workdir)
   check_resumable(workdir, cfg)  # before anything is created or compiled
-  task = make_task(cfg, encoder)  # replay tasks embed their dataset here (cached on disk)
-  workdir.mkdir(parents=True, exist_ok=True)
-  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+  log_path = workdir / "metrics.jsonl"
+  reader = Checkpointer(workdir / "checkpoints", read_only=True)
+  try:
+    _check_extendable(cfg, workdir, reader.latest_step() or 0)
+    logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
+    task = make_task(cfg, encoder, progress)  # replay tasks embed their data (cached on disk)
+    _check_record(workdir, getattr(task, "record", None))
+    step, state, unreadable = reader.restore_latest(task.template)
+  finally:
+    reader.close()
+  rows = _kept_rows(log_path, logged, step, cfg.log_every)
 
+  # Nothing was written up to here; what follows makes the workdir this run's.
+  if step and progress:
+    print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
+  workdir.mkdir(parents=True, exist_ok=True)
+  write_run_record(workdir, {"kind": "train"})
+  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+  if getattr(task, "record", None) is not None:  # what the reranker trains on, for evaluation
+    atomic_write_json(workdir / RECORD_FILE, task.record)
   eval_first = task.evaluate(task.template)
-  checkpointer = Checkpointer(workdir / "checkpoints")
-  step = checkpointer.latest_step() or 0
-  if step:
-    state = checkpointer.restore(step, task.template)
-  else:
+  if state is None:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
     if getattr(task, "pretrain_loss", None) is not None:
       atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
-  log_path = workdir / "metrics.jsonl"
-  rows = metrics_log.rewind(log_path, step)
-  writer = ScalarWriter(workdir / "tb", cfg.to_json() if step == 0 else None)
+  metrics_log.rewind(log_path, step, rows)
+  # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
+  tensorboard.rewrite(workdir / "tb", {"": rows}, "train", cfg.to_json())
+  checkpointer = Checkpointer(workdir / "checkpoints")
+  writer = None
   try:
+    for bad in unreadable:
+      checkpointer.delete(bad)  # redone below; a save of the same step would be refused
+    writer = tensorboard.appender(workdir / "tb")
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress) as bar:
       while step < cfg.steps:
-        n = min(cfg.checkpoint_every, cfg.steps - step)
+        # Segments end on multiples of checkpoint_every, as in an uninterrupted run, so a run
+        # extended from any step saves the same checkpoints.
+        n = min(cfg.checkpoint_every - step % cfg.checkpoint_every, cfg.steps - step)
         state, metrics_T = task.advance(state, n)
         metrics_T = jax.device_get(metrics_T)
         _check_finite(metrics_T, step)
         new_rows = window_means(metrics_T, step, cfg.log_every)
-        metrics_log.append_rows(log_path, new_rows)
+        metrics_log.append_rows(log_path, new_rows)  # rows first: a checkpoint implies its rows
         writer.write_rows(new_rows)
         rows += new_rows
         step += n
@@ -93,19 +150,23 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         bar.set_postfix(reward=f"{new_rows[-1]['reward']:.3f}",
                         recall=f"{new_rows[-1]['recall_at_m']:.3f}")
   finally:
-    writer.close()
+    if writer is not None:
+      writer.close()
     checkpointer.close()
 
   eval_final = task.evaluate(state)
-  summary = {"config": cfg.config, "steps": cfg.steps,
-             "recall_at_m_base": eval_first["recall_at_m_base"],
-             "recall_at_m_first": eval_first["recall_at_m"],
-             "recall_at_m_final": eval_final["recall_at_m"],
-             "recall_at_k": eval_final["recall_at_k"],
-             "eval_queries": task.eval_queries, "k": cfg.k, "m": cfg.m}
-  if "recall_at_m_prequential" in eval_final:
-    summary["recall_at_m_prequential"] = eval_final["recall_at_m_prequential"]
+  summary = {"config": cfg.config, "steps": cfg.steps, "eval_queries": task.eval_queries,
+             "k": cfg.k, "m": cfg.m}
+  if eval_final:  # a replay run with holdout=0 has nothing held out to evaluate
+    summary |= {"recall_at_m_base": eval_first["recall_at_m_base"],
+                "recall_at_m_first": eval_first["recall_at_m"],
+                "recall_at_m_final": eval_final["recall_at_m"],
+                "recall_at_k": eval_final["recall_at_k"]}
+  if cfg.config != "latent":
+    summary["trained_conversations"] = [c.conversation_id for c in task.train_convs]
     summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
+    if eval_final:
+      summary["recall_at_m_prequential"] = eval_final["recall_at_m_prequential"]
   pretrain_path = workdir / "pretrain.json"
   if pretrain_path.exists():
     loss = [{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]

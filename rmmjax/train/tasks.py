@@ -18,8 +18,11 @@ from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.replay.candidates import build_replay, to_questions, to_sequence, to_streams
-from rmmjax.replay.protocols import Protocol, base_recall, per_question, train_reranker
+from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
+                                     to_sequence, to_streams)
+from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
+                                     train_reranker)
+from rmmjax.replay.record import latent_record, replay_record
 
 
 class LatentTask:
@@ -31,6 +34,7 @@ class LatentTask:
     self.eval_batch = core.sample_eval_batch(self.world, self.sim, self.spec, cfg.eval_sessions)
     self.template = core.init_state(self.spec, hp)
     self.eval_queries = cfg.eval_sessions * cfg.batch
+    self.record = latent_record(cfg)
     self._evaluate = jax.jit(core.evaluate, static_argnums=2)
     self._advance = jax.jit(core.run_steps, static_argnums=(2, 3), donate_argnums=0)
 
@@ -49,9 +53,10 @@ class ReplayTask:
   """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
   rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
-  def __init__(self, cfg: Config, encoder=None, workdir: Path | None = None):
+  def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
-    conversations, self.load_report = load_locomo(Path(cfg.data))
+    data = Path(cfg.data).resolve()
+    conversations, self.load_report = load_locomo(data)
     conversations = [c for c in conversations if c.questions]
     if len(conversations) <= cfg.holdout:
       raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
@@ -60,17 +65,20 @@ class ReplayTask:
       encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
     if encoder.dim != cfg.dim:
       raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
-    replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k)
-    self.train_convs, self.test_convs = replays[:-cfg.holdout], replays[-cfg.holdout:]
+    replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,
+                           progress=progress)
+    split = len(replays) - cfg.holdout
+    self.train_convs, self.test_convs = replays[:split], replays[split:]
+    self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs)
     self.train_qs = to_questions(self.train_convs)
     self.train_seq = to_sequence(self.train_convs, cfg.batch)
-    self.test_streams = to_streams(self.test_convs, cfg.batch)
+    self.test_streams = to_streams(self.test_convs, cfg.batch) if self.test_convs else None
+    self.test_ids = stream_ids(self.test_convs)
     self.template = core.init_state(self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     self.pretrain_loss: np.ndarray | None = None
     self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
-    replay = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))
-    self._replay = jax.jit(replay, static_argnums=2)
+    self._replay = jax.jit(heldout_replay, static_argnums=3)
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
@@ -92,20 +100,23 @@ class ReplayTask:
         metrics.pop("present"), 1.0)
     return state, metrics
 
-
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out recall@M: base order, the reranker as it stands, and prequential (learning on
-    as each held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
+    """Held-out Recall@M (evidence turns found / evidence turns): base order, the reranker as
+    it stands, and prequential (`heldout_replay`: a fresh optimizer, learning online as each
+    held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
+    if not self.test_convs:  # holdout=0: every conversation was trained on
+      return {}
     m = self.spec.m
-    frozen = self._replay(state, self.test_streams, False)["recall_SxB"]
-    adapting = self._replay(state, self.test_streams, True)["recall_SxB"]
-    return {"recall_at_m_base": float(np.mean(np.concatenate(
-                [base_recall(c, m) for c in self.test_convs]))),
+    frozen = self._replay(state, self.test_streams, self.test_ids, False)["recall_SxB"]
+    adapting = self._replay(state, self.test_streams, self.test_ids, True)["recall_SxB"]
+    mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
+    return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
             "recall_at_m": float(per_question(frozen, self.test_convs).mean()),
             "recall_at_m_prequential": float(per_question(adapting, self.test_convs).mean()),
-            "recall_at_k": float(np.mean(np.concatenate(
-                [c.relevant_NxK.sum(1) / c.num_relevant_N for c in self.test_convs])))}
+            "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
 
 
-def make_task(cfg: Config, encoder=None):
-  return LatentTask(cfg) if cfg.config == "latent" else ReplayTask(cfg, encoder)
+def make_task(cfg: Config, encoder=None, progress: bool = False):
+  if cfg.config == "latent":
+    return LatentTask(cfg)
+  return ReplayTask(cfg, encoder, progress)

@@ -1,0 +1,42 @@
+"""Checks of output paths the user names, made before any work so a long run never ends in an
+error about where its results were to go."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _nearest_existing(path: Path) -> Path:
+  for parent in [path, *path.parents]:
+    if parent.exists():
+      return parent
+  return Path(".")
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+  """A file path that can be written: not a directory, under a writable directory."""
+  path = Path(path)
+  if path.is_dir():
+    raise ValueError(f"{flag} {path} is a directory; expected a file name")
+  base = _nearest_existing(path.parent)
+  if not base.is_dir():
+    raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
+  if not os.access(base, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag} {path}: {base} is not writable")
+  if path.exists() and not os.access(path, os.W_OK):
+    raise ValueError(f"{flag} {path} exists and is not writable")
+  return path
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+  """A directory path that can be written: not an existing file, under a writable directory."""
+  path = Path(path)
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"{flag} {path} is a file; expected a directory")
+  base = _nearest_existing(path)
+  if not base.is_dir():
+    raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
+  if not os.access(base, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag} {path}: {base} is not writable")
+  return path

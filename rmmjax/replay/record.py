@@ -1,0 +1,59 @@
+"""What a trained reranker fits: the record written with every replay run and every export.
+
+Evaluation reads it to refuse a reranker on data it does not fit (other units, base retriever,
+encoder or K) and to leave out every conversation the reranker trained on, recognised by its id
+or by the fingerprint of its turns, whatever the file it comes in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+# The settings a reranker's candidates were made with; evaluation must use the same.
+FIT_KEYS = ("dataset", "units", "retriever", "encoder", "k", "dim")
+
+
+def file_sha256(path: Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def encoder_identity(encoder) -> str:
+  """The embedding model's identity (name and weights hash), or its class for a test encoder."""
+  return getattr(encoder, "identity", None) or type(encoder).__name__
+
+
+def conversation_entries(convs) -> list[dict]:
+  return [{"id": c.conversation_id, "fingerprint": c.fingerprint} for c in convs]
+
+
+def replay_record(cfg, data: Path, encoder, train_convs, heldout_convs) -> dict:
+  """The record of a replay run (cfg a rmmjax.config.Config, data its resolved dataset file)."""
+  return {"kind": "replay", "dataset": cfg.dataset, "data": str(data),
+          "data_sha256": file_sha256(data), "units": cfg.units, "retriever": cfg.retriever,
+          "encoder": encoder_identity(encoder), "k": cfg.k, "m": cfg.m, "dim": cfg.dim,
+          "trained_conversations": conversation_entries(train_convs),
+          "heldout_conversations": conversation_entries(heldout_convs)}
+
+
+def latent_record(cfg) -> dict:
+  """The record of a latent-simulator run: it never saw a real conversation or encoder."""
+  return {"kind": "latent", "dataset": None, "units": None, "retriever": None,
+          "encoder": "latent simulator", "k": cfg.k, "m": cfg.m, "dim": cfg.dim,
+          "trained_conversations": [], "heldout_conversations": []}
+
+
+def trained_on(record: dict, conversation_id: str, fingerprint: str) -> bool:
+  """Whether the record's reranker trained on this conversation (same id or same turns)."""
+  return any(e["id"] == conversation_id or e["fingerprint"] == fingerprint
+             for e in record.get("trained_conversations", []))
+
+
+def mismatches(record: dict, wanted: dict) -> list[str]:
+  """The FIT_KEYS on which an evaluation's settings differ from the reranker's record."""
+  return [f"{key}: trained with {record.get(key)!r}, evaluated with {wanted[key]!r}"
+          for key in FIT_KEYS if key in wanted and record.get(key) != wanted[key]]
