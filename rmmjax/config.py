@@ -21,6 +21,7 @@ from rmmjax.retrieve.units import GRANULARITIES
 # Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
 # labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
 MODES = ("rl", "pretrain", "pretrain+rl")
+LEARNERS = ("reranker", "query_encoder", "both")
 
 PRECISIONS = ("highest", "high", "default")
 # Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
@@ -97,6 +98,21 @@ class Config:
   pretrain_epochs: int = 10
   pretrain_lr: float = 1e-4
   pretrain_tau: float = 0.05
+  # What learns (see LEARNERS): the reranker over the base retriever's K candidates, the
+  # retriever's query encoder itself, or both (the query encoder first; then the reranker on
+  # the candidates the tuned encoder retrieves).
+  learner: str = "reranker"
+  # The reranker's candidates come from this tuned query encoder (a query_encoder workdir);
+  # learner=both sets it to its own first stage.
+  query_encoder: str = ""
+  # Query-encoder learning (learner query_encoder or both): supervised listwise pretraining on
+  # labelled evidence (batches of encoder_pretrain_batch), then online REINFORCE at encoder_lr.
+  # Values from the cross-validated ablation's exploratory runs (experiments/replay_ablation.py).
+  encoder_pretrain_epochs: int = 2
+  encoder_pretrain_lr: float = 2e-5
+  encoder_pretrain_tau: float = 0.05
+  encoder_pretrain_batch: int = 16
+  encoder_lr: float = 1e-5
 
   def core_spec(self) -> core.CoreSpec:
     return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
@@ -162,10 +178,30 @@ class Config:
     if not (self.pretrain_lr > 0 and self.pretrain_tau > 0):
       raise ValueError(f"pretrain_lr={self.pretrain_lr}, pretrain_tau={self.pretrain_tau}: "
                        "expected both > 0")
+    if self.learner not in LEARNERS:
+      raise ValueError(f"learner={self.learner!r} is not one of {', '.join(LEARNERS)}")
+    if self.learner != "reranker" and self.retriever == "bm25":
+      raise ValueError(f"learner={self.learner} tunes the dense retriever's query encoder, but "
+                       "retriever=bm25 does not use it: set retriever=dense or hybrid")
+    if self.learner == "query_encoder" and self.query_encoder:
+      raise ValueError(f"query_encoder={self.query_encoder!r} gives a reranker its candidates; "
+                       "learner=query_encoder trains one from the loaded encoder")
+    if self.query_encoder and not Path(self.query_encoder).is_dir():
+      raise ValueError(f"query_encoder={self.query_encoder!r}: expected a query_encoder "
+                       "training workdir")
+    if self.encoder_pretrain_epochs < 0 or self.encoder_pretrain_batch < 1:
+      raise ValueError(f"encoder_pretrain_epochs={self.encoder_pretrain_epochs}, "
+                       f"encoder_pretrain_batch={self.encoder_pretrain_batch}: expected epochs "
+                       ">= 0 and a batch >= 1")
+    for name in ("encoder_pretrain_lr", "encoder_pretrain_tau", "encoder_lr"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name}={getattr(self, name)}: expected a value > 0")
 
   def resolved(self) -> "Config":
-    """The config with its data path made absolute (what a workdir records)."""
-    return dataclasses.replace(self, data=str(Path(self.data).resolve())) if self.data else self
+    """The config with its paths made absolute (what a workdir records)."""
+    changes = {name: str(Path(getattr(self, name)).resolve())
+               for name in ("data", "query_encoder") if getattr(self, name)}
+    return dataclasses.replace(self, **changes)
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
