@@ -74,12 +74,34 @@ def _cmd_sweep(args) -> None:
 
 def _cmd_export(args) -> None:
   from rmmjax.io.export import export_reranker
-  from rmmjax.io.outputs import check_output_file
-  check_output_file(args.out, "--out")
-  meta = export_reranker(Path(args.workdir), Path(args.out))
-  print(f"wrote {args.out} (description in its header) and "
-        f"{Path(args.out).with_suffix('.json')} (a readable copy)")
-  print(json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
+  from rmmjax.io.outputs import check_output_dir, check_output_file
+  from rmmjax.io.workdir import read_config
+  learner = read_config(Path(args.workdir)).learner
+  out = Path(args.out)
+  if learner == "reranker":
+    check_output_file(out, "--out")
+    meta = export_reranker(Path(args.workdir), out)
+    print(f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
+          "copy)")
+    print(json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
+    return
+  from rmmjax.encode.encoder import SentenceEncoder
+  from rmmjax.replay.query_encoder import export_query_encoder
+  check_output_dir(out, "--out")
+  if out.suffix == ".safetensors":
+    raise ValueError(f"--out {out}: {args.workdir} holds a query encoder (learner={learner}); "
+                     "it exports as a directory")
+  workdir = Path(args.workdir)
+  encoder_dir = workdir if learner == "query_encoder" else workdir / "query_encoder"
+  export_query_encoder(encoder_dir, out if learner == "query_encoder" else out / "query_encoder",
+                       SentenceEncoder())
+  if learner == "both":
+    export_reranker(workdir, out / "reranker.safetensors")
+    print(f"wrote {out / 'reranker.safetensors'} (evaluate with --encoder "
+          f"{out / 'query_encoder'})")
+  print(f"wrote {out if learner == 'query_encoder' else out / 'query_encoder'}: a Hugging "
+        "Face-format encoder for the questions (sentence-transformers loads it); the memories "
+        "keep the base encoder's embeddings")
 
 
 def _cmd_eval(args) -> None:
@@ -97,7 +119,7 @@ def _cmd_eval(args) -> None:
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
-                              progress=not args.quiet)
+                              progress=not args.quiet, query_encoder=args.encoder)
   config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
@@ -196,9 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
   p.set_defaults(func=_cmd_sweep)
 
-  p = sub.add_parser("export", help="write a trained reranker as safetensors + JSON")
+  p = sub.add_parser("export", help="write a trained reranker (safetensors) or query encoder "
+                                    "(a Hugging Face-format directory)")
   p.add_argument("--workdir", required=True)
-  p.add_argument("--out", required=True, help="FILE.safetensors (FILE.json goes beside it)")
+  p.add_argument("--out", required=True,
+                 help="reranker: FILE.safetensors (FILE.json goes beside it); query encoder: DIR; "
+                      "both: DIR (DIR/reranker.safetensors and DIR/query_encoder)")
   p.set_defaults(func=_cmd_export)
 
   p = sub.add_parser("embed", help="embed one text per line with the sentence encoder")
@@ -222,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--reranker", default=None,
                  help="a training workdir or exported .safetensors: rerank the K candidates "
                       "(conversations it trained on are left out)")
+  p.add_argument("--encoder", default=None,
+                 help="a tuned query encoder (a learner=query_encoder workdir or its export) "
+                      "for the questions of dense search")
   p.add_argument("--online", action="store_true",
                  help="with --reranker: replay each conversation prequentially, learning online")
   p.add_argument("--in-sample", action="store_true",

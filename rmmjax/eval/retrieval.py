@@ -11,11 +11,14 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.eval.fit import check_fit, unseen
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import load_reranker, reranked_orders
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.replay.candidates import build_replay, conversation_fingerprint
-from rmmjax.replay.record import encoder_identity, mismatches, trained_on
+from rmmjax.replay.candidates import build_replay
+from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
+                                         retrieval_encoders)
+from rmmjax.replay.record import encoder_identity
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.retrieve.units import GRANULARITIES, build_units
 
@@ -33,14 +36,17 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        budget_words: int | None = None, encoder=None,
                        reranker: Path | None = None, online: bool = False,
                        in_sample: bool = False, allow_mismatch: bool = False,
-                       progress: bool = False) -> dict:
+                       progress: bool = False, query_encoder: Path | None = None) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
+  `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
   With a reranker (a training workdir or an exported file) its order over the retriever's K
-  candidates replaces theirs. Conversations the reranker trained on (the same id, or the same
-  turns under another id) are left out and counted, unless `in_sample`; a reranker trained on
-  other units, another base retriever or encoder is refused, unless `allow_mismatch` (the report
-  then lists the mismatches). `online` replays each conversation prequentially.
+  candidates replaces theirs; a reranker trained on a tuned query encoder's candidates gets that
+  encoder (from its workdir, or --encoder). Conversations a model trained on (the same id, or
+  the same turns under another id) are left out and counted, unless `in_sample`; a model
+  trained on other units, another base retriever or encoder is refused, unless
+  `allow_mismatch` (the report then lists the mismatches). `online` replays each conversation
+  prequentially.
   """
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, GRANULARITIES),
                                ("retriever", retriever, RETRIEVERS)):
@@ -49,10 +55,17 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   check_cutoffs(ks)
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
-  if (online or in_sample or allow_mismatch) and reranker is None:
-    raise ValueError("--online, --in-sample and --allow-mismatch apply to a reranker: pass "
-                     "--reranker as well")
+  if online and reranker is None:
+    raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
+  if (in_sample or allow_mismatch) and reranker is None and query_encoder is None:
+    raise ValueError("--in-sample and --allow-mismatch apply to a trained model: pass "
+                     "--reranker or --encoder as well")
+  if query_encoder is not None and retriever == "bm25":
+    raise ValueError("--encoder tunes dense search, which --retriever bm25 does not use: pass "
+                     "--retriever dense or hybrid")
   loaded = load_reranker(Path(reranker)) if reranker is not None else None
+  if loaded and query_encoder is None and loaded.record.get("query_encoder_path"):
+    query_encoder = Path(loaded.record["query_encoder_path"])  # the candidates it trained on
   conversations, report = DATASETS[dataset](data)
   conversations = [c for c in conversations if c.questions]
   if not conversations:
@@ -60,45 +73,44 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                      "for retrieval")
   if (retriever != "bm25" or loaded) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
+  tuned = load_query_encoder(Path(query_encoder), encoder) if query_encoder else None
   config = {"dataset": dataset, "data": str(Path(data).resolve()), "units": units,
             "retriever": retriever, "k": list(ks), "budget_words": budget_words,
-            "encoder": encoder_identity(encoder) if encoder is not None else None}
+            "encoder": encoder_identity(encoder) if encoder is not None else None,
+            "query_encoder": str(query_encoder) if query_encoder else None,
+            "query_encoder_identity": tuned.identity if tuned else None, "mismatches": []}
+  models = []
+  if tuned:
+    record = query_encoder_record(Path(query_encoder))
+    config["mismatches"] += check_fit(f"the query encoder {query_encoder}", record,
+                                      {"encoder": encoder_identity(encoder), "dim": encoder.dim},
+                                      allow_mismatch)
+    models.append((str(query_encoder), record))
+    config["query_encoder_record"] = record
   if loaded:
-    conversations, fit = _fit(loaded, conversations, dataset, units, retriever, encoder,
-                              in_sample, allow_mismatch)
-    config |= fit | {"online": online}
-    rows = _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
-                          budget_words, progress)
+    wanted = {"dataset": dataset, "units": units, "retriever": retriever,
+              "encoder": encoder_identity(encoder), "dim": encoder.dim,
+              "query_encoder": tuned.identity if tuned else None}
+    config["mismatches"] += check_fit(f"the reranker {loaded.source}", loaded.record, wanted,
+                                      allow_mismatch)
+    models.append((loaded.source, loaded.record))
+    config |= {"reranker": loaded.source, "reranker_record": loaded.record, "online": online}
+  if models:
+    conversations, account = unseen(conversations, models, in_sample)
+    config |= account
+  tune = config.get("query_encoder_record", {}).get("tune", "query")
+  memory_encoder, query_side = retrieval_encoders(encoder, tuned, tune)
+  config["tune"] = tune if tuned else None
+  if loaded:
+    rows = _reranked_rows(conversations, units, retriever, memory_encoder, loaded, online, ks,
+                          budget_words, progress, query_side)
   else:
-    rows = _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress)
+    rows = _base_rows(conversations, units, retriever, memory_encoder, ks, budget_words,
+                      progress, query_side)
   config["conversations"] = [c.conversation_id for c in conversations]
   return {"config": config,
           "load_report": {"counts": dict(report.counts), "examples": report.examples},
           "metrics": aggregate(rows)}
-
-
-def _fit(loaded, conversations, dataset, units, retriever, encoder, in_sample,
-         allow_mismatch) -> tuple[list, dict]:
-  """The conversations to evaluate the reranker on, and what the report records about it."""
-  record = loaded.record
-  wanted = {"dataset": dataset, "units": units, "retriever": retriever,
-            "encoder": encoder_identity(encoder), "dim": encoder.dim}
-  found = mismatches(record, wanted)
-  if found and not allow_mismatch:
-    raise ValueError(f"the reranker {loaded.source} does not fit this evaluation ("
-                     + "; ".join(found) + "): evaluate it with the settings it was trained "
-                     "with, or pass --allow-mismatch to record the mismatch in the report")
-  seen = [c for c in conversations
-          if trained_on(record, c.conversation_id, conversation_fingerprint(c))]
-  kept = conversations if in_sample else [c for c in conversations if c not in seen]
-  if not kept:
-    raise ValueError(f"every conversation of this file ({len(conversations)}) was trained on by "
-                     f"{loaded.source}; evaluate on other conversations, or pass --in-sample "
-                     "for in-sample numbers")
-  return kept, {"reranker": loaded.source, "reranker_record": record, "in_sample": in_sample,
-                "trained_conversations_in_file": [c.conversation_id for c in seen],
-                "excluded_conversations": [] if in_sample else [c.conversation_id for c in seen],
-                "mismatches": found}
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
@@ -113,24 +125,25 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 
 
 def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
-                   budget_words, progress) -> list:
+                   budget_words, progress, tuned) -> list:
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
-                         progress=progress)
+                         progress=progress, query_encoder=tuned)
   rows = []
   for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
     rows += _rows_from_orders(conv, build_units(conv, units), orders, ks, budget_words)
   return rows
 
 
-def _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress) -> list:
+def _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress,
+               tuned) -> list:
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
   for conv in tqdm(conversations, desc=f"retrieving ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):
     pool = build_units(conv, units)
-    ranker = make_retriever(retriever, [u.text for u in pool], encoder)
+    ranker = make_retriever(retriever, [u.text for u in pool], encoder, tuned)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
     rows += _rows_from_orders(conv, pool, order, ks, budget_words)
   return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import sys
 from pathlib import Path
 
@@ -57,10 +59,18 @@ class Checkpointer:
     self._manager = self._open() if self._directory.is_dir() else None
 
   def _open(self) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep,
-                                           enable_async_checkpointing=False,
-                                           create=not self._read_only, read_only=self._read_only)
-    return ocp.CheckpointManager(self._directory, options=options)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    if self._read_only:  # Orbax warns that a read-only manager will not save
+      absl.setLevel(logging.ERROR)
+    try:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=None if self._read_only else self._max_to_keep,
+          enable_async_checkpointing=False, create=not self._read_only,
+          read_only=self._read_only)
+      return ocp.CheckpointManager(self._directory, options=options)
+    finally:
+      absl.setLevel(level)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps()) if self._manager is not None else []

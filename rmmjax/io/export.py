@@ -45,6 +45,8 @@ def read_record(workdir: Path) -> dict:
 def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
   """The newest checkpointed parameters of a training workdir, with its config and step."""
   cfg = read_config(workdir)
+  if cfg.learner == "query_encoder":
+    raise ValueError(f"{workdir} tuned a query encoder (learner=query_encoder), not a reranker")
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:

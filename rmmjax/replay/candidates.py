@@ -78,12 +78,21 @@ def ceiling_recall(conv: ConversationReplay) -> np.ndarray:
 
 
 def build_replay(conversations: list[Conversation], units: str, retriever: str, encoder,
-                 k: int, depth: int | None = RANK_DEPTH,
-                 progress: bool = False) -> list[ConversationReplay]:
+                 k: int, depth: int | None = RANK_DEPTH, progress: bool = False,
+                 query_encoder=None) -> list[ConversationReplay]:
   """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`; the
-  base ranking is kept to max(depth, k) units (None: all of them)."""
+  base ranking is kept to max(depth, k) units (None: all of them). A tuned `query_encoder`
+  embeds the questions (for dense search and for the reranker); units keep `encoder`'s
+  embeddings."""
   out = []
   with_questions = [c for c in conversations if c.questions]
+  pools = {c.conversation_id: len(build_units(c, units)) for c in with_questions}
+  small = {cid: n for cid, n in pools.items() if n < k}
+  if small:  # checked before anything is embedded
+    cid, n = min(small.items(), key=lambda item: item[1])
+    raise ValueError(f"k={k} candidates, but conversation {cid} has only {n} {units} units "
+                     f"({len(small)} conversations have fewer than {k}): expected k <= "
+                     f"{min(pools.values())} for these conversations")
   for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):
     pool = build_units(conv, units)
@@ -92,9 +101,10 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
     texts = [u.text for u in pool]
     questions = [q.question for q in conv.questions]
     unit_emb = encoder.encode(texts)
-    q_emb = encoder.encode(questions)
+    q_emb = (query_encoder or encoder).encode(questions)
     width = len(pool) if depth is None else max(depth, k)
-    order = make_retriever(retriever, texts, encoder).rank(questions, min(len(pool), width))
+    order = make_retriever(retriever, texts, encoder, query_encoder).rank(
+        questions, min(len(pool), width))
     order_NxR = np.full((len(questions), max(width, k)), -1, np.int64)
     order_NxR[:, :order.shape[1]] = order
     evidence = [tuple(q.evidence) for q in conv.questions]

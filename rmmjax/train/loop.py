@@ -12,6 +12,7 @@ extended with more steps, as `steps` must be a multiple of `log_every`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -97,12 +98,19 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   apply_precision(cfg.precision)
   workdir = Path(workdir)
   check_resumable(workdir, cfg)  # before anything is created or compiled
+  if cfg.learner == "both":
+    # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any run);
+    # then the reranker trains on the candidates the tuned encoder retrieves.
+    stage = workdir.resolve() / "query_encoder"
+    train(dataclasses.replace(cfg, learner="query_encoder"), stage, progress, encoder)
+  task_cfg = (dataclasses.replace(cfg, query_encoder=str(workdir.resolve() / "query_encoder"))
+              if cfg.learner == "both" else cfg)
   log_path = workdir / "metrics.jsonl"
   reader = Checkpointer(workdir / "checkpoints", read_only=True)
   try:
     _check_extendable(cfg, workdir, reader.latest_step() or 0)
     logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
-    task = make_task(cfg, encoder, progress)  # replay tasks embed their data (cached on disk)
+    task = make_task(task_cfg, encoder, progress)  # replay tasks embed their data here
     _check_record(workdir, getattr(task, "record", None))
     step, state, unreadable = reader.restore_latest(task.template)
   finally:
@@ -165,7 +173,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   if cfg.config != "latent":
     summary["trained_conversations"] = [c.conversation_id for c in task.train_convs]
     summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
-    if eval_final:
+    if "recall_at_m_prequential" in eval_final:
       summary["recall_at_m_prequential"] = eval_final["recall_at_m_prequential"]
   pretrain_path = workdir / "pretrain.json"
   if pretrain_path.exists():

@@ -22,7 +22,10 @@ from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
                                      train_reranker)
+from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
+                                         retrieval_encoders)
 from rmmjax.replay.record import latent_record, replay_record
+from rmmjax.train.encoder_task import QueryEncoderTask
 
 
 class LatentTask:
@@ -65,11 +68,18 @@ class ReplayTask:
       encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
     if encoder.dim != cfg.dim:
       raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
-    replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,
-                           progress=progress)
+    # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
+    # candidates and the questions' embeddings; the units keep the base encoder's.
+    tuned = load_query_encoder(cfg.query_encoder, encoder) if cfg.query_encoder else None
+    tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
+    memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
+    replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
+                           progress=progress, query_encoder=query_encoder)
     split = len(replays) - cfg.holdout
     self.train_convs, self.test_convs = replays[:split], replays[split:]
-    self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs)
+    self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
+        "learner": "reranker", "query_encoder": tuned.identity if tuned else None,
+        "query_encoder_path": cfg.query_encoder or None}
     self.train_qs = to_questions(self.train_convs)
     self.train_seq = to_sequence(self.train_convs, cfg.batch)
     self.test_streams = to_streams(self.test_convs, cfg.batch) if self.test_convs else None
@@ -117,6 +127,10 @@ class ReplayTask:
 
 
 def make_task(cfg: Config, encoder=None, progress: bool = False):
+  """What `cfg` learns from. learner=both trains the reranker here (its query encoder, the
+  first stage, is trained by the loop before)."""
   if cfg.config == "latent":
     return LatentTask(cfg)
+  if cfg.learner == "query_encoder":
+    return QueryEncoderTask(cfg, encoder, progress)
   return ReplayTask(cfg, encoder, progress)

@@ -1,0 +1,183 @@
+"""Writes a (possibly fine-tuned) encoder as a Hugging Face / sentence-transformers directory.
+
+The result loads unchanged with `SentenceEncoder(model_dir=DIR)`,
+`sentence_transformers.SentenceTransformer(DIR)` and embedding servers that read that layout:
+config.json, model.safetensors, the tokenizer files, and the sentence-transformers modules
+(Transformer -> mean Pooling -> Normalize), which is exactly what `BertEncoder` computes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import jax
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from rmmjax.encode.bert import param_at, weight_names
+from rmmjax.encode.encoder import SentenceEncoder
+
+EXPORT_RECORD = "rmmjax_export.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt")
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize",
+     "type": "sentence_transformers.models.Normalize"},
+]
+# Legacy pooling keys: read by every sentence-transformers version and by embedding servers.
+POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                 "pooling_mode_mean_sqrt_len_tokens")
+
+
+def _hf_tensors(encoder: SentenceEncoder, params: dict) -> dict[str, np.ndarray]:
+  """Every tensor of the source safetensors file, the encoder's weights replaced by `params`."""
+  source = load_file(str(encoder.model_dir / "model.safetensors"))
+  prefix = "bert." if any(k.startswith("bert.encoder.") for k in source) else ""
+  tensors = dict(source)  # tensors the encoder does not use (pooler, position_ids) stay as-is
+  for path, name, transposed in weight_names(encoder.cfg):
+    try:
+      value = np.asarray(jax.device_get(param_at(params, path)), np.float32)
+    except (KeyError, TypeError):
+      raise ValueError(f"params lack {'/'.join(path)}: expected the layout of "
+                       f"encoder.params") from None
+    want = np.shape(param_at(encoder.params, path))
+    if value.shape != want:
+      raise ValueError(f"params {'/'.join(path)} has shape {value.shape}; expected {want}")
+    if not np.all(np.isfinite(value)):
+      raise ValueError(f"params {'/'.join(path)} holds {np.sum(~np.isfinite(value))} "
+                       f"non-finite values; refusing to export")
+    tensors[prefix + name] = np.ascontiguousarray(value.T if transposed else value)
+  return tensors
+
+
+def _header_metadata(record: dict) -> dict[str, str]:
+  # safetensors header metadata holds strings only; "format": "pt" is what transformers expects.
+  flat = {"format": "pt", "rmmjax_source": record["source"]}
+  for key, value in record["metadata"].items():
+    flat[key] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+  return flat
+
+
+def _is_mean_pooling(config: dict, dim: int) -> bool:
+  if config.get("word_embedding_dimension", config.get("embedding_dimension")) != dim:
+    return False
+  if "pooling_mode" in config:
+    return config["pooling_mode"] in ("mean", ["mean"])
+  return config.get("pooling_mode_mean_tokens") is True and not any(
+      config.get(k) for k in POOLING_MODES + ("pooling_mode_weightedmean_tokens",
+                                              "pooling_mode_lasttoken")
+      if k != "pooling_mode_mean_tokens")
+
+
+def _modules_match(source: Path) -> bool:
+  try:
+    modules = json.loads(source.read_text())
+    return [(m["path"], m["type"].rsplit(".", 1)[-1]) for m in modules] == [
+        (m["path"], m["type"].rsplit(".", 1)[-1]) for m in MODULES]
+  except (ValueError, KeyError, TypeError, AttributeError):
+    return False
+
+
+def _write_json(path: Path, data) -> None:
+  path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _write_sentence_transformers_files(encoder: SentenceEncoder, src: Path, dst: Path) -> None:
+  """Module files copied from the source when they describe what the encoder computes (BERT ->
+  mean pooling -> L2 normalisation), else written to say so."""
+  if _modules_match(src / "modules.json"):
+    shutil.copyfile(src / "modules.json", dst / "modules.json")
+  else:
+    _write_json(dst / "modules.json", MODULES)
+  (dst / "1_Pooling").mkdir()
+  pooling = src / "1_Pooling" / "config.json"
+  if pooling.is_file() and _is_mean_pooling(json.loads(pooling.read_text()), encoder.dim):
+    shutil.copyfile(pooling, dst / "1_Pooling" / "config.json")
+  else:
+    _write_json(dst / "1_Pooling" / "config.json",
+                {"word_embedding_dimension": encoder.dim,
+                 **{k: k == "pooling_mode_mean_tokens" for k in POOLING_MODES}})
+  (dst / "2_Normalize").mkdir()  # Normalize has no weights; its defaults are the L2 norm
+  st_config = src / "sentence_bert_config.json"
+  if st_config.is_file():
+    shutil.copyfile(st_config, dst / "sentence_bert_config.json")
+  else:  # the length SentenceEncoder truncates to, so both readers cut texts alike
+    _write_json(dst / "sentence_bert_config.json",
+                {"max_seq_length": encoder.max_length, "do_lower_case": False})
+  st_model = src / "config_sentence_transformers.json"
+  if st_model.is_file():
+    shutil.copyfile(st_model, dst / "config_sentence_transformers.json")
+  else:
+    _write_json(dst / "config_sentence_transformers.json",
+                {"model_type": "SentenceTransformer", "prompts": {},
+                 "default_prompt_name": None, "similarity_fn_name": "cosine"})
+
+
+def _check_out_dir(out_dir: Path) -> None:
+  if out_dir.is_file():
+    raise ValueError(f"export path {out_dir} is a file; expected a directory to write")
+  if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / EXPORT_RECORD).is_file():
+    raise ValueError(f"export directory {out_dir} is not empty and holds no {EXPORT_RECORD}: "
+                     f"refusing to replace something that is not a previous export")
+
+
+def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | Path, *,
+                 metadata: dict | None = None) -> Path:
+  """Writes `encoder` with `params` (its own when None) to `out_dir`, atomically; returns it.
+
+  `metadata` (JSON values, e.g. what the parameters were trained on) goes into
+  rmmjax_export.json and, as strings, into the safetensors header. An existing `out_dir` is
+  replaced only when it is empty or a previous export.
+  """
+  out_dir = Path(out_dir)
+  metadata = dict(metadata or {})
+  if "format" in metadata:
+    raise ValueError("metadata key 'format' is reserved by safetensors (it must say 'pt')")
+  try:
+    json.dumps(metadata)
+  except TypeError as err:
+    raise ValueError(f"metadata must hold JSON values: {err}") from None
+  _check_out_dir(out_dir)
+  src = encoder.model_dir
+  tensors = _hf_tensors(encoder, encoder.params if params is None else params)
+  record = {"source": encoder.identity, "source_dir": str(src.resolve()),
+            "params": "as loaded" if params is None else "given", "metadata": metadata}
+
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+  try:
+    shutil.copyfile(src / "config.json", tmp / "config.json")
+    for name in TOKENIZER_FILES:
+      if (src / name).is_file():
+        shutil.copyfile(src / name, tmp / name)
+    _write_sentence_transformers_files(encoder, src, tmp)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata=_header_metadata(record))
+    _write_json(tmp / EXPORT_RECORD, record)
+    # mkdtemp and save_file create private entries; give them the mode copied files got.
+    mode = (tmp / "config.json").stat().st_mode & 0o777
+    os.chmod(tmp / "model.safetensors", mode)
+    os.chmod(tmp, mode | (mode & 0o444) >> 2)
+    _check_out_dir(out_dir)  # again: something may have appeared while this one was written
+    old = None
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+      old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+      out_dir.rename(old)
+    try:
+      os.replace(tmp, out_dir)  # replaces an empty directory too
+    except OSError:
+      if old is not None:
+        old.rename(out_dir)
+      raise
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+  return out_dir

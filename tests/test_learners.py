@@ -1,0 +1,131 @@
+"""The retriever as a learner from the command line: query-encoder training with every output a
+reranker run has, exact resume, evaluation and export through the real MiniLM; the combined
+pipeline; and refusals of models given where another kind is expected."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rmmjax.cli import main
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["holdout=1", "steps=20", "checkpoint_every=10", "log_every=5",
+         "encoder_pretrain_epochs=1", "retriever=hybrid", "k=10"]
+
+
+def _sets(*items):
+  return [arg for item in items for arg in ("--set", item)]
+
+
+@pytest.fixture(scope="module")
+def three(locomo_path, tmp_path_factory):
+  path = tmp_path_factory.mktemp("data") / "three.json"
+  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
+  return path
+
+
+@pytest.fixture(scope="module")
+def encoder_run(three, tmp_path_factory):
+  wd = tmp_path_factory.mktemp("runs") / "encoder"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "learner=query_encoder", *SMALL)]) == 0
+  return wd
+
+
+def test_query_encoder_run_writes_what_a_reranker_run_writes(encoder_run):
+  for name in ("config.json", "summary.json", "metrics.jsonl", "curves.png", "record.json",
+               "pretrain.json", "run.json"):
+    assert (encoder_run / name).exists(), name
+  assert sorted(p.name for p in (encoder_run / "checkpoints").iterdir() if p.name.isdigit()) == [
+      "10", "20"]
+  summary = json.loads((encoder_run / "summary.json").read_text())
+  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["recall_at_m_final"] != summary["recall_at_m_base"]  # the encoder moved
+  assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
+  rows = [json.loads(line) for line in (encoder_run / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [5, 10, 15, 20]
+
+
+def test_an_extended_query_encoder_run_equals_an_uninterrupted_one(three, encoder_run, tmp_path):
+  wd = tmp_path / "extended"
+  short = [s if not s.startswith("steps=") else "steps=10" for s in SMALL]
+  args = ["train", "--config", "locomo", "--workdir", str(wd), "--quiet"]
+  assert main([*args, *_sets(f"data={three}", "learner=query_encoder", *short)]) == 0
+  assert main([*args, *_sets(f"data={three}", "learner=query_encoder", *SMALL)]) == 0
+  assert (wd / "metrics.jsonl").read_text() == (encoder_run / "metrics.jsonl").read_text()
+  assert json.loads((wd / "summary.json").read_text()) == json.loads(
+      (encoder_run / "summary.json").read_text())
+
+
+def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_path):
+  summary = json.loads((encoder_run / "summary.json").read_text())
+  out = tmp_path / "eval.json"
+  args = ["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet"]
+  assert main([*args, "--encoder", str(encoder_run), "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["config"]["conversations"] == ["conv-41"]
+  assert report["config"]["excluded_conversations"] == ["conv-26", "conv-30"]
+  np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
+                             summary["recall_at_m_final"], atol=1e-6)
+  export = tmp_path / "exported"
+  assert main(["export", "--workdir", str(encoder_run), "--out", str(export)]) == 0
+  assert main([*args, "--encoder", str(export), "--out", str(out)]) == 0
+  np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
+                             summary["recall_at_m_final"], atol=1e-6)
+  # sentence-transformers loads the export unchanged and embeds like rmmjax's tuned encoder.
+  from sentence_transformers import SentenceTransformer
+
+  from rmmjax.encode.encoder import SentenceEncoder
+  from rmmjax.replay.query_encoder import load_query_encoder
+  tuned = load_query_encoder(encoder_run, SentenceEncoder())
+  texts = ["When did Caroline go to the LGBTQ support group?", "What did Melanie paint?"]
+  ours = tuned.encode(texts)
+  theirs = SentenceTransformer(str(export), device="cpu").encode(texts)
+  cosine = np.sum(ours * theirs, 1) / np.linalg.norm(theirs, axis=1)
+  assert cosine.min() >= 0.9999
+  assert not np.allclose(ours, SentenceEncoder().encode(texts), atol=1e-3)  # really tuned
+
+
+def test_models_given_where_another_kind_is_expected_are_refused(three, encoder_run, tmp_path,
+                                                                 capsys):
+  args = ["eval", "--data", str(three), "--retriever", "hybrid", "--quiet"]
+  assert main([*args, "--reranker", str(encoder_run)]) == 2
+  assert "is a query-encoder workdir (learner=query_encoder); pass it as --encoder" in (
+      capsys.readouterr().err)
+  broken = tmp_path / "broken"
+  assert main(["export", "--workdir", str(encoder_run), "--out", str(broken)]) == 0
+  (broken / "tokenizer.json").unlink()
+  assert main([*args, "--encoder", str(broken)]) == 2
+  assert "tokenizer.json" in capsys.readouterr().err
+  assert main([*args, "--retriever", "bm25", "--encoder", str(encoder_run)]) == 2
+  assert "which --retriever bm25 does not use" in capsys.readouterr().err
+
+
+def test_k_larger_than_a_conversation_is_refused_before_any_work(three, tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "units=session", "k=40")]) == 2
+  err = capsys.readouterr().err
+  assert "k=40 candidates, but conversation" in err and "session units" in err
+  assert not wd.exists()
+
+
+def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_path):
+  wd = tmp_path / "both"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "learner=both", "pretrain_epochs=1", *SMALL)]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  stage = json.loads((wd / "query_encoder" / "record.json").read_text())
+  assert record["query_encoder"].startswith(stage["encoder"] + "+tuned:")
+  summary = json.loads((wd / "summary.json").read_text())
+  encoder_summary = json.loads((wd / "query_encoder" / "summary.json").read_text())
+  # The reranker's base order is the tuned encoder's: its base recall is the stage's final.
+  np.testing.assert_allclose(summary["recall_at_m_base"], encoder_summary["recall_at_m_final"],
+                             atol=1e-6)
+  out = tmp_path / "eval.json"
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
+               "--reranker", str(wd), "--out", str(out)]) == 0
+  np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
+                             summary["recall_at_m_final"], atol=1e-6)
