@@ -1,0 +1,177 @@
+"""Answer-level metrics: token F1, ROUGE-L, the LLM judge, and agreement of citations with evidence.
+
+One question's numbers come from `answer_row`; `aggregate_answers` averages them per category
+like `rmmjax.eval.metrics.aggregate`. A value of None means undefined for that question (not
+judged, nothing cited, no useful memory shown) and is left out of that key's mean, with the
+number left out reported beside it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+import string
+from collections.abc import Iterable
+
+from rmmjax.llm.base import LLM
+from rmmjax.llm.parse import Verdict, parse_verdict
+from rmmjax.llm.prompts import answer_judge
+
+# The judge's verdict: `correct` is False whenever `malformed` is True.
+JudgeVerdict = Verdict
+
+Gold = str | int | float  # LoCoMo writes some answers as bare numbers
+METRIC_KEYS = ("f1", "rouge_l", "judge", "citation_precision", "citation_recall",
+               "citation_rate")
+FLAG_KEYS = ("judge_malformed", "answer_malformed")
+# Often undefined per question, so their aggregates also say how many questions were skipped.
+CITATION_KEYS = ("citation_precision", "citation_recall", "citation_rate")
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def _text(value: object, name: str) -> str:
+  if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    raise TypeError(f"{name} must be a string or a number, got {value!r:.200}")
+  return str(value)
+
+
+def normalize_answer(text: str) -> list[str]:
+  """Lower-cased tokens without punctuation or articles (the usual QA normalisation)."""
+  text = text.lower().translate(_PUNCTUATION)
+  return _ARTICLES.sub(" ", text).split()
+
+
+def token_f1(prediction: str, gold: Gold) -> float:
+  """Normalised token F1; 1.0 when both are empty after normalising, 0.0 when one is."""
+  pred = normalize_answer(_text(prediction, "prediction"))
+  ref = normalize_answer(_text(gold, "gold"))
+  if not pred or not ref:
+    return float(pred == ref)
+  common = sum((collections.Counter(pred) & collections.Counter(ref)).values())
+  if common == 0:
+    return 0.0
+  precision, recall = common / len(pred), common / len(ref)
+  return 2 * precision * recall / (precision + recall)
+
+
+@functools.cache
+def _rouge_scorer():
+  # Imported here so modules that never score ROUGE do not pay for loading nltk.
+  from rouge_score import rouge_scorer
+  return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def rouge_l(prediction: str, gold: Gold) -> float:
+  """ROUGE-L F-measure (Porter-stemmed); the library gives 0.0 when either side has no tokens."""
+  pred, ref = _text(prediction, "prediction"), _text(gold, "gold")
+  return float(_rouge_scorer().score(ref, pred)["rougeL"].fmeasure)
+
+
+def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> JudgeVerdict:
+  """The LLM judge's verdict on one answer; a malformed reply is not correct and is flagged.
+
+  LLMError (the call itself failed) propagates: a question whose judging failed must not be
+  scored as wrong.
+  """
+  prompt = answer_judge(question, _text(gold, "gold"), _text(prediction, "prediction"))
+  return parse_verdict(llm.chat_structured(prompt.messages, prompt.schema))
+
+
+def _ratio(num: int, den: int) -> float | None:
+  return num / den if den else None
+
+
+def citation_agreement(shown_turns: list[set[str]], cited: list[int],
+                       evidence: set[str]) -> dict[str, float | None]:
+  """Precision, recall and rate of the generator's citations against the evidence labels.
+
+  Args:
+    shown_turns: per memory shown to the generator, the turn ids it covers.
+    cited: 0-based positions of the cited memories (repeats count once).
+    evidence: the question's evidence turn ids (non-empty).
+  A shown memory is useful when it covers an evidence turn. Precision is undefined (None) when
+  nothing was cited, recall when no useful memory was shown, rate when nothing was shown.
+  """
+  if isinstance(evidence, str) or not evidence:
+    raise ValueError(f"evidence must be a non-empty collection of turn ids, got {evidence!r:.200}"
+                     "; leave questions without evidence out of citation agreement")
+  evidence = set(evidence)
+  shown = [_turn_set(turns, i) for i, turns in enumerate(shown_turns)]
+  bad = [i for i in cited if isinstance(i, bool) or not isinstance(i, int)
+         or not 0 <= i < len(shown)]
+  if bad:
+    raise ValueError(f"cited positions {bad!r:.200} are not 0-based positions of the "
+                     f"{len(shown)} memories shown")
+  useful = {i for i, turns in enumerate(shown) if turns & evidence}
+  chosen = set(cited)
+  hits = len(chosen & useful)
+  return {"citation_precision": _ratio(hits, len(chosen)),
+          "citation_recall": _ratio(hits, len(useful)),
+          "citation_rate": _ratio(len(chosen), len(shown))}
+
+
+def _turn_set(turns: Iterable[str], position: int) -> set[str]:
+  # A bare string would silently become a set of characters and never match an evidence id.
+  if isinstance(turns, str):
+    raise ValueError(f"shown_turns[{position}] must be a collection of turn ids, got {turns!r}")
+  return set(turns)
+
+
+def answer_row(prediction: str, gold: Gold, *, verdict: JudgeVerdict | None = None,
+               citation: dict[str, float | None] | None = None,
+               answer_malformed: bool = False) -> dict:
+  """One question's answer metrics; without a verdict or citation their keys are None.
+
+  Args:
+    prediction: the generator's answer text.
+    gold: the reference answer.
+    verdict: the judge's verdict, if the answer was judged.
+    citation: `citation_agreement` of this answer, if it was computed.
+    answer_malformed: the generator's reply could not be parsed (its text is still scored).
+  """
+  citation = citation or {}
+  unknown = set(citation) - set(CITATION_KEYS)
+  if unknown:
+    raise ValueError(f"citation has keys {sorted(unknown)}; expected those of "
+                     "citation_agreement")
+  return {"f1": token_f1(prediction, gold), "rouge_l": rouge_l(prediction, gold),
+          "judge": None if verdict is None else float(verdict.correct),
+          **{key: citation.get(key) for key in CITATION_KEYS},
+          "judge_malformed": verdict is not None and verdict.malformed,
+          "answer_malformed": bool(answer_malformed)}
+
+
+def _summary(group: list[dict]) -> dict:
+  out: dict = {}
+  for key in METRIC_KEYS:
+    values = [row[key] for row in group if row[key] is not None]
+    out[key] = sum(values) / len(values) if values else None
+    if key in CITATION_KEYS:
+      out[f"{key}_skipped"] = len(group) - len(values)
+  out["questions"] = len(group)
+  out["judged"] = sum(row["judge"] is not None for row in group)
+  out["malformed_verdicts"] = sum(bool(row["judge_malformed"]) for row in group)
+  out["malformed_answers"] = sum(bool(row["answer_malformed"]) for row in group)
+  return out
+
+
+def aggregate_answers(rows: list[tuple[str, dict]]) -> dict:
+  """{"overall": summary, "by_category": {category: summary}} from (category, answer_row) rows.
+
+  A summary holds each metric's mean over the questions where it is defined (None when it is
+  defined for none), how many were skipped for the citation metrics, and the counts of
+  questions, judged answers, malformed verdicts and malformed answers.
+  """
+  if not rows:
+    raise ValueError("no questions to aggregate")
+  for i, (_, row) in enumerate(rows):
+    missing = [key for key in METRIC_KEYS + FLAG_KEYS if key not in row]
+    if missing:
+      raise ValueError(f"rows[{i}] lacks {missing}; build rows with answer_row")
+  categories = sorted({str(c) for c, _ in rows})
+  return {"overall": _summary([row for _, row in rows]),
+          "by_category": {c: _summary([row for cat, row in rows if str(cat) == c])
+                          for c in categories}}

@@ -1,0 +1,158 @@
+"""Answer metrics: token F1, ROUGE-L, the LLM judge, citation agreement and their aggregation."""
+
+from __future__ import annotations
+
+import pytest
+from rouge_score import rouge_scorer
+
+from rmmjax.eval.answers import (
+    JudgeVerdict, aggregate_answers, answer_row, citation_agreement, judge_answer, rouge_l,
+    token_f1)
+from rmmjax.llm import LLMError, ScriptedLLM, answer_judge
+
+
+@pytest.mark.parametrize("prediction, gold, expected", [
+    # articles and punctuation go: cat sat on mat / cat is on mat share 3 of 4 tokens each
+    ("The cat sat on the mat.", "A cat is on a mat", 0.75),
+    # in may 2023 vs may 2023: P = 2/3, R = 1
+    ("In May, 2023!", "May 2023", 0.8),
+    ("7", 7, 1.0),
+    ("7 cats", 7, 2 / 3),
+    ("red red blue", "red blue blue", 2 / 3),  # repeats are matched at most as often as in both
+    ("An apple", "apple", 1.0),
+    ("yes", "no", 0.0),
+    ("", "The", 1.0),  # both empty once normalised
+    ("", "Paris", 0.0),
+    ("Paris", "", 0.0),
+])
+def test_token_f1_matches_hand_computed_values(prediction, gold, expected):
+  assert token_f1(prediction, gold) == pytest.approx(expected)
+
+
+def test_answers_that_are_not_text_are_rejected_clearly():
+  with pytest.raises(TypeError, match="prediction"):
+    token_f1(None, "x")
+  with pytest.raises(TypeError, match="gold"):
+    rouge_l("x", True)
+
+
+def test_rouge_l_is_the_lcs_f_measure():
+  # cat sat on mat (4) vs the cat was on the mat (6): LCS cat on mat = 3, P = 3/4, R = 1/2,
+  # F = 2 * 3/8 / (5/4) = 0.6; ROUGE keeps the articles that token F1 drops.
+  assert rouge_l("cat sat on mat", "the cat was on the mat") == pytest.approx(0.6)
+  assert rouge_l("runs", "running") == 1.0  # the stemmer is on
+  assert rouge_l("7", 7) == 1.0
+  assert rouge_l("", "anything") == 0.0
+
+
+@pytest.mark.parametrize("prediction, gold", [
+    ("She moved to Boston in 2021.", "Boston, in 2021"),
+    ("He adopted two dogs and a cat", "two dogs"),
+    ("not sure", "Caroline went hiking"),
+])
+def test_rouge_l_agrees_with_the_library(prediction, gold):
+  scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+  assert rouge_l(prediction, gold) == scorer.score(gold, prediction)["rougeL"].fmeasure
+
+
+def test_judge_reads_correct_and_incorrect_verdicts_from_the_judge_prompt():
+  llm = ScriptedLLM([{"correct": True}, '```json\n{"correct": false}\n```'])
+  assert judge_answer(llm, "When?", "7 May 2023", "May 7, 2023") == JudgeVerdict(True, False)
+  assert judge_answer(llm, "How many?", 3, "two") == JudgeVerdict(False, False)
+  expected = answer_judge("How many?", "3", "two")
+  assert llm.requests[1].messages == expected.messages
+  assert llm.requests[1].schema == expected.schema
+
+
+@pytest.mark.parametrize("reply", ["I think it is right", {"correct": "maybe"}, {"verdict": 1}])
+def test_a_malformed_verdict_is_flagged_and_not_correct(reply):
+  assert judge_answer(ScriptedLLM([reply]), "Q?", "a", "a") == JudgeVerdict(False, True)
+
+
+def test_judge_lets_transport_errors_through():
+  with pytest.raises(LLMError, match="down"):
+    judge_answer(ScriptedLLM([LLMError("server down")]), "Q?", "a", "a")
+
+
+# Memory 0 covers no evidence; 1 and 2 each cover one evidence turn.
+SHOWN = [{"D1:1"}, {"D1:2", "D1:3"}, {"D2:1"}]
+EVIDENCE = {"D1:3", "D2:1"}
+
+
+@pytest.mark.parametrize("cited, precision, recall, rate", [
+    ([], None, 0.0, 0.0),
+    ([0, 1, 2], 2 / 3, 1.0, 1.0),
+    ([0], 0.0, 0.0, 1 / 3),
+    ([2, 2], 1.0, 0.5, 1 / 3),  # a repeated citation counts once
+])
+def test_citation_agreement_on_hand_built_cases(cited, precision, recall, rate):
+  got = citation_agreement(SHOWN, cited, EVIDENCE)
+  assert got == pytest.approx({"citation_precision": precision, "citation_recall": recall,
+                               "citation_rate": rate})
+
+
+def test_citation_recall_is_undefined_without_a_useful_memory_shown():
+  got = citation_agreement([{"D1:1"}, ("D1:2",)], [0], {"D9:9"})
+  assert got == {"citation_precision": 0.0, "citation_recall": None, "citation_rate": 0.5}
+  assert citation_agreement([], [], {"D9:9"}) == {
+      "citation_precision": None, "citation_recall": None, "citation_rate": None}
+
+
+def test_citation_agreement_rejects_inputs_that_would_silently_mislead():
+  with pytest.raises(ValueError, match="positions"):
+    citation_agreement(SHOWN, [3], EVIDENCE)
+  with pytest.raises(ValueError, match="evidence"):
+    citation_agreement(SHOWN, [], set())
+  with pytest.raises(ValueError, match="evidence"):
+    citation_agreement(SHOWN, [], "D1:3")
+  with pytest.raises(ValueError, match=r"shown_turns\[1\]"):
+    citation_agreement([{"D1:1"}, "D1:3"], [], EVIDENCE)
+
+
+def test_answer_row_combines_one_questions_numbers():
+  citation = citation_agreement(SHOWN, [0, 2], EVIDENCE)
+  row = answer_row("Boston", "Boston", verdict=JudgeVerdict(True, False), citation=citation)
+  assert row == {"f1": 1.0, "rouge_l": 1.0, "judge": 1.0, "citation_precision": 0.5,
+                 "citation_recall": 0.5, "citation_rate": 2 / 3, "judge_malformed": False,
+                 "answer_malformed": False}
+  bare = answer_row("", "Boston", answer_malformed=True)
+  assert bare["judge"] is None and bare["citation_recall"] is None and bare["answer_malformed"]
+  flagged = answer_row("x", "y", verdict=JudgeVerdict(False, True))
+  assert flagged["judge"] == 0.0 and flagged["judge_malformed"]
+  with pytest.raises(ValueError, match="citation"):
+    answer_row("x", "y", citation={"precision": 1.0})
+
+
+def _row(f1, judge=None, precision=None, recall=None, rate=None, bad_verdict=False,
+         bad_answer=False):
+  return {"f1": f1, "rouge_l": f1, "judge": judge, "citation_precision": precision,
+          "citation_recall": recall, "citation_rate": rate, "judge_malformed": bad_verdict,
+          "answer_malformed": bad_answer}
+
+
+def test_aggregation_skips_undefined_values_per_key_and_counts_them():
+  rows = [("multi-hop", _row(1.0, judge=1.0, precision=1.0, recall=None, rate=0.5)),
+          ("multi-hop", _row(0.5, judge=0.0, precision=None, recall=0.0, rate=0.0,
+                             bad_verdict=True)),
+          ("temporal", _row(0.0, judge=None, precision=0.0, recall=1.0, rate=1.0,
+                            bad_answer=True)),
+          ("temporal", _row(0.5))]
+  out = aggregate_answers(rows)
+  assert out["overall"] == pytest.approx({
+      "f1": 0.5, "rouge_l": 0.5, "judge": 0.5, "citation_precision": 0.5,
+      "citation_precision_skipped": 2, "citation_recall": 0.5, "citation_recall_skipped": 2,
+      "citation_rate": 0.5, "citation_rate_skipped": 1, "questions": 4, "judged": 2,
+      "malformed_verdicts": 1, "malformed_answers": 1})
+  multi, temporal = out["by_category"]["multi-hop"], out["by_category"]["temporal"]
+  assert multi["f1"] == 0.75 and multi["citation_precision"] == 1.0
+  assert multi["citation_precision_skipped"] == 1 and multi["malformed_verdicts"] == 1
+  assert temporal["judge"] is None and temporal["judged"] == 0  # nothing judged: no mean
+  assert temporal["citation_recall"] == 1.0 and temporal["malformed_answers"] == 1
+  assert list(out["by_category"]) == ["multi-hop", "temporal"]
+
+
+def test_aggregation_refuses_empty_or_foreign_rows():
+  with pytest.raises(ValueError, match="no questions"):
+    aggregate_answers([])
+  with pytest.raises(ValueError, match=r"rows\[0\] lacks"):
+    aggregate_answers([("temporal", {"f1": 1.0})])
