@@ -1,0 +1,131 @@
+"""Which learner: the reranker, the retriever's query encoder, or both, cross-validated by
+conversation on the LoCoMo dev file, at K = 20, M = 5 and at the paper's second setting K = 50,
+M = 10 (Recall@M (all), turn units, hybrid candidates).
+
+Per fold the query encoder is pretrained on the training conversations' labelled evidence
+(2 epochs, batches of 16, lr 2e-5, tau 0.05) and trained online by REINFORCE (1 epoch, lr
+1e-5): the settings of `train --config locomo --set learner=query_encoder`. Rows:
+- the base retrievers (BM25, MiniLM dense, their fusion);
+- the reranker over hybrid candidates (pretraining + online RL, the locomo config);
+- the tuned query encoder, tune=query (questions only) and tune=both (the bank re-embedded
+  with it), retrieving alone (dense) and fused with BM25 (hybrid);
+- learner=both: the reranker trained on the tuned encoder's hybrid candidates (tune=query),
+  held-out conversations replayed prequentially.
+One seed; results pooled over the held-out questions of all folds. The ceiling (recall of all K
+candidates of the base hybrid retriever, and of the tuned one) is reported beside each K.
+
+    python experiments/learners_ablation.py [--data PATH] [--folds 4]
+
+Writes experiments/results/learners_ablation.md (and .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from replay_common import DEFAULT_DATA, RESULTS
+from rmmjax import core
+from rmmjax.config import get_config
+from rmmjax.data.locomo import load_locomo
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.replay.candidates import build_replay, ceiling_recall, folds
+from rmmjax.replay.protocols import Protocol, run_fold
+from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder,
+                                         retrieval_encoders, retrieval_recall,
+                                         train_query_encoder)
+
+OUT = RESULTS / "learners_ablation"
+SETTINGS = ((20, 5), (50, 10))
+
+
+def tune_encoder(encoder, train, cfg, k: int):
+  """The query encoder after pretraining and online RL on the training conversations."""
+  spec = core.CoreSpec(dim=cfg.dim, k=k, m=cfg.m, batch=cfg.encoder_pretrain_batch)
+  hp = core.HParams.create(lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau)
+  params, _ = pretrain_query_encoder(encoder, train, spec, hp, cfg.encoder_pretrain_epochs)
+  spec = core.CoreSpec(dim=cfg.dim, k=k, m=cfg.m, batch=cfg.batch)
+  hp = dataclasses.replace(cfg, lr=cfg.encoder_lr).hparams()
+  params, _ = train_query_encoder(encoder, train, spec, hp, 1, params)
+  return TunedQueryEncoder(encoder, params)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  parser.add_argument("--folds", type=int, default=4)
+  args = parser.parse_args()
+  cfg = get_config("locomo")
+  conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
+  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  results: dict[str, list] = {}
+
+  def add(label, values):
+    results.setdefault(label, []).append(np.asarray(values))
+
+  for k, m in SETTINGS:
+    base = build_replay(conversations, "turn", "hybrid", encoder, k)
+    spec = dataclasses.replace(cfg.core_spec(), k=k, m=m)
+    hp = core.stack_hparams([dataclasses.replace(cfg, m=m).hparams()])
+    for test_idx in folds(len(conversations), args.folds):
+      start = time.time()
+      test = [conversations[i] for i in test_idx]
+      for retriever in ("bm25", "dense", "hybrid"):
+        add(f"K={k}|{retriever} (base)", np.concatenate(
+            [retrieval_recall(c, "turn", retriever, encoder, None, m) for c in test]))
+      add(f"K={k}|ceiling of the base hybrid's K", np.concatenate(
+          [ceiling_recall(base[i]) for i in test_idx]))
+      fold = run_fold(base, test_idx, spec, hp, Protocol(mode="pretrain+rl"), cfg.pretrain_lr,
+                      cfg.pretrain_tau)
+      add(f"K={k}|reranker on hybrid candidates", fold["frozen"][0])
+      tuned = tune_encoder(encoder, [c for i, c in enumerate(base) if i not in test_idx], cfg, k)
+      for tune in ("query", "both"):
+        memory, query = retrieval_encoders(encoder, tuned, tune)
+        for retriever in ("dense", "hybrid"):
+          add(f"K={k}|query encoder, tune={tune}, {retriever}", np.concatenate(
+              [retrieval_recall(c, "turn", retriever, memory, query, m) for c in test]))
+      tuned_replays = build_replay(conversations, "turn", "hybrid", encoder, k,
+                                   query_encoder=tuned)
+      add(f"K={k}|ceiling of the tuned hybrid's K", np.concatenate(
+          [ceiling_recall(tuned_replays[i]) for i in test_idx]))
+      both = run_fold(tuned_replays, test_idx, spec, hp, Protocol(mode="pretrain+rl"),
+                      cfg.pretrain_lr, cfg.pretrain_tau)
+      add(f"K={k}|both: reranker on the tuned hybrid's candidates", both["frozen"][0])
+      add(f"K={k}|both, learning online on held-out conversations", both["heldout"][0])
+      print(f"K={k} fold {test_idx}: {time.time() - start:.0f} s "
+            + " ".join(f"{label.split('|')[1]}={v[-1].mean():.3f}"
+                       for label, v in results.items() if label.startswith(f"K={k}|")),
+            flush=True)
+  write({label: float(np.concatenate(v).mean()) for label, v in results.items()}, args)
+
+
+def write(means: dict, args) -> None:
+  rows = sorted({label.split("|", 1)[1] for label in means}, key=list(
+      dict.fromkeys(label.split("|", 1)[1] for label in means)).index)
+  lines = ["# Which learner: reranker, query encoder, or both (LoCoMo dev, cross-validated)", "",
+           f"`python experiments/learners_ablation.py --folds {args.folds}`", "",
+           f"{args.folds}-fold cross-validation by conversation over the 8 dev conversations, "
+           "turn units, one seed; Recall@M (all), pooled over the held-out questions of all "
+           "folds. Candidates from the hybrid retriever (BM25 + MiniLM, reciprocal-rank "
+           "fusion). tune=query: the tuned encoder embeds the questions only; tune=both: the "
+           "memories too (bank re-embedded). Rerankers: frozen after training unless stated.",
+           "", "| pipeline | " + " | ".join(f"K={k}, Recall@{m}" for k, m in SETTINGS) + " |",
+           "|---|" + "---|" * len(SETTINGS)]
+  for row in rows:
+    cells = [f"{means[f'K={k}|{row}']:.3f}" if f"K={k}|{row}" in means else "n/a"
+             for k, _ in SETTINGS]
+    lines.append(f"| {row} | " + " | ".join(cells) + " |")
+  OUT.parent.mkdir(parents=True, exist_ok=True)
+  OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  OUT.with_suffix(".json").write_text(json.dumps(means, indent=2) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()
