@@ -27,7 +27,8 @@ from replay_common import DEFAULT_DATA, RESULTS, locomo_replays, seed_hparams  #
 from rmmjax.config import get_config  # noqa: E402
 from rmmjax.core import replay as core_replay  # noqa: E402
 from rmmjax.replay.protocols import Protocol, train_reranker  # noqa: E402
-from rmmjax.replay.candidates import base_recall, to_questions, to_sequence, to_streams  # noqa: E402
+from rmmjax.replay.candidates import (base_recall, to_questions, to_sequence,  # noqa: E402
+                                     to_streams)
 
 RUNS = [("online RL, lr 1e-4", "rl", 1e-4), ("online RL, lr 1e-3 (paper)", "rl", 1e-3),
         ("pretraining + online RL, lr 1e-4", "pretrain+rl", 1e-4)]

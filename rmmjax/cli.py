@@ -190,9 +190,9 @@ the outputs. Running the same command again resumes the workdir."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-  from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS
+  from rmmjax.cli_memory import add_parsers as add_memory_parsers
+  from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS, UNITS
   from rmmjax.retrieve.rankers import RETRIEVERS
-  from rmmjax.retrieve.units import GRANULARITIES
   parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
 
@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dataset", default="locomo", choices=EVALUABLE_DATASETS,
                  help="a dataset with evidence-labelled questions")
   p.add_argument("--data", required=True, help="path to the dataset file")
-  p.add_argument("--units", default="turn", choices=GRANULARITIES)
+  p.add_argument("--units", default="turn", choices=UNITS)
   p.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
   p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
@@ -262,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--quiet", action="store_true", help="no progress bars")
   p.add_argument("--out", default=None, help="write the metrics as JSON")
   p.set_defaults(func=_cmd_eval)
+
+  add_memory_parsers(sub)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
   p.add_argument("what", choices=["core", "search", "encode"])

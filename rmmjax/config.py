@@ -30,6 +30,9 @@ PRECISIONS = ("highest", "high", "default")
 # Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
 # no questions).
 EVALUABLE_DATASETS = ("locomo", "longmemeval")
+# Memory units: per-session granularities, and topics (the memories of Prospective Reflection,
+# rmmjax.memory.units).
+UNITS = GRANULARITIES + ("topic",)
 
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 
@@ -92,7 +95,7 @@ class Config:
   # Replay of a labelled dataset (configs other than latent).
   data: str = ""  # the dataset file
   dataset: str = "locomo"
-  units: str = "turn"  # memory granularity: turn, session or mixed
+  units: str = "turn"  # memory granularity: turn, session, mixed or topic
   retriever: str = "bm25"  # base retriever giving the K candidates: bm25, dense or hybrid
   # The last conversations of the file, never trained on, for evaluation; 0 trains on every
   # conversation (the right setting when the evaluation file is another one).
@@ -168,7 +171,7 @@ class Config:
     return self
 
   def _validate_replay(self) -> None:
-    choices = {"dataset": ("locomo",), "units": GRANULARITIES,
+    choices = {"dataset": ("locomo",), "units": UNITS,
                "retriever": RETRIEVERS,
                "mode": tuple(m for m in MODES if m != "pretrain")}  # training runs learn online
     for name, options in choices.items():

@@ -96,11 +96,58 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
         lambda: reference.encode(texts, batch_size=64, show_progress_bar=False), 3)})
   for row in rows:
     row["sentences_per_s"] = len(texts) / row["seconds"]
-  result = {"sentences": len(texts), "model": ours.identity, "rows": rows}
+  training = bench_encoder_training(ours, texts, repeats=3 if quick else 5)
+  result = {"sentences": len(texts), "model": ours.identity, "rows": rows, "training": training}
   print(f"{len(texts)} LoCoMo turns, batch 64; median of 3")
   for row in rows:
     print(f"{row['method']:36s}{row['sentences_per_s']:10.1f} sentences/s")
   if len(rows) == 2:
     print(f"Flax / PyTorch speed: {rows[0]['sentences_per_s'] / rows[1]['sentences_per_s']:.2f}")
+  print(f"\nquery-encoder training (forward and backward through MiniLM, K={K} candidates; "
+        f"median of {training[0]['repeats']})")
+  for row in training:
+    print(f"{row['method']:36s}{row['questions_per_s']:10.1f} questions/s")
   _write(result, out)
   return result
+
+
+def bench_encoder_training(encoder, texts: list[str], repeats: int) -> list[dict]:
+  """Questions/s of the query encoder's supervised step (batch 16) and REINFORCE step (batch 4)
+  on LoCoMo turns as questions, K random candidate embeddings each."""
+  import jax  # noqa: PLC0415
+
+  from rmmjax import core  # noqa: PLC0415
+  from rmmjax.replay.query_encoder import encoder_scorer, encoder_state  # noqa: PLC0415
+
+  rng = np.random.default_rng(0)
+  rows = []
+  for name, batch in (("supervised step", 16), ("REINFORCE step", 4)):
+    ids = encoder.tokenize(texts[:batch])
+    length = encoder.bucket_length(max(len(x) for x in ids))
+    ids_BxT = np.zeros((batch, length), np.int32)
+    mask_BxT = np.zeros((batch, length), bool)
+    for i, x in enumerate(ids):
+      ids_BxT[i, :len(x)], mask_BxT[i, :len(x)] = x, True
+    mem = rng.standard_normal((batch, K, encoder.dim)).astype(np.float32)
+    data = core.Batch(q_BxD=np.zeros((batch, encoder.dim), np.float32),
+                      mem_BxKxD=mem / np.linalg.norm(mem, axis=-1, keepdims=True),
+                      mask_BxK=np.ones((batch, K), bool), relevant_BxK=np.eye(batch, K, dtype=bool),
+                      num_relevant_B=np.ones(batch, np.int32))
+    spec = core.CoreSpec(dim=encoder.dim, k=K, m=5, batch=batch)
+    scorer = encoder_scorer(encoder.module, ids_BxT, mask_BxT)
+    if batch == 16:
+      step = jax.jit(lambda s, b, sc=scorer: core.supervised_step(s, b, sc), donate_argnums=0)
+    else:
+      key = jax.random.PRNGKey(0)
+      step = jax.jit(lambda s, b, sc=scorer, k=key: core.train_step(s, b, k, sc),
+                     donate_argnums=0)
+    box = [encoder_state(encoder, spec, core.HParams.create(lr=1e-5))]
+
+    def run(step=step, box=box, data=data):
+      box[0] = jax.block_until_ready(step(box[0], data)[0])
+
+    run()  # compile
+    seconds = median_time(run, repeats)
+    rows.append({"method": f"{name}, batch {batch} ({length} tokens)", "seconds": seconds,
+                 "questions_per_s": batch / seconds, "repeats": repeats})
+  return rows

@@ -6,21 +6,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rmmjax.config import EVALUABLE_DATASETS
+from rmmjax.config import EVALUABLE_DATASETS, UNITS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.eval.fit import check_fit, unseen
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
-from rmmjax.eval.reranked import load_reranker, reranked_orders
+from rmmjax.eval.reranked import reranked_orders
+from rmmjax.io.reranker_load import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import encoder_identity
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
-from rmmjax.retrieve.units import GRANULARITIES, build_units
+from rmmjax.memory.units import conversation_units
 
 DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval}
 assert tuple(DATASETS) == EVALUABLE_DATASETS
@@ -48,7 +49,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   `allow_mismatch` (the report then lists the mismatches). `online` replays each conversation
   prequentially.
   """
-  for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, GRANULARITIES),
+  for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, UNITS),
                                ("retriever", retriever, RETRIEVERS)):
     if value not in choices:
       raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
@@ -71,7 +72,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if not conversations:
     raise ValueError(f"{data} holds no question with evidence labels; it cannot be evaluated "
                      "for retrieval")
-  if (retriever != "bm25" or loaded) and encoder is None:
+  if (retriever != "bm25" or loaded or units == "topic") and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
   tuned = load_query_encoder(Path(query_encoder), encoder) if query_encoder else None
   config = {"dataset": dataset, "data": str(Path(data).resolve()), "units": units,
@@ -101,11 +102,13 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   tune = config.get("query_encoder_record", {}).get("tune", "query")
   memory_encoder, query_side = retrieval_encoders(encoder, tuned, tune)
   config["tune"] = tune if tuned else None
+  # Units once per conversation (topics replay the conversation through reflection).
+  pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
   if loaded:
-    rows = _reranked_rows(conversations, units, retriever, memory_encoder, loaded, online, ks,
-                          budget_words, progress, query_side)
+    rows = _reranked_rows(conversations, pools, units, retriever, memory_encoder, loaded, online,
+                          ks, budget_words, progress, query_side)
   else:
-    rows = _base_rows(conversations, units, retriever, memory_encoder, ks, budget_words,
+    rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
                       progress, query_side)
   config["conversations"] = [c.conversation_id for c in conversations]
   return {"config": config,
@@ -124,25 +127,26 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
   return rows
 
 
-def _reranked_rows(conversations, units, retriever, encoder, loaded, online, ks,
+def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
                    budget_words, progress, tuned) -> list:
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
-                         progress=progress, query_encoder=tuned)
+                         progress=progress, query_encoder=tuned,
+                         unit_builder=lambda conv, _: pools[conv.conversation_id])
   rows = []
   for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
-    rows += _rows_from_orders(conv, build_units(conv, units), orders, ks, budget_words)
+    rows += _rows_from_orders(conv, pools[conv.conversation_id], orders, ks, budget_words)
   return rows
 
 
-def _base_rows(conversations, units, retriever, encoder, ks, budget_words, progress,
+def _base_rows(conversations, pools, retriever, encoder, ks, budget_words, progress,
                tuned) -> list:
   depth = max(max(ks), 10, MRR_DEPTH)
   rows = []
-  for conv in tqdm(conversations, desc=f"retrieving ({retriever}, {units} units)",
+  for conv in tqdm(conversations, desc=f"retrieving ({retriever})",
                    unit="conversation", disable=not progress):
-    pool = build_units(conv, units)
+    pool = pools[conv.conversation_id]
     ranker = make_retriever(retriever, [u.text for u in pool], encoder, tuned)
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
     rows += _rows_from_orders(conv, pool, order, ks, budget_words)
@@ -157,7 +161,8 @@ def format_table(result: dict, ks: tuple[int, ...]) -> str:
   """One row per category and overall; column names say what each number is."""
   columns = ([(f"recall_all@{k}", f"R@{k} all") for k in ks]
              + [(f"recall_any@{k}", f"R@{k} any") for k in ks]
-             + [("ndcg@10", "NDCG@10"), ("mrr", "MRR")] + [(f"words@{k}", f"words@{k}") for k in ks])
+             + [("ndcg@10", "NDCG@10"), ("mrr", "MRR")]
+             + [(f"words@{k}", f"words@{k}") for k in ks])
   budget = result["config"]["budget_words"]
   if budget:
     columns += [("recall_all@budget", f"R all@{budget}w"), ("words@budget", f"words@{budget}w")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -79,23 +80,25 @@ def ceiling_recall(conv: ConversationReplay) -> np.ndarray:
 
 def build_replay(conversations: list[Conversation], units: str, retriever: str, encoder,
                  k: int, depth: int | None = RANK_DEPTH, progress: bool = False,
-                 query_encoder=None) -> list[ConversationReplay]:
+                 query_encoder=None,
+                 unit_builder: Callable = build_units) -> list[ConversationReplay]:
   """Candidates from `retriever` (bm25, dense or hybrid) over each conversation's `units`; the
   base ranking is kept to max(depth, k) units (None: all of them). A tuned `query_encoder`
   embeds the questions (for dense search and for the reranker); units keep `encoder`'s
-  embeddings."""
+  embeddings. `unit_builder(conversation, units)` gives the units (topics come from a layer
+  above, rmmjax.memory.units)."""
   out = []
   with_questions = [c for c in conversations if c.questions]
-  pools = {c.conversation_id: len(build_units(c, units)) for c in with_questions}
-  small = {cid: n for cid, n in pools.items() if n < k}
+  pools = {c.conversation_id: unit_builder(c, units) for c in with_questions}
+  small = {cid: len(p) for cid, p in pools.items() if len(p) < k}
   if small:  # checked before anything is embedded
     cid, n = min(small.items(), key=lambda item: item[1])
     raise ValueError(f"k={k} candidates, but conversation {cid} has only {n} {units} units "
                      f"({len(small)} conversations have fewer than {k}): expected k <= "
-                     f"{min(pools.values())} for these conversations")
+                     f"{min(small.values())} for these conversations")
   for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):
-    pool = build_units(conv, units)
+    pool = pools[conv.conversation_id]
     if not pool:
       raise ValueError(f"conversation {conv.conversation_id} has no {units} units to retrieve")
     texts = [u.text for u in pool]

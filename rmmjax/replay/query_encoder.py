@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -161,10 +162,12 @@ def retrieval_encoders(encoder, tuned: "TunedQueryEncoder | None", tune: str) ->
 
 
 def retrieval_recall(conversation: Conversation, units: str, retriever: str, encoder,
-                     query_encoder=None, m: int = 5) -> np.ndarray:
+                     query_encoder=None, m: int = 5,
+                     unit_builder: Callable = build_units) -> np.ndarray:
   """Recall@m (all) of each question of a conversation, retrieving with `retriever` over its
-  units; dense scores use `query_encoder` for the questions when given."""
-  pool = build_units(conversation, units)
+  units (from `unit_builder(conversation, units)`); dense scores use `query_encoder` for the
+  questions when given."""
+  pool = unit_builder(conversation, units)
   ranker = make_retriever(retriever, [u.text for u in pool], encoder, query_encoder)
   top_NxM = ranker.rank([q.question for q in conversation.questions], m)
   recall = []

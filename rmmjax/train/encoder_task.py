@@ -22,6 +22,7 @@ from rmmjax.config import Config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.memory.units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
                                          encoder_state, pretrain_query_encoder, question_tokens,
@@ -45,8 +46,9 @@ class QueryEncoderTask:
     if encoder.dim != cfg.dim:
       raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
     self.encoder = encoder
+    self.unit_builder = functools.partial(conversation_units, encoder=encoder)
     replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,
-                           progress=progress)
+                           progress=progress, unit_builder=self.unit_builder)
     split = len(replays) - cfg.holdout
     self.train_convs, self.test_convs = replays[:split], replays[split:]
     self.test_conversations = conversations[split:]
@@ -82,7 +84,8 @@ class QueryEncoderTask:
     cfg = self.cfg
     memory_encoder, query_encoder = retrieval_encoders(self.encoder, tuned, cfg.tune)
     return float(np.mean(np.concatenate([
-        retrieval_recall(c, cfg.units, cfg.retriever, memory_encoder, query_encoder, m)
+        retrieval_recall(c, cfg.units, cfg.retriever, memory_encoder, query_encoder, m,
+                         self.unit_builder)
         for c in self.test_conversations])))
 
   def evaluate(self, state: core.TrainState) -> dict:

@@ -6,6 +6,7 @@ and an evaluation; the loop (train.py) does the logging, checkpointing and resum
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -18,6 +19,7 @@ from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.memory.units import conversation_units
 from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
@@ -74,7 +76,8 @@ class ReplayTask:
     tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
     memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
     replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
-                           progress=progress, query_encoder=query_encoder)
+                           progress=progress, query_encoder=query_encoder,
+                           unit_builder=functools.partial(conversation_units, encoder=encoder))
     split = len(replays) - cfg.holdout
     self.train_convs, self.test_convs = replays[:split], replays[split:]
     self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {

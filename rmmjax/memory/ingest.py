@@ -1,0 +1,185 @@
+"""Replaying conversations into a memory bank, session by session, with reflection at each end.
+
+Resumable at session granularity: a session the bank already holds as ended is checked against
+the data and skipped; one that was started but not reflected (a run stopped between the two
+writes) gets its missing turns and its reflection. Embeddings are computed per conversation in
+bulk where the reflector allows it: one encoder call per session pads each to a full batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import final
+
+import numpy as np
+from tqdm import tqdm
+
+from rmmjax.data.schema import Conversation, Session, Turn
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.records import BankTurn
+from rmmjax.memory.reflection import Encoder, Reflector, reflect_session
+from rmmjax.memory.topics import OfflineReflector, turn_text
+
+COUNTS = ("users", "sessions", "sessions_skipped", "turns", "topics", "memories_added",
+          "memories_merged", "memories_updated", "dropped_turn_ids", "dropped_topics",
+          "fallbacks", "uncovered_turns")
+
+
+def bank_text(turn: Turn) -> str:
+  """A turn's text as the bank stores it: an image turn keeps its caption (as turn units do)."""
+  return f"{turn.text} [shares an image: {turn.caption}]" if turn.caption else turn.text
+
+
+def _repeated_ids(conversations: Sequence[Conversation]) -> str | None:
+  """The first session or turn id that two of the conversations share, described, or None."""
+  for what, ids in (("session", [s.session_id for c in conversations for s in c.sessions]),
+                    ("turn", [t.turn_id for c in conversations for s in c.sessions
+                              for t in s.turns])):
+    counts = collections.Counter(ids)
+    if dup := next((i for i, n in counts.items() if n > 1), None):
+      return f"{what} id {dup!r} occurs {counts[dup]} times"
+  return None
+
+
+def _plan(conversations: Sequence[Conversation], user: str | None,
+          user_per_conversation: bool) -> list[tuple[str, tuple[Session, ...]]]:
+  """(user, sessions) per conversation in replay order, after checking the arguments."""
+  conversations = list(conversations)
+  if not all(isinstance(c, Conversation) for c in conversations):
+    raise TypeError("conversations must be rmmjax.data.schema.Conversation objects")
+  if user_per_conversation:
+    if user is not None:
+      raise ValueError(f"user {user!r} and user_per_conversation=True: each conversation is "
+                       f"its own user; pass one or the other")
+    ids = [c.conversation_id for c in conversations]
+    if dup := next((i for i, n in collections.Counter(ids).items() if n > 1), None):
+      raise ValueError(f"conversation id {dup!r} occurs twice; with user_per_conversation each "
+                       f"conversation id is a user id and must be unique")
+    return [(c.conversation_id, c.sessions) for c in conversations]
+  if not isinstance(user, str) or not user:
+    raise ValueError(f"user must be a non-empty string (the user every conversation belongs "
+                     f"to), got {user!r}; or pass user_per_conversation=True")
+  if dup := _repeated_ids(conversations):
+    raise ValueError(f"the conversations cannot be one user's history: {dup} (ids must be "
+                     f"unique per user); pass user_per_conversation=True")
+  return [(user, c.sessions) for c in conversations]
+
+
+def _stored(bank: MemoryBank, user: str, session: Session) -> tuple[bool, bool, int]:
+  """(whether the bank has the session, whether it has ended, how many of its turns it holds);
+  refuses a session of that id whose date or turns are not the ones being ingested."""
+  known = {s.session_id: s for s in bank.sessions(user)}.get(session.session_id)
+  if known is None:
+    return False, False, 0
+  stored = [t.turn_id for t in bank.turns(user, session.session_id)]
+  wanted = [t.turn_id for t in session.turns]
+  if known.date != session.date or stored != wanted[:len(stored)] or (
+      known.ended and len(stored) != len(wanted)):
+    raise ValueError(f"{bank.path}: user {user!r} already has a session {session.session_id!r} "
+                     f"(date {known.date!r}, {len(stored)} turns) that differs from the one "
+                     f"being ingested (date {session.date!r}, {len(wanted)} turns); ingest into "
+                     f"another bank or user")
+  return True, known.ended, len(stored)
+
+
+@final
+class MemoEncoder:
+  """An encoder that keeps what it embedded, so texts embedded ahead in bulk come back free."""
+
+  def __init__(self, encoder: Encoder):
+    self.encoder, self.identity = encoder, encoder.identity
+    self._vectors: dict[str, np.ndarray] = {}
+
+  def prefetch(self, texts: Sequence[str]) -> None:
+    """Embeds the texts not yet seen, in one call (an encoder pads every call to a full batch)."""
+    todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+    if todo:
+      rows = np.asarray(self.encoder.encode(todo), np.float32)
+      self._vectors.update(zip(todo, rows, strict=True))
+
+  def encode(self, texts: list[str]) -> np.ndarray:
+    texts = list(texts)
+    self.prefetch(texts)
+    return np.stack([self._vectors[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+
+
+def _ahead(reflector: Reflector, encoder: Encoder,
+           sessions: Sequence[Session]) -> tuple[Reflector, Encoder]:
+  """The reflector and encoder to replay these sessions with, their embeddings done in bulk.
+
+  The offline reflector's topics depend on the session alone, so its turn and summary
+  embeddings are computed ahead for all the sessions at once; other reflectors run as given."""
+  memo = MemoEncoder(encoder)
+  if not isinstance(reflector, OfflineReflector) or not sessions:
+    return reflector, memo
+  turn_memo = memo if reflector.encoder is encoder else MemoEncoder(reflector.encoder)
+  offline = reflector.with_encoder(turn_memo)
+  turns = [[BankTurn(t.turn_id, s.session_id, t.speaker, bank_text(t), s.date) for t in s.turns]
+           for s in sessions]
+  turn_memo.prefetch([turn_text(t, t.date) for session in turns for t in session])
+  memo.prefetch([topic.summary for session, rows in zip(sessions, turns, strict=True)
+                 for topic in offline.extract(rows, session.date).topics])
+  return offline, memo
+
+
+def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation],
+                         reflector: Reflector, encoder: Encoder, *, user: str | None = None,
+                         user_per_conversation: bool = False, top_k: int = 5,
+                         progress: bool = False) -> dict:
+  """Replays each conversation's sessions in order: start, add turns, reflect; returns counts
+  (of this run: skipped sessions add nothing) and the time taken."""
+  plan = _plan(conversations, user, user_per_conversation)
+  counts = dict.fromkeys(COUNTS, 0)
+  start = time.perf_counter()
+  for name in dict.fromkeys(u for u, _ in plan):
+    if not bank.has_user(name):
+      bank.add_user(name)
+    counts["users"] += 1
+  bar = tqdm(total=sum(len(s) for _, s in plan), desc="sessions", unit="session",
+             disable=not progress)
+  for name, sessions in plan:
+    states = [_stored(bank, name, s) for s in sessions]
+    todo = [(s, state) for s, state in zip(sessions, states, strict=True) if not state[1]]
+    counts["sessions_skipped"] += len(sessions) - len(todo)
+    bar.update(len(sessions) - len(todo))
+    run_reflector, run_encoder = _ahead(reflector, encoder, [s for s, _ in todo])
+    for session, (exists, _, held) in todo:
+      if not exists:
+        bank.start_session(name, session.session_id, session.date)
+      if turns := session.turns[held:]:
+        bank.add_turns(name, session.session_id,
+                       [(t.turn_id, t.speaker, bank_text(t)) for t in turns])
+      report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder,
+                               top_k=top_k)
+      counts["sessions"] += 1
+      counts["turns"] += len(turns)
+      for key, value in (("topics", report.topics), ("memories_added", report.added),
+                         ("memories_merged", report.merged),
+                         ("memories_updated", report.updated),
+                         ("dropped_turn_ids", report.dropped_turn_ids),
+                         ("dropped_topics", report.dropped_topics),
+                         ("fallbacks", report.fallbacks),
+                         ("uncovered_turns", report.uncovered_turns)):
+        counts[key] += value
+      bar.update(1)
+  bar.close()
+  seconds = time.perf_counter() - start
+  return {**counts, "seconds": round(seconds, 3),
+          "turns_per_s": round(counts["turns"] / seconds, 2) if seconds > 0 else 0.0}
+
+
+def replay_topics(conversation: Conversation, encoder: Encoder,
+                  reflector: Reflector | None = None) -> list[tuple[str, tuple[str, ...]]]:
+  """(summary, turn ids of all its snippets) of each memory that replaying the conversation
+  through a fresh bank leaves, oldest first; the offline reflector unless one is given."""
+  reflector = OfflineReflector(encoder) if reflector is None else reflector
+  with tempfile.TemporaryDirectory(prefix="rmmjax-topics-") as folder:
+    with MemoryBank(Path(folder) / "memory.sqlite") as bank:
+      ingest_conversations(bank, [conversation], reflector, encoder,
+                           user=conversation.conversation_id)
+      return [(m.summary, tuple(s.turn_id for s in m.snippets))
+              for m in bank.memories(conversation.conversation_id)]

@@ -1,0 +1,214 @@
+"""Prospective Reflection: when a session ends, its topics become memories of the user's bank.
+
+A reflector extracts topic memories (a summary and the turns it came from) from the session's
+turns; each topic is then compared with the user's most similar memories and either added as a
+new memory or merged into one of them. Topics are decided one after another, each against the
+bank as the earlier topics left it, so two topics of one session that belong to the same memory
+end up in one merged summary (the second merge sees the first one's result). Everything is
+written by one `apply_reflection` call: the session ends with all of it or with none of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import final
+
+import numpy as np
+
+from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM
+from rmmjax.llm.parse import Topic, parse_merge, parse_topics
+from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.records import BankTurn, Merge, NewMemory, UnknownRecord
+# The reflector interface and the offline reflector live beside the topic segmentation; they are
+# importable from here with the rest of Prospective Reflection.
+from rmmjax.memory.topics import (ADD, Candidate, Decision, Encoder, Extraction, OfflineReflector,
+                                  Reflector)
+
+__all__ = ["ADD", "Candidate", "Decision", "Encoder", "Extraction", "LLMReflector",
+           "OfflineReflector", "ReflectionReport", "Reflector", "reflect_session"]
+
+# A topic list of a long session outgrows the default reply length; a cut reply is unusable.
+EXTRACTION_MAX_TOKENS = 2048
+
+
+@final
+class LLMReflector(Reflector):
+  """Asks a chat model for the topics and for each add-or-merge decision.
+
+  Unusable replies never raise: a topic list that cannot be read counts as a fallback and gives
+  `fallback`'s topics (no topics when there is none); an unusable decision adds the topic. A call
+  that fails (LLMError) propagates, so the reflection is not applied and can be retried.
+  """
+
+  def __init__(self, llm: LLM, *, max_topics: int = MAX_TOPICS,
+               max_tokens: int = EXTRACTION_MAX_TOKENS, fallback: Reflector | None = None):
+    if not isinstance(llm, LLM):
+      raise TypeError(f"llm must be an rmmjax.llm.LLM, got {type(llm).__name__}")
+    if max_topics < 1 or max_tokens < 1:
+      raise ValueError(f"max_topics and max_tokens must be positive, got {max_topics} and "
+                       f"{max_tokens}")
+    self.llm, self.max_topics, self.max_tokens, self.fallback = (llm, max_topics, max_tokens,
+                                                                 fallback)
+
+  def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
+    """The topics of the model's reply, restricted to the turn ids it was shown."""
+    prompt = topic_extraction(turns, date, self.max_topics)
+    reply = self.llm.chat_structured(prompt.messages, prompt.schema, max_tokens=self.max_tokens)
+    parsed = parse_topics(reply, [turn.turn_id for turn in turns])
+    if not parsed.malformed:
+      return Extraction(parsed.topics, parsed.dropped_turn_ids, parsed.dropped_topics)
+    if self.fallback is None:
+      return Extraction((), fallbacks=1)
+    found = self.fallback.extract(turns, date)
+    return dataclasses.replace(found, fallbacks=found.fallbacks + 1)
+
+  def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
+    """The model's choice among the candidates; an unusable reply adds the topic."""
+    prompt = add_or_merge(topic.summary, [c.summary for c in candidates])
+    reply = self.llm.chat_structured(prompt.messages, prompt.schema,
+                                     max_tokens=DEFAULT_MAX_TOKENS)
+    decision = parse_merge(reply, len(candidates))
+    return Decision(decision.position, decision.summary, decision.fell_back)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class ReflectionReport:
+  """What one session's reflection did."""
+
+  session_id: str
+  turns: int  # the session's turns
+  topics: int  # topics extracted (after dropping unusable ones)
+  added: int  # new memories written
+  merged: int  # topics merged into a memory (an older one or one added by this reflection)
+  updated: int  # older memories whose summary a merge rewrote
+  dropped_turn_ids: int
+  dropped_topics: int
+  fallbacks: int  # unusable replies: a topic list, or add-or-merge decisions that became adds
+  uncovered_turns: int  # session turns that no topic names
+  memory_ids: tuple[int, ...]  # the memories written: the new ones, then the updated ones
+
+
+@dataclasses.dataclass
+class _Entry:
+  """A memory as this reflection sees it: stored (memory_id) or new, with pending changes."""
+
+  memory_id: int | None
+  summary: str
+  turns: int
+  vector: np.ndarray
+  new_turn_ids: list[str]
+  changed: bool = False
+  stale: bool = False  # its summary was rewritten and its vector is not yet re-embedded
+
+
+def _restrict(topics: Sequence[Topic], turn_ids: Sequence[str]) -> tuple[list[Topic], int, int]:
+  """Topics keeping only the session's turn ids (once each); (topics, ids dropped, topics
+  dropped). The LLM parser already does this; a custom reflector may not."""
+  shown, kept, dropped_ids, dropped_topics = set(turn_ids), [], 0, 0
+  for topic in topics:
+    ids = list(dict.fromkeys(t for t in topic.turn_ids if t in shown))
+    dropped_ids += sum(t not in shown for t in topic.turn_ids)
+    if ids and isinstance(topic.summary, str) and topic.summary.strip():
+      kept.append(Topic(topic.summary.strip(), tuple(ids)))
+    else:
+      dropped_topics += 1
+  return kept, dropped_ids, dropped_topics
+
+
+def _unit_rows(vectors: np.ndarray) -> np.ndarray:
+  vectors = np.asarray(vectors, np.float32)
+  return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def _nearest(entries: list[_Entry], vector: np.ndarray, top_k: int) -> list[tuple[int, float]]:
+  """(entry index, cosine) of the top_k entries most similar to vector, best first."""
+  if not entries:
+    return []
+  scores = _unit_rows(np.stack([e.vector for e in entries])) @ _unit_rows(vector)
+  order = np.argsort(-scores, kind="stable")[:top_k]
+  return [(int(i), float(scores[i])) for i in order]
+
+
+def _refresh(entries: list[_Entry], encoder: Encoder) -> None:
+  """Re-embeds every rewritten summary, in one call: encoders batch better than they loop."""
+  stale = [e for e in entries if e.stale]
+  if stale:
+    for entry, vector in zip(stale, encoder.encode([e.summary for e in stale]), strict=True):
+      entry.vector, entry.stale = vector, False
+
+
+def _check_decision(decision: object, n_candidates: int, reflector: Reflector) -> Decision:
+  name = type(reflector).__name__
+  if not isinstance(decision, Decision):
+    raise TypeError(f"{name}.decide must return a Decision, got {type(decision).__name__}")
+  if decision.position is None:
+    return decision
+  if not 0 <= decision.position < n_candidates:
+    raise ValueError(f"{name}.decide chose candidate {decision.position}; expected None (add) "
+                     f"or a position from 0 to {n_candidates - 1}")
+  if not isinstance(decision.summary, str) or not decision.summary.strip():
+    raise ValueError(f"{name}.decide merged without a summary (got {decision.summary!r}); a "
+                     f"merge must give the merged memory's summary")
+  return decision
+
+
+def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Reflector,
+                    encoder: Encoder, *, top_k: int = 5) -> ReflectionReport:
+  """Extracts the session's topics, adds or merges each one, and ends the session atomically.
+
+  Similar memories are found by cosine between the topic summary's embedding and the memories'
+  embeddings by `encoder` (the bank refuses when some memory lacks one from it).
+  """
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+    raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+  info = next((s for s in bank.sessions(user) if s.session_id == session_id), None)
+  if info is None:
+    raise UnknownRecord(f"user {user!r} has no session {session_id!r}")
+  if info.ended:
+    raise ValueError(f"session {session_id!r} of user {user!r} has ended: its reflection is "
+                     f"already applied")
+  turns = bank.turns(user, session_id)
+  extraction = reflector.extract(turns, info.date) if turns else Extraction(())
+  if not isinstance(extraction, Extraction):
+    raise TypeError(f"{type(reflector).__name__}.extract must return an Extraction, got "
+                    f"{type(extraction).__name__}")
+  topics, dropped_ids, dropped_topics = _restrict(extraction.topics, [t.turn_id for t in turns])
+  ids, matrix = bank.memory_embeddings(user, encoder.identity)
+  stored = {m.id: m for m in bank.memories(user)}
+  entries = [_Entry(m, stored[m].summary, len(stored[m].snippets), v, [])
+             for m, v in zip(ids, matrix, strict=True)]
+  vectors = encoder.encode([t.summary for t in topics]) if topics else []
+  merged = fallbacks = 0
+  for topic, vector in zip(topics, vectors, strict=True):
+    _refresh(entries, encoder)  # later topics compare with a merged memory's new text
+    near = _nearest(entries, vector, top_k)
+    candidates = [Candidate(entries[i].summary, s, entries[i].turns) for i, s in near]
+    decision = reflector.decide(topic, candidates) if candidates else ADD
+    decision = _check_decision(decision, len(candidates), reflector)
+    fallbacks += decision.fell_back
+    if decision.position is None:
+      entries.append(_Entry(None, topic.summary, len(topic.turn_ids), vector,
+                            list(topic.turn_ids), changed=True))
+      continue
+    entry = entries[near[decision.position][0]]
+    fresh = [t for t in topic.turn_ids if t not in entry.new_turn_ids]
+    entry.summary, entry.changed, entry.stale = decision.summary.strip(), True, True
+    entry.new_turn_ids += fresh
+    entry.turns += len(fresh)  # a stored memory may hold some of them already: an upper bound
+    merged += 1
+  _refresh(entries, encoder)
+  adds = [NewMemory(e.summary, e.new_turn_ids, e.vector) for e in entries if e.memory_id is None]
+  merges = [Merge(e.memory_id, e.summary, e.new_turn_ids, e.vector)
+            for e in entries if e.memory_id is not None and e.changed]
+  written = bank.apply_reflection(user, session_id, adds, merges, encoder.identity)
+  covered = {t for topic in topics for t in topic.turn_ids}
+  return ReflectionReport(
+      session_id=session_id, turns=len(turns), topics=len(topics), added=len(adds),
+      merged=merged, updated=len(merges),
+      dropped_turn_ids=extraction.dropped_turn_ids + dropped_ids,
+      dropped_topics=extraction.dropped_topics + dropped_topics,
+      fallbacks=extraction.fallbacks + fallbacks,
+      uncovered_turns=sum(t.turn_id not in covered for t in turns), memory_ids=tuple(written))

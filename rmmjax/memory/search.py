@@ -1,0 +1,79 @@
+"""Retrieval over one user's memory bank: BM25 over the memories' text, dense search over the
+embeddings stored beside them (never re-embedded at query time), or their reciprocal-rank fusion.
+
+An index is built per user from the bank and rebuilt only when the user's memories change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.records import Memory
+from rmmjax.retrieve.bm25 import BM25Retriever
+from rmmjax.retrieve.dense import search
+from rmmjax.retrieve.rankers import RETRIEVERS
+
+RRF_C = 60.0  # reciprocal-rank fusion constant, as rmmjax.retrieve.dense.FusionRetriever
+
+
+def memory_text(memory: Memory) -> str:
+  """What BM25 indexes: the summary and the verbatim snippets it came from."""
+  return " ".join([memory.summary, *(s.text for s in memory.snippets)])
+
+
+@dataclasses.dataclass(frozen=True)
+class UserIndex:
+  """One user's memories as a search index (row i is memories[i])."""
+
+  memories: tuple[Memory, ...]
+  emb_NxD: np.ndarray
+  bm25: BM25Retriever | None
+  version: tuple
+
+  def rank(self, query: str, q_D: np.ndarray, retriever: str, k: int) -> np.ndarray:
+    """Row indices of the k best memories for the query, best first (fewer if the bank is)."""
+    n = len(self.memories)
+    k = min(k, n)
+    if k == 0:
+      return np.zeros(0, np.int64)
+    if retriever == "bm25":
+      return self.bm25.rank([query], k)[0]
+    if retriever == "dense":
+      return np.asarray(search(q_D[None, :], self.emb_NxD, k)[0], np.int64)
+    fused = np.zeros(n)
+    for order in (self.bm25.rank([query], n)[0], np.asarray(search(q_D[None, :], self.emb_NxD,
+                                                                   n)[0])):
+      fused[order] += 1.0 / (RRF_C + 1.0 + np.arange(len(order)))
+    return np.argsort(-fused, kind="stable")[:k]
+
+
+class BankSearch:
+  """Per-user indexes over a MemoryBank, kept until the user's memories change."""
+
+  def __init__(self, bank: MemoryBank, encoder_identity: str, retriever: str):
+    if retriever not in RETRIEVERS:
+      raise ValueError(f"retriever {retriever!r} is not one of {', '.join(RETRIEVERS)}")
+    self.bank, self.encoder_identity, self.retriever = bank, encoder_identity, retriever
+    self._indexes: dict[str, UserIndex] = {}
+
+  def index(self, user: str) -> UserIndex:
+    memories = tuple(self.bank.memories(user))
+    version = (len(memories), max((m.updated for m in memories), default=0.0),
+               max((m.id for m in memories), default=0))
+    cached = self._indexes.get(user)
+    if cached is not None and cached.version == version:
+      return cached
+    if memories:
+      # Refuses a bank embedded by another encoder (the bank names both).
+      ids, emb = self.bank.memory_embeddings(user, self.encoder_identity)
+      row = {memory_id: i for i, memory_id in enumerate(ids)}
+      emb = emb[[row[m.id] for m in memories]]
+    else:
+      emb = np.zeros((0, 0), np.float32)
+    bm25 = (BM25Retriever([memory_text(m) for m in memories])
+            if memories and self.retriever != "dense" else None)
+    self._indexes[user] = UserIndex(memories, emb, bm25, version)
+    return self._indexes[user]

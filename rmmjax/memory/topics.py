@@ -1,0 +1,199 @@
+"""What a reflector is (it extracts topics, then decides add or merge), and the offline one.
+
+The offline reflector needs no model. A session is cut into topics where a turn stops resembling
+the topic so far, and a topic's summary is its own turns, verbatim, under the session's date:
+questions name people and dates, and on LoCoMo a unit reading "[date] Speaker: ..." is found far
+more often than the bare utterance. A new topic merges into the most similar memory when their
+summaries' cosine reaches a threshold.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol, final
+
+import numpy as np
+
+from rmmjax.llm.parse import Topic
+from rmmjax.memory.records import BankTurn
+
+COMPARISONS = ("centroid", "previous")
+
+
+class Encoder(Protocol):
+  """What reflection needs of an encoder: unit-norm float32 rows and a stable identity."""
+
+  identity: str
+
+  def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Extraction:
+  """The topics a reflector found in one session, and what it had to leave out."""
+
+  topics: tuple[Topic, ...]
+  dropped_turn_ids: int = 0  # turn ids named that are not the session's
+  dropped_topics: int = 0  # topics without a summary or without any of the session's turns
+  fallbacks: int = 0  # unusable replies replaced by a fallback (or by nothing)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """A memory shown to an add-or-merge decision; candidates come most similar first."""
+
+  summary: str
+  similarity: float  # cosine of its embedding and the new topic's summary embedding
+  turns: int  # snippets it holds, counting those merged into it earlier in this reflection
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """Add the topic (position None), or merge it into candidates[position] with a new summary."""
+
+  position: int | None
+  summary: str | None = None
+  fell_back: bool = False  # the decision's reply was unusable and "add" was chosen for it
+
+
+ADD = Decision(None)
+
+
+class Reflector(abc.ABC):
+  """Extracts topics from a session and decides whether each one is added or merged."""
+
+  @abc.abstractmethod
+  def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
+    """Topic memories of one session's turns (held on `date`), each naming its turns."""
+
+  @abc.abstractmethod
+  def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
+    """Add `topic`, or merge it into one of the (non-empty) candidates."""
+
+
+def turn_text(turn: BankTurn, date: str) -> str:
+  """A turn as one dated line; the same text as a turn unit's, so its embedding is shared."""
+  return f"[{date}] {turn.speaker}: {turn.text}"
+
+
+def segment(vectors: np.ndarray, *, split_below: float, min_turns: int, max_turns: int,
+            against: str = "centroid") -> list[range]:
+  """Consecutive ranges of rows covering every row once: a new range starts at a row whose
+  cosine to the current range's centroid (or to the row before, `against="previous"`) is below
+  `split_below` once the range has min_turns rows, and always when it has max_turns."""
+  vectors = np.asarray(vectors, np.float32)
+  n = len(vectors)
+  if n == 0:
+    return []
+  ranges, start, total = [], 0, vectors[0].astype(np.float64)
+  for i in range(1, n):
+    length = i - start
+    other = total if against == "centroid" else vectors[i - 1]
+    cosine = float(vectors[i] @ other) / max(
+        float(np.linalg.norm(vectors[i]) * np.linalg.norm(other)), 1e-12)
+    if length >= max_turns or (length >= min_turns and cosine < split_below):
+      ranges.append(range(start, i))
+      start, total = i, np.zeros_like(total)
+    total = total + vectors[i]
+  ranges.append(range(start, n))
+  # A short tail is the end of the topic before it more often than a topic of its own.
+  if len(ranges) > 1 and len(ranges[-1]) < min_turns and (
+      len(ranges[-2]) + len(ranges[-1]) <= max_turns):
+    ranges[-2:] = [range(ranges[-2].start, n)]
+  return ranges
+
+
+def central(vectors: np.ndarray, keep: int) -> list[int]:
+  """Positions (in order) of the `keep` rows closest to the rows' mean direction."""
+  if keep >= len(vectors):
+    return list(range(len(vectors)))
+  mean = np.asarray(vectors, np.float64).mean(axis=0)
+  scores = np.asarray(vectors, np.float64) @ mean
+  return sorted(np.argsort(-scores, kind="stable")[:keep].tolist())
+
+
+def extractive_summary(turns: Sequence[BankTurn], date: str) -> str:
+  """The turns verbatim under the session's date: "[date] A: ...\\nB: ..."."""
+  return f"[{date}] " + "\n".join(f"{t.speaker}: {t.text}" for t in turns)
+
+
+@final
+class OfflineReflector(Reflector):
+  """Embedding-based topic segmentation, extractive summaries and a similarity merge rule.
+
+  Args:
+    encoder: embeds each turn as "[date] Speaker: text" to find the topic boundaries.
+    split_below: a turn whose cosine to the running topic is below this starts a new topic.
+      0.6 cuts LoCoMo sessions (22 turns on average) into topics of about 5 turns with
+      all-MiniLM-L6-v2, whose cosines between dated turns of one session are mostly 0.5-0.8.
+    min_turns: no topic ends before it has this many turns (the session's last may be shorter).
+    max_turns: a topic ends when it has this many turns, whatever the similarity.
+    against: "centroid" compares a turn with the mean of the topic's turns so far (one off-topic
+      reply does not end it); "previous" compares it with the turn just before.
+    merge_at: a topic merges into the most similar memory when the cosine of their summaries'
+      embeddings is at least this; otherwise it is added.
+    max_merged_turns: no merge makes a memory hold more turns than this (the topic merges into
+      the next similar enough memory, or is added), so summaries stay readable.
+    summary_turns: keep only this many turns (the most central ones, in order) in a topic's
+      summary; None keeps all. The memory keeps all its snippets either way; note that unit text
+      then covers fewer turns than the unit's turn ids.
+  """
+
+  def __init__(self, encoder: Encoder, *, split_below: float = 0.6, min_turns: int = 2,
+               max_turns: int = 12, against: str = "centroid", merge_at: float = 0.85,
+               max_merged_turns: int = 36, summary_turns: int | None = None):
+    if not hasattr(encoder, "encode"):
+      raise TypeError(f"encoder must have an encode(texts) method, got {type(encoder).__name__}")
+    if not -1.0 <= split_below <= 1.0 or not -1.0 <= merge_at <= 1.0:
+      raise ValueError(f"split_below and merge_at are cosines in [-1, 1], got {split_below} and "
+                       f"{merge_at}")
+    if not 1 <= min_turns <= max_turns:
+      raise ValueError(f"expected 1 <= min_turns <= max_turns, got min_turns {min_turns} and "
+                       f"max_turns {max_turns}")
+    if against not in COMPARISONS:
+      raise ValueError(f"against {against!r} is not one of {', '.join(COMPARISONS)}")
+    if max_merged_turns < 1:
+      raise ValueError(f"max_merged_turns must be positive, got {max_merged_turns}")
+    if summary_turns is not None and summary_turns < 1:
+      raise ValueError(f"summary_turns must be positive or None, got {summary_turns}")
+    self.encoder = encoder
+    self.split_below, self.min_turns, self.max_turns = split_below, min_turns, max_turns
+    self.against, self.merge_at, self.max_merged_turns = against, merge_at, max_merged_turns
+    self.summary_turns = summary_turns
+
+  def with_encoder(self, encoder: Encoder) -> OfflineReflector:
+    """The same reflector embedding turns with another encoder (a memo of the same one)."""
+    other = copy.copy(self)
+    other.encoder = encoder
+    return other
+
+  def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
+    """One topic per segment, its summary the segment's turns under the date."""
+    if not turns:
+      return Extraction(())
+    vectors = np.asarray(self.encoder.encode([turn_text(t, date) for t in turns]), np.float32)
+    topics = []
+    for part in segment(vectors, split_below=self.split_below, min_turns=self.min_turns,
+                        max_turns=self.max_turns, against=self.against):
+      chosen = list(part)
+      if self.summary_turns is not None:
+        chosen = [part[i] for i in central(vectors[part.start:part.stop], self.summary_turns)]
+      summary = extractive_summary([turns[i] for i in chosen], date)
+      topics.append(Topic(summary, tuple(turns[i].turn_id for i in part)))
+    return Extraction(tuple(topics))
+
+  def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
+    """Merge into the most similar candidate at or above merge_at that has room, else add."""
+    for position, candidate in enumerate(candidates):
+      if candidate.similarity < self.merge_at:
+        break
+      if candidate.turns + len(topic.turn_ids) <= self.max_merged_turns:
+        # Extractive: the merged summary is both texts, the older first, each under its date.
+        return Decision(position, f"{candidate.summary}\n{topic.summary}")
+    return ADD

@@ -1,0 +1,29 @@
+"""Memory units of every granularity, topics included: topic units are the memories that
+Prospective Reflection leaves after a conversation's sessions, so they need the encoder that
+segments and compares topics (the per-session granularities are in rmmjax.retrieve.units)."""
+
+from __future__ import annotations
+
+from rmmjax.config import UNITS  # noqa: F401  (the granularities conversation_units builds)
+from rmmjax.data.schema import Conversation
+from rmmjax.memory.ingest import replay_topics
+from rmmjax.retrieve.units import Unit, build_units
+
+
+def topic_units(conversation: Conversation, encoder, reflector=None) -> list[Unit]:
+  """Each memory left by replaying the conversation's sessions through a fresh bank (the
+  offline reflector by default) as a unit of its summary covering all its snippets' turns."""
+  return [Unit(f"topic{i}", summary, tuple(turn_ids), len(summary.split()))
+          for i, (summary, turn_ids)
+          in enumerate(replay_topics(conversation, encoder, reflector), start=1)]
+
+
+def conversation_units(conversation: Conversation, granularity: str,
+                       encoder=None) -> list[Unit]:
+  """All units of one conversation at a granularity of UNITS, in conversation order."""
+  if granularity != "topic":
+    return build_units(conversation, granularity)
+  if encoder is None:
+    raise ValueError("units 'topic' need an encoder (topics are found and merged by embedding "
+                     "similarity)")
+  return topic_units(conversation, encoder)
