@@ -122,7 +122,8 @@ def test_eval_command_reproduces_the_bm25_turn_baseline(locomo_path, tmp_path, c
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--units", "paragraph"], "invalid choice: 'paragraph' (choose from 'turn', 'session', 'mixed')"),
+    (["--units", "paragraph"],
+     "invalid choice: 'paragraph' (choose from 'turn', 'session', 'mixed'"),
     (["--retriever", "tfidf"], "invalid choice: 'tfidf'"),
     (["--dataset", "msc"], "invalid choice: 'msc' (choose from 'locomo', 'longmemeval')"),
 ])

@@ -189,7 +189,8 @@ def test_recall_counts_evidence_turns_in_every_path(locomo_path, units):
   batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[3:])[:len(conv.questions)], streams)
   got = recall_per_query(jnp.asarray(cols, jnp.int32), batch)
   np.testing.assert_allclose(got, evidence_recall(replay, cols), atol=1e-6)
-  assert len(set(np.round(np.asarray(got), 3).tolist())) > 2  # partial recalls occur: the test can tell them apart
+  # Partial recalls occur, so the comparison can tell the definitions apart.
+  assert len(set(np.round(np.asarray(got), 3).tolist())) > 2
 
 
 def test_candidates_reach_past_the_default_depth(locomo_path):
