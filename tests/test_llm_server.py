@@ -10,6 +10,8 @@ import copy
 import dataclasses
 import importlib.metadata
 import importlib.util
+import io
+import json
 import os
 import socket
 import subprocess
@@ -18,13 +20,20 @@ import time
 from pathlib import Path
 
 import httpx
+import jax
+import numpy as np
 import pytest
 
 from rmmjax.llm import (
     LLMSettings, OpenAICompatibleLLM, add_or_merge, answer_judge, answer_with_citations,
     extract_json, parse_answer, parse_merge, parse_sufficiency, parse_topics, parse_verdict,
     sufficiency_judge, topic_extraction)
+from rmmjax.agent import Agent, AgentSettings
+from rmmjax.cli import main
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.llm.prompts import Prompt
+from rmmjax.memory import MemoryBank
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +203,59 @@ def test_sufficiency_judge(llm):
 
 def test_counters_saw_no_retries(llm):
   assert llm.retries == 0 and llm.failures == 0
+
+
+@pytest.fixture(scope="module")
+def small_bank(server, locomo_path, tmp_path_factory):
+  """The first LoCoMo conversation cut to three sessions, ingested offline into a bank."""
+  root = tmp_path_factory.mktemp("bank")
+  record = json.loads(locomo_path.read_text())[0]
+  chat = record["conversation"]
+  keep = {"speaker_a", "speaker_b"} | {f"session_{i}{s}" for i in (1, 2, 3)
+                                      for s in ("", "_date_time")}
+  record["conversation"] = {k: v for k, v in chat.items() if k in keep}
+  known = {t["dia_id"] for i in (1, 2, 3) for t in chat[f"session_{i}"]}
+  record["qa"] = [q for q in record["qa"] if q.get("evidence")
+                  and set(q["evidence"]) <= known][:3]
+  data = root / "small.json"
+  data.write_text(json.dumps([record]))
+  db = root / "bank.sqlite"
+  assert main(["ingest", "--data", str(data), "--db", str(db), "--user-per-conversation",
+               "--quiet"]) == 0
+  return data, db, record["sample_id"]
+
+
+def test_rmmjax_answer_smoke_run(server, small_bank, tmp_path):
+  data, db, _ = small_bank
+  out = tmp_path / "answers.json"
+  assert main(["answer", "--data", str(data), "--db", str(db), "--llm-url", server,
+               "--model", MODEL_ALIAS, "--structured-output", "json_object", "--limit", "3",
+               "--m", "3", "--candidates", "5", "--quiet", "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  overall = report["metrics"]["overall"]
+  assert overall["questions"] == 3 and len(report["answers"]) == 3
+  for key in ("f1", "rouge_l", "judge", "citation_rate"):
+    assert overall[key] is None or 0.0 <= overall[key] <= 1.0
+  assert all(set(a["cited"]) <= {0, 1, 2} for a in report["answers"])
+
+
+def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_bank, tmp_path,
+                                                                  monkeypatch, capsys):
+  _, db, user = small_bank
+  questions = ["What did Caroline go to?", "What does Melanie paint?",
+               "Where is Caroline from?", "What is Melanie's family like?"] * 2
+  monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n/quit\n"))
+  workdir = tmp_path / "agent"
+  assert main(["chat", "--db", str(db), "--user", user, "--llm-url", server, "--model",
+               MODEL_ALIAS, "--structured-output", "json_object", "--m", "3", "--candidates",
+               "5", "--batch", "1", "--workdir", str(workdir)]) == 0
+  out = capsys.readouterr().out
+  stats = json.loads((workdir / "agent.json").read_text())["stats"]
+  assert f"reranker updates: {stats['updates']}" in out
+  assert stats["queries"] == 8 and stats["updates"] >= 1, stats  # batch 1: any rewarded answer
+  steps = Checkpointer(workdir / "checkpoints", read_only=True).all_steps()
+  assert steps and steps[-1] == stats["updates"]
+  with MemoryBank(db) as bank:
+    agent = Agent(bank, SentenceEncoder(), AgentSettings(k=5, m=3, batch=1), workdir=workdir)
+  assert max(float(np.abs(np.asarray(x)).max()) for x in
+             jax.tree.leaves(agent.state.params)) > 0  # the identity reranker's weights moved
