@@ -42,7 +42,7 @@ def main() -> None:
   parser.add_argument("--epochs", type=int, default=4)
   args = parser.parse_args()
   cfg = get_config("locomo")
-  replays = locomo_replays(args.data, cfg.retriever, cfg.k)
+  replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
   spec = cfg.core_spec()
   train, test = replays[:-cfg.holdout], replays[-cfg.holdout:]
   train_seq, test_streams = to_sequence(train, cfg.batch), to_streams(test, cfg.batch)

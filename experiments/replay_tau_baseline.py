@@ -38,7 +38,7 @@ def main() -> None:
   parser.add_argument("--folds", type=int, default=4)
   args = parser.parse_args()
   cfg = get_config("locomo")
-  replays = locomo_replays(args.data, cfg.retriever, cfg.k)
+  replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
   grid = list(itertools.product(TAUS, BASELINES, range(args.seeds)))
   hp = core.stack_hparams([dataclasses.replace(cfg, tau=tau, baseline=b, baseline_kind=kind,
                                                lr=1e-4, seed=seed).hparams()

@@ -50,7 +50,7 @@ def trained(locomo_path, tmp_path_factory):
   root = tmp_path_factory.mktemp("trained")
   data = _write_subset(locomo_path, root / "three.json", 3)
   cfg = apply_overrides(get_config("locomo"), [
-      f"data={data}", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
+      f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2", "lr=0.01"]).validate()
   summary = train(cfg, root / "run", progress=False, encoder=HashEncoder())
   return {"root": root, "data": data, "workdir": root / "run", "summary": summary}
@@ -136,7 +136,8 @@ def test_resume_reads_the_same_file_or_is_refused(trained, tmp_path, monkeypatch
   records[0]["qa"] = records[0]["qa"][:-1]
   data.write_text(json.dumps(records))
   try:
-    again = apply_overrides(get_config("locomo"), [f"data={data}", "dim=32", "steps=60",
+    again = apply_overrides(get_config("locomo"), [f"data={data}", "learner=reranker",
+        "retriever=bm25", "dim=32", "steps=60",
         "checkpoint_every=20", "holdout=1", "pretrain_epochs=2", "lr=0.01"]).validate()
     with pytest.raises(ValueError, match="data_sha256"):
       train(again, moved, progress=False, encoder=HashEncoder())

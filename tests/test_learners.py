@@ -129,3 +129,17 @@ def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_pa
                "--reranker", str(wd), "--out", str(out)]) == 0
   np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
+
+
+def test_training_steps_never_free_the_encoders_own_weights():
+  """A training step donates its state; the state must hold a copy of the encoder's weights, or
+  the encoder could not embed anything after the first step (mode=rl starts from them)."""
+  import jax
+
+  from rmmjax import core
+  from rmmjax.encode.encoder import SentenceEncoder
+  from rmmjax.replay.query_encoder import encoder_state
+  encoder = SentenceEncoder()
+  state = encoder_state(encoder, core.CoreSpec(dim=encoder.dim), core.HParams.create())
+  jax.jit(lambda s: jax.tree.map(lambda x: x * 1, s), donate_argnums=0)(state)
+  assert encoder.encode(["still here"], params=encoder.params).shape == (1, encoder.dim)

@@ -104,7 +104,7 @@ def test_pretraining_fits_the_labelled_questions(two_conversations):
 
 def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path, tmp_path):
   data = _subset_file(locomo_path, tmp_path, 3)
-  cfg = apply_overrides(get_config("locomo"), [
+  cfg = apply_overrides(get_config("locomo"), ["learner=reranker", "retriever=bm25",
       f"data={data}", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2"]).validate()
   wd = tmp_path / "run"

@@ -77,12 +77,22 @@ def _is_mean_pooling(config: dict, dim: int) -> bool:
 
 
 def _modules_match(source: Path) -> bool:
+  if not source.is_file():
+    return False
   try:
     modules = json.loads(source.read_text())
     return [(m["path"], m["type"].rsplit(".", 1)[-1]) for m in modules] == [
         (m["path"], m["type"].rsplit(".", 1)[-1]) for m in MODULES]
-  except (ValueError, KeyError, TypeError, AttributeError):
+  except (ValueError, KeyError, TypeError, AttributeError):  # not a modules list: write ours
     return False
+
+
+def _read_json(path: Path) -> dict:
+  try:
+    data = json.loads(path.read_text())
+  except ValueError:
+    return {}
+  return data if isinstance(data, dict) else {}
 
 
 def _write_json(path: Path, data) -> None:
@@ -98,7 +108,7 @@ def _write_sentence_transformers_files(encoder: SentenceEncoder, src: Path, dst:
     _write_json(dst / "modules.json", MODULES)
   (dst / "1_Pooling").mkdir()
   pooling = src / "1_Pooling" / "config.json"
-  if pooling.is_file() and _is_mean_pooling(json.loads(pooling.read_text()), encoder.dim):
+  if pooling.is_file() and _is_mean_pooling(_read_json(pooling), encoder.dim):
     shutil.copyfile(pooling, dst / "1_Pooling" / "config.json")
   else:
     _write_json(dst / "1_Pooling" / "config.json",
@@ -138,6 +148,8 @@ def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | P
   """
   out_dir = Path(out_dir)
   metadata = dict(metadata or {})
+  if not all(isinstance(key, str) for key in metadata):
+    raise ValueError(f"metadata keys must be strings; got {sorted(map(repr, metadata))}")
   if "format" in metadata:
     raise ValueError("metadata key 'format' is reserved by safetensors (it must say 'pt')")
   try:

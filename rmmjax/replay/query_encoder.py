@@ -64,7 +64,8 @@ def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
 
 
 def _encoder_state(encoder, spec: core.CoreSpec, hparams: core.HParams, params):
-  params = encoder.params if params is None else params
+  # A copy: a training step donates its state, which must never free the encoder's own weights.
+  params = jax.tree.map(jnp.copy, encoder.params if params is None else params)
   state = core.init_state(spec, hparams)
   return state.replace(params=params, opt_state=core.adam_init(params))
 
