@@ -1,4 +1,6 @@
-"""Base retrievers x memory granularities on the LoCoMo dev file (no learning).
+"""Base retrievers x memory granularities on the LoCoMo dev file (no learning): turn, session,
+mixed, and topic units (the memories the offline Prospective Reflection writes, session by
+session, into a fresh bank per conversation).
 
     python experiments/retrievers_granularities.py [--data PATH]
 
@@ -27,7 +29,7 @@ def main() -> None:
            "`python experiments/retrievers_granularities.py`", "",
            "| units | retriever | Recall@5 (all) | Recall@10 (all) | Recall@5 (any) | NDCG@10 | "
            f"MRR | words@5 | Recall@{BUDGET} words |", "|---|---|---|---|---|---|---|---|---|"]
-  for units in ("turn", "session", "mixed"):
+  for units in ("turn", "session", "mixed", "topic"):
     for retriever in ("bm25", "dense", "hybrid"):
       m = evaluate_retrieval("locomo", args.data, units, retriever, (5, 10), BUDGET,
                              encoder=encoder)["metrics"]["overall"]
