@@ -173,6 +173,9 @@ def _cmd_bench(args) -> None:
   if args.what == "core":
     from rmmjax.bench import core as bench
     bench.bench_core(out, quick=args.quick)
+  elif args.what == "agent":
+    from rmmjax.bench import agent as bench_agent
+    bench_agent.bench_agent(out, Path(args.data) if args.data else None, quick=args.quick)
   elif args.what == "search":
     from rmmjax.bench import retrieval as bench_retrieval
     bench_retrieval.bench_search(out, quick=args.quick)
@@ -266,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
   add_memory_parsers(sub)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
-  p.add_argument("what", choices=["core", "search", "encode"])
-  p.add_argument("--data", default=None, help="encode: the LoCoMo file whose turns are encoded")
+  p.add_argument("what", choices=["core", "search", "encode", "agent"])
+  p.add_argument("--data", default=None,
+                 help="encode: the LoCoMo file whose turns are encoded; agent: whose sessions "
+                      "are ingested")
   p.add_argument("--out", default=None, help="write the results as JSON")
   p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
   p.set_defaults(func=_cmd_bench)

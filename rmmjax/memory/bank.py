@@ -204,6 +204,14 @@ class MemoryBank:
         "SELECT session_id, date, ordinal, ended FROM sessions WHERE user_id = ? "
         "ORDER BY ordinal", (user,))]
 
+  def memory_version(self, user: str) -> tuple[int, float, int]:
+    """(count, latest update, largest id) of the user's memories: it changes whenever they do,
+    and costs one indexed query (a search index is rebuilt only when it changes)."""
+    with self._read() as db:
+      return tuple(db.execute(
+          "SELECT COUNT(*), COALESCE(MAX(updated), 0), COALESCE(MAX(memory_id), 0) FROM memories "
+          "WHERE user_id = ?", (self._user(db, user),)).fetchone())
+
   def memories(self, user: str) -> list[Memory]:
     """The user's topic memories, oldest first, each with its snippets in the order added."""
     with self._read() as db:

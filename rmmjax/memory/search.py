@@ -13,10 +13,10 @@ import numpy as np
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory
 from rmmjax.retrieve.bm25 import BM25Retriever
-from rmmjax.retrieve.dense import search
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 RRF_C = 60.0  # reciprocal-rank fusion constant, as rmmjax.retrieve.dense.FusionRetriever
+FUSION_DEPTH = 200  # each ranker's list fused (at least 10 k)
 
 
 def memory_text(memory: Memory) -> str:
@@ -42,12 +42,26 @@ class UserIndex:
     if retriever == "bm25":
       return self.bm25.rank([query], k)[0]
     if retriever == "dense":
-      return np.asarray(search(q_D[None, :], self.emb_NxD, k)[0], np.int64)
-    fused = np.zeros(n)
-    for order in (self.bm25.rank([query], n)[0], np.asarray(search(q_D[None, :], self.emb_NxD,
-                                                                   n)[0])):
-      fused[order] += 1.0 / (RRF_C + 1.0 + np.arange(len(order)))
-    return np.argsort(-fused, kind="stable")[:k]
+      return self._dense(q_D, k)
+    # Fusion of each ranker's top `depth`, not of all N: a memory below both depths could only
+    # enter the top k when fewer than k memories made either list, and ranking every memory
+    # twice would cost a full sort of the bank per query.
+    depth = min(n, max(FUSION_DEPTH, 10 * k))
+    fused: dict[int, float] = {}
+    for order in (self.bm25.rank([query], depth)[0],
+                  self._dense(q_D, depth)):
+      for rank, row in enumerate(order.tolist()):
+        fused[row] = fused.get(row, 0.0) + 1.0 / (RRF_C + 1.0 + rank)
+    rows = sorted(fused, key=lambda r: (-fused[r], r))
+    return np.asarray(rows[:k], np.int64)
+
+
+  def _dense(self, q_D: np.ndarray, k: int) -> np.ndarray:
+    """Top k rows by inner product. One query at a time: a NumPy matrix-vector product and a
+    partial sort (the jitted batch search pads to 64 queries, 64 times this work)."""
+    scores_N = self.emb_NxD @ np.asarray(q_D, np.float32)
+    top = np.argpartition(-scores_N, k - 1)[:k] if k < len(scores_N) else np.arange(len(scores_N))
+    return top[np.lexsort((top, -scores_N[top]))]
 
 
 class BankSearch:
@@ -60,12 +74,11 @@ class BankSearch:
     self._indexes: dict[str, UserIndex] = {}
 
   def index(self, user: str) -> UserIndex:
-    memories = tuple(self.bank.memories(user))
-    version = (len(memories), max((m.updated for m in memories), default=0.0),
-               max((m.id for m in memories), default=0))
+    version = self.bank.memory_version(user)
     cached = self._indexes.get(user)
     if cached is not None and cached.version == version:
       return cached
+    memories = tuple(self.bank.memories(user))
     if memories:
       # Refuses a bank embedded by another encoder (the bank names both).
       ids, emb = self.bank.memory_embeddings(user, self.encoder_identity)
