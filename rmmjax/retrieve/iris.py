@@ -1,0 +1,287 @@
+"""IRIS, iterative retrieval via insufficiency signals, over any `EvidenceStore`.
+
+Each iteration i searches with a budget of base + step * (i - 1) facts along two paths: the anchor
+path (the original question) and the refinement path (a query written from the judge's note on
+what is missing and the question type's schedule). The refinement path starts at iteration 2,
+once there is a diagnosis to chase (`refine_from_first` starts it at 1 with the schedule's first
+stage). Each path's hits are expanded along strong edges, facts of thinly covered entities are
+added, and a judge labels the accumulated evidence; the loop stops when the judge is confident
+enough and abstains when, after the last iteration, evidence is still judged absent.
+
+Merge order (the final ranking without a reranker): evidence keeps the order it entered. Within
+an iteration, new facts enter as search hits merged by rank (the anchor's first at equal rank),
+then their edge neighbours (by seed rank, then edge weight), then entity-buffer facts; facts of
+earlier iterations stay ahead of later ones. A reranker (any `reranker(question, facts) ->
+scores`, e.g. the RMM reranker over fact embeddings) instead orders the whole accumulated
+evidence by score before each verdict (ties keep the entry order).
+
+For REINFORCE, each iteration's trace holds the facts shown to the judge, in order (the
+candidates a selection was made from), the verdict, and `verdict_reward` of it (0 when the
+verdict was malformed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import final
+
+from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
+from rmmjax.retrieve.judges import SufficiencyJudge, Verdict, verdict_reward
+from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, entity_context,
+                                    is_temporal, named_entities)
+
+Reranker = Callable[[str, Sequence[Fact]], Sequence[float]]
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class IrisSettings:
+  """Every threshold, cap and schedule of the loop; each component can be switched off."""
+
+  max_iterations: int = 3
+  base_budget: int = 10  # facts per path at iteration 1 (EviMem's code)
+  budget_step: int = 3  # more facts per path at each later iteration
+  use_refinement_path: bool = True  # off: the anchor alone, re-queried with a growing budget
+  refine_from_first: bool = False  # run the refinement path at iteration 1 too (no note yet)
+  use_edges: bool = True
+  expand_hops: int = 1
+  edge_min_weight: float = 0.5
+  max_expand_per_seed: int = 3  # strongest neighbours taken per fact, per hop
+  use_entity_buffers: bool = True
+  min_facts_per_entity: int = 2  # fewer accumulated facts about a named entity is thin coverage
+  entity_buffer_size: int = 3  # facts added per thinly covered entity
+  entity_search_k: int = 50  # search depth used to rank an entity's facts for the question
+  use_temporal_schedule: bool = True  # off: the general schedule for every question
+  stop_confidence: float = 0.7
+  temporal_stop_confidence: float = 0.85
+  abstain_below: float = 0.2  # final PARTIAL below this after the last iteration: abstain
+  use_tiered_confidence: bool = True  # EviMem's tiers: EXACT floored, the others capped
+  exact_floor: float = 0.85
+  inferrable_cap: float = 0.75
+  partial_cap: float = 0.5
+  max_judged: int | None = None  # the judge sees at most this many top facts (None: all)
+
+  def __post_init__(self):
+    for name in ("max_iterations", "base_budget", "min_facts_per_entity", "entity_search_k"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"IrisSettings.{name} must be at least 1, got {getattr(self, name)}")
+    for name in ("budget_step", "expand_hops", "max_expand_per_seed", "entity_buffer_size"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"IrisSettings.{name} must be 0 or more, got {getattr(self, name)}")
+    for name in ("edge_min_weight", "stop_confidence", "temporal_stop_confidence",
+                 "abstain_below", "exact_floor", "inferrable_cap", "partial_cap"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"IrisSettings.{name} must lie in [0, 1], got {getattr(self, name)}")
+    if self.max_judged is not None and self.max_judged < 1:
+      raise ValueError(f"IrisSettings.max_judged must be None or at least 1, "
+                       f"got {self.max_judged}")
+
+  def budget(self, iteration: int) -> int:
+    """Facts each path retrieves at iteration (1-based): base + step * (iteration - 1)."""
+    if not 1 <= iteration <= self.max_iterations:
+      raise ValueError(f"iteration must lie in 1..{self.max_iterations}, got {iteration}")
+    return self.base_budget + self.budget_step * (iteration - 1)
+
+  def calibrate(self, verdict: Verdict) -> float:
+    """The confidence the loop acts on: tiered (EXACT floored, others capped) when switched on."""
+    if not self.use_tiered_confidence or verdict.malformed:
+      return verdict.confidence
+    if verdict.label == "EXACT":
+      return max(verdict.confidence, self.exact_floor)
+    cap = self.inferrable_cap if verdict.label == "INFERRABLE" else self.partial_cap
+    return min(verdict.confidence, cap)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class IterationTrace:
+  """What one iteration searched, added, showed and heard back."""
+
+  iteration: int
+  budget: int
+  query: str | None  # the refinement path's query; None when that path did not run
+  anchor_hits: tuple[int, ...]
+  refine_hits: tuple[int, ...]
+  new_fact_ids: tuple[int, ...]  # facts first seen in this iteration, in entry order
+  expanded: tuple[int, ...]  # of which reached along edges
+  buffered: tuple[int, ...]  # of which added by entity buffers
+  thin_entities: tuple[str, ...]
+  shown: tuple[int, ...]  # the facts the judge saw, in order: a REINFORCE update's candidates
+  verdict: Verdict  # as the judge gave it
+  confidence: float  # as the loop acted on it (tiered)
+  reward: float  # verdict_reward(label, confidence); 0 for a malformed verdict
+  retrieval_s: float
+  refine_s: float
+  judge_s: float
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class IrisResult:
+  fact_ids: tuple[int, ...]  # the final ranked evidence
+  turn_ids: tuple[str, ...]  # their source turns, each at its first appearance
+  facts: tuple[Fact, ...]
+  iterations: int
+  stopped: bool  # the judge was confident enough before the iterations ran out
+  abstained: bool
+  label: str
+  confidence: float  # tiered, as the loop acted on it
+  missing: str
+  trace: tuple[IterationTrace, ...]
+  retrieval_s: float  # search, expansion, buffers, store reads, reranking
+  refine_s: float  # writing refined queries (an LLM refiner's calls)
+  judge_s: float
+
+  def top_turns(self, k: int) -> tuple[str, ...]:
+    """The turns of the top-k ranked evidence, for Recall@k over turn ids."""
+    return self.turn_ids[:k]
+
+
+def merge_by_rank(paths: Sequence[Sequence[int]]) -> list[int]:
+  """Ids of several ranked lists, best rank first (earlier lists first at equal rank), once."""
+  merged: dict[int, None] = {}
+  for rank in range(max((len(p) for p in paths), default=0)):
+    for path in paths:
+      if rank < len(path):
+        merged.setdefault(path[rank], None)
+  return list(merged)
+
+
+def expand(store: EvidenceStore, seeds: Sequence[int], settings: IrisSettings) -> list[int]:
+  """Facts within `expand_hops` strong edges of the seeds, not themselves seeds, in entry order."""
+  known = dict.fromkeys(seeds)
+  frontier = list(seeds)
+  for _ in range(settings.expand_hops if settings.use_edges else 0):
+    reached = []
+    for seed in frontier:
+      links = store.neighbours(seed, settings.edge_min_weight)
+      # The store's threshold is trusted as a filter, rechecked so a loose store cannot leak.
+      links = sorted((lw for lw in links if lw[1] >= settings.edge_min_weight),
+                     key=lambda lw: (-lw[1], lw[0]))
+      for fact_id, _ in links[:settings.max_expand_per_seed]:
+        if fact_id not in known:
+          known[fact_id] = None
+          reached.append(fact_id)
+    frontier = reached
+  seed_set = set(seeds)
+  return [f for f in known if f not in seed_set]
+
+
+def entity_buffers(store: EvidenceStore, question: str, have: set[int],
+                   settings: IrisSettings) -> tuple[tuple[str, ...], list[int]]:
+  """Entities of the question with thin coverage in `have`, and the facts added for them."""
+  thin, added = [], []
+  for entity in named_entities(question):
+    about = store.facts_about(entity)
+    if not about or len(set(about) & have) >= settings.min_facts_per_entity:
+      continue
+    thin.append(entity)
+    about_set = set(about)
+    # The store's own ranking of the entity within the question, then its remaining facts.
+    hits = [f for f, _ in store.search(f"{entity} {question}", settings.entity_search_k)]
+    ordered = [f for f in hits if f in about_set] + about
+    fresh = [f for f in dict.fromkeys(ordered) if f not in have and f not in added]
+    added.extend(fresh[:settings.entity_buffer_size])
+  return tuple(thin), added
+
+
+def _rank(question: str, facts: list[Fact], reranker: Reranker | None) -> list[Fact]:
+  if reranker is None:
+    return facts
+  scores = [float(s) for s in reranker(question, facts)]
+  if len(scores) != len(facts):
+    raise ValueError(f"the reranker returned {len(scores)} scores for {len(facts)} facts")
+  if not all(math.isfinite(s) for s in scores):
+    raise ValueError(f"the reranker returned a score that is not finite: {scores!r:.200}")
+  order = sorted(range(len(facts)), key=lambda i: -scores[i])  # stable: ties keep entry order
+  return [facts[i] for i in order]
+
+
+def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None = None,
+                  judge: SufficiencyJudge, settings: IrisSettings = IrisSettings(),
+                  refiner: QueryRefiner | None = None,
+                  reranker: Reranker | None = None) -> IrisResult:
+  """Retrieve evidence for a question iteratively until the judge deems it sufficient.
+
+  Args:
+    store: one conversation's layered memory.
+    question: the question as asked (the anchor path's query).
+    category: its type where known ("temporal" picks the temporal schedule and threshold; a
+      question asking when / what date / how long is temporal without it).
+    judge: labels the accumulated evidence after each iteration.
+    settings: budgets, thresholds, caps and switches.
+    refiner: writes the refinement path's query (default: the rule-based one).
+    reranker: orders the accumulated evidence before each verdict (default: entry order).
+  Returns:
+    The ranked evidence, its turns, the final verdict and a per-iteration trace with timings.
+  """
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
+  refiner = refiner if refiner is not None else RuleRefiner()
+  temporal = is_temporal(question, category)
+  threshold = settings.temporal_stop_confidence if temporal else settings.stop_confidence
+  facts: dict[int, Fact] = {}  # the accumulated evidence, in entry order
+  raws: dict[str, RawTurn] = {}
+  ranked: list[Fact] = []
+  trace: list[IterationTrace] = []
+  current_query, missing, refinements, thin = question, "", 0, ()
+  stopped = False
+  for iteration in range(1, settings.max_iterations + 1):
+    start = time.perf_counter()
+    k = settings.budget(iteration)
+    anchor = [f for f, _ in store.search(question, k)]
+    query, refined, refine_s = None, [], 0.0
+    if settings.use_refinement_path and (iteration > 1 or settings.refine_from_first):
+      tick = time.perf_counter()
+      query = refiner.refine(RefineRequest(
+          question, current_query, missing, refinements,
+          temporal and settings.use_temporal_schedule, entity_context(question, thin)))
+      refine_s = time.perf_counter() - tick
+      refinements += 1
+      current_query = query
+      # A refinement that adds nothing to the question would only repeat the anchor's search.
+      same = " ".join(query.lower().split()) == " ".join(question.lower().split())
+      refined = anchor if same else [f for f, _ in store.search(query, k)]
+    seeds = merge_by_rank([anchor, refined])
+    reached = expand(store, seeds, settings)
+    have = set(facts) | set(seeds) | set(reached)
+    thin, buffered = (entity_buffers(store, question, have, settings)
+                      if settings.use_entity_buffers else ((), []))
+    new = [f for f in dict.fromkeys([*seeds, *reached, *buffered]) if f not in facts]
+    for fact_id in new:
+      fact = facts[fact_id] = store.fact(fact_id)
+      if fact.turn_id not in raws:
+        raws[fact.turn_id] = store.raw(fact.turn_id)
+    ranked = _rank(question, list(facts.values()), reranker)
+    shown = ranked if settings.max_judged is None else ranked[:settings.max_judged]
+    retrieval_s = time.perf_counter() - start - refine_s
+    tick = time.perf_counter()
+    verdict = judge.judge(question, shown, {f.turn_id: raws[f.turn_id] for f in shown},
+                          category=category)
+    judge_s = time.perf_counter() - tick
+    confidence = settings.calibrate(verdict)
+    reward = 0.0 if verdict.malformed else verdict_reward(verdict.label, confidence)
+    new_set = set(new)
+    trace.append(IterationTrace(
+        iteration, k, query, tuple(anchor), tuple(refined), tuple(new),
+        tuple(f for f in reached if f in new_set), tuple(f for f in buffered if f in new_set),
+        thin, tuple(f.fact_id for f in shown), verdict, confidence, reward, retrieval_s,
+        refine_s, judge_s))
+    if verdict.label != "PARTIAL" and confidence >= threshold:
+      stopped = True
+      break
+    missing = verdict.missing
+  last = trace[-1]
+  abstained = (not stopped and last.verdict.label == "PARTIAL"
+               and last.confidence < settings.abstain_below)
+  return IrisResult(
+      fact_ids=tuple(f.fact_id for f in ranked),
+      turn_ids=tuple(dict.fromkeys(f.turn_id for f in ranked)), facts=tuple(ranked),
+      iterations=len(trace), stopped=stopped, abstained=abstained, label=last.verdict.label,
+      confidence=last.confidence, missing=last.verdict.missing, trace=tuple(trace),
+      retrieval_s=sum(t.retrieval_s for t in trace), refine_s=sum(t.refine_s for t in trace),
+      judge_s=sum(t.judge_s for t in trace))
+

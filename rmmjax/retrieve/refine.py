@@ -1,0 +1,226 @@
+"""Query refinement for iterative retrieval: schedules by question type and iteration, the
+rule-based refiner and an optional LLM rewrite, and the text helpers they share with the judges.
+
+The rule: a refined query is the question's key terms, then the terms of the judge's note on what
+is missing, then the cue terms of the schedule's current stage, deduplicated. Stopwords are
+dropped from the question and the note; cue terms are kept as written (they are chosen words,
+"when" among them). The k-th refinement of a question uses stage k of its schedule (the last stage
+repeats):
+
+- temporal questions: dates and time words, then temporal relations, then broader events;
+- other questions: entities (the question's and those the evidence covers thinly, placed first),
+  then attributes, then broader concepts.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import final
+
+from rmmjax.llm.base import LLM, LLMError
+from rmmjax.llm.parse import LLMOutputError, extract_json
+
+STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing done down during each else ever few for from
+further get got had has have having he her here hers herself him himself his how i if in into is
+it its itself just let many may me might more most much must my myself no nor not now of off
+on once only or other our ours ourselves out over own same shall she should so some such than that
+the their theirs them themselves then there these they this those through to too under until up
+upon us very was we were what whatever when where whether which while who whom whose why will with
+would you your yours yourself yourselves yes also ever kind sort thing things one ones someone
+something anything way ways tell say said""".split())
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
+          "october", "november", "december")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
+_CAPITALISED = re.compile(r"\b[A-Z][A-Za-z\-]*(?:'s)?")
+_TEMPORAL_QUESTION = re.compile(
+    r"\bwhen\b|\bwhat (?:date|day|year|month|time|week)\b|\bwhich (?:date|day|year|month|week)\b"
+    r"|\bhow long\b|\bhow many (?:days|weeks|months|years)\b|\bdate\b", re.IGNORECASE)
+_MONTH = (r"(?:January|February|March|April|May|June|July|August|September|October|November"
+          r"|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)")
+# Months only capitalised: "may" is a verb far more often than a month; the rest in any case.
+_TIME_EXPRESSION = re.compile(
+    rf"\b{_MONTH}\b|\b(?:19|20)\d\d\b|\b\d{{1,2}}/\d{{1,2}}(?:/\d{{2,4}})?\b"
+    r"|(?i:\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|yesterday|today"
+    r"|tomorrow|tonight|ago|recently|weekend)\b"
+    r"|\b(?:last|next|this|past) (?:week|month|year|night|weekend|summer|winter|spring|fall)\b)")
+
+
+def words(text: str) -> list[str]:
+  """Lower-case word tokens of a text, possessive 's removed."""
+  return [w[:-2] if w.endswith("'s") else w for w in _WORD.findall(text.lower())]
+
+
+def content_terms(text: str) -> list[str]:
+  """The words of a text that carry meaning: no stopwords, no single letters, first use first."""
+  seen: dict[str, None] = {}
+  for word in words(text):
+    if len(word) > 1 and word not in STOPWORDS:
+      seen.setdefault(word, None)
+  return list(seen)
+
+
+def stem(word: str) -> str:
+  """A crude suffix strip, so "painted", "painting" and "paints" meet at "paint"."""
+  for suffix in ("ing", "ed", "es", "s"):
+    if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+      return word[:-len(suffix)]
+  return word
+
+
+def named_entities(text: str) -> list[str]:
+  """Capitalised words that are neither stopwords (a sentence's "When", "Did") nor dates."""
+  found: dict[str, None] = {}
+  for match in _CAPITALISED.findall(text):
+    name = match[:-2] if match.endswith("'s") else match
+    low = name.lower()
+    if len(name) > 1 and low not in STOPWORDS and low not in MONTHS and low not in WEEKDAYS:
+      found.setdefault(name, None)
+  return list(found)
+
+
+def is_temporal(question: str, category: str | None = None) -> bool:
+  """Temporal when the category says so (LoCoMo "temporal", LongMemEval "temporal-reasoning")
+  or the question asks when, what date, how long and the like."""
+  if category is not None and "temporal" in category.lower():
+    return True
+  return bool(_TEMPORAL_QUESTION.search(question))
+
+
+def has_time_expression(text: str) -> bool:
+  """Whether the text names a date or a time: a month, a year, a weekday, "last week", "ago"."""
+  return bool(_TIME_EXPRESSION.search(text))
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  name: str
+  cues: tuple[str, ...]
+  entity_first: bool = False  # put the named and thinly covered entities at the query's head
+
+
+TEMPORAL_SCHEDULE = (
+    Stage("dates", ("date", "when", "day", "week", "month", "year", "ago", "yesterday", "last",
+                    *MONTHS)),
+    Stage("relations", ("before", "after", "during", "since", "until", "started", "began",
+                        "first", "then")),
+    Stage("events", ("event", "happened", "trip", "celebrated", "milestone", "birthday", "moved",
+                     "plans")),
+)
+GENERAL_SCHEDULE = (
+    Stage("entities", (), entity_first=True),
+    Stage("attributes", ("likes", "favorite", "enjoys", "works", "job", "lives", "family",
+                         "hobby", "owns", "feels")),
+    Stage("broader", ("activities", "interests", "experience", "events", "life", "goals",
+                      "related")),
+)
+
+
+def stage_for(temporal: bool, index: int) -> Stage:
+  """Stage `index` (0-based) of the temporal or the general schedule; the last one repeats."""
+  if index < 0:
+    raise ValueError(f"a refinement stage index is 0 or more, got {index}")
+  schedule = TEMPORAL_SCHEDULE if temporal else GENERAL_SCHEDULE
+  return schedule[min(index, len(schedule) - 1)]
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class RefineRequest:
+  """What a refiner knows when it writes the next query."""
+
+  question: str
+  current_query: str  # the query of the previous refinement path (the question at first)
+  missing: str  # the judge's note on what is still missing ("" before the first verdict)
+  stage_index: int  # 0 for the first refinement of this question
+  temporal: bool  # use the temporal schedule
+  entities: tuple[str, ...] = ()  # named in the question, and those covered thinly so far
+
+
+class QueryRefiner(abc.ABC):
+  """Writes the refinement path's query from the question, the gap and the schedule."""
+
+  @abc.abstractmethod
+  def refine(self, request: RefineRequest) -> str:
+    """The next query (never empty)."""
+
+
+@final
+class RuleRefiner(QueryRefiner):
+  """The rule of this module's docstring; needs no model."""
+
+  def __init__(self, max_missing_terms: int = 12):
+    if max_missing_terms < 0:
+      raise ValueError(f"max_missing_terms must be 0 or more, got {max_missing_terms}")
+    self.max_missing_terms = max_missing_terms  # a long note (a whole turn) would drown the cues
+
+  def refine(self, request: RefineRequest) -> str:
+    """Question terms + missing-note terms + the stage's cues (entities first at that stage)."""
+    stage = stage_for(request.temporal, request.stage_index)
+    entities = [e.lower() for e in request.entities] if stage.entity_first else []
+    terms = [*entities, *content_terms(request.question),
+             *content_terms(request.missing)[:self.max_missing_terms], *stage.cues]
+    query = " ".join(dict.fromkeys(terms))
+    return query or request.question
+
+
+_REFINE_SYSTEM = """\
+You help search a memory of past conversations. The first search did not find everything \
+needed to answer a question. Write one better search query: short, made of the keywords most \
+likely to appear in the missing statements, aimed at what is still missing. Follow the suggested \
+angle. Reply in JSON: {"query": "..."}."""
+_STAGE_HINTS = {"dates": "look for dates and time words", "relations":
+                "look for what happened before, after or during the events",
+                "events": "widen to the surrounding events", "entities":
+                "focus on the people, places and things named", "attributes":
+                "look for their attributes, habits and preferences",
+                "broader": "widen to related activities and concepts"}
+MAX_QUERY_CHARS = 300
+
+
+@final
+class LLMRefiner(QueryRefiner):
+  """The model rewrites the query; unusable replies (or failed calls) fall back to the rule."""
+
+  def __init__(self, llm: LLM, fallback: QueryRefiner | None = None, max_tokens: int = 96):
+    self.llm = llm
+    self.fallback = fallback if fallback is not None else RuleRefiner()
+    self.max_tokens = max_tokens
+    self.calls = 0
+    self.fallbacks = 0  # replies without a usable {"query": "..."}, and failed calls
+
+  def refine(self, request: RefineRequest) -> str:
+    """The model's query, or the fallback's when the reply is unusable."""
+    self.calls += 1
+    stage = stage_for(request.temporal, request.stage_index)
+    lines = [f"Question: {request.question.strip()}",
+             f"Previous query: {request.current_query.strip()}",
+             f"Still missing: {request.missing.strip() or '(not stated)'}",
+             f"Attempt: {request.stage_index + 1}",
+             f"Angle: {_STAGE_HINTS.get(stage.name, stage.name)}"]
+    if request.entities:
+      lines.append(f"Names to keep in view: {', '.join(request.entities)}")
+    messages = [{"role": "system", "content": _REFINE_SYSTEM},
+                {"role": "user", "content": "\n".join(lines)}]
+    schema = {"title": "query", "type": "object", "properties": {"query": {"type": "string"}},
+              "required": ["query"], "additionalProperties": False}
+    try:
+      data = extract_json(self.llm.chat_structured(messages, schema, max_tokens=self.max_tokens))
+    except (LLMError, LLMOutputError):
+      data = None
+    query = data.get("query") if isinstance(data, dict) else None
+    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+      self.fallbacks += 1
+      return self.fallback.refine(request)
+    return " ".join(query.split())
+
+
+def entity_context(question: str, thin: Sequence[str]) -> tuple[str, ...]:
+  """The question's named entities followed by the thinly covered ones, each once."""
+  return tuple(dict.fromkeys([*named_entities(question), *thin]))

@@ -1,0 +1,305 @@
+"""IRIS: budgets, edge expansion, entity buffers, refinement schedules, judges and stopping."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import final
+
+import pytest
+
+from rmmjax.llm.base import LLMError
+from rmmjax.llm.fake import ScriptedLLM
+from rmmjax.retrieve.evidence import Fact, RawTurn
+from rmmjax.retrieve.iris import IrisSettings, expand, iris_retrieve, merge_by_rank
+from rmmjax.retrieve.judges import (HeuristicJudge, LLMJudge, OracleJudge, SufficiencyJudge,
+                                    Verdict, verdict_reward)
+from rmmjax.retrieve.refine import (LLMRefiner, RefineRequest, RuleRefiner, is_temporal,
+                                    named_entities)
+
+TURNS = {
+    "D1:1": ("S1", "8 May 2023", "Caroline", "I went to an LGBTQ support group yesterday."),
+    "D1:2": ("S1", "8 May 2023", "Melanie", "I painted a sunrise over the lake last year."),
+    "D1:3": ("S1", "8 May 2023", "Caroline", "I am researching adoption agencies."),
+    "D2:1": ("S2", "25 May 2023", "Melanie", "I ran a charity race for mental health."),
+    "D2:2": ("S2", "25 May 2023", "Caroline", "My grandmother gave me a necklace from Sweden."),
+    "D2:3": ("S2", "25 May 2023", "Melanie", "We went camping at the beach with the kids."),
+    "D3:1": ("S3", "9 June 2023", "Caroline", "The adoption interview is in August."),
+    "D3:2": ("S3", "9 June 2023", "Melanie", "Pottery class calms me down."),
+}
+FACTS = [  # (subject, predicate, object, turn)
+    ("Caroline", "attended", "LGBTQ support group", "D1:1"),
+    ("Caroline", "found", "support group powerful", "D1:1"),
+    ("Melanie", "painted", "sunrise over the lake", "D1:2"),
+    ("Caroline", "researches", "adoption agencies", "D1:3"),
+    ("Melanie", "ran", "charity race for mental health", "D2:1"),
+    ("Caroline", "received", "necklace from grandmother", "D2:2"),
+    ("necklace", "comes from", "Sweden", "D2:2"),
+    ("Melanie", "went camping", "beach with kids", "D2:3"),
+    ("Caroline", "has", "adoption interview in August", "D3:1"),
+    ("Melanie", "takes", "pottery class", "D3:2"),
+]
+EDGES = {0: [(1, 1.0), (3, 0.7)], 1: [(0, 1.0)], 2: [(9, 0.6)], 3: [(8, 0.8), (0, 0.7)],
+         4: [(9, 0.4), (7, 0.7)], 5: [(6, 1.0)], 6: [(5, 1.0)], 7: [(4, 0.7)], 8: [(3, 0.8)],
+         9: [(4, 0.4), (2, 0.6)]}
+_STOP = {"a", "an", "the", "did", "does", "do", "what", "when", "where", "which", "who", "to",
+         "of", "in", "for", "with", "from", "and", "is", "at", "over"}
+
+
+def _tokens(text: str) -> set[str]:
+  return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in _STOP}
+
+
+@final
+class FakeStore:
+  """A deterministic EvidenceStore: search counts query words in a fact's predicate and object."""
+
+  def __init__(self):
+    self.facts = {}
+    for i, (subject, predicate, obj, turn) in enumerate(FACTS):
+      session, date, speaker, _ = TURNS[turn]
+      self.facts[i] = Fact(i, subject, predicate, obj, date, turn, session,
+                           f"[{date}] {subject}: {predicate} {obj}")
+    self.searches: list[tuple[str, int]] = []
+
+  def search(self, query: str, k: int) -> list[tuple[int, float]]:
+    self.searches.append((query, k))
+    q = _tokens(query)
+    scored = [(i, float(len(q & _tokens(f"{f.predicate} {f.object}"))))
+              for i, f in self.facts.items()]
+    return sorted((s for s in scored if s[1] > 0), key=lambda s: (-s[1], s[0]))[:k]
+
+  def fact(self, fact_id: int) -> Fact:
+    return self.facts[fact_id]
+
+  def neighbours(self, fact_id: int, min_weight: float) -> list[tuple[int, float]]:
+    return [(f, w) for f, w in EDGES.get(fact_id, []) if w >= min_weight]
+
+  def raw(self, turn_id: str) -> RawTurn:
+    session, date, speaker, text = TURNS[turn_id]
+    return RawTurn(turn_id, session, date, speaker, text)
+
+  def facts_about(self, entity: str) -> list[int]:
+    e = entity.lower()
+    return [i for i, f in self.facts.items() if e in f.subject.lower() or e in f.object.lower()]
+
+
+@final
+class FixedJudge(SufficiencyJudge):
+  """Returns the given verdicts in order (the last repeats) and records what it was shown."""
+
+  def __init__(self, *verdicts: Verdict, sleep_s: float = 0.0):
+    self.verdicts, self.sleep_s = list(verdicts), sleep_s
+    self.shown: list[list[int]] = []
+
+  def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
+            category: str | None = None) -> Verdict:
+    time.sleep(self.sleep_s)
+    self.shown.append([f.fact_id for f in facts])
+    return self.verdicts[min(len(self.shown), len(self.verdicts)) - 1]
+
+
+ONE = IrisSettings(max_iterations=1)
+PARTIAL = Verdict("PARTIAL", 0.1, "")
+
+
+def test_budget_grows_by_step_per_iteration():
+  assert [IrisSettings().budget(i) for i in (1, 2, 3)] == [10, 13, 16]
+  assert IrisSettings(base_budget=4, budget_step=0, max_iterations=5).budget(5) == 4
+  store = FakeStore()
+  iris_retrieve(store, "support group", judge=FixedJudge(PARTIAL))
+  assert [k for q, k in store.searches if q == "support group"] == [10, 13, 16]
+  with pytest.raises(ValueError, match="iteration"):
+    IrisSettings().budget(4)
+  for bad in ({"max_iterations": 0}, {"edge_min_weight": 1.5}, {"budget_step": -1},
+              {"max_judged": 0}):
+    with pytest.raises(ValueError, match="IrisSettings"):
+      IrisSettings(**bad)
+
+
+def test_one_hop_expansion_respects_weight_threshold_and_switch():
+  settings = IrisSettings(max_iterations=1, use_entity_buffers=False)
+  result = iris_retrieve(FakeStore(), "charity race", judge=FixedJudge(PARTIAL),
+                         settings=settings)
+  assert result.fact_ids == (4, 7)  # 4 -> 7 at 0.7 kept; 4 -> 9 at 0.4 dropped
+  assert result.trace[0].expanded == (7,)
+  off = iris_retrieve(FakeStore(), "charity race", judge=FixedJudge(PARTIAL),
+                      settings=IrisSettings(max_iterations=1, use_entity_buffers=False,
+                                            use_edges=False))
+  assert off.fact_ids == (4,)
+  low = IrisSettings(max_iterations=1, edge_min_weight=0.3)
+  assert expand(FakeStore(), [4], low) == [7, 9]
+  assert expand(FakeStore(), [0], IrisSettings(max_expand_per_seed=1)) == [1]
+  assert expand(FakeStore(), [0], IrisSettings(expand_hops=2)) == [1, 3, 8]
+  loose = FakeStore()
+  loose.neighbours = lambda fact_id, min_weight: EDGES.get(fact_id, [])  # ignores the threshold
+  assert expand(loose, [4], IrisSettings()) == [7]
+
+
+def test_oracle_stops_as_soon_as_all_evidence_is_found():
+  store = FakeStore()
+  question = "Where did Caroline go to the support group?"
+  oracle = OracleJudge(["D1:1", "D2:2"], store)
+  result = iris_retrieve(store, question, judge=oracle)
+  assert result.iterations == 2 and result.stopped and not result.abstained
+  assert (result.label, result.confidence) == ("EXACT", 1.0)
+  first = result.trace[0]
+  assert first.query is None and first.verdict.confidence == 0.5 and first.confidence == 0.5
+  assert "necklace" in result.trace[1].query  # the note (the missing turn's text) was chased
+  assert {"D1:1", "D2:2"} <= set(result.turn_ids)
+  found_at_once = iris_retrieve(FakeStore(), question, judge=OracleJudge(["D1:1"], store))
+  assert found_at_once.iterations == 1 and found_at_once.stopped
+  anchor_only = iris_retrieve(FakeStore(), question, judge=OracleJudge(["D1:1", "D2:2"], store),
+                              settings=IrisSettings(use_refinement_path=False))
+  assert anchor_only.iterations == 3 and not anchor_only.stopped
+  assert "D2:2" not in anchor_only.turn_ids
+
+
+def test_stops_at_max_iterations_and_abstains_when_evidence_stays_absent():
+  judge = FixedJudge(PARTIAL)
+  result = iris_retrieve(FakeStore(), "What is Caroline's favourite xylophone?", judge=judge)
+  assert result.iterations == 3 and len(judge.shown) == 3
+  assert result.abstained and not result.stopped
+  unreachable = iris_retrieve(FakeStore(), "xylophone", judge=OracleJudge(["D9:9"]))
+  assert unreachable.abstained and unreachable.missing == "D9:9"
+  sure_gap = FixedJudge(Verdict("PARTIAL", 0.9, ""))  # confident, but still insufficient
+  assert iris_retrieve(FakeStore(), "xylophone", judge=sure_gap,
+                       settings=IrisSettings(use_tiered_confidence=False)).iterations == 3
+  some = iris_retrieve(FakeStore(), "xylophone", judge=FixedJudge(Verdict("PARTIAL", 0.4, "")))
+  assert some.iterations == 3 and not some.abstained and not some.stopped
+
+
+def test_temporal_questions_use_the_temporal_schedule_and_threshold():
+  question = "When did Caroline attend the support group?"
+  assert is_temporal(question) and is_temporal("What did she do?", "temporal")
+  assert not is_temporal("What did Caroline attend?", "single-hop")
+  judge = FixedJudge(Verdict("PARTIAL", 0.3, "the date"))
+  result = iris_retrieve(FakeStore(), question, judge=judge)
+  second, third = result.trace[1].query.split(), result.trace[2].query.split()
+  assert {"date", "when", "year", "may"} <= set(second) and "before" in third
+  generic = iris_retrieve(FakeStore(), question, judge=judge,
+                          settings=IrisSettings(use_temporal_schedule=False))
+  assert generic.trace[1].query.split()[0] == "caroline" and "january" not in generic.trace[1].query
+  inferred = FixedJudge(Verdict("INFERRABLE", 0.8, ""))
+  flat = IrisSettings(use_tiered_confidence=False)
+  assert iris_retrieve(FakeStore(), question, judge=inferred, settings=flat).iterations == 3
+  assert iris_retrieve(FakeStore(), "What did Caroline attend?", judge=inferred,
+                       settings=flat).iterations == 1
+  assert iris_retrieve(FakeStore(), "What did Caroline attend?", category="temporal",
+                       judge=inferred, settings=flat).iterations == 3
+  # Tiered: EXACT is floored at 0.85, so it clears the temporal bar; INFERRABLE is capped below.
+  exact = FixedJudge(Verdict("EXACT", 0.6, ""))
+  assert iris_retrieve(FakeStore(), question, judge=exact).iterations == 1
+  assert iris_retrieve(FakeStore(), question, judge=inferred).iterations == 3
+
+
+def test_entity_buffers_add_facts_of_a_thinly_covered_entity():
+  question = "Did Melanie enjoy the charity race?"
+  assert named_entities(question) == ["Melanie"]
+  settings = IrisSettings(max_iterations=1, use_edges=False)
+  result = iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL), settings=settings)
+  assert result.trace[0].thin_entities == ("Melanie",)
+  assert result.trace[0].buffered == (2, 7, 9) and result.fact_ids == (4, 2, 7, 9)
+  off = IrisSettings(max_iterations=1, use_edges=False, use_entity_buffers=False)
+  assert iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL),
+                       settings=off).fact_ids == (4,)
+  covered = IrisSettings(max_iterations=1, use_edges=False, min_facts_per_entity=1)
+  assert iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL),
+                       settings=covered).fact_ids == (4,)
+
+
+def test_llm_judge_reads_valid_and_counts_malformed_replies():
+  store = FakeStore()
+  llm = ScriptedLLM([{"label": "EXACT", "confidence": 0.9, "missing": ""}, "no json here",
+                     LLMError("down")])
+  judge = LLMJudge(llm)
+  facts = [store.fact(0), store.fact(1)]
+  raws = {"D1:1": store.raw("D1:1")}
+  assert judge.judge("Where did Caroline go?", facts, raws) == Verdict("EXACT", 0.9, "")
+  shown = llm.requests[0].messages[-1]["content"]
+  assert "[1] [8 May 2023] Caroline: attended" in shown and "support group yesterday" in shown
+  assert shown.count("yesterday") == 1  # the turn shown once, beside its first fact
+  bad = judge.judge("Where did Caroline go?", facts, raws)
+  assert (bad.label, bad.confidence, bad.malformed) == ("PARTIAL", 0.0, True)
+  assert judge.judge("Where did Caroline go?", facts, raws).malformed
+  assert (judge.calls, judge.malformed, judge.failures) == (3, 1, 1)
+  loop_llm = ScriptedLLM([{"label": "PARTIAL", "confidence": 0.3, "missing": "the necklace"},
+                          {"label": "EXACT", "confidence": 0.95, "missing": ""}])
+  result = iris_retrieve(store, "Where did Caroline go to the support group?",
+                         judge=LLMJudge(loop_llm))
+  assert result.iterations == 2 and "necklace" in result.trace[1].query
+  assert [t.reward for t in result.trace] == [pytest.approx(-0.7), pytest.approx(0.95)]
+
+
+def test_llm_refiner_uses_the_reply_and_falls_back_to_the_rule():
+  request = RefineRequest("Where did Caroline go?", "Where did Caroline go?", "a necklace", 0,
+                          False, ("Caroline",))
+  llm = ScriptedLLM([{"query": "Caroline necklace  Sweden"}, "sorry, no idea"])
+  refiner = LLMRefiner(llm)
+  assert refiner.refine(request) == "Caroline necklace Sweden"
+  assert refiner.refine(request) == RuleRefiner().refine(request) == "caroline go necklace"
+  assert (refiner.calls, refiner.fallbacks) == (2, 1)
+  assert "necklace" in llm.requests[0].messages[-1]["content"]
+
+
+def test_evidence_is_deduplicated_and_turns_ranked_by_first_appearance():
+  assert merge_by_rank([[1, 2, 3], [2, 4]]) == [1, 2, 4, 3]
+  settings = IrisSettings(max_iterations=2, refine_from_first=True, use_edges=False)
+  result = iris_retrieve(FakeStore(), "support group adoption", judge=FixedJudge(PARTIAL),
+                         settings=settings)
+  assert len(set(result.fact_ids)) == len(result.fact_ids)
+  assert result.fact_ids[:4] == (0, 1, 3, 8)  # equal scores: the store's id order
+  assert result.turn_ids[:3] == ("D1:1", "D1:3", "D3:1")  # facts 0 and 1 share D1:1
+  expected = tuple(dict.fromkeys(f.turn_id for f in result.facts))
+  assert result.turn_ids == expected and result.top_turns(2) == ("D1:1", "D1:3")
+
+
+def test_a_reranker_reorders_the_evidence_the_judge_sees():
+  judge = FixedJudge(PARTIAL)
+  settings = IrisSettings(max_iterations=1, use_entity_buffers=False)
+  result = iris_retrieve(FakeStore(), "support group adoption", judge=judge, settings=settings,
+                         reranker=lambda q, facts: [f.fact_id for f in facts])
+  assert list(result.fact_ids) == sorted(result.fact_ids, reverse=True)
+  assert judge.shown[0] == list(result.fact_ids) == list(result.trace[0].shown)
+  with pytest.raises(ValueError, match="scores"):
+    iris_retrieve(FakeStore(), "support group", judge=judge, reranker=lambda q, facts: [1.0])
+
+
+def test_timing_fields_are_filled():
+  result = iris_retrieve(FakeStore(), "support group", judge=FixedJudge(PARTIAL, sleep_s=0.01),
+                         settings=IrisSettings(max_iterations=2))
+  assert result.judge_s >= 0.02 and result.retrieval_s > 0 and result.refine_s > 0
+  assert result.judge_s == pytest.approx(sum(t.judge_s for t in result.trace))
+  assert all(t.retrieval_s > 0 for t in result.trace)
+
+
+def test_verdict_reward_orders_the_labels():
+  assert verdict_reward("EXACT", 1.0) == 1.0
+  assert verdict_reward("INFERRABLE", 0.8) == pytest.approx(0.4)
+  assert verdict_reward("PARTIAL", 0.0) == -1.0 and verdict_reward("PARTIAL", 0.5) == -0.5
+  with pytest.raises(ValueError, match="label"):
+    verdict_reward("MAYBE", 0.5)
+
+
+def test_heuristic_judge_scores_coverage():
+  store = FakeStore()
+  judge = HeuristicJudge()
+  question = "When did Caroline attend the support group?"
+  raws = {"D1:1": store.raw("D1:1")}
+  assert judge.judge(question, [store.fact(0)], raws) == Verdict("EXACT", 1.0, "")
+  undated = judge.judge(question, [store.fact(0)], {})  # the session-date prefix does not count
+  assert undated.label == "INFERRABLE" and undated.missing == "a date or time"
+  assert undated.confidence == pytest.approx(5 / 7)
+  other = judge.judge("What does Caroline research?", [store.fact(2)], {})
+  assert other.label == "PARTIAL" and "Caroline" in other.missing and "research" in other.missing
+  assert judge.judge(question, [], {}).confidence == 0.0
+
+
+def test_oracle_judge_reports_the_missing_turns_text():
+  store = FakeStore()
+  verdict = OracleJudge(["D1:1", "D2:2", "D3:1"], store).judge("q", [store.fact(0)], {})
+  assert verdict.label == "PARTIAL" and verdict.confidence == pytest.approx(1 / 3)
+  assert "necklace from Sweden" in verdict.missing and "adoption interview" in verdict.missing
+  with pytest.raises(ValueError, match="collection"):
+    OracleJudge("D1:1")
