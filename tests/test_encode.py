@@ -1,5 +1,6 @@
 """The Flax sentence encoder against sentence-transformers on real LoCoMo turns, and its cache."""
 
+import copy
 import os
 
 import numpy as np
@@ -45,6 +46,10 @@ def test_padding_and_batch_composition_do_not_change_embeddings(encoder):
   together = encoder.encode(texts)
   alone = np.stack([encoder.encode([t])[0] for t in texts])
   np.testing.assert_allclose(together, alone, atol=2e-6)
+  # Batches of 2: a partial batch (the shortest text and an empty row), then a full one.
+  pairs = copy.copy(encoder)
+  pairs.batch_size = 2
+  np.testing.assert_allclose(pairs.encode(texts), alone, atol=2e-6)
 
 
 def test_cache_serves_repeated_texts_without_the_model(tmp_path, encoder):

@@ -2,13 +2,14 @@
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors import safe_open
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import REQUIRED_FILES, SentenceEncoder
 from rmmjax.encode.export import EXPORT_RECORD, save_encoder
@@ -166,3 +167,21 @@ def test_a_model_dir_missing_a_required_file_is_refused_by_name(exported, tmp_pa
       (partial / entry.name).symlink_to(entry)
   with pytest.raises(FileNotFoundError, match=f"{missing} not found"):
     SentenceEncoder(partial)
+
+
+def test_a_bare_hugging_face_dir_gets_the_sentence_transformers_files(encoder, tmp_path):
+  # Weights saved from BertForMaskedLM-style code carry a "bert." prefix and no module files.
+  src = tmp_path / "bare"
+  src.mkdir()
+  for name in ("config.json", "tokenizer.json", "vocab.txt"):
+    shutil.copyfile(encoder.model_dir / name, src / name)
+  weights = load_file(str(encoder.model_dir / "model.safetensors"))
+  save_file({k if k.startswith("pooler.") else "bert." + k: v for k, v in weights.items()},
+            str(src / "model.safetensors"), metadata={"format": "pt"})
+  out = save_encoder(SentenceEncoder(src), None, tmp_path / "out")
+  written = load_file(str(out / "model.safetensors"))
+  assert "bert.encoder.layer.0.attention.self.query.weight" in written
+  assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 512
+  st = _sentence_transformers()
+  theirs = st.SentenceTransformer(str(out), device="cpu").encode(TEXTS, batch_size=64)
+  assert np.sum(encoder.encode(TEXTS) * theirs, axis=1).min() >= 0.9999
