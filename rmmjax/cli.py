@@ -104,6 +104,16 @@ def _cmd_export(args) -> None:
         "keep the base encoder's embeddings")
 
 
+def _eval_llm(args):
+  if args.judge != "llm":
+    return None
+  if not (args.llm_url and args.model):
+    raise ValueError("--judge llm needs --llm-url URL and --model NAME")
+  from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
+  return OpenAICompatibleLLM(LLMSettings(base_url=args.llm_url, model=args.model,
+                                         structured_output=args.structured_output))
+
+
 def _cmd_eval(args) -> None:
   from rmmjax.config import apply_precision
   from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
@@ -119,7 +129,8 @@ def _cmd_eval(args) -> None:
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
-                              progress=not args.quiet, query_encoder=args.encoder)
+                              progress=not args.quiet, query_encoder=args.encoder,
+                              iris=args.iris, judge=args.judge, llm=_eval_llm(args))
   config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
@@ -173,6 +184,9 @@ def _cmd_bench(args) -> None:
   if args.what == "core":
     from rmmjax.bench import core as bench
     bench.bench_core(out, quick=args.quick)
+  elif args.what == "iris":
+    from rmmjax.bench import iris as bench_iris
+    bench_iris.bench_iris(out, Path(args.data) if args.data else None, quick=args.quick)
   elif args.what == "agent":
     from rmmjax.bench import agent as bench_agent
     bench_agent.bench_agent(out, Path(args.data) if args.data else None, quick=args.quick)
@@ -242,7 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dataset", default="locomo", choices=EVALUABLE_DATASETS,
                  help="a dataset with evidence-labelled questions")
   p.add_argument("--data", required=True, help="path to the dataset file")
-  p.add_argument("--units", default="turn", choices=UNITS)
+  p.add_argument("--units", default="turn", choices=UNITS + ("lace",),
+                 help="memory units; lace: LaceMem's atomic facts (with --iris: IRIS)")
+  p.add_argument("--iris", action="store_true",
+                 help="with --units lace: iterative retrieval via insufficiency signals")
+  p.add_argument("--judge", default="heuristic", choices=("heuristic", "oracle", "llm"),
+                 help="IRIS's sufficiency judge (oracle knows the evidence labels: a ceiling)")
+  p.add_argument("--llm-url", default=None, help="with --judge llm: an OpenAI-compatible server")
+  p.add_argument("--model", default=None, help="with --judge llm: the served model")
+  p.add_argument("--structured-output", default="json_schema",
+                 choices=("json_schema", "json_object", "none"))
   p.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
   p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
@@ -269,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
   add_memory_parsers(sub)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
-  p.add_argument("what", choices=["core", "search", "encode", "agent"])
+  p.add_argument("what", choices=["core", "search", "encode", "agent", "iris"])
   p.add_argument("--data", default=None,
                  help="encode: the LoCoMo file whose turns are encoded; agent: whose sessions "
                       "are ingested")

@@ -196,3 +196,8 @@ def test_dense_search_with_the_bank_sharded_over_devices_equals_exhaustive_ranki
       print("OK", search(q, bank, 20).shape)
   """)
   assert "OK (70, 20)" in out
+
+
+def test_bm25_ranks_a_query_of_stopwords_only_without_failing():
+  retriever = BM25Retriever(["the cat sat on the mat", "a dog ran"])
+  assert retriever.rank(["the of and", "dog"], 2).tolist() == [[0, 1], [1, 0]]

@@ -12,6 +12,7 @@ from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.eval.fit import check_fit, unseen
+from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.io.reranker_load import load_reranker
@@ -24,6 +25,7 @@ from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.memory.units import conversation_units
 
 DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval}
+EVAL_UNITS = UNITS + ("lace",)  # lace: LaceMem's atomic facts (rmmjax.eval.iris_eval)
 assert tuple(DATASETS) == EVALUABLE_DATASETS
 
 
@@ -37,7 +39,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        budget_words: int | None = None, encoder=None,
                        reranker: Path | None = None, online: bool = False,
                        in_sample: bool = False, allow_mismatch: bool = False,
-                       progress: bool = False, query_encoder: Path | None = None) -> dict:
+                       progress: bool = False, query_encoder: Path | None = None,
+                       iris: bool = False, judge: str = "heuristic", llm=None) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
   `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
@@ -47,13 +50,21 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   the same turns under another id) are left out and counted, unless `in_sample`; a model
   trained on other units, another base retriever or encoder is refused, unless
   `allow_mismatch` (the report then lists the mismatches). `online` replays each conversation
-  prequentially.
+  prequentially. Units `lace` retrieve atomic facts of a LaceMem built per conversation, in
+  one search, or with `iris` iteratively (`judge`: heuristic, oracle or llm).
   """
-  for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, UNITS),
+  for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, EVAL_UNITS),
                                ("retriever", retriever, RETRIEVERS)):
     if value not in choices:
       raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
   check_cutoffs(ks)
+  if iris and units != "lace":
+    raise ValueError(f"--iris retrieves from LaceMem: pass --units lace (not {units!r})")
+  if units == "lace" and (reranker is not None or query_encoder is not None or budget_words):
+    raise ValueError("--units lace evaluates LaceMem's own retrieval: --reranker, --encoder "
+                     "and --budget-words apply to the other units")
+  if judge not in JUDGES:
+    raise ValueError(f"--judge {judge!r} is not one of {', '.join(JUDGES)}")
   if budget_words is not None and budget_words < 1:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
   if online and reranker is None:
@@ -72,7 +83,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if not conversations:
     raise ValueError(f"{data} holds no question with evidence labels; it cannot be evaluated "
                      "for retrieval")
-  if (retriever != "bm25" or loaded or units == "topic") and encoder is None:
+  if (retriever != "bm25" or loaded or units in ("topic", "lace")) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
   tuned = load_query_encoder(Path(query_encoder), encoder) if query_encoder else None
   config = {"dataset": dataset, "data": str(Path(data).resolve()), "units": units,
@@ -102,6 +113,13 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   tune = config.get("query_encoder_record", {}).get("tune", "query")
   memory_encoder, query_side = retrieval_encoders(encoder, tuned, tune)
   config["tune"] = tune if tuned else None
+  if units == "lace":
+    rows = lace_rows(conversations, encoder, ks, iris, judge, llm=llm, progress=progress)
+    config |= {"iris": iris, "judge": judge if iris else None,
+               "conversations": [c.conversation_id for c in conversations]}
+    return {"config": config,
+            "load_report": {"counts": dict(report.counts), "examples": report.examples},
+            "metrics": summarise(aggregate(rows), rows)}
   # Units once per conversation (topics replay the conversation through reflection).
   pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
   if loaded:
@@ -166,12 +184,16 @@ def format_table(result: dict, ks: tuple[int, ...]) -> str:
   budget = result["config"]["budget_words"]
   if budget:
     columns += [("recall_all@budget", f"R all@{budget}w"), ("words@budget", f"words@{budget}w")]
+  if "iterations_mean" in result["metrics"]["overall"]:
+    columns += [("iterations_mean", "iterations"), ("abstain_rate", "abstain"),
+                ("latency_p50_ms", "p50 ms"), ("latency_p95_ms", "p95 ms")]
   width = max(10, max(len(label) for _, label in columns) + 2)
   lines = [f"{'':14s}{'questions':>10s}" + "".join(f"{label:>{width}s}" for _, label in columns)]
   groups = [("overall", result["metrics"]["overall"])] + list(
       result["metrics"]["by_category"].items())
   for name, m in groups:
     lines.append(f"{name:14s}{m['questions']:10d}" + "".join(
-        f"{m[key]:{width}.1f}" if key.startswith("words") else f"{m[key]:{width}.3f}"
+        f"{m[key]:{width}.1f}" if key.startswith(("words", "latency")) else
+        f"{m[key]:{width}.3f}"
         for key, _ in columns))
   return "\n".join(lines)

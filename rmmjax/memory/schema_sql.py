@@ -65,6 +65,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
              BEGIN DELETE FROM embeddings WHERE kind = 'memory'
                AND owner_id = OLD.memory_id; END""",
     ),
+    # 2: LaceMem's layers (rmmjax.memory.lace_store): its own raw turns (a layered memory is
+    # saved and replaced as a whole, apart from the sessions reflection ends), atomic facts
+    # with their vectors, and each fact's ranked semantic neighbours.
+    (
+        """CREATE TABLE lace_meta (
+             user_id TEXT PRIMARY KEY REFERENCES users (user_id) ON DELETE CASCADE,
+             settings TEXT NOT NULL, encoder TEXT NOT NULL,
+             dim INTEGER NOT NULL CHECK (dim >= 0), fallbacks INTEGER NOT NULL)""",
+        """CREATE TABLE lace_turns (
+             user_id TEXT NOT NULL REFERENCES lace_meta (user_id) ON DELETE CASCADE,
+             turn_id TEXT NOT NULL, ordinal INTEGER NOT NULL, session_id TEXT NOT NULL,
+             date TEXT NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL,
+             PRIMARY KEY (user_id, turn_id), UNIQUE (user_id, ordinal))""",
+        """CREATE TABLE lace_facts (
+             user_id TEXT NOT NULL, fact_id INTEGER NOT NULL, turn_id TEXT NOT NULL,
+             subject TEXT NOT NULL, predicate TEXT NOT NULL, object TEXT NOT NULL,
+             time TEXT NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL,
+             PRIMARY KEY (user_id, fact_id),
+             FOREIGN KEY (user_id, turn_id) REFERENCES lace_turns (user_id, turn_id)
+               ON DELETE CASCADE)""",
+        """CREATE TABLE lace_links (
+             user_id TEXT NOT NULL, fact_id INTEGER NOT NULL, rank INTEGER NOT NULL,
+             neighbour_id INTEGER NOT NULL, cosine REAL NOT NULL,
+             PRIMARY KEY (user_id, fact_id, rank),
+             FOREIGN KEY (user_id, fact_id) REFERENCES lace_facts (user_id, fact_id)
+               ON DELETE CASCADE,
+             FOREIGN KEY (user_id, neighbour_id) REFERENCES lace_facts (user_id, fact_id)
+               ON DELETE CASCADE)""",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

@@ -28,5 +28,7 @@ class BM25Retriever:
       return np.zeros((0, k), np.int64)
     tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
     # Texts that share no term with a query score 0; ties keep corpus order.
-    scores = np.stack([self._model.get_scores(query_tokens) for query_tokens in tokens])
+    # A query of stopwords only has no terms: it matches nothing (bm25s would fail on it).
+    scores = np.stack([self._model.get_scores(query_tokens) if query_tokens
+                       else np.zeros(self._size) for query_tokens in tokens])
     return np.argsort(-scores, axis=1, kind="stable")[:, :k]

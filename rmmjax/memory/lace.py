@@ -1,0 +1,363 @@
+"""LaceMem: a layered memory of one conversation (one user), built turn by turn or at once.
+
+Index: atomic facts cut from each turn (`lace_facts`), embedded with the encoder. Edge: links
+between facts, of three kinds; a pair linked twice keeps the larger weight.
+- same turn (`same_turn`, 1.0) and same session (`same_session`, 0.7), both only between facts
+  at most `session_window` apart in their session's order: a fact has at most 2 x window such
+  links, so a long session costs linear, not quadratic, edges (a turn with more clauses than
+  the window links each clause to its nearest ones only);
+- semantic (weight = cosine >= `min_cosine`, at most `max_semantic` per node under the default
+  "mutual" rule): see `lace_links` for the order-free definition and its cost.
+Raw: the verbatim turns, reached from every fact through its turn id.
+
+Streaming (`add_turn`) and batch (`from_conversation`) give identical layers: the same facts
+in the same order and the same edges with bit-identical weights, whenever the encoder embeds a
+text alike alone and in a batch (a padded BERT batch may move a vector by ~1e-7; its embedding
+cache removes even that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Protocol, final
+
+import bm25s
+import numpy as np
+
+from rmmjax.data.schema import Conversation
+from rmmjax.memory import lace_store
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.lace_facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
+                                      turn_drafts, turn_text)
+from rmmjax.memory.lace_links import RULES, SemanticGraph, snap
+from rmmjax.memory.records import EncoderMismatch, UnknownRecord
+from rmmjax.retrieve.evidence import Fact, RawTurn
+
+RETRIEVALS = ("bm25", "dense", "hybrid")
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
+
+
+class Encoder(Protocol):
+  """Texts to unit-norm float32 rows, with a stable identity."""
+
+  identity: str
+
+  def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class LaceSettings:
+  """Every weight, threshold and cap of the layers, and how search ranks facts."""
+
+  same_turn: float = 1.0
+  same_session: float = 0.7
+  session_window: int = 8  # session links reach this many facts either way
+  min_cosine: float = 0.7
+  max_semantic: int = 5
+  semantic_rule: str = "mutual"  # "mutual": both rank each other; "either": one ranks the other
+  chunk: int = 4096  # rows per block of the cosine matrix
+  retrieval: str = "hybrid"  # BM25, dense, or their reciprocal-rank fusion
+  fusion_c: float = 60.0
+
+  def __post_init__(self):
+    for name in ("same_turn", "same_session", "min_cosine", "fusion_c"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    for name in ("same_turn", "same_session"):
+      if not 0.0 < getattr(self, name) <= 1.0:
+        raise ValueError(f"{name} must be a weight in (0, 1], got {getattr(self, name)!r}")
+    if not -1.0 <= self.min_cosine <= 1.0:
+      raise ValueError(f"min_cosine must be a cosine in [-1, 1], got {self.min_cosine!r}")
+    for name, low in (("session_window", 0), ("max_semantic", 0), ("chunk", 1)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if self.semantic_rule not in RULES:
+      raise ValueError(f"semantic_rule {self.semantic_rule!r} is not one of {', '.join(RULES)}")
+    if self.retrieval not in RETRIEVALS:
+      raise ValueError(f"retrieval {self.retrieval!r} is not one of {', '.join(RETRIEVALS)}")
+    if not self.fusion_c > 0:
+      raise ValueError(f"fusion_c must be positive, got {self.fusion_c!r}")
+
+
+def fact_text(date: str, speaker: str, clause: str) -> str:
+  """A fact as indexed: "[date] Speaker: clause" (questions name people and times)."""
+  return f"[{date}] {speaker}: {clause}" if date else f"{speaker}: {clause}"
+
+
+def _text(value: object, name: str, *, empty: bool = False) -> str:
+  if not isinstance(value, str) or (not empty and not value):
+    raise ValueError(f"{name} must be a {'' if empty else 'non-empty '}string, got {value!r}")
+  return value
+
+
+@final
+class LaceMem:
+  """Index, Edge and Raw layers of one conversation; an EvidenceStore for iterative retrieval."""
+
+  def __init__(self, encoder: Encoder | None, *, settings: LaceSettings | None = None,
+               extractor: FactExtractor | None = None, query_encoder: Encoder | None = None):
+    self.encoder, self.query_encoder = encoder, query_encoder
+    self.settings = LaceSettings() if settings is None else settings
+    self.extractor = OfflineExtractor() if extractor is None else extractor
+    self._facts: list[Fact] = []
+    self._raw: dict[str, RawTurn] = {}
+    self._session_dates: dict[str, str] = {}
+    self._session_facts: dict[str, list[int]] = {}  # fact ids of each session, in order
+    self._session_pos: list[int] = []  # each fact's place in its session's list
+    self._graph: SemanticGraph | None = None  # created with the first vectors (their size)
+    self._bm25: bm25s.BM25 | None = None
+    self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
+    self._saved_fallbacks = 0
+
+  # -- building ---------------------------------------------------------------------------
+
+  def _check_raw(self, turn_id: str, session_id: str, date: str, speaker: str,
+                 text: str) -> RawTurn:
+    raw = RawTurn(_text(turn_id, "turn_id"), _text(session_id, "session_id"),
+                  _text(date, "date", empty=True), _text(speaker, "speaker", empty=True),
+                  _text(text, "text", empty=True))
+    if turn_id in self._raw:
+      raise ValueError(f"turn {turn_id!r} is already in this LaceMem (session "
+                       f"{self._raw[turn_id].session_id!r}); turn ids must be unique")
+    known = self._session_dates.get(session_id, date)
+    if known != date:
+      raise ValueError(f"session {session_id!r} has date {known!r}, but turn {turn_id!r} "
+                       f"gives {date!r}; a session has one date")
+    return raw
+
+  def _add_raw(self, raw: RawTurn) -> None:
+    self._session_dates.setdefault(raw.session_id, raw.date)
+    self._raw[raw.turn_id] = raw
+
+  def _add_fact(self, fact: Fact) -> None:
+    if fact.fact_id != len(self._facts) or fact.turn_id not in self._raw:
+      raise ValueError(f"fact {fact.fact_id} (turn {fact.turn_id!r}) cannot follow "
+                       f"{len(self._facts)} facts: ids run in order and name a known turn")
+    self._facts.append(fact)
+    in_session = self._session_facts.setdefault(fact.session_id, [])
+    self._session_pos.append(len(in_session))
+    in_session.append(fact.fact_id)
+
+  def _new_facts(self, raw: RawTurn, drafts: list[Draft]) -> list[Fact]:
+    start = len(self._facts)
+    return [Fact(start + n, d.subject, d.predicate, d.object, raw.date, raw.turn_id,
+                 raw.session_id, fact_text(raw.date, raw.speaker, d.clause))
+            for n, d in enumerate(drafts)]
+
+  def _vectors(self, texts: list[str]) -> np.ndarray:
+    if self.encoder is None:
+      raise ValueError("this LaceMem has no encoder, so it cannot embed new facts; pass one")
+    vectors = np.asarray(self.encoder.encode(texts), np.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+      raise ValueError(f"the encoder gave shape {vectors.shape} for {len(texts)} texts; "
+                       f"expected ({len(texts)}, D)")
+    return vectors
+
+  def _new_graph(self, vectors: np.ndarray) -> SemanticGraph:
+    s = self.settings
+    return SemanticGraph.build(vectors, min_cosine=s.min_cosine, max_neighbours=s.max_semantic,
+                               chunk=s.chunk)
+
+  def add_turn(self, turn_id: str, session_id: str, date: str, speaker: str,
+               text: str) -> list[int]:
+    """Adds one turn to every layer at once; returns the ids of its new facts. Nothing is
+    added when it fails (a repeated turn id, an encoder error)."""
+    raw = self._check_raw(turn_id, session_id, date, speaker, text)
+    facts = self._new_facts(raw, turn_drafts(self.extractor, raw.speaker, raw.text, raw.date))
+    vectors = self._vectors([f.text for f in facts]) if facts else None
+    if vectors is not None:  # checked before anything changes
+      vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
+    self._add_raw(raw)
+    for fact in facts:
+      self._add_fact(fact)
+    if vectors is not None:
+      if self._graph is None:
+        self._graph = self._new_graph(vectors)
+      else:
+        self._graph.add(vectors)
+    return [f.fact_id for f in facts]
+
+  @classmethod
+  def from_conversation(cls, conversation: Conversation, encoder: Encoder, *,
+                        settings: LaceSettings | None = None,
+                        extractor: FactExtractor | None = None) -> LaceMem:
+    """All turns at once: facts of every turn, one encoder call, one blocked linking pass."""
+    if not isinstance(conversation, Conversation):
+      raise TypeError(f"expected a rmmjax.data.schema.Conversation, got "
+                      f"{type(conversation).__name__}")
+    lace = cls(encoder, settings=settings, extractor=extractor)
+    for session in conversation.sessions:
+      for turn in session.turns:
+        raw = lace._check_raw(turn.turn_id, session.session_id, session.date, turn.speaker,
+                              turn_text(turn))
+        lace._add_raw(raw)
+        for fact in lace._new_facts(raw, turn_drafts(lace.extractor, raw.speaker, raw.text,
+                                                     raw.date)):
+          lace._add_fact(fact)
+    if lace._facts:
+      lace._graph = lace._new_graph(lace._vectors([f.text for f in lace._facts]))
+    return lace
+
+  @classmethod
+  def from_facts(cls, turns: list[RawTurn], facts: list[Fact], vectors: np.ndarray, *,
+                 encoder: Encoder | None = None,
+                 settings: LaceSettings | None = None) -> LaceMem:
+    """Layers from facts made elsewhere (ids 0..N-1, each naming one of the turns) and their
+    embeddings (N x D), linked in one batch."""
+    lace = cls(encoder, settings=settings)
+    for t in turns:
+      lace._add_raw(lace._check_raw(t.turn_id, t.session_id, t.date, t.speaker, t.text))
+    for fact in facts:
+      lace._add_fact(fact)
+    if np.shape(vectors)[0] != len(facts):
+      raise ValueError(f"{len(facts)} facts but {np.shape(vectors)[0]} vectors")
+    if facts:
+      lace._graph = lace._new_graph(vectors)
+    return lace
+
+  # -- the EvidenceStore protocol --------------------------------------------------------
+
+  def __len__(self) -> int:
+    return len(self._facts)
+
+  def fact(self, fact_id: int) -> Fact:
+    """The fact with this id."""
+    if not isinstance(fact_id, (int, np.integer)) or not 0 <= fact_id < len(self._facts):
+      raise UnknownRecord(f"this LaceMem has no fact {fact_id!r}; ids run from 0 to "
+                          f"{len(self._facts) - 1}")
+    return self._facts[int(fact_id)]
+
+  def raw(self, turn_id: str) -> RawTurn:
+    """The verbatim turn a fact came from."""
+    if turn_id not in self._raw:
+      raise UnknownRecord(f"this LaceMem has no turn {turn_id!r}")
+    return self._raw[turn_id]
+
+  def neighbours(self, fact_id: int, min_weight: float) -> list[tuple[int, float]]:
+    """Facts linked to this one by an edge of at least min_weight, heaviest first."""
+    fact = self.fact(fact_id)
+    if not isinstance(min_weight, (int, float, np.floating)) or isinstance(min_weight, bool):
+      raise ValueError(f"min_weight must be a number, got {min_weight!r}")
+    fact_id, s = int(fact_id), self.settings
+    found: dict[int, float] = {}
+    if self._graph is not None:
+      found.update(self._graph.linked(fact_id, s.semantic_rule))
+    session, at = self._session_facts[fact.session_id], self._session_pos[fact_id]
+    for other in session[max(0, at - s.session_window):at + s.session_window + 1]:
+      if other != fact_id:
+        weight = s.same_turn if self._facts[other].turn_id == fact.turn_id else s.same_session
+        found[other] = max(weight, found.get(other, weight))
+    return sorted(((j, w) for j, w in found.items() if w >= min_weight),
+                  key=lambda item: (-item[1], item[0]))
+
+  def facts_about(self, entity: str) -> list[int]:
+    """Ids of the facts whose subject or object names the entity (case-insensitive)."""
+    words = _text(entity, "entity").strip()
+    if not words:
+      raise ValueError(f"entity must name something, got {entity!r}")
+    pattern = re.compile(rf"(?<!\w){re.escape(words)}(?!\w)", re.IGNORECASE)
+    return [f.fact_id for f in self._facts if pattern.search(f.subject)
+            or pattern.search(f.object)]
+
+  def search(self, query: str, k: int) -> list[tuple[int, float]]:
+    """The k facts most relevant to the query: (fact_id, score), best first."""
+    _text(query, "query")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ValueError(f"k must be a positive integer, got {k!r}")
+    if not self._facts:
+      return []
+    mode, n = self.settings.retrieval, len(self._facts)
+    scores = {}
+    if mode in ("bm25", "hybrid"):
+      scores["bm25"] = self._bm25_scores(query)
+    if mode in ("dense", "hybrid"):
+      encoder = self.query_encoder or self.encoder
+      if encoder is None:
+        raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
+                         f"encoder; pass one, or use retrieval 'bm25'")
+      scores["dense"] = self._graph.vectors @ self._vectors_of(encoder, query)
+    if mode == "hybrid":
+      fused = np.zeros(n)
+      for ranked in scores.values():
+        order = np.argsort(-ranked, kind="stable")
+        fused[order] += 1.0 / (self.settings.fusion_c + 1.0 + np.arange(n))
+      scores = {"hybrid": fused}
+    (final_scores,) = scores.values()
+    order = np.argsort(-final_scores, kind="stable")[:min(k, n)]
+    return [(int(i), float(final_scores[i])) for i in order]
+
+  def _vectors_of(self, encoder: Encoder, query: str) -> np.ndarray:
+    q = np.asarray(encoder.encode([query]), np.float32)
+    if q.shape != (1, self._graph.dim):
+      raise ValueError(f"the query encoder gave shape {q.shape}; expected (1, "
+                       f"{self._graph.dim}) to match the facts' embeddings")
+    return q[0]
+
+  def _bm25_scores(self, query: str) -> np.ndarray:
+    if self._bm25 is None or self._bm25_size != len(self._facts):
+      # Rebuilt from scratch: BM25's document frequencies change with every new fact.
+      self._bm25 = bm25s.BM25()  # Lucene BM25 (k1 1.5, b 0.75), as retrieve.bm25 ranks turns
+      self._bm25.index(bm25s.tokenize([f.text for f in self._facts], stopwords="en",
+                                      show_progress=False), show_progress=False)
+      self._bm25_size = len(self._facts)
+    tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)[0]
+    if not tokens:  # a query of stopwords only matches nothing
+      return np.zeros(len(self._facts))
+    return np.asarray(self._bm25.get_scores(tokens), np.float64)
+
+  # -- inspection and persistence -------------------------------------------------------
+
+  @property
+  def facts(self) -> list[Fact]:
+    return list(self._facts)
+
+  @property
+  def turns(self) -> list[RawTurn]:
+    return list(self._raw.values())
+
+  @property
+  def fallbacks(self) -> int:
+    """Turns the LLM extractor handed to the offline one (saved ones included)."""
+    own = self.extractor.fallbacks if isinstance(self.extractor, LLMExtractor) else 0
+    return self._saved_fallbacks + own
+
+  def edges(self) -> dict[tuple[int, int], float]:
+    """Every edge once, as {(smaller id, larger id): weight}."""
+    return {(i, j): w for i in range(len(self._facts))
+            for j, w in self.neighbours(i, -np.inf) if i < j}
+
+  def save(self, bank: MemoryBank, user: str) -> None:
+    """Stores the three layers as the user's LaceMem in the bank, replacing any saved one."""
+    graph = self._graph
+    lace_store.save(bank, user, lace_store.Snapshot(
+        dataclasses.asdict(self.settings), getattr(self.encoder, "identity", ""),
+        self.fallbacks, self.turns, self.facts,
+        graph.vectors if graph is not None else np.zeros((0, 0), np.float32),
+        list(graph.lists()) if graph is not None else []))
+
+  @classmethod
+  def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None, *,
+           extractor: FactExtractor | None = None) -> LaceMem:
+    """The user's saved LaceMem; `encoder` must be the one its facts were embedded with."""
+    snap = lace_store.load(bank, user)
+    if encoder is not None and snap.encoder and encoder.identity != snap.encoder:
+      raise EncoderMismatch(f"user {user!r}'s LaceMem was embedded with encoder "
+                            f"{snap.encoder!r}, not {encoder.identity!r}; load it with that "
+                            f"encoder or rebuild it")
+    lace = cls(encoder, settings=LaceSettings(**snap.settings), extractor=extractor)
+    lace._saved_fallbacks = snap.fallbacks
+    for t in snap.turns:
+      lace._add_raw(lace._check_raw(t.turn_id, t.session_id, t.date, t.speaker, t.text))
+    for fact in snap.facts:
+      lace._add_fact(fact)
+    if snap.facts:
+      s = lace.settings
+      lace._graph = SemanticGraph.restore(snap.vectors, snap.links, min_cosine=s.min_cosine,
+                                          max_neighbours=s.max_semantic, chunk=s.chunk)
+    return lace
+

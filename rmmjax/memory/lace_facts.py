@@ -1,0 +1,218 @@
+"""LaceMem's Index layer input: a turn cut into atomic statements (subject, predicate, object).
+
+Offline extraction is deterministic and cheap: sentences, then semicolons, then the connectors
+"and", "but" and "because" where both sides are long enough to stand alone. The subject is the
+speaker unless the clause opens with a name followed by a verb; the predicate is the clause's
+first verb-like word; the object is what follows it. An image a turn shares becomes a statement
+of its own. The LLM extractor asks a model for the statements and falls back to the offline
+clauses (counted) whenever its reply cannot be used.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from typing import final
+
+from rmmjax.data.schema import Turn
+from rmmjax.llm.base import LLM, LLMError
+from rmmjax.llm.parse import LLMOutputError, extract_json
+
+MIN_SIDE_WORDS = 3  # a connector splits a clause only when both sides have this many words
+IMAGE_MARK = "[shares an image: {}]"
+_IMAGE = re.compile(r"\[shares an image:\s*([^\]]*)\]")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_CONNECTOR = re.compile(r"\s+(and|but|because)\s+", re.IGNORECASE)
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z']*")
+_NAME = re.compile(r"[A-Z][a-z]+")
+_CONTRACTIONS = {"'m": "am", "'re": "are", "'s": "is", "'ve": "have", "'ll": "will", "'d": "would"}
+# Words that open a clause but never name its subject.
+_NOT_NAMES = frozenset(
+    "i you he she it we they me my your his her its our their this that these those there here "
+    "what who which when where why how the a an so well oh ah hey hi hello wow yes yeah yep no "
+    "nope thanks thank sure ok okay great awesome cool nice sounds gonna glad hope love just "
+    "really also anyway and but because".split())
+# Common verbs and auxiliaries; other verbs are caught by their -ed or -ing ending.
+_VERBS = frozenset(
+    "am is are was were be been has have had do does did will would can could shall should may "
+    "might must go goes went get gets got make makes made take takes took love loves like likes "
+    "want wants feel feels felt think thinks thought know knows knew see sees saw say says said "
+    "tell told give gave find found keep kept leave left meet met run ran come came become "
+    "became buy bought bring brought read write wrote hear heard try tries need needs plan "
+    "plans enjoy enjoys start starts visit visits help helps work works live lives play plays "
+    "paint paints took adopt adopts join joins hope hopes".split())
+# Words whose ending looks like a verb's but which seldom are one.
+_NOT_VERBS = frozenset("anything something nothing everything morning evening during wedding "
+                       "spring king ring sibling indeed hundred speed".split())
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Draft:
+  """One statement of a turn before it becomes a fact: its parts and its clause as written."""
+
+  subject: str
+  predicate: str
+  object: str
+  clause: str
+
+
+def turn_text(turn: Turn) -> str:
+  """A turn's text as LaceMem ingests it: an image turn keeps its caption inline."""
+  return f"{turn.text} {IMAGE_MARK.format(turn.caption)}" if turn.caption else turn.text
+
+
+def _split_connectors(text: str, min_words: int) -> list[str]:
+  pieces, start = [], 0
+  for match in _CONNECTOR.finditer(text):
+    if (len(text[start:match.start()].split()) >= min_words
+        and len(text[match.end():].split()) >= min_words):
+      pieces.append(text[start:match.start()].strip())
+      # "and" only joins; "but" and "because" carry meaning, so the right side keeps them.
+      start = match.end() if match.group(1).lower() == "and" else match.start(1)
+  pieces.append(text[start:].strip())
+  return [p for p in pieces if p]
+
+
+def split_clauses(text: str, min_words: int = MIN_SIDE_WORDS) -> list[str]:
+  """The clauses of a text, in order; text with no word at all stays one clause (or none)."""
+  if not isinstance(text, str):
+    raise ValueError(f"text must be a string, got {type(text).__name__}")
+  pieces = []
+  for sentence in _SENTENCE_END.split(text.strip()):
+    for part in sentence.split(";"):
+      pieces += _split_connectors(part.strip(), min_words)
+  clauses = [p for p in pieces if any(ch.isalnum() for ch in p)]
+  return clauses or ([text.strip()] if text.strip() else [])
+
+
+def _verb(token: str) -> str | None:
+  """The predicate a token stands for, or None when it does not look like a verb."""
+  low = token.lower()
+  for suffix, verb in _CONTRACTIONS.items():
+    if low.endswith(suffix) and len(low) > len(suffix):
+      return verb
+  if low in _VERBS or low.endswith("n't"):
+    return low
+  if low in _NOT_VERBS:
+    return None
+  if (low.endswith("ed") and len(low) >= 4) or (low.endswith("ing") and len(low) >= 5):
+    return low
+  return None
+
+
+def parse_clause(clause: str, speaker: str) -> Draft:
+  """Subject (the speaker, or a leading name followed by a verb), first verb, and the rest."""
+  tokens = list(_TOKEN.finditer(clause.replace("\u2019", "'")))
+  subject, first = speaker, 0
+  if (len(tokens) >= 2 and _NAME.fullmatch(tokens[0].group())
+      and tokens[0].group().lower() not in _NOT_NAMES
+      and clause[tokens[0].end():tokens[1].start()].strip() == ""
+      and _verb(tokens[1].group()) is not None):
+    subject, first = tokens[0].group(), 1
+  for token in tokens[first:]:
+    if (verb := _verb(token.group())) is not None:
+      rest = clause[token.end():].strip(" \t,.!?;:-")
+      return Draft(subject, verb, rest or clause.strip(), clause)
+  return Draft(subject, "says", clause.strip(), clause)
+
+
+def take_images(text: str) -> tuple[str, list[str]]:
+  """The text without its "[shares an image: ...]" marks, and the captions they held."""
+  captions = [c.strip() for c in _IMAGE.findall(text)]
+  return " ".join(_IMAGE.sub(" ", text).split()), [c for c in captions if c]
+
+
+class FactExtractor(abc.ABC):
+  """Cuts the words of one turn (images already taken out) into statements."""
+
+  @abc.abstractmethod
+  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
+    """The turn's statements in the order it makes them."""
+
+
+@final
+class OfflineExtractor(FactExtractor):
+  """Clause splitting and the subject/verb heuristics above; no model."""
+
+  def __init__(self, min_words: int = MIN_SIDE_WORDS):
+    if not isinstance(min_words, int) or min_words < 1:
+      raise ValueError(f"min_words must be a positive integer, got {min_words!r}")
+    self.min_words = min_words
+
+  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
+    return [parse_clause(c, speaker) for c in split_clauses(text, self.min_words)]
+
+
+_FACTS_SYSTEM = """\
+You index a conversation for later recall. Rewrite one line of it as short statements of fact, \
+each able to stand alone. For each statement give its subject (who or what it is about; write \
+the speaker's name, never I or me), its predicate (the verb phrase) and its object (everything \
+else it says). Keep names, places, numbers and times as they were said. Greetings and small \
+talk still get one statement saying what the speaker expressed.
+Reply in JSON: {"facts": [{"subject": "...", "predicate": "...", "object": "..."}]}."""
+
+
+def fact_prompt(speaker: str, text: str, date: str, max_facts: int) -> tuple[list[dict], dict]:
+  """Messages asking for one turn's statements, and the JSON Schema of the reply."""
+  item = {"type": "object", "additionalProperties": False,
+          "required": ["subject", "predicate", "object"],
+          "properties": {k: {"type": "string"} for k in ("subject", "predicate", "object")}}
+  schema = {"title": "facts", "type": "object", "additionalProperties": False,
+            "required": ["facts"], "properties": {"facts": {
+                "type": "array", "minItems": 1, "maxItems": max_facts, "items": item}}}
+  user = f"Date: {date or 'unknown'}\nSpeaker: {speaker}\nLine: {' '.join(text.split())}"
+  return [{"role": "system", "content": _FACTS_SYSTEM},
+          {"role": "user", "content": user}], schema
+
+
+@final
+class LLMExtractor(FactExtractor):
+  """Statements written by a model; a failed call or an unusable reply uses the offline ones."""
+
+  def __init__(self, llm: LLM, *, max_facts: int = 8, max_tokens: int = 512):
+    if not isinstance(max_facts, int) or max_facts < 1:
+      raise ValueError(f"max_facts must be a positive integer, got {max_facts!r}")
+    self.llm, self.max_facts, self.max_tokens = llm, max_facts, max_tokens
+    self.offline = OfflineExtractor()
+    self.fallbacks = 0  # turns whose statements came from the offline extractor instead
+    self.dropped = 0  # statements the model wrote without a subject, predicate or object
+
+  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
+    if not text.strip():
+      return []
+    messages, schema = fact_prompt(speaker, text, date, self.max_facts)
+    try:
+      reply = extract_json(self.llm.chat_structured(messages, schema,
+                                                    max_tokens=self.max_tokens))
+    except (LLMError, LLMOutputError):
+      reply = None
+    drafts = self._drafts(reply)
+    if not drafts:
+      self.fallbacks += 1
+      return self.offline.extract(speaker, text, date)
+    return drafts
+
+  def _drafts(self, reply: object) -> list[Draft]:
+    items = reply.get("facts") if isinstance(reply, dict) else None
+    if not isinstance(items, list):
+      return []
+    drafts = []
+    for item in items[:self.max_facts]:
+      parts = [item.get(k) if isinstance(item, dict) else None
+               for k in ("subject", "predicate", "object")]
+      if not all(isinstance(p, str) and p.strip() for p in parts):
+        self.dropped += 1
+        continue
+      subject, predicate, obj = (" ".join(p.split()) for p in parts)
+      drafts.append(Draft(subject, predicate, obj, f"{subject} {predicate} {obj}"))
+    return drafts
+
+
+def turn_drafts(extractor: FactExtractor, speaker: str, text: str, date: str) -> list[Draft]:
+  """A turn's statements: its words through the extractor, then one per image it shares."""
+  words, captions = take_images(text)
+  drafts = extractor.extract(speaker, words, date) if words else []
+  return drafts + [Draft(speaker, "shares", f"an image: {c}", f"shares an image: {c}")
+                   for c in captions]

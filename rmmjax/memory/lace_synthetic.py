@@ -1,0 +1,46 @@
+"""Synthetic LaceMems for scale checks: random topic-clustered unit vectors, no encoder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rmmjax.memory.lace import LaceMem, LaceSettings, fact_text
+from rmmjax.retrieve.evidence import Fact, RawTurn
+
+
+def synthetic_lace(num_facts: int, dim: int = 384, *, seed: int = 0, cluster_size: int = 20,
+                   facts_per_turn: int = 2, turns_per_session: int = 25,
+                   settings: LaceSettings | None = None) -> LaceMem:
+  """A LaceMem of random facts for scale checks, built in one batch without an encoder.
+
+  Facts fall into random topics of about `cluster_size`: a topic's facts have cosine about 0.8
+  with each other and about 0 with the rest, so every fact has semantic candidates above the
+  default threshold. Turns hold `facts_per_turn` facts, sessions `turns_per_session` turns.
+  """
+  for name, value in (("num_facts", num_facts), ("dim", dim), ("cluster_size", cluster_size),
+                      ("facts_per_turn", facts_per_turn),
+                      ("turns_per_session", turns_per_session)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  rng = np.random.default_rng(seed)
+  centres = rng.standard_normal((math.ceil(num_facts / cluster_size), dim)).astype(np.float32)
+  centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+  topic = rng.integers(0, centres.shape[0], num_facts)
+  # Noise of squared norm about 0.25: cosine within a topic about 1 / 1.25.
+  vectors = centres[topic] + rng.standard_normal((num_facts, dim)).astype(np.float32) * (
+      0.5 / math.sqrt(dim))
+  vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+  turns, facts = [], []
+  for first in range(0, num_facts, facts_per_turn):
+    turn, ids = first // facts_per_turn, range(first, min(first + facts_per_turn, num_facts))
+    session = turn // turns_per_session
+    clauses = [f"fact {i} of topic {topic[i]}" for i in ids]
+    raw = RawTurn(f"T{turn}", f"S{session}", f"day {session}", "AB"[turn % 2],
+                  "; ".join(clauses))
+    turns.append(raw)
+    facts += [Fact(i, raw.speaker, "states", clause, raw.date, raw.turn_id, raw.session_id,
+                   fact_text(raw.date, raw.speaker, clause))
+              for i, clause in zip(ids, clauses, strict=True)]
+  return LaceMem.from_facts(turns, facts, vectors, settings=settings)
