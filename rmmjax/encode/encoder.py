@@ -149,8 +149,11 @@ class SentenceEncoder:
     for start, stop in zip(cuts, cuts[1:]):
       rows = order[start:stop]
       length = self.bucket_length(max(len(ids[i]) for i in rows))
-      ids_BxT = np.zeros((self.batch_size, length), np.int32)
-      mask_BxT = np.zeros((self.batch_size, length), bool)
+      # A partial batch is padded to the next power of two, not to a full batch: one query
+      # then costs one row's work, at the price of a few more compiled shapes (1, 2, 4, ...).
+      rows_padded = min(self.batch_size, 1 << (len(rows) - 1).bit_length())
+      ids_BxT = np.zeros((rows_padded, length), np.int32)
+      mask_BxT = np.zeros((rows_padded, length), bool)
       for r, i in enumerate(rows):
         ids_BxT[r, :len(ids[i])] = ids[i]
         mask_BxT[r, :len(ids[i])] = True
