@@ -42,6 +42,12 @@ CONFIGS = [
      "heuristic"),
     ("  without the temporal schedule", dataclasses.replace(FULL, use_temporal_schedule=False),
      "heuristic"),
+    ("  without pseudo-relevance feedback", dataclasses.replace(FULL, feedback_terms=0),
+     "heuristic"),
+    ("  in entry order (no fused final ranking)", dataclasses.replace(FULL, final_order="entry"),
+     "heuristic"),
+    ("IRIS, oracle judge, entry order", dataclasses.replace(FULL, final_order="entry"),
+     "oracle"),
     ("IRIS, oracle judge (ceiling)", FULL, "oracle"),
 ]
 KS = (5, 10)

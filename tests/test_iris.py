@@ -303,3 +303,26 @@ def test_oracle_judge_reports_the_missing_turns_text():
   assert "necklace from Sweden" in verdict.missing and "adoption interview" in verdict.missing
   with pytest.raises(ValueError, match="collection"):
     OracleJudge("D1:1")
+
+
+def test_fused_order_lets_a_refined_search_hit_rise_above_first_neighbours():
+  from rmmjax.retrieve.iris import IterationTrace, fused_order
+  facts = [Fact(i, "s", "p", "o", "t", f"T{i}", "S1", f"fact {i}") for i in range(5)]
+  verdict = None
+
+  def it(anchor, refine, expanded):
+    return IterationTrace(1, 10, None, anchor, refine, (), expanded, (), (), (), verdict, 0.0,
+                          0.0, 0.0, 0.0, 0.0)
+
+  # Entry order: anchor hits 0, 1; their neighbour 2; then refinement hits 3 and 1.
+  trace = [it((0, 1), (), (2,)), it((0, 1), (3, 1), ())]
+  order = [f.fact_id for f in fused_order(facts[:4], trace)]
+  assert order == [1, 0, 3, 2]  # 1 found by both searches; 3 by one; 2 by none, last
+
+
+def test_feedback_terms_are_frequent_in_the_evidence_and_absent_from_the_question():
+  from rmmjax.retrieve.refine import feedback_terms
+  texts = ["Melanie: I love pottery and camping", "Melanie: pottery class again",
+           "Caroline: camping trip with pottery friends"]
+  assert feedback_terms("What does Melanie do?", texts, 2) == ("pottery", "camping")
+  assert feedback_terms("What does Melanie do?", texts, 0) == ()

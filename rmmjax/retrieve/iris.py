@@ -31,7 +31,7 @@ from typing import final
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict, verdict_reward
 from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, entity_context,
-                                    is_temporal, named_entities)
+                                    feedback_terms, is_temporal, named_entities)
 
 Reranker = Callable[[str, Sequence[Fact]], Sequence[float]]
 
@@ -63,8 +63,21 @@ class IrisSettings:
   inferrable_cap: float = 0.75
   partial_cap: float = 0.5
   max_judged: int | None = None  # the judge sees at most this many top facts (None: all)
+  # The final ranking without a reranker: "entry" keeps the order facts entered (iteration 1's
+  # anchor hits and their neighbours first); "fused" ranks by reciprocal-rank fusion of every
+  # search (the last anchor search and each refinement search once), so facts a refined query
+  # found can rise above iteration 1's neighbours; facts reached only along edges or by entity
+  # buffers rank after every searched fact.
+  final_order: str = "fused"
+  # Pseudo-relevance feedback: the refined query gains the feedback_terms most frequent terms
+  # of the best feedback_facts facts so far that the question lacks (0: off).
+  feedback_terms: int = 8
+  feedback_facts: int = 5
 
   def __post_init__(self):
+    if self.final_order not in ("entry", "fused"):
+      raise ValueError(f"IrisSettings.final_order must be 'entry' or 'fused', got "
+                       f"{self.final_order!r}")
     for name in ("max_iterations", "base_budget", "min_facts_per_entity", "entity_search_k"):
       if getattr(self, name) < 1:
         raise ValueError(f"IrisSettings.{name} must be at least 1, got {getattr(self, name)}")
@@ -200,6 +213,22 @@ def _rank(question: str, facts: list[Fact], reranker: Reranker | None) -> list[F
   return [facts[i] for i in order]
 
 
+FUSION_C = 60.0  # the reciprocal-rank fusion constant
+
+
+def fused_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fact]:
+  """The accumulated facts by reciprocal-rank fusion of the searches that found them (the last
+  anchor search, every refinement search); the rest after them, in entry order."""
+  lists = [trace[-1].anchor_hits] + [t.refine_hits for t in trace
+                                     if t.refine_hits and t.refine_hits != t.anchor_hits]
+  score: dict[int, float] = {}
+  for hits in lists:
+    for rank, fact_id in enumerate(hits):
+      score[fact_id] = score.get(fact_id, 0.0) + 1.0 / (FUSION_C + 1.0 + rank)
+  entry = {f.fact_id: i for i, f in enumerate(facts)}
+  return sorted(facts, key=lambda f: (-score.get(f.fact_id, 0.0), entry[f.fact_id]))
+
+
 def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None = None,
                   judge: SufficiencyJudge, settings: IrisSettings = IrisSettings(),
                   refiner: QueryRefiner | None = None,
@@ -236,9 +265,11 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
     query, refined, refine_s = None, [], 0.0
     if settings.use_refinement_path and (iteration > 1 or settings.refine_from_first):
       tick = time.perf_counter()
+      top = [f.text.split("] ", 1)[-1] for f in ranked[:settings.feedback_facts]]
       query = refiner.refine(RefineRequest(
           question, current_query, missing, refinements,
-          temporal and settings.use_temporal_schedule, entity_context(question, thin)))
+          temporal and settings.use_temporal_schedule, entity_context(question, thin),
+          feedback_terms(question, top, settings.feedback_terms)))
       refine_s = time.perf_counter() - tick
       refinements += 1
       current_query = query
@@ -274,6 +305,8 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       stopped = True
       break
     missing = verdict.missing
+  if reranker is None and settings.final_order == "fused":
+    ranked = fused_order(ranked, trace)
   last = trace[-1]
   abstained = (not stopped and last.verdict.label == "PARTIAL"
                and last.confidence < settings.abstain_below)

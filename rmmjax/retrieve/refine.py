@@ -65,6 +65,21 @@ def content_terms(text: str) -> list[str]:
   return list(seen)
 
 
+def feedback_terms(question: str, texts: Sequence[str], n: int) -> tuple[str, ...]:
+  """The n content terms most frequent across the texts (the best evidence so far) that the
+  question does not use: pseudo-relevance feedback, reaching statements that share the found
+  evidence's words rather than the question's."""
+  if n <= 0:
+    return ()
+  asked = set(content_terms(question))
+  counts: dict[str, int] = {}
+  for text in texts:
+    for term in set(content_terms(text)) - asked:
+      if not term.isdigit():
+        counts[term] = counts.get(term, 0) + 1
+  return tuple(sorted(counts, key=lambda t: (-counts[t], t))[:n])
+
+
 def stem(word: str) -> str:
   """A crude suffix strip, so "painted", "painting" and "paints" meet at "paint"."""
   for suffix in ("ing", "ed", "es", "s"):
@@ -141,6 +156,7 @@ class RefineRequest:
   stage_index: int  # 0 for the first refinement of this question
   temporal: bool  # use the temporal schedule
   entities: tuple[str, ...] = ()  # named in the question, and those covered thinly so far
+  feedback: tuple[str, ...] = ()  # salient terms of the best evidence so far (pseudo-relevance)
 
 
 class QueryRefiner(abc.ABC):
@@ -165,7 +181,8 @@ class RuleRefiner(QueryRefiner):
     stage = stage_for(request.temporal, request.stage_index)
     entities = [e.lower() for e in request.entities] if stage.entity_first else []
     terms = [*entities, *content_terms(request.question),
-             *content_terms(request.missing)[:self.max_missing_terms], *stage.cues]
+             *content_terms(request.missing)[:self.max_missing_terms], *request.feedback,
+             *stage.cues]
     query = " ".join(dict.fromkeys(terms))
     return query or request.question
 
