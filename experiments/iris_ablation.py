@@ -38,7 +38,7 @@ CONFIGS = [
     ("  without the refinement path", dataclasses.replace(FULL, use_refinement_path=False),
      "heuristic"),
     ("  without edges", dataclasses.replace(FULL, use_edges=False), "heuristic"),
-    ("  without entity buffers", dataclasses.replace(FULL, use_entity_buffers=False),
+    ("  with entity buffers", dataclasses.replace(FULL, use_entity_buffers=True),
      "heuristic"),
     ("  without the temporal schedule", dataclasses.replace(FULL, use_temporal_schedule=False),
      "heuristic"),

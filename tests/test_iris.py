@@ -197,14 +197,15 @@ def test_temporal_questions_use_the_temporal_schedule_and_threshold():
 def test_entity_buffers_add_facts_of_a_thinly_covered_entity():
   question = "Did Melanie enjoy the charity race?"
   assert named_entities(question) == ["Melanie"]
-  settings = IrisSettings(max_iterations=1, use_edges=False)
+  settings = IrisSettings(max_iterations=1, use_edges=False, use_entity_buffers=True)
   result = iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL), settings=settings)
   assert result.trace[0].thin_entities == ("Melanie",)
   assert result.trace[0].buffered == (2, 7, 9) and result.fact_ids == (4, 2, 7, 9)
   off = IrisSettings(max_iterations=1, use_edges=False, use_entity_buffers=False)
   assert iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL),
                        settings=off).fact_ids == (4,)
-  covered = IrisSettings(max_iterations=1, use_edges=False, min_facts_per_entity=1)
+  covered = IrisSettings(max_iterations=1, use_edges=False, min_facts_per_entity=1,
+                         use_entity_buffers=True)
   assert iris_retrieve(FakeStore(), question, judge=FixedJudge(PARTIAL),
                        settings=covered).fact_ids == (4,)
 

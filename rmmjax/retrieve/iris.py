@@ -50,7 +50,9 @@ class IrisSettings:
   expand_hops: int = 1
   edge_min_weight: float = 0.5
   max_expand_per_seed: int = 3  # strongest neighbours taken per fact, per hop
-  use_entity_buffers: bool = True
+  # Off by default: on the LoCoMo dev file they added no recall at four times the p95 latency
+  # (experiments/results/iris_ablation.md).
+  use_entity_buffers: bool = False
   min_facts_per_entity: int = 2  # fewer accumulated facts about a named entity is thin coverage
   entity_buffer_size: int = 3  # facts added per thinly covered entity
   entity_search_k: int = 50  # search depth used to rank an entity's facts for the question
