@@ -213,3 +213,15 @@ def test_train_locomo_on_a_malformed_file_fails_naming_it_and_writes_nothing(tmp
                "--quiet"]) == 2
   assert f"{bad}: record 0 (x): missing field 'conversation'" in capsys.readouterr().err
   assert not wd.exists()
+
+
+def test_holdout_zero_trains_on_every_conversation(locomo_path, tmp_path):
+  data = _subset_file(locomo_path, tmp_path, 2)
+  cfg = apply_overrides(get_config("locomo"), [
+      "learner=reranker", "retriever=bm25", f"data={data}", "dim=32", "steps=20",
+      "checkpoint_every=10", "holdout=0", "pretrain_epochs=1"]).validate()
+  summary = train(cfg, tmp_path / "run", progress=False, encoder=HashEncoder())
+  assert summary["trained_conversations"] == ["conv-26", "conv-30"]
+  assert summary["heldout_conversations"] == [] and "recall_at_m_final" not in summary
+  record = json.loads((tmp_path / "run" / "record.json").read_text())
+  assert [c["id"] for c in record["trained_conversations"]] == ["conv-26", "conv-30"]

@@ -260,3 +260,16 @@ def test_sweep_progress_moves_as_chunks_finish(monkeypatch):
   out = sweeps.run_chunks(run_chunk, hparams, None, chunk_size=2, progress=True)
   np.testing.assert_allclose(out["tau"], [0.1, 0.2, 0.3, 0.4, 0.5])
   assert log == ["dispatch", "dispatch", "done", "dispatch", "done", "done"]
+
+
+def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
+  import rmmjax.train.loop as loop
+  from rmmjax.cli import main
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(loop, "train", interrupted)
+  assert main(["train", "--workdir", str(tmp_path / "run"), "--quiet"]) == 130
+  err = capsys.readouterr().err
+  assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
