@@ -126,23 +126,33 @@ def cmd_chat(args) -> None:
 
 
 def cmd_answer(args) -> None:
-  from rmmjax.eval.answering import evaluate_answers
+  from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
   from rmmjax.io.outputs import check_output_file
+  from rmmjax.io.workdir import atomic_write_json
   check_output_file(args.out, "--out")
   if args.limit is not None and args.limit < 1:
     raise ValueError(f"--limit {args.limit}: expected a positive number of questions")
+  if not args.iris and not args.db:
+    raise ValueError("rmmjax answer needs --db FILE (a bank built with ingest "
+                     "--user-per-conversation), or --iris to answer from LaceMem")
   llm = _llm(args)
   if llm is None:
     raise ValueError("rmmjax answer needs an LLM: --llm-url URL --model NAME")
   encoder = _encoder()
-  with _bank(args.db, must_exist=True) as bank:
-    agent = _agent(args, bank, encoder, learn=False, m=args.m, llm=llm)
-    report = evaluate_answers(args.dataset, Path(args.data), agent, llm, limit=args.limit,
-                              progress=not args.quiet)
-  from rmmjax.io.workdir import atomic_write_json
+  if args.iris:
+    report = evaluate_answers(args.dataset, Path(args.data), iris_answerer(encoder, llm, args.m),
+                              llm, limit=args.limit, progress=not args.quiet,
+                              config={"memory": "lace", "iris": True, "m": args.m})
+  else:
+    with _bank(args.db, must_exist=True) as bank:
+      agent = _agent(args, bank, encoder, learn=False, m=args.m, llm=llm)
+      report = evaluate_answers(args.dataset, Path(args.data), agent_answerer(agent), llm,
+                                limit=args.limit, progress=not args.quiet,
+                                config={"memory": "bank", "retriever": args.retriever,
+                                        "k": agent.settings.k, "m": args.m})
+      report["agent"] = dict(agent.stats)
   atomic_write_json(Path(args.out), report)
-  overall = report["metrics"]["overall"]
-  print(json.dumps(overall, indent=2))
+  print(json.dumps(report["metrics"]["overall"], indent=2))
   print(f"wrote {args.out}")
 
 
@@ -201,7 +211,9 @@ def add_parsers(sub) -> None:
   p = sub.add_parser("answer", help="answer a dataset's questions from a bank; judge them")
   p.add_argument("--dataset", default="locomo", choices=("locomo",))
   p.add_argument("--data", required=True)
-  p.add_argument("--db", required=True, help="a bank built with ingest --user-per-conversation")
+  p.add_argument("--db", default=None, help="a bank built with ingest --user-per-conversation")
+  p.add_argument("--iris", action="store_true",
+                 help="answer from IRIS's final evidence over a LaceMem per conversation")
   p.add_argument("--m", type=int, default=5)
   p.add_argument("--limit", type=int, default=None, help="answer at most this many questions")
   p.add_argument("--out", required=True)

@@ -259,3 +259,15 @@ def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_
     agent = Agent(bank, SentenceEncoder(), AgentSettings(k=5, m=3, batch=1), workdir=workdir)
   assert max(float(np.abs(np.asarray(x)).max()) for x in
              jax.tree.leaves(agent.state.params)) > 0  # the identity reranker's weights moved
+
+
+def test_rmmjax_answer_from_iris_evidence_smoke_run(server, small_bank, tmp_path):
+  data, _, _ = small_bank
+  out = tmp_path / "answers.json"
+  assert main(["answer", "--iris", "--data", str(data), "--llm-url", server, "--model",
+               MODEL_ALIAS, "--structured-output", "json_object", "--limit", "2", "--m", "3",
+               "--quiet", "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["config"]["iris"] and report["metrics"]["overall"]["questions"] == 2
+  for answer in report["answers"]:
+    assert len(answer["shown"]) <= 3 and set(answer["cited"]) <= set(range(len(answer["shown"])))
