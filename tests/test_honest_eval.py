@@ -50,7 +50,8 @@ def trained(locomo_path, tmp_path_factory):
   root = tmp_path_factory.mktemp("trained")
   data = _write_subset(locomo_path, root / "three.json", 3)
   cfg = apply_overrides(get_config("locomo"), [
-      f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
+      f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40",
+      "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2", "lr=0.01"]).validate()
   summary = train(cfg, root / "run", progress=False, encoder=HashEncoder())
   return {"root": root, "data": data, "workdir": root / "run", "summary": summary}

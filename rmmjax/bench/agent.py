@@ -14,7 +14,6 @@ query map. At 100,000 memories BM25 and the full-list fusion are the limit, not 
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings
-from rmmjax.bench.core import median_time
+from rmmjax.bench.core import median_time, write_result
 from rmmjax.memory import MemoryBank, NewMemory
 
 WORDS = ("garden guitar marathon bakery hospital cello lisbon oslo motorcycle painting poetry "
@@ -131,8 +130,5 @@ def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False)
     print(f"\ningest, offline reflection, {ingest['turns']} LoCoMo turns: "
           f"{ingest['embedding_turns_per_s']:.0f} turns/s embedding every turn and summary, "
           f"{ingest['cached_again_turns_per_s']:.0f} turns/s with the embeddings cached")
-  if out is not None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+  write_result(result, out)
   return result

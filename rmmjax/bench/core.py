@@ -38,6 +38,14 @@ def median_time(fn, repeats: int) -> float:
   return float(np.median(times))
 
 
+def write_result(result: dict, out: Path | None) -> None:
+  """The benchmark's numbers as JSON at `out` (when given)."""
+  if out is not None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
 def measure_bandwidth(megabytes: int = 256, repeats: int = 15) -> float:
   """Bytes/s of a streaming kernel (x <- a * x: one read and one write per element) over an
   array far larger than the caches, updated in place (donated) so no time goes to page faults

@@ -11,11 +11,12 @@ about 6 searches, so its latency is bounded by roughly 6x single-pass plus the j
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+
+from rmmjax.bench.core import write_result
 
 from rmmjax.memory.lace import LaceMem
 from rmmjax.memory.lace_synthetic import synthetic_lace
@@ -102,8 +103,5 @@ def bench_iris(out: Path | None, data: Path | None = None, quick: bool = False) 
     print(f"{name:>22s}{r['edges'] / r['facts']:12.1f}{r['single_p50_ms']:12.1f}"
           f"{r['single_p95_ms']:8.1f}{r['iris_p50_ms']:10.1f}{r['iris_p95_ms']:8.1f}"
           f"{r['iris_p95_ms'] / r['single_p95_ms']:17.1f}x")
-  if out is not None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+  write_result(result, out)
   return result

@@ -8,24 +8,16 @@ encode: sentences/s of the Flax encoder against sentence-transformers on the sam
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax.bench.core import median_time
+from rmmjax.bench.core import median_time, write_result
 from rmmjax.retrieve.dense import dense_top_k
 
 N, D, BATCH, K = 1_000_000, 384, 64, 20
-
-
-def _write(result: dict, out: Path | None) -> None:
-  if out is not None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
 
 
 def bench_search(out: Path | None, quick: bool = False) -> dict:
@@ -71,7 +63,7 @@ def bench_search(out: Path | None, quick: bool = False) -> dict:
           f"{row['gflop_per_s']:10.1f}")
   print(f"JAX / reference time: {rows[0]['seconds'] / rows[1]['seconds']:.2f}; "
         f"top-{K} agreement {agreement:.4f}")
-  _write(result, out)
+  write_result(result, out)
   return result
 
 
@@ -107,7 +99,7 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
         f"median of {training[0]['repeats']})")
   for row in training:
     print(f"{row['method']:36s}{row['questions_per_s']:10.1f} questions/s")
-  _write(result, out)
+  write_result(result, out)
   return result
 
 

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 
 import jax
 import numpy as np
 
 from rmmjax import core
 from rmmjax.config import Config
-from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.memory.units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
                                          encoder_state, pretrain_query_encoder, question_tokens,
                                          retrieval_encoders, retrieval_recall)
 from rmmjax.replay.record import replay_record
+from rmmjax.train.inputs import replay_inputs
 
 
 class QueryEncoderTask:
@@ -35,16 +32,7 @@ class QueryEncoderTask:
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg = cfg
-    data = Path(cfg.data).resolve()
-    conversations, self.load_report = load_locomo(data)
-    conversations = [c for c in conversations if c.questions]
-    if len(conversations) <= cfg.holdout:
-      raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
-                       f"holdout={cfg.holdout} would leave none to train on")
-    if encoder is None:
-      encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
-    if encoder.dim != cfg.dim:
-      raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
+    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder
     self.unit_builder = functools.partial(conversation_units, encoder=encoder)
     replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,

@@ -7,7 +7,6 @@ and an evaluation; the loop (train.py) does the logging, checkpointing and resum
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +15,6 @@ import numpy as np
 from rmmjax import core
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
-from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.memory.units import conversation_units
 from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
                                      to_sequence, to_streams)
@@ -28,6 +24,7 @@ from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_recor
                                          retrieval_encoders)
 from rmmjax.replay.record import latent_record, replay_record
 from rmmjax.train.encoder_task import QueryEncoderTask
+from rmmjax.train.inputs import replay_inputs
 
 
 class LatentTask:
@@ -60,16 +57,7 @@ class ReplayTask:
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
-    data = Path(cfg.data).resolve()
-    conversations, self.load_report = load_locomo(data)
-    conversations = [c for c in conversations if c.questions]
-    if len(conversations) <= cfg.holdout:
-      raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
-                       f"holdout={cfg.holdout} would leave none to train on")
-    if encoder is None:
-      encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
-    if encoder.dim != cfg.dim:
-      raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
+    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
     # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
     # candidates and the questions' embeddings; the units keep the base encoder's.
     tuned = load_query_encoder(cfg.query_encoder, encoder) if cfg.query_encoder else None

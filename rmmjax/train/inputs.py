@@ -1,0 +1,27 @@
+"""What every replay task starts from: the dataset's conversations with questions and the
+encoder, both checked against the config before anything is embedded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rmmjax.config import Config
+from rmmjax.data.locomo import load_locomo
+from rmmjax.data.schema import Conversation
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+
+
+def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], object, object]:
+  """(resolved data path, conversations with questions, load report, encoder)."""
+  data = Path(cfg.data).resolve()
+  conversations, report = load_locomo(data)
+  conversations = [c for c in conversations if c.questions]
+  if len(conversations) <= cfg.holdout:
+    raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
+                     f"holdout={cfg.holdout} would leave none to train on")
+  if encoder is None:
+    encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  if encoder.dim != cfg.dim:
+    raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
+  return data, conversations, report, encoder
