@@ -108,8 +108,14 @@ def test_budget_grows_by_step_per_iteration():
   assert [IrisSettings().budget(i) for i in (1, 2, 3)] == [10, 13, 16]
   assert IrisSettings(base_budget=4, budget_step=0, max_iterations=5).budget(5) == 4
   store = FakeStore()
-  iris_retrieve(store, "support group", judge=FixedJudge(PARTIAL))
-  assert [k for q, k in store.searches if q == "support group"] == [10, 13, 16]
+  result = iris_retrieve(store, "support group", judge=FixedJudge(PARTIAL))
+  assert [t.budget for t in result.trace] == [10, 13, 16]
+  # The anchor is searched once at the deepest budget; each iteration takes its prefix, which
+  # is what a search at that iteration's budget returns.
+  assert [k for q, k in store.searches if q == "support group"] == [16]
+  for t in result.trace:
+    assert list(t.anchor_hits) == [f for f, _ in FakeStore().search("support group", t.budget)]
+  assert [k for q, k in store.searches if q != "support group"] == [13, 16]
   with pytest.raises(ValueError, match="iteration"):
     IrisSettings().budget(4)
   for bad in ({"max_iterations": 0}, {"edge_min_weight": 1.5}, {"budget_step": -1},

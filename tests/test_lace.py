@@ -287,3 +287,36 @@ def test_edges_grow_linearly_with_the_facts():
   settings = large.settings
   assert all(len([w for _, w in large.neighbours(i, -1.0)])
              <= 2 * settings.session_window + settings.max_semantic for i in range(4000))
+
+
+class CountingEncoder(HashEncoder):
+  def __init__(self):
+    self.calls = 0
+
+  def encode(self, texts):
+    self.calls += len(texts)
+    return super().encode(texts)
+
+
+def test_query_vector_is_the_search_embedding_and_remembers_the_last_query():
+  lace = _stream(TALK)
+  counting = lace.query_encoder = CountingEncoder()
+  vector = lace.query_vector("pottery class")
+  np.testing.assert_array_equal(vector, HashEncoder().encode(["pottery class"])[0])
+  lace.search("pottery class", 3)
+  lace.query_vector("pottery class")
+  assert counting.calls == 1  # one embedding for the search and both asks
+  with pytest.raises(ValueError, match="read-only"):
+    vector[0] = 1.0
+  lace.query_vector("whales")
+  lace.query_vector("pottery class")
+  assert counting.calls == 3  # only the last query is remembered
+  other = lace.query_encoder = CountingEncoder()
+  lace.query_vector("pottery class")
+  assert other.calls == 1  # another encoder embeds afresh
+  # The facts' rows are their texts' embeddings, as stored (snapped to a grid of 2^-11).
+  facts = [lace.facts[i] for i in (4, 0, 2)]
+  np.testing.assert_allclose(lace.fact_vectors([f.fact_id for f in facts]),
+                             HashEncoder().encode([f.text for f in facts]), atol=2.0**-11)
+  with pytest.raises(UnknownRecord):
+    lace.fact_vectors([len(lace)])

@@ -113,6 +113,9 @@ class LaceMem:
     self._bm25: bm25s.BM25 | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
     self._saved_fallbacks = 0
+    # The last query embedded, (encoder, text, vector): IRIS's reranker asks again for the
+    # question its search just embedded.
+    self._last_query: tuple[Encoder, str, np.ndarray] | None = None
 
   # -- building ---------------------------------------------------------------------------
 
@@ -276,11 +279,10 @@ class LaceMem:
     if mode in ("bm25", "hybrid"):
       scores["bm25"] = self._bm25_scores(query)
     if mode in ("dense", "hybrid"):
-      encoder = self.query_encoder or self.encoder
-      if encoder is None:
+      if self.query_encoder is None and self.encoder is None:
         raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
                          f"encoder; pass one, or use retrieval 'bm25'")
-      scores["dense"] = self._graph.vectors @ self._vectors_of(encoder, query)
+      scores["dense"] = self._graph.vectors @ self.query_vector(query)
     if mode == "hybrid":
       fused = np.zeros(n)
       for ranked in scores.values():
@@ -290,6 +292,26 @@ class LaceMem:
     (final_scores,) = scores.values()
     order = np.argsort(-final_scores, kind="stable")[:min(k, n)]
     return [(int(i), float(final_scores[i])) for i in order]
+
+  def query_vector(self, query: str) -> np.ndarray:
+    """The query's embedding (D,) as dense search computes it (the query encoder, if set);
+    read-only, and remembered for the next call with the same query."""
+    encoder = self.query_encoder or self.encoder
+    if encoder is None or self._graph is None:
+      raise ValueError("this LaceMem has no encoder or no facts, so it cannot embed a query")
+    last = self._last_query
+    if last is None or last[0] is not encoder or last[1] != query:
+      vector = self._vectors_of(encoder, _text(query, "query"))
+      vector.flags.writeable = False
+      self._last_query = last = (encoder, query, vector)
+    return last[2]
+
+  def fact_vectors(self, fact_ids: list[int]) -> np.ndarray:
+    """The stored embeddings of these facts (len(fact_ids) x D), the rows search compares."""
+    ids = [self.fact(f).fact_id for f in fact_ids]  # checks every id
+    if self._graph is None:
+      return np.zeros((0, 0), np.float32)
+    return self._graph.vectors[ids]
 
   def _vectors_of(self, encoder: Encoder, query: str) -> np.ndarray:
     q = np.asarray(encoder.encode([query]), np.float32)

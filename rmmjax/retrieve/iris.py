@@ -12,8 +12,9 @@ Merge order (the final ranking without a reranker): evidence keeps the order it 
 an iteration, new facts enter as search hits merged by rank (the anchor's first at equal rank),
 then their edge neighbours (by seed rank, then edge weight), then entity-buffer facts; facts of
 earlier iterations stay ahead of later ones. A reranker (any `reranker(question, facts) ->
-scores`, e.g. the RMM reranker over fact embeddings) instead orders the whole accumulated
-evidence by score before each verdict (ties keep the entry order).
+scores`, e.g. the RMM reranker over fact embeddings) instead reorders the whole accumulated
+evidence before each verdict: it receives the facts in the order the loop would otherwise end
+with (`final_order`, over the searches so far) and its scores decide (ties keep that order).
 
 For REINFORCE, each iteration's trace holds the facts shown to the judge, in order (the
 candidates a selection was made from), the verdict, and `verdict_reward` of it (0 when the
@@ -110,6 +111,17 @@ class IrisSettings:
     return min(verdict.confidence, cap)
 
 
+# Named settings. default: EviMem's budgets and thresholds. wide: budgets of 20 + 10 (i - 1)
+# that stop only on an EXACT verdict, gathering more of the evidence (on the LoCoMo dev file
+# nearly twice the multi-hop evidence turns of default) for a reranker to order
+# (experiments/results/iris_reranker.md).
+IRIS_PRESETS = {
+    "default": IrisSettings(),
+    "wide": IrisSettings(base_budget=20, budget_step=10, stop_confidence=1.0,
+                         temporal_stop_confidence=1.0),
+}
+
+
 @final
 @dataclasses.dataclass(frozen=True)
 class IterationTrace:
@@ -204,7 +216,7 @@ def entity_buffers(store: EvidenceStore, question: str, have: set[int],
 
 
 def _rank(question: str, facts: list[Fact], reranker: Reranker | None) -> list[Fact]:
-  if reranker is None:
+  if reranker is None or not facts:
     return facts
   scores = [float(s) for s in reranker(question, facts)]
   if len(scores) != len(facts):
@@ -221,8 +233,13 @@ FUSION_C = 60.0  # the reciprocal-rank fusion constant
 def fused_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fact]:
   """The accumulated facts by reciprocal-rank fusion of the searches that found them (the last
   anchor search, every refinement search); the rest after them, in entry order."""
-  lists = [trace[-1].anchor_hits] + [t.refine_hits for t in trace
-                                     if t.refine_hits and t.refine_hits != t.anchor_hits]
+  return _fuse(facts, trace[-1].anchor_hits,
+               [t.refine_hits for t in trace if t.refine_hits and t.refine_hits != t.anchor_hits])
+
+
+def _fuse(facts: list[Fact], anchor: Sequence[int],
+          refinements: Sequence[Sequence[int]]) -> list[Fact]:
+  lists = [anchor, *refinements]
   score: dict[int, float] = {}
   for hits in lists:
     for rank, fact_id in enumerate(hits):
@@ -259,11 +276,19 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
   ranked: list[Fact] = []
   trace: list[IterationTrace] = []
   current_query, missing, refinements, thin = question, "", 0, ()
+  refine_lists: list[list[int]] = []  # every refinement search that differed from the anchor's
   stopped = False
+  anchor_ranking: list[int] = []
   for iteration in range(1, settings.max_iterations + 1):
     start = time.perf_counter()
     k = settings.budget(iteration)
-    anchor = [f for f, _ in store.search(question, k)]
+    if iteration == 1:
+      # One anchor search at the largest budget: each iteration's anchor hits are a prefix of
+      # it (a search's top k are the first k of its deeper ranking), so the question is
+      # embedded and scored once, not once per iteration.
+      deepest = settings.budget(settings.max_iterations)
+      anchor_ranking = [f for f, _ in store.search(question, deepest)]
+    anchor = anchor_ranking[:k]
     query, refined, refine_s = None, [], 0.0
     if settings.use_refinement_path and (iteration > 1 or settings.refine_from_first):
       tick = time.perf_counter()
@@ -278,6 +303,8 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       # A refinement that adds nothing to the question would only repeat the anchor's search.
       same = " ".join(query.lower().split()) == " ".join(question.lower().split())
       refined = anchor if same else [f for f, _ in store.search(query, k)]
+      if refined and refined != anchor:
+        refine_lists.append(refined)
     seeds = merge_by_rank([anchor, refined])
     reached = expand(store, seeds, settings)
     have = set(facts) | set(seeds) | set(reached)
@@ -288,7 +315,11 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       fact = facts[fact_id] = store.fact(fact_id)
       if fact.turn_id not in raws:
         raws[fact.turn_id] = store.raw(fact.turn_id)
-    ranked = _rank(question, list(facts.values()), reranker)
+    ranked = list(facts.values())
+    if reranker is not None:  # it refines the order the loop would end with
+      fused = settings.final_order == "fused"
+      ranked = _rank(question, _fuse(ranked, anchor, refine_lists) if fused else ranked,
+                     reranker)
     shown = ranked if settings.max_judged is None else ranked[:settings.max_judged]
     retrieval_s = time.perf_counter() - start - refine_s
     tick = time.perf_counter()
