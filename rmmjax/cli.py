@@ -126,11 +126,13 @@ def _cmd_eval(args) -> None:
   if args.out:
     check_output_file(args.out, "--out")
   apply_precision(args.precision)
-  result = evaluate_retrieval(args.dataset, Path(args.data), args.units, args.retriever, ks,
+  retriever = args.retriever or ("hybrid" if args.units == "lace" else "bm25")
+  result = evaluate_retrieval(args.dataset, Path(args.data), args.units, retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
                               progress=not args.quiet, query_encoder=args.encoder,
-                              iris=args.iris, judge=args.judge, llm=_eval_llm(args))
+                              iris=args.iris, judge=args.judge, llm=_eval_llm(args),
+                              rerank_mode=args.rerank_mode)
   config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
@@ -209,6 +211,7 @@ the outputs. Running the same command again resumes the workdir."""
 def build_parser() -> argparse.ArgumentParser:
   from rmmjax.cli_memory import add_parsers as add_memory_parsers
   from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS, UNITS
+  from rmmjax.retrieve.iris import IRIS_PRESETS
   from rmmjax.retrieve.rankers import RETRIEVERS
   parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
@@ -258,15 +261,21 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--data", required=True, help="path to the dataset file")
   p.add_argument("--units", default="turn", choices=UNITS + ("lace",),
                  help="memory units; lace: LaceMem's atomic facts (with --iris: IRIS)")
-  p.add_argument("--iris", action="store_true",
-                 help="with --units lace: iterative retrieval via insufficiency signals")
+  p.add_argument("--iris", nargs="?", const="default", default=None,
+                 choices=tuple(IRIS_PRESETS),
+                 help="with --units lace: iterative retrieval via insufficiency signals, with "
+                      "EviMem's settings (default) or wider budgets that stop only on EXACT")
+  p.add_argument("--rerank-mode", default="fused", choices=("fused", "alone"),
+                 help="with --units lace --iris --reranker: the reranker's order fused with "
+                      "IRIS's own (default), or alone")
   p.add_argument("--judge", default="heuristic", choices=("heuristic", "oracle", "llm"),
                  help="IRIS's sufficiency judge (oracle knows the evidence labels: a ceiling)")
   p.add_argument("--llm-url", default=None, help="with --judge llm: an OpenAI-compatible server")
   p.add_argument("--model", default=None, help="with --judge llm: the served model")
   p.add_argument("--structured-output", default="json_schema",
                  choices=("json_schema", "json_object", "none"))
-  p.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
+  p.add_argument("--retriever", default=None, choices=RETRIEVERS,
+                 help="default: bm25, and hybrid for --units lace")
   p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")

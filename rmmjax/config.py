@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from rmmjax import core
+from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.retrieve.units import GRANULARITIES
 
@@ -33,6 +34,8 @@ EVALUABLE_DATASETS = ("locomo", "longmemeval")
 # Memory units: per-session granularities, and topics (the memories of Prospective Reflection,
 # rmmjax.memory.units).
 UNITS = GRANULARITIES + ("topic",)
+# A reranker also trains on LaceMem's atomic facts, ranking the evidence IRIS gathers.
+TRAIN_UNITS = UNITS + ("lace",)
 
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 
@@ -124,6 +127,13 @@ class Config:
   encoder_pretrain_tau: float = 0.05
   encoder_pretrain_batch: int = 16
   encoder_lr: float = 1e-5
+  # Units lace (learner reranker only): the reranker ranks the evidence IRIS gathers from a
+  # LaceMem with these settings (see rmmjax.retrieve.iris.IRIS_PRESETS) and learns online from
+  # simulated citations (weight citation_reward) plus the offline heuristic judge's verdict on
+  # the facts it selected (weight verdict_reward, which needs no labels).
+  iris: str = "default"
+  citation_reward: float = 1.0
+  verdict_reward: float = 0.0
 
   def core_spec(self) -> core.CoreSpec:
     return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
@@ -171,7 +181,7 @@ class Config:
     return self
 
   def _validate_replay(self) -> None:
-    choices = {"dataset": ("locomo",), "units": UNITS,
+    choices = {"dataset": ("locomo",), "units": TRAIN_UNITS, "iris": tuple(IRIS_PRESETS),
                "retriever": RETRIEVERS,
                "mode": tuple(m for m in MODES if m != "pretrain")}  # training runs learn online
     for name, options in choices.items():
@@ -202,6 +212,16 @@ class Config:
     if self.query_encoder and not Path(self.query_encoder).is_dir():
       raise ValueError(f"query_encoder={self.query_encoder!r}: expected a query_encoder "
                        "training workdir")
+    if self.units == "lace" and (self.learner != "reranker" or self.query_encoder):
+      raise ValueError(f"units=lace trains the reranker over IRIS's evidence: set "
+                       f"learner=reranker (not {self.learner!r}) and no query_encoder")
+    if self.citation_reward < 0 or self.verdict_reward < 0 or not (
+        self.citation_reward or self.verdict_reward):
+      raise ValueError(f"citation_reward={self.citation_reward}, verdict_reward="
+                       f"{self.verdict_reward}: expected weights >= 0, not both 0")
+    if self.units != "lace" and (self.verdict_reward or self.citation_reward != 1.0):
+      raise ValueError(f"citation_reward and verdict_reward weigh the rewards of units=lace "
+                       f"(IRIS's judge); units={self.units!r} learns from citations alone")
     if self.encoder_pretrain_epochs < 0 or self.encoder_pretrain_batch < 1:
       raise ValueError(f"encoder_pretrain_epochs={self.encoder_pretrain_epochs}, "
                        f"encoder_pretrain_batch={self.encoder_pretrain_batch}: expected epochs "

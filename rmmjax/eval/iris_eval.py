@@ -15,7 +15,8 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax.eval.metrics import MRR_DEPTH, question_metrics
-from rmmjax.memory.lace import LaceMem
+from rmmjax.memory.lace import LaceMem, LaceSettings
+from rmmjax.replay.iris_learning import FactReranker
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, LLMJudge, OracleJudge
 
@@ -53,18 +54,22 @@ def make_judge(name: str, question, store, llm=None):
 
 def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: str = "heuristic",
               settings: IrisSettings | None = None, llm=None, reranker=None,
+              rerank_mode: str = "fused", retriever: str = "hybrid",
               progress: bool = False) -> list[tuple[str, dict]]:
-  """(category, metrics) of every question, each conversation's LaceMem built from its turns."""
+  """(category, metrics) of every question, each conversation's LaceMem built from its turns
+  and searched by `retriever`; `reranker` (a LoadedReranker) orders IRIS's evidence."""
   settings = settings or IrisSettings()
   rows = []
   for conv in tqdm(conversations, desc="lace" + (" + IRIS" if iris else ""),
                    unit="conversation", disable=not progress):
-    store = LaceMem.from_conversation(conv, encoder)
+    store = LaceMem.from_conversation(conv, encoder, settings=LaceSettings(retrieval=retriever))
+    ranker = (FactReranker(reranker.params, reranker.spec, store, rerank_mode) if reranker
+              else None)
     for question in conv.questions:
       if iris:
         result = iris_retrieve(store, question.question, category=question.category,
                                judge=make_judge(judge, question, store, llm), settings=settings,
-                               reranker=reranker)
+                               reranker=ranker)
         turns, seconds = list(result.turn_ids), result.retrieval_s
         extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
       else:

@@ -16,6 +16,8 @@ from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.io.reranker_load import load_reranker
+from rmmjax.replay.iris_learning import RERANK_MODES
+from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
@@ -40,7 +42,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        reranker: Path | None = None, online: bool = False,
                        in_sample: bool = False, allow_mismatch: bool = False,
                        progress: bool = False, query_encoder: Path | None = None,
-                       iris: bool = False, judge: str = "heuristic", llm=None) -> dict:
+                       iris: bool | str = False, judge: str = "heuristic", llm=None,
+                       rerank_mode: str = "fused") -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
   `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
@@ -51,18 +54,28 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   trained on other units, another base retriever or encoder is refused, unless
   `allow_mismatch` (the report then lists the mismatches). `online` replays each conversation
   prequentially. Units `lace` retrieve atomic facts of a LaceMem built per conversation, in
-  one search, or with `iris` iteratively (`judge`: heuristic, oracle or llm).
+  one search, or with `iris` iteratively (True or a name of IRIS_PRESETS; `judge`: heuristic,
+  oracle or llm), where a reranker trained on units lace orders the evidence IRIS gathers
+  (`rerank_mode`: fused with IRIS's own order, or alone; see `FactReranker`).
   """
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, EVAL_UNITS),
                                ("retriever", retriever, RETRIEVERS)):
     if value not in choices:
       raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
   check_cutoffs(ks)
+  iris = "default" if iris is True else (iris or None)
+  if iris is not None and iris not in IRIS_PRESETS:
+    raise ValueError(f"--iris {iris!r} is not one of {', '.join(IRIS_PRESETS)}")
   if iris and units != "lace":
     raise ValueError(f"--iris retrieves from LaceMem: pass --units lace (not {units!r})")
-  if units == "lace" and (reranker is not None or query_encoder is not None or budget_words):
-    raise ValueError("--units lace evaluates LaceMem's own retrieval: --reranker, --encoder "
-                     "and --budget-words apply to the other units")
+  if units == "lace" and (query_encoder is not None or budget_words):
+    raise ValueError("--units lace evaluates LaceMem's own retrieval: --encoder and "
+                     "--budget-words apply to the other units")
+  if units == "lace" and reranker is not None and (not iris or online):
+    raise ValueError("a reranker over LaceMem orders the evidence IRIS gathers: pass --iris "
+                     "(and not --online)")
+  if rerank_mode not in RERANK_MODES:
+    raise ValueError(f"--rerank-mode {rerank_mode!r} is not one of {', '.join(RERANK_MODES)}")
   if judge not in JUDGES:
     raise ValueError(f"--judge {judge!r} is not one of {', '.join(JUDGES)}")
   if budget_words is not None and budget_words < 1:
@@ -103,6 +116,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     wanted = {"dataset": dataset, "units": units, "retriever": retriever,
               "encoder": encoder_identity(encoder), "dim": encoder.dim,
               "query_encoder": tuned.identity if tuned else None}
+    if units == "lace":
+      wanted["iris"] = iris  # the gathering its candidates came from
     config["mismatches"] += check_fit(f"the reranker {loaded.source}", loaded.record, wanted,
                                       allow_mismatch)
     models.append((loaded.source, loaded.record))
@@ -114,8 +129,11 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   memory_encoder, query_side = retrieval_encoders(encoder, tuned, tune)
   config["tune"] = tune if tuned else None
   if units == "lace":
-    rows = lace_rows(conversations, encoder, ks, iris, judge, llm=llm, progress=progress)
+    rows = lace_rows(conversations, encoder, ks, iris is not None, judge,
+                     settings=IRIS_PRESETS[iris] if iris else None, llm=llm, reranker=loaded,
+                     rerank_mode=rerank_mode, retriever=retriever, progress=progress)
     config |= {"iris": iris, "judge": judge if iris else None,
+               "rerank_mode": rerank_mode if loaded else None,
                "conversations": [c.conversation_id for c in conversations]}
     return {"config": config,
             "load_report": {"counts": dict(report.counts), "examples": report.examples},

@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 # The settings a reranker's candidates were made with; evaluation must use the same.
-FIT_KEYS = ("dataset", "units", "retriever", "encoder", "k", "dim", "query_encoder")
+FIT_KEYS = ("dataset", "units", "retriever", "encoder", "k", "dim", "query_encoder", "iris")
 
 
 def file_sha256(path: Path) -> str:

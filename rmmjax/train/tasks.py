@@ -24,6 +24,7 @@ from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_recor
                                          retrieval_encoders)
 from rmmjax.replay.record import latent_record, replay_record
 from rmmjax.train.encoder_task import QueryEncoderTask
+from rmmjax.train.iris_task import IrisTask
 from rmmjax.train.inputs import replay_inputs
 
 
@@ -124,4 +125,6 @@ def make_task(cfg: Config, encoder=None, progress: bool = False):
     return LatentTask(cfg)
   if cfg.learner == "query_encoder":
     return QueryEncoderTask(cfg, encoder, progress)
+  if cfg.units == "lace":
+    return IrisTask(cfg, encoder, progress)
   return ReplayTask(cfg, encoder, progress)

@@ -1,0 +1,242 @@
+"""The RMM reranker inside IRIS: it ranks the evidence the loop accumulated, and learns by
+REINFORCE from simulated citations, from the sufficiency judge's verdicts, or from both.
+
+An episode is one question's IRIS run, logged: the first K facts of the order the loop ended
+with (its candidates), their embeddings, and which of the question's evidence turns each comes
+from. Learning replays episodes in batches, as the replay studies replay base-retriever
+candidates: the reranker samples M facts by Gumbel top-M; the simulated generator cites them
+(which needs the evidence labels) and the judge labels the M facts alone (which needs none);
+`core.reinforce_update` learns from
+
+    reward of a selected fact = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts)
+
+where `verdict_reward` maps the judge's label and confidence into [-1, 1] and is shared by the
+M facts it judged. `FactReranker` then puts the trained reranker inside `iris_retrieve`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, final
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
+from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.judges import SufficiencyJudge, verdict_reward
+
+# The key stream of learning from episodes, after core.replay's pretraining (3), replay (4)
+# and held-out (5) streams.
+_EPISODE_STREAM = 6
+
+
+class EmbeddedStore(EvidenceStore, Protocol):
+  """An evidence store that exposes the embeddings its dense search compares (LaceMem does)."""
+
+  def query_vector(self, query: str) -> np.ndarray:
+    """The query's embedding, (D,)."""
+
+  def fact_vectors(self, fact_ids: list[int]) -> np.ndarray:
+    """The facts' embeddings, (len(fact_ids), D)."""
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class IrisEpisode:
+  """One question's logged IRIS run: its candidates with embeddings and evidence labels."""
+
+  question: str
+  category: str
+  facts: tuple[Fact, ...]  # the first K facts of the final order (fewer when fewer were found)
+  raws: Mapping[str, RawTurn]  # the turns of those facts, for a judge
+  q_D: np.ndarray
+  mem_KxD: np.ndarray  # padded with zero rows to K
+  evidence_KxE: np.ndarray  # fact k comes from evidence turn e (padded with False)
+  num_evidence: int
+
+
+def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
+                     settings: IrisSettings, k: int, max_evidence: int) -> list[IrisEpisode]:
+  """Runs IRIS on every question (objects with question, category, evidence) without a
+  reranker and logs its first k facts; `judge_for(question)` gives that question's judge."""
+  if k < 1 or max_evidence < 1:
+    raise ValueError(f"k and max_evidence must be at least 1, got {k} and {max_evidence}")
+  episodes = []
+  for q in questions:
+    evidence = list(dict.fromkeys(q.evidence))
+    if len(evidence) > max_evidence:
+      raise ValueError(f"question {q.question!r:.80} has {len(evidence)} evidence turns; "
+                       f"max_evidence={max_evidence} would undercount its recall")
+    result = iris_retrieve(store, q.question, category=q.category, judge=judge_for(q),
+                           settings=settings)
+    facts = result.facts[:k]
+    mem = np.zeros((k, np.shape(store.query_vector(q.question))[0]), np.float32)
+    if facts:
+      mem[:len(facts)] = store.fact_vectors([f.fact_id for f in facts])
+    labels = np.zeros((k, max_evidence), bool)
+    for i, fact in enumerate(facts):
+      for e, turn in enumerate(evidence):
+        labels[i, e] = fact.turn_id == turn
+    episodes.append(IrisEpisode(
+        q.question, q.category, tuple(facts), {f.turn_id: store.raw(f.turn_id) for f in facts},
+        np.asarray(store.query_vector(q.question), np.float32), mem, labels, len(evidence)))
+  return episodes
+
+
+def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
+  """The episodes in the core's Batch layout (one query each); relevant = from an evidence
+  turn, and recall counts evidence turns found."""
+  if not episodes:
+    raise ValueError("no episodes to batch")
+  mask = np.zeros((len(episodes), episodes[0].mem_KxD.shape[0]), bool)
+  for i, episode in enumerate(episodes):
+    mask[i, :len(episode.facts)] = True
+  evidence = np.stack([e.evidence_KxE for e in episodes])
+  return core.Batch(
+      q_BxD=jnp.asarray(np.stack([e.q_D for e in episodes])),
+      mem_BxKxD=jnp.asarray(np.stack([e.mem_KxD for e in episodes])),
+      mask_BxK=jnp.asarray(mask), relevant_BxK=jnp.asarray(evidence.any(-1)),
+      num_relevant_B=jnp.asarray([e.num_evidence for e in episodes], jnp.int32),
+      evidence_BxKxE=jnp.asarray(evidence))
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class RewardMix:
+  """Weights of the two rewards a selected fact earns."""
+
+  citation: float = 1.0  # simulated citations from the evidence labels: +1 cited, -1 not
+  verdict: float = 0.0  # the judge's verdict_reward on the selected facts (label-free)
+
+  def __post_init__(self):
+    if self.citation < 0 or self.verdict < 0 or self.citation + self.verdict == 0:
+      raise ValueError(f"reward weights must be >= 0 and not both 0, got {self}")
+
+
+def mixed_rewards(cited_BxM: jax.Array, selected_BxM: jax.Array, verdict_B: jax.Array,
+                  mix: RewardMix) -> jax.Array:
+  """rewards_BxM: citation * (+1/-1) + verdict * the query's verdict reward; 0 where nothing
+  was selected."""
+  taken = selected_BxM >= 0
+  return (mix.citation * core.citation_rewards(cited_BxM, selected_BxM)
+          + mix.verdict * jnp.where(taken, verdict_B[:, None], 0.0))
+
+
+@jax.jit
+def _sample(state: core.TrainState, batch: core.Batch, key: jax.Array):
+  """Gumbel top-M of the reranker's scores, the simulated generator's citations of it, and its
+  recall (evidence turns covered)."""
+  spec, hp = state.spec, state.hparams
+  b, k = batch.mask_BxK.shape
+  u = jax.random.uniform(key, (b, k + spec.m), minval=jnp.finfo(jnp.float32).tiny)
+  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, spec)
+  selected = core.sample_selection(scores, batch.mask_BxK, -jnp.log(-jnp.log(u[:, :k])), spec,
+                                   hp.tau)
+  relevant = jnp.take_along_axis(batch.relevant_BxK, jnp.maximum(selected, 0), -1)
+  cited = core.simulate_citations(u[:, k:], relevant, selected, hp.p_rel, hp.p_irr)
+  return selected, cited, core.recall_at_m(selected, batch)
+
+
+_update = jax.jit(core.reinforce_update)
+
+
+def judge_selection(judge: SufficiencyJudge, episode: IrisEpisode,
+                    selected_M: np.ndarray) -> float:
+  """The verdict reward of the selected facts alone (0 for a malformed verdict)."""
+  shown = [episode.facts[i] for i in selected_M if i >= 0]
+  verdict = judge.judge(episode.question, shown, {f.turn_id: episode.raws[f.turn_id]
+                                                  for f in shown}, category=episode.category)
+  return 0.0 if verdict.malformed else verdict_reward(verdict.label, verdict.confidence)
+
+
+def step_episodes(episodes: Sequence[IrisEpisode], batch: int, seed: int,
+                  step: int) -> list[IrisEpisode]:
+  """The episodes of update `step` (0-based): passes over the episodes in batches (the last
+  partial batch of a pass dropped), each pass in its own order drawn from (seed, pass), so a
+  resumed run replays exactly the batches an uninterrupted one would."""
+  per_pass = len(episodes) // batch
+  if per_pass < 1:
+    raise ValueError(f"{len(episodes)} episodes cannot fill one batch of {batch}")
+  order = np.random.default_rng([seed, step // per_pass]).permutation(len(episodes))
+  at = (step % per_pass) * batch
+  return [episodes[i] for i in order[at:at + batch]]
+
+
+def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
+                    judge_for: Callable, mix: RewardMix, num_steps: int,
+                    ) -> tuple[core.TrainState, dict]:
+  """num_steps REINFORCE updates, update t on `step_episodes(..., state.step)`; `judge_for(
+  episode)` judges its selected facts when mix.verdict > 0. Returns the state and per-step
+  metrics: the core's (reward, loss, entropy, ...), the mean verdict reward, the citation rate
+  and the recall of the sampled selection."""
+  root = jax.random.fold_in(state.key, _EPISODE_STREAM)
+  seed = int(state.hparams.seed)
+  logs: dict[str, list[float]] = {}
+  for _ in range(num_steps):
+    chunk = step_episodes(episodes, state.spec.batch, seed, int(state.step))
+    batch = episodes_batch(chunk)
+    selected, cited, recall = _sample(state, batch, jax.random.fold_in(root, state.step))
+    selected_np = np.asarray(selected)
+    verdicts = np.array([judge_selection(judge_for(e), e, s) if mix.verdict > 0 else 0.0
+                         for e, s in zip(chunk, selected_np)], np.float32)
+    state, metrics = _update(state, batch, selected, mixed_rewards(cited, selected,
+                                                                   jnp.asarray(verdicts), mix))
+    taken = max(int(np.sum(selected_np >= 0)), 1)
+    metrics = {name: float(v) for name, v in metrics.items()} | {
+        "verdict_reward": float(verdicts.mean()), "recall_at_m": float(recall),
+        "citation_rate": float(np.sum(np.asarray(cited))) / taken}
+    for name, value in metrics.items():
+      logs.setdefault(name, []).append(value)
+  return state, {name: np.array(values) for name, values in logs.items()}
+
+
+def reinforce_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode],
+                       judge_for: Callable, mix: RewardMix,
+                       passes: int) -> tuple[core.TrainState, dict]:
+  """`passes` passes over the episodes from the state's step on (see `reinforce_steps`)."""
+  per_pass = len(episodes) // state.spec.batch
+  return reinforce_steps(state, episodes, judge_for, mix, passes * per_pass)
+
+
+RERANK_MODES = ("fused", "alone")
+
+
+@final
+class FactReranker:
+  """A trained reranker as IRIS's `reranker(question, facts) -> scores`.
+
+  The first spec.k facts (in the order IRIS hands them over, the order its rank prior learnt)
+  are scored; any later ones rank after them, in the order given. mode "alone" ranks the head by
+  the reranker's scores; "fused" by reciprocal-rank fusion of the reranker's order and the order
+  given, so the reranker lifts facts without discarding what IRIS's searches knew (on the LoCoMo
+  dev file the reranker alone starts from dense similarity, below IRIS's hybrid order:
+  experiments/results/iris_reranker.md).
+  """
+
+  def __init__(self, params, spec: core.CoreSpec, store: EmbeddedStore, mode: str = "fused",
+               fusion_c: float = 60.0):
+    if mode not in RERANK_MODES:
+      raise ValueError(f"mode {mode!r} is not one of {', '.join(RERANK_MODES)}")
+    self.params, self.spec, self.store = params, spec, store
+    self.mode, self.fusion_c = mode, fusion_c
+    self._score = jax.jit(lambda p, q, m: core.batch_scores(p, q[None], m[None], spec)[0])
+
+  def __call__(self, question: str, facts: Sequence[Fact]) -> list[float]:
+    head = list(facts[:self.spec.k])
+    if not head:
+      return []
+    mem = np.zeros((self.spec.k, self.spec.dim), np.float32)
+    mem[:len(head)] = self.store.fact_vectors([f.fact_id for f in head])
+    query = np.asarray(self.store.query_vector(question), np.float32)
+    scores = np.asarray(self._score(self.params, query, mem), np.float64)[:len(head)]
+    if self.mode == "fused":
+      rank = np.empty(len(head))
+      rank[np.argsort(-scores, kind="stable")] = np.arange(len(head))
+      scores = 1.0 / (self.fusion_c + 1.0 + rank) + 1.0 / (
+          self.fusion_c + 1.0 + np.arange(len(head)))
+    low = float(scores.min())
+    return [float(s) for s in scores] + [low - 1.0 - i for i in range(len(facts) - len(head))]

@@ -1,0 +1,271 @@
+"""The RMM reranker inside IRIS: logged episodes, the reranker as IRIS's ranker, and REINFORCE
+from simulated citations and from the judge's verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hash_encoder import HashEncoder
+
+from rmmjax import core
+from rmmjax.config import apply_overrides, get_config
+from rmmjax.data.locomo import load_locomo
+from rmmjax.eval.retrieval import evaluate_retrieval
+from rmmjax.memory.lace import LaceMem
+from rmmjax.replay.iris_learning import (FactReranker, RewardMix, collect_episodes,
+                                         episodes_batch, mixed_rewards, reinforce_episodes,
+                                         reinforce_steps, step_episodes)
+from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.judges import HeuristicJudge, SufficiencyJudge, Verdict
+from rmmjax.train.loop import train
+
+TALK = [("S1", "9 May 2023", "Ana", "I signed up for a pottery class and it starts next week."),
+        ("S1", "9 May 2023", "Ben", "My sister is a potter; she sells bowls at the market."),
+        ("S1", "9 May 2023", "Ana", "I adopted a puppy named Biscuit because I wanted company."),
+        ("S2", "20 June 2023", "Ben", "We drove to the coast last weekend to watch the whales."),
+        ("S2", "20 June 2023", "Ana", "Biscuit chewed my new sandals at the market."),
+        ("S2", "20 June 2023", "Ben", "The pottery market sells whale bowls every weekend."),
+        ("S3", "2 July 2023", "Ana", "My pottery class made bowls and a small whale."),
+        ("S3", "2 July 2023", "Ben", "I walked Biscuit to the coast while you were away.")]
+SETTINGS = IrisSettings(max_iterations=2, base_budget=4, budget_step=2)
+
+
+@dataclasses.dataclass
+class Question:
+  question: str
+  category: str
+  evidence: tuple[str, ...]
+
+
+QUESTIONS = [Question("What did Ana make in her pottery class?", "single-hop", ("D0", "D6")),
+             Question("Where did Ben go with Biscuit?", "multi-hop", ("D7", "D3")),
+             Question("What does the market sell?", "single-hop", ("D1", "D5"))]
+
+
+def _store() -> LaceMem:
+  lace = LaceMem(HashEncoder())
+  for n, (session, date, speaker, text) in enumerate(TALK):
+    lace.add_turn(f"D{n}", session, date, speaker, text)
+  return lace
+
+
+def _spec(k: int, m: int = 2, batch: int = 3) -> core.CoreSpec:
+  return core.CoreSpec(dim=HashEncoder.dim, k=k, m=m, batch=batch, rank_prior=True)
+
+
+def test_episodes_log_iris_candidates_with_their_evidence_labels():
+  store, k = _store(), 6
+  episodes = collect_episodes(store, QUESTIONS, lambda q: HeuristicJudge(), SETTINGS, k, 4)
+  batch = episodes_batch(episodes)
+  for q, episode, mask, q_vec in zip(QUESTIONS, episodes, np.asarray(batch.mask_BxK),
+                                     np.asarray(batch.q_BxD)):
+    facts = iris_retrieve(store, q.question, category=q.category, judge=HeuristicJudge(),
+                          settings=SETTINGS).facts[:k]
+    assert episode.facts == facts and mask.sum() == len(facts)
+    np.testing.assert_array_equal(q_vec, HashEncoder().encode([q.question])[0])
+    for i, fact in enumerate(facts):
+      np.testing.assert_array_equal(episode.mem_KxD[i], store.fact_vectors([fact.fact_id])[0])
+      assert [bool(x) for x in episode.evidence_KxE[i, :2]] == [fact.turn_id == t
+                                                                for t in q.evidence]
+  # The core's top-M recall over the batch equals counting evidence turns by hand.
+  top = jnp.arange(2)[None, :].repeat(len(episodes), 0)
+  naive = [len({f.turn_id for f in e.facts[:2]} & set(q.evidence)) / len(q.evidence)
+           for e, q in zip(episodes, QUESTIONS)]
+  np.testing.assert_allclose(core.step.recall_per_query(top, batch), naive, rtol=1e-6)
+  with pytest.raises(ValueError, match="max_evidence=1"):
+    collect_episodes(store, QUESTIONS, lambda q: HeuristicJudge(), SETTINGS, k, 1)
+
+
+def test_fact_reranker_scores_the_head_and_keeps_the_tail_after_it():
+  store, spec = _store(), _spec(k=4)
+  facts = store.facts[:7]
+  params = core.init_params(jax.random.PRNGKey(0), spec)  # the identity: dot products
+  scores = FactReranker(params, spec, store, mode="alone")("pottery bowls", facts)
+  dots = store.fact_vectors([f.fact_id for f in facts[:4]]) @ store.query_vector("pottery bowls")
+  np.testing.assert_allclose(scores[:4], dots, rtol=1e-5, atol=1e-6)
+  assert max(scores[4:]) < min(scores[:4]) and scores[4] > scores[5] > scores[6]
+  # Fused: reciprocal-rank fusion of the reranker's order and the order given.
+  fused = FactReranker(params, spec, store, mode="fused")("pottery bowls", facts)
+  by_dot = sorted(range(4), key=lambda i: -dots[i])
+  want = [1 / (61 + by_dot.index(i)) + 1 / (61 + i) for i in range(4)]
+  np.testing.assert_allclose(fused[:4], want, rtol=1e-9)
+  assert max(fused[4:]) < min(fused[:4]) and fused[4] > fused[5] > fused[6]
+  with pytest.raises(ValueError, match="mode 'mixed'"):
+    FactReranker(params, spec, store, mode="mixed")
+
+
+def test_a_rank_prior_reranker_reorders_iris_evidence():
+  store, spec = _store(), _spec(k=5)
+  params = core.init_params(jax.random.PRNGKey(0), spec)
+  params["rank_bias"] = 100.0 * jnp.arange(5, dtype=jnp.float32)  # reverses the given order
+  question = QUESTIONS[0].question
+  plain = iris_retrieve(store, question, judge=HeuristicJudge(), settings=SETTINGS)
+  reranked = iris_retrieve(store, question, judge=HeuristicJudge(), settings=SETTINGS,
+                           reranker=FactReranker(params, spec, store, mode="alone"))
+  assert reranked.fact_ids[:5] == plain.fact_ids[:5][::-1]
+  assert reranked.fact_ids[5:] == plain.fact_ids[5:]
+
+
+def test_mixed_rewards_add_the_weighted_citation_and_verdict_rewards():
+  rng = np.random.default_rng(0)
+  cited = rng.random((5, 3)) < 0.5
+  selected = rng.integers(-1, 6, (5, 3))
+  verdict = rng.uniform(-1, 1, 5).astype(np.float32)
+  mix = RewardMix(citation=0.5, verdict=2.0)
+  got = np.asarray(mixed_rewards(jnp.asarray(cited), jnp.asarray(selected), jnp.asarray(verdict),
+                                 mix))
+  for b in range(5):
+    for m in range(3):
+      want = 0.0 if selected[b, m] < 0 else 0.5 * (1 if cited[b, m] else -1) + 2.0 * verdict[b]
+      assert got[b, m] == pytest.approx(want, abs=1e-6)
+  with pytest.raises(ValueError, match="not both 0"):
+    RewardMix(citation=0.0, verdict=0.0)
+
+
+class WantsFact(SufficiencyJudge):
+  """EXACT when one fact is shown, else PARTIAL at 0: a verdict that knows no evidence label."""
+
+  def __init__(self, fact_id: int):
+    self.fact_id, self.calls = fact_id, 0
+
+  def judge(self, question, facts, raws, *, category=None):
+    self.calls += 1
+    if any(f.fact_id == self.fact_id for f in facts):
+      return Verdict("EXACT", 1.0, "")
+    return Verdict("PARTIAL", 0.0, "the fact")
+
+
+def _top1(state, episodes) -> np.ndarray:
+  batch = episodes_batch(episodes)
+  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, state.spec)
+  return np.asarray(jnp.argmax(jnp.where(batch.mask_BxK, scores, -jnp.inf), -1))
+
+
+def test_verdicts_alone_teach_the_reranker_what_the_judge_wants():
+  store, spec = _store(), _spec(k=6, m=1)
+  unlabelled = [dataclasses.replace(q, evidence=()) for q in QUESTIONS]
+  episodes = collect_episodes(store, unlabelled, lambda q: HeuristicJudge(), SETTINGS, 6, 2)
+  assert not any(e.evidence_KxE.any() for e in episodes)
+  # The judge wants each question's last candidate, which the untrained reranker never tops.
+  wanted = {e.question: len(e.facts) - 1 for e in episodes}
+  judges = {e.question: WantsFact(e.facts[-1].fact_id) for e in episodes}
+  state = core.init_state(spec, core.HParams.create(lr=3e-2, tau=0.5, baseline_kind="batch"))
+  assert all(t != wanted[e.question] for t, e in zip(_top1(state, episodes), episodes))
+  state, logs = reinforce_episodes(state, episodes * 4, lambda e: judges[e.question],
+                                   RewardMix(citation=0.0, verdict=1.0), passes=10)
+  assert all(t == wanted[e.question] for t, e in zip(_top1(state, episodes), episodes))
+  assert logs["verdict_reward"][-10:].mean() > logs["verdict_reward"][:10].mean()
+  assert sum(j.calls for j in judges.values()) == 10 * 4 * len(episodes)
+
+
+def test_citations_alone_need_no_judge_and_select_evidence_facts():
+  store, spec = _store(), _spec(k=6, m=2)
+  episodes = collect_episodes(store, QUESTIONS, lambda q: HeuristicJudge(), SETTINGS, 6, 2)
+  state = core.init_state(spec, core.HParams.create(lr=3e-2, tau=0.5, baseline_kind="batch",
+                                                     p_rel=1.0, p_irr=0.0))
+  batch = episodes_batch(episodes)
+  relevant = np.asarray(batch.relevant_BxK)
+  # A citation rewards any fact from an evidence turn, so the best top 2 is as many of those
+  # as the candidates hold.
+  best = np.minimum(relevant.sum(-1), 2).sum()
+
+  def relevant_in_top2(state):
+    scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, spec)
+    top = np.asarray(jax.vmap(core.top_m, in_axes=(0, None, 0))(scores, 2, batch.mask_BxK))
+    return int(np.take_along_axis(relevant, top, -1).sum())
+
+  before = relevant_in_top2(state)
+  state, logs = reinforce_episodes(state, episodes * 4, lambda e: pytest.fail("judged"),
+                                   RewardMix(citation=1.0, verdict=0.0), passes=20)
+  assert before < best and relevant_in_top2(state) == best
+  assert not logs["verdict_reward"].any()
+
+
+def test_steps_replay_the_same_batches_when_split_and_each_pass_sees_each_episode_once():
+  store, spec = _store(), _spec(k=6, m=2, batch=2)
+  episodes = collect_episodes(store, QUESTIONS * 3, lambda q: HeuristicJudge(), SETTINGS, 6, 2)
+  per_pass = len(episodes) // 2
+  seen = [id(e) for t in range(per_pass) for e in step_episodes(episodes, 2, 7, t)]
+  assert len(seen) == len(set(seen)) == per_pass * 2
+  assert step_episodes(episodes, 2, 7, per_pass) != step_episodes(episodes, 2, 7, 0)
+  state = core.init_state(spec, core.HParams.create(lr=1e-2, tau=0.5, seed=7))
+  mix = RewardMix(citation=1.0, verdict=1.0)
+  whole, logs = reinforce_steps(state, episodes, lambda e: HeuristicJudge(), mix, 6)
+  half, _ = reinforce_steps(state, episodes, lambda e: HeuristicJudge(), mix, 3)
+  split, _ = reinforce_steps(half, episodes, lambda e: HeuristicJudge(), mix, 3)
+  assert int(split.step) == int(whole.step) == 6 and len(logs["reward"]) == 6
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(split.params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def _first_conversations(locomo_path, tmp_path, n):
+  path = tmp_path / f"locomo_first{n}.json"
+  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:n]))
+  return path
+
+
+def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_path, tmp_path):
+  data = _first_conversations(locomo_path, tmp_path, 3)
+  cfg = apply_overrides(get_config("locomo"), [
+      "learner=reranker", "units=lace", f"data={data}", "dim=32", "k=24", "steps=20",
+      "checkpoint_every=10", "holdout=1", "pretrain_epochs=2", "verdict_reward=1.0"]).validate()
+  wd = tmp_path / "run"
+  summary = train(cfg, wd, progress=False, encoder=HashEncoder())
+  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
+  assert 0.0 <= summary["recall_at_m_base"] <= summary["recall_at_k"] <= 1.0
+  rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
+  assert len(rows) == 2 and all(-1.0 <= r["verdict_reward"] <= 1.0 for r in rows)
+  record = json.loads((wd / "record.json").read_text())
+  assert (record["units"], record["iris"], record["verdict_reward"]) == ("lace", "default", 1.0)
+
+  def evaluate(**kw):
+    return evaluate_retrieval("locomo", data, "lace", "hybrid", (5, 10), encoder=HashEncoder(),
+                              **kw)
+
+  plain, reranked = evaluate(iris=True), evaluate(iris=True, reranker=wd, rerank_mode="alone")
+  assert reranked["config"]["conversations"] == ["conv-41"]
+  assert reranked["config"]["reranker_record"]["iris"] == "default"
+  # The same held-out conversation by hand: IRIS with the trained reranker inside.
+  from rmmjax.io.reranker_load import load_reranker
+  loaded = load_reranker(wd)
+  conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "conv-41")
+  store = LaceMem.from_conversation(conv, HashEncoder())
+  ranker = FactReranker(loaded.params, loaded.spec, store, mode="alone")
+  found = []
+  for q in conv.questions:
+    turns = iris_retrieve(store, q.question, category=q.category, judge=HeuristicJudge(),
+                          reranker=ranker).turn_ids[:5]
+    found.append(len(set(turns) & set(q.evidence)) / len(set(q.evidence)))
+  assert reranked["metrics"]["overall"]["recall_all@5"] == pytest.approx(np.mean(found))
+  assert reranked["metrics"]["overall"] != plain["metrics"]["overall"]
+  assert reranked["config"]["rerank_mode"] == "alone"
+  assert evaluate(iris=True, reranker=wd)["config"]["rerank_mode"] == "fused"
+  with pytest.raises(ValueError, match="iris: trained with 'default', evaluated with 'wide'"):
+    evaluate(iris="wide", reranker=wd)
+  with pytest.raises(ValueError, match="pass --iris"):
+    evaluate(reranker=wd)
+  with pytest.raises(ValueError, match="units: trained with 'lace'"):
+    evaluate_retrieval("locomo", data, "turn", "hybrid", (5,), encoder=HashEncoder(),
+                       reranker=wd)
+  # Resuming with more steps continues from the last checkpoint.
+  more = train(apply_overrides(cfg, ["steps=30"]), wd, progress=False, encoder=HashEncoder())
+  assert more["steps"] == 30
+  assert len((wd / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_lace_training_settings_are_checked(locomo_path):
+  base = get_config("locomo")
+  for changes, message in (
+      (["units=lace", "learner=query_encoder"], "set learner=reranker"),
+      (["units=lace", "learner=reranker", "iris=narrow"], "iris='narrow' is not one of"),
+      (["units=lace", "learner=reranker", "citation_reward=0", "verdict_reward=0"],
+       "not both 0"),
+      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "learns from citations alone")):
+    with pytest.raises(ValueError, match=message):
+      apply_overrides(base, [f"data={locomo_path}", *changes]).validate()
