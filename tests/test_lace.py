@@ -308,9 +308,11 @@ def test_query_vector_is_the_search_embedding_and_remembers_the_last_query():
   assert counting.calls == 1  # one embedding for the search and both asks
   with pytest.raises(ValueError, match="read-only"):
     vector[0] = 1.0
+  for query in ("whales", "pottery class", "a", "b", "c"):
+    lace.query_vector(query)
+  assert counting.calls == 5  # the last 4 asked are remembered, "pottery class" among them
   lace.query_vector("whales")
-  lace.query_vector("pottery class")
-  assert counting.calls == 3  # only the last query is remembered
+  assert counting.calls == 6  # asked 4 queries ago: forgotten
   other = lace.query_encoder = CountingEncoder()
   lace.query_vector("pottery class")
   assert other.calls == 1  # another encoder embeds afresh

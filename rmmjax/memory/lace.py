@@ -95,6 +95,9 @@ def _text(value: object, name: str, *, empty: bool = False) -> str:
   return value
 
 
+RECENT_QUERIES = 4  # query embeddings a LaceMem remembers (an IRIS call asks up to 3 texts)
+
+
 @final
 class LaceMem:
   """Index, Edge and Raw layers of one conversation; an EvidenceStore for iterative retrieval."""
@@ -113,9 +116,10 @@ class LaceMem:
     self._bm25: bm25s.BM25 | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
     self._saved_fallbacks = 0
-    # The last query embedded, (encoder, text, vector): IRIS's reranker asks again for the
-    # question its search just embedded.
-    self._last_query: tuple[Encoder, str, np.ndarray] | None = None
+    # The last few queries embedded, text -> vector, with the encoder that embedded them: IRIS
+    # asks again for the question between searches of refined queries (its reranker does).
+    self._recent_queries: dict[str, np.ndarray] = {}
+    self._recent_encoder: Encoder | None = None
 
   # -- building ---------------------------------------------------------------------------
 
@@ -295,16 +299,22 @@ class LaceMem:
 
   def query_vector(self, query: str) -> np.ndarray:
     """The query's embedding (D,) as dense search computes it (the query encoder, if set);
-    read-only, and remembered for the next call with the same query."""
+    read-only, and remembered among the last RECENT_QUERIES queries."""
     encoder = self.query_encoder or self.encoder
     if encoder is None or self._graph is None:
       raise ValueError("this LaceMem has no encoder or no facts, so it cannot embed a query")
-    last = self._last_query
-    if last is None or last[0] is not encoder or last[1] != query:
+    if self._recent_encoder is not encoder:
+      self._recent_queries, self._recent_encoder = {}, encoder
+    recent = self._recent_queries
+    if query in recent:
+      recent[query] = recent.pop(query)  # now the most recent
+    else:
       vector = self._vectors_of(encoder, _text(query, "query"))
       vector.flags.writeable = False
-      self._last_query = last = (encoder, query, vector)
-    return last[2]
+      recent[query] = vector
+      if len(recent) > RECENT_QUERIES:
+        del recent[next(iter(recent))]  # the least recently asked
+    return recent[query]
 
   def fact_vectors(self, fact_ids: list[int]) -> np.ndarray:
     """The stored embeddings of these facts (len(fact_ids) x D), the rows search compares."""

@@ -17,6 +17,7 @@ M facts it judged. `FactReranker` then puts the trained reranker inside `iris_re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, final
 
@@ -205,6 +206,11 @@ def reinforce_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode],
 RERANK_MODES = ("fused", "alone")
 
 
+@functools.partial(jax.jit, static_argnums=3)
+def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) -> jax.Array:
+  return core.batch_scores(params, q_D[None], m_KxD[None], spec)[0]
+
+
 @final
 class FactReranker:
   """A trained reranker as IRIS's `reranker(question, facts) -> scores`.
@@ -223,7 +229,6 @@ class FactReranker:
       raise ValueError(f"mode {mode!r} is not one of {', '.join(RERANK_MODES)}")
     self.params, self.spec, self.store = params, spec, store
     self.mode, self.fusion_c = mode, fusion_c
-    self._score = jax.jit(lambda p, q, m: core.batch_scores(p, q[None], m[None], spec)[0])
 
   def __call__(self, question: str, facts: Sequence[Fact]) -> list[float]:
     head = list(facts[:self.spec.k])
@@ -232,7 +237,8 @@ class FactReranker:
     mem = np.zeros((self.spec.k, self.spec.dim), np.float32)
     mem[:len(head)] = self.store.fact_vectors([f.fact_id for f in head])
     query = np.asarray(self.store.query_vector(question), np.float32)
-    scores = np.asarray(self._score(self.params, query, mem), np.float64)[:len(head)]
+    scores = np.asarray(_score_one(self.params, query, mem, self.spec),
+                        np.float64)[:len(head)]
     if self.mode == "fused":
       rank = np.empty(len(head))
       rank[np.argsort(-scores, kind="stable")] = np.arange(len(head))
