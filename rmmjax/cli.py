@@ -30,6 +30,9 @@ def _cmd_train(args) -> None:
   if "recall_at_m_prequential" in summary:
     rows.append(("  learning online on the held-out conversations", summary["recall_at_m_base"],
                  summary["recall_at_m_prequential"]))
+  if "recall_at_m_alone" in summary:  # units lace: "after" fuses the reranker's and IRIS's order
+    rows.append(("  the reranker's order alone (not fused with IRIS's)",
+                 summary["recall_at_m_base"], summary["recall_at_m_alone"]))
   rows += [("reward (first/last tenth of training)", summary["reward_first"],
             summary["reward_last"]),
            ("citation rate (first/last tenth)", summary["citation_rate_first"],

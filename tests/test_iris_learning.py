@@ -221,6 +221,22 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
   assert 0.0 <= summary["recall_at_m_base"] <= summary["recall_at_k"] <= 1.0
   rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 2 and all(-1.0 <= r["verdict_reward"] <= 1.0 for r in rows)
+  # The summary's held-out Recall@M (the reranker fused with IRIS's order), recomputed through
+  # FactReranker over freshly logged episodes of the held-out conversation.
+  from rmmjax.io.reranker_load import load_reranker
+  loaded = load_reranker(wd)
+  conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "conv-41")
+  store = LaceMem.from_conversation(conv, HashEncoder())
+  episodes = collect_episodes(store, conv.questions, lambda q: HeuristicJudge(),
+                              IrisSettings(), 24, 50)
+  for mode, key in (("fused", "recall_at_m_final"), ("alone", "recall_at_m_alone")):
+    ranker, found = FactReranker(loaded.params, loaded.spec, store, mode), []
+    for e, q in zip(episodes, conv.questions):
+      scores = ranker(q.question, list(e.facts))
+      top = sorted(range(len(e.facts)), key=lambda i: -scores[i])[:5]
+      turns = {e.facts[i].turn_id for i in top}
+      found.append(len(turns & set(q.evidence)) / len(set(q.evidence)))
+    assert summary[key] == pytest.approx(np.mean(found), abs=1e-6), mode
   record = json.loads((wd / "record.json").read_text())
   assert (record["units"], record["iris"], record["verdict_reward"]) == ("lace", "default", 1.0)
 
@@ -232,10 +248,6 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
   assert reranked["config"]["conversations"] == ["conv-41"]
   assert reranked["config"]["reranker_record"]["iris"] == "default"
   # The same held-out conversation by hand: IRIS with the trained reranker inside.
-  from rmmjax.io.reranker_load import load_reranker
-  loaded = load_reranker(wd)
-  conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "conv-41")
-  store = LaceMem.from_conversation(conv, HashEncoder())
   ranker = FactReranker(loaded.params, loaded.spec, store, mode="alone")
   found = []
   for q in conv.questions:

@@ -206,6 +206,15 @@ def reinforce_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode],
 RERANK_MODES = ("fused", "alone")
 
 
+def fuse_with_order(scores_K: np.ndarray, fusion_c: float = 60.0) -> np.ndarray:
+  """Reciprocal-rank fusion of the order the scores give and the candidates' own order:
+  1 / (c + 1 + rank by score) + 1 / (c + 1 + position), ties in score kept in position order."""
+  scores_K = np.asarray(scores_K, np.float64)
+  rank = np.empty(len(scores_K))
+  rank[np.argsort(-scores_K, kind="stable")] = np.arange(len(scores_K))
+  return 1.0 / (fusion_c + 1.0 + rank) + 1.0 / (fusion_c + 1.0 + np.arange(len(scores_K)))
+
+
 @functools.partial(jax.jit, static_argnums=3)
 def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) -> jax.Array:
   return core.batch_scores(params, q_D[None], m_KxD[None], spec)[0]
@@ -240,9 +249,6 @@ class FactReranker:
     scores = np.asarray(_score_one(self.params, query, mem, self.spec),
                         np.float64)[:len(head)]
     if self.mode == "fused":
-      rank = np.empty(len(head))
-      rank[np.argsort(-scores, kind="stable")] = np.arange(len(head))
-      scores = 1.0 / (self.fusion_c + 1.0 + rank) + 1.0 / (
-          self.fusion_c + 1.0 + np.arange(len(head)))
+      scores = fuse_with_order(scores, self.fusion_c)
     low = float(scores.min())
     return [float(s) for s in scores] + [low - 1.0 - i for i in range(len(facts) - len(head))]

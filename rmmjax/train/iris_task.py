@@ -22,7 +22,7 @@ from rmmjax.core import replay as core_replay
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.replay.iris_learning import (IrisEpisode, RewardMix, collect_episodes,
-                                         episodes_batch, reinforce_steps)
+                                         episodes_batch, fuse_with_order, reinforce_steps)
 from rmmjax.replay.protocols import Protocol
 from rmmjax.replay.record import replay_record
 from rmmjax.retrieve.iris import IRIS_PRESETS
@@ -85,17 +85,22 @@ class IrisTask:
     return reinforce_steps(state, self.train_episodes, lambda e: self.judge, self.mix, n)
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M over the episodes' candidates: IRIS's order, the reranker's, and all
-    K candidates (the ceiling)."""
+    """Held-out Recall@M over the episodes' candidates: in IRIS's order, the reranker's order
+    fused with IRIS's (recall_at_m: what `eval --iris --reranker` uses by default), the
+    reranker's alone, and all K candidates (the ceiling)."""
     if not self.test_episodes:
       return {}
     batch = episodes_batch(self.test_episodes)
-    m = self.spec.m
-    scores = self._scores(state.params, batch.q_BxD, batch.mem_BxKxD, self.spec)
-    reranked = jax.vmap(core.top_m, in_axes=(0, None, 0))(scores, m, batch.mask_BxK)
-    k = batch.mask_BxK.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(k), batch.mask_BxK.shape)
-    in_order = jnp.where(batch.mask_BxK, positions, -1)
+    m, mask = self.spec.m, np.asarray(batch.mask_BxK)
+    scores = np.asarray(self._scores(state.params, batch.q_BxD, batch.mem_BxKxD, self.spec))
+    fused = np.full(scores.shape, -np.inf)
+    for i, row in enumerate(mask):  # the valid candidates are a prefix of each row
+      fused[i, :row.sum()] = fuse_with_order(scores[i, :row.sum()])
+    top = jax.vmap(core.top_m, in_axes=(0, None, 0))
+    positions = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
+    in_order = jnp.asarray(np.where(mask, positions, -1))
     return {"recall_at_m_base": float(core.recall_at_m(in_order[:, :m], batch)),
-            "recall_at_m": float(core.recall_at_m(reranked, batch)),
+            "recall_at_m": float(core.recall_at_m(top(jnp.asarray(fused), m, mask), batch)),
+            "recall_at_m_alone": float(core.recall_at_m(top(jnp.asarray(scores), m, mask),
+                                                        batch)),
             "recall_at_k": float(core.recall_at_m(in_order, batch))}

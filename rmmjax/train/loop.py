@@ -173,8 +173,9 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   if cfg.config != "latent":
     summary["trained_conversations"] = [c.conversation_id for c in task.train_convs]
     summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
-    if "recall_at_m_prequential" in eval_final:
-      summary["recall_at_m_prequential"] = eval_final["recall_at_m_prequential"]
+    for key in ("recall_at_m_prequential", "recall_at_m_alone"):  # where the task has them
+      if key in eval_final:
+        summary[key] = eval_final[key]
   pretrain_path = workdir / "pretrain.json"
   if pretrain_path.exists():
     loss = [{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
