@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -175,3 +176,13 @@ def test_bench_search_runs_and_agrees_with_its_reference(tmp_path):
   result = json.loads(out.read_text())
   assert result["top_k_agreement"] == 1.0 and len(result["rows"]) == 2
   assert all(r["queries_per_s"] > 0 for r in result["rows"])
+
+
+def test_a_workdir_where_nothing_can_be_created_is_refused_by_name(capsys):
+  proc = Path("/proc/self")
+  if not proc.is_dir():
+    pytest.skip("no /proc here")
+  assert main(["train", "--config", "latent", "--set", "steps=10", "--workdir",
+               str(proc / "run")]) == 2
+  err = capsys.readouterr().err
+  assert "--workdir /proc/self/run: /proc/self is not writable" in err

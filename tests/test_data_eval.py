@@ -1,6 +1,7 @@
 """LoCoMo loading, memory units, BM25 and the evidence metrics, on the real dev file."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -145,9 +146,14 @@ def test_eval_refuses_bad_cutoffs_before_loading_anything(tmp_path, capsys, k, m
   assert message in capsys.readouterr().err
 
 
+PROC = Path("/proc/self")  # a directory in which nobody, root included, can create a file
+
+
 @pytest.mark.parametrize("make_out,message", [
     (lambda d: d, "is a directory; expected a file name"),
     (lambda d: d / "afile" / "eval.json", "is a file, so no directory can be made there"),
+    pytest.param(lambda d: PROC / "eval.json", "is not writable",
+                 marks=pytest.mark.skipif(not PROC.is_dir(), reason="no /proc here")),
 ])
 def test_eval_checks_its_output_path_before_the_work(locomo_path, tmp_path, capsys, make_out,
                                                       message):
