@@ -43,8 +43,10 @@ def _cmd_train(args) -> None:
   if "recall_at_k" in summary:
     print(f"{'ceiling: recall of all K candidates':58s}{summary['recall_at_k']:10.3f}")
   else:
+    units = f"--units {cfg.units}" + (f" --iris {cfg.iris}" if cfg.units == "lace" else "")
     print("no conversation was held out (holdout=0): evaluate on another file with "
-          f"rmmjax eval --reranker {args.workdir}")
+          f"rmmjax eval --data FILE {units} --retriever {cfg.retriever} --reranker "
+          f"{args.workdir}")
   workdir = Path(args.workdir)
   print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
         f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
@@ -126,6 +128,14 @@ def _cmd_eval(args) -> None:
   except ValueError:
     raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
   check_cutoffs(ks)
+  # Flags that would change nothing are refused, not ignored: a ceiling asked for with --judge
+  # oracle must not quietly come back as single-pass numbers.
+  if args.judge and not args.iris:
+    raise ValueError(f"--judge {args.judge} is IRIS's sufficiency judge: pass --units lace "
+                     "--iris as well")
+  if args.rerank_mode and not (args.units == "lace" and args.iris and args.reranker):
+    raise ValueError(f"--rerank-mode {args.rerank_mode} orders IRIS's evidence with a "
+                     "reranker: pass --units lace --iris --reranker W_OR_FILE as well")
   if args.out:
     check_output_file(args.out, "--out")
   apply_precision(args.precision)
@@ -134,8 +144,8 @@ def _cmd_eval(args) -> None:
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
                               progress=not args.quiet, query_encoder=args.encoder,
-                              iris=args.iris, judge=args.judge, llm=_eval_llm(args),
-                              rerank_mode=args.rerank_mode)
+                              iris=args.iris, judge=args.judge or "heuristic",
+                              llm=_eval_llm(args), rerank_mode=args.rerank_mode or "fused")
   config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
@@ -147,6 +157,10 @@ def _cmd_eval(args) -> None:
       print(f"left out {len(trained)} conversations it trained on: {', '.join(trained)}")
     for mismatch in config["mismatches"]:
       print(f"MISMATCH (--allow-mismatch): {mismatch}")
+    step, planned = config["reranker_step"], config["reranker_steps_planned"]
+    if planned is not None and step < planned:
+      print(f"NOTE: {args.reranker} has trained {step} of its {planned} steps (interrupted or "
+            f"still running): these are the numbers of step {step}")
   print(format_table(result, ks))
   counts = result["load_report"]["counts"]
   if counts:
@@ -268,11 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
                  choices=tuple(IRIS_PRESETS),
                  help="with --units lace: iterative retrieval via insufficiency signals, with "
                       "EviMem's settings (default) or wider budgets that stop only on EXACT")
-  p.add_argument("--rerank-mode", default="fused", choices=("fused", "alone"),
+  p.add_argument("--rerank-mode", default=None, choices=("fused", "alone"),
                  help="with --units lace --iris --reranker: the reranker's order fused with "
-                      "IRIS's own (default), or alone")
-  p.add_argument("--judge", default="heuristic", choices=("heuristic", "oracle", "llm"),
-                 help="IRIS's sufficiency judge (oracle knows the evidence labels: a ceiling)")
+                      "IRIS's own (the default), or alone")
+  p.add_argument("--judge", default=None, choices=("heuristic", "oracle", "llm"),
+                 help="with --iris: IRIS's sufficiency judge (default heuristic; oracle knows "
+                      "the evidence labels: a ceiling)")
   p.add_argument("--llm-url", default=None, help="with --judge llm: an OpenAI-compatible server")
   p.add_argument("--model", default=None, help="with --judge llm: the served model")
   p.add_argument("--structured-output", default="json_schema",

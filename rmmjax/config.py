@@ -38,6 +38,12 @@ UNITS = GRANULARITIES + ("topic",)
 TRAIN_UNITS = UNITS + ("lace",)
 
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
+# Keys of the replay of a labelled dataset, which the latent config has no use for.
+REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "pretrain_epochs",
+               "pretrain_lr", "pretrain_tau", "learner", "query_encoder", "tune",
+               "encoder_pretrain_epochs", "encoder_pretrain_lr", "encoder_pretrain_tau",
+               "encoder_pretrain_batch", "encoder_lr", "iris", "citation_reward",
+               "verdict_reward")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
 # 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of
@@ -161,9 +167,17 @@ class Config:
     self.hparams()
     if self.config != "latent":
       self._validate_replay()
-    elif spec.k > sim.bank_size:
-      raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
-                       "candidates")
+    else:
+      # Refused rather than ignored: a value stored in config.json but never used would also
+      # block resuming the run with the value that does apply.
+      changed = [f"{name}={getattr(self, name)!r}" for name in REPLAY_KEYS
+                 if getattr(self, name) != getattr(CONFIGS["latent"], name)]
+      if changed:
+        raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
+                         "(--config locomo); the latent simulator does not use them")
+      if spec.k > sim.bank_size:
+        raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
+                         "candidates")
     for name in ("steps", "checkpoint_every", "log_every", "eval_sessions"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -219,6 +233,10 @@ class Config:
         self.citation_reward or self.verdict_reward):
       raise ValueError(f"citation_reward={self.citation_reward}, verdict_reward="
                        f"{self.verdict_reward}: expected weights >= 0, not both 0")
+    if self.units != "lace" and self.iris != "default":
+      raise ValueError(f"iris={self.iris!r} sets how IRIS gathers a reranker's candidates; "
+                       f"units={self.units!r} takes them from the base retriever: set "
+                       "units=lace, or leave iris at default")
     if self.units != "lace" and (self.verdict_reward or self.citation_reward != 1.0):
       raise ValueError(f"citation_reward and verdict_reward weigh the rewards of units=lace "
                        f"(IRIS's judge); units={self.units!r} learns from citations alone")

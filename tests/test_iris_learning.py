@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -265,10 +266,18 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
   with pytest.raises(ValueError, match="units: trained with 'lace'"):
     evaluate_retrieval("locomo", data, "turn", "hybrid", (5,), encoder=HashEncoder(),
                        reranker=wd)
+  assert (reranked["config"]["reranker_step"], reranked["config"]["reranker_steps_planned"]) == (
+      20, 20)
   # Resuming with more steps continues from the last checkpoint.
   more = train(apply_overrides(cfg, ["steps=30"]), wd, progress=False, encoder=HashEncoder())
   assert more["steps"] == 30
   assert len((wd / "metrics.jsonl").read_text().splitlines()) == 3
+  # A workdir whose run stopped early is evaluated at the step it reached, and says so.
+  partial = tmp_path / "partial"
+  shutil.copytree(wd, partial)
+  shutil.rmtree(partial / "checkpoints" / "30")
+  config = evaluate(iris=True, reranker=partial)["config"]
+  assert (config["reranker_step"], config["reranker_steps_planned"]) == (20, 30)
 
 
 def test_lace_training_settings_are_checked(locomo_path):
@@ -278,6 +287,22 @@ def test_lace_training_settings_are_checked(locomo_path):
       (["units=lace", "learner=reranker", "iris=narrow"], "iris='narrow' is not one of"),
       (["units=lace", "learner=reranker", "citation_reward=0", "verdict_reward=0"],
        "not both 0"),
-      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "learns from citations alone")):
+      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "learns from citations alone"),
+      (["units=turn", "learner=reranker", "iris=wide"], "or leave iris at default")):
     with pytest.raises(ValueError, match=message):
       apply_overrides(base, [f"data={locomo_path}", *changes]).validate()
+  # The latent simulator refuses the replay's keys instead of storing values it never uses.
+  for changes in (["verdict_reward=1"], ["units=lace", "iris=wide"]):
+    with pytest.raises(ValueError, match="the latent simulator does not use them"):
+      apply_overrides(get_config("latent"), changes).validate()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--units", "lace", "--judge", "oracle"], "--judge oracle is IRIS's sufficiency judge"),
+    (["--units", "lace", "--iris", "--rerank-mode", "alone"], "--rerank-mode alone orders"),
+    (["--units", "turn", "--rerank-mode", "fused"], "--rerank-mode fused orders"),
+])
+def test_eval_refuses_flags_that_would_change_nothing(locomo_path, capsys, flags, message):
+  from rmmjax.cli import main
+  assert main(["eval", "--data", str(locomo_path), "--quiet", *flags]) == 2
+  assert message in capsys.readouterr().err

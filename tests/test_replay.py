@@ -142,8 +142,12 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
   q, m = rng.standard_normal(32).astype(np.float32), rng.standard_normal((20, 32)).astype(
       np.float32)
   np.testing.assert_allclose(scorer.score(q, m), core.score(params, q, m), rtol=1e-4, atol=1e-4)
-  with pytest.raises(ValueError, match="19 candidates, but the rank prior was trained for k=20"):
-    scorer.score(q, m[:19])
+  with pytest.raises(ValueError, match="21 candidates, but the rank prior was trained for k=20"):
+    scorer.score(q, np.concatenate([m, m[:1]]))
+  # Fewer candidates score as the first ones of a padded list do in training.
+  padded = np.concatenate([m[:7], np.zeros((13, 32), np.float32)])
+  np.testing.assert_allclose(scorer.score(q, m[:7]), core.score(params, q, padded)[:7],
+                             rtol=1e-4, atol=1e-4)
   # Resuming with more steps continues from the last checkpoint.
   more = train(apply_overrides(cfg, ["steps=60"]), wd, progress=False, encoder=HashEncoder())
   assert more["steps"] == 60

@@ -121,7 +121,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     config["mismatches"] += check_fit(f"the reranker {loaded.source}", loaded.record, wanted,
                                       allow_mismatch)
     models.append((loaded.source, loaded.record))
-    config |= {"reranker": loaded.source, "reranker_record": loaded.record, "online": online}
+    config |= {"reranker": loaded.source, "reranker_record": loaded.record, "online": online,
+               "reranker_step": loaded.step, "reranker_steps_planned": loaded.planned_steps}
   if models:
     conversations, account = unseen(conversations, models, in_sample)
     config |= account

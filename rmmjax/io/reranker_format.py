@@ -20,7 +20,9 @@ SCORE_FORMULAS = {  # embeddings are row vectors; weights multiply them on the r
     "linear": "s_i = (q + q wq) . (m_i + m_i wm)",
     "mlp": "s_i = (q + f_q(q)) . (m_i + f_m(m_i)), f(x) = gelu(x w1 + b1) w2 (+ b2, query only)",
 }
-RANK_PRIOR_FORMULA = " + rank_bias[i], i the candidate's position in the base retriever's order"
+RANK_PRIOR_FORMULA = (" + rank_bias[i], i the candidate's position in the order it came in (the "
+                      "base retriever's; IRIS's final order for units lace); fewer than k "
+                      "candidates take the first biases")
 
 
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,8 @@ class LoadedReranker:
   spec: core.CoreSpec
   hparams: core.HParams
   record: dict
+  step: int | None = None  # the training step of these weights
+  planned_steps: int | None = None  # the steps its workdir's run was set to reach
 
 
 def _nest(flat: dict[str, np.ndarray]) -> dict:
@@ -46,8 +48,9 @@ def load_reranker(path: Path) -> LoadedReranker:
       raise ValueError(f"--reranker {path} is a query-encoder workdir (learner=query_encoder); "
                        "pass it as --encoder")
     record = read_record(path)
-    params, cfg, _ = load_trained_params(path)
-    return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record)
+    params, cfg, step = load_trained_params(path)
+    return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record, step,
+                          cfg.steps)
   if path.suffix != ".safetensors":
     raise ValueError(f"--reranker {path}: expected a training workdir or an exported "
                      ".safetensors file")
@@ -56,4 +59,4 @@ def load_reranker(path: Path) -> LoadedReranker:
                        m=int(meta["m"]), batch=int(meta["batch"]),
                        hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
   return LoadedReranker(str(path), _nest(weights), spec, core.HParams.create(**meta["hparams"]),
-                        meta["record"])
+                        meta["record"], meta.get("step"))

@@ -53,11 +53,14 @@ class NumpyReranker:
       scores_K = m_KxD @ (q_D @ self._query_map)
     else:
       scores_K = self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
-    if "rank_bias" in self.weights:  # candidates must come in the base retriever's order
-      if len(scores_K) != len(self.weights["rank_bias"]):
+    if "rank_bias" in self.weights:  # candidates come in the order the prior was trained on
+      bias = self.weights["rank_bias"]
+      # Fewer than k candidates take the first biases: what training does with a padded, masked
+      # list (a conversation with fewer units, IRIS gathering fewer facts than k).
+      if len(scores_K) > len(bias):
         raise ValueError(f"{len(scores_K)} candidates, but the rank prior was trained for "
-                         f"k={len(self.weights['rank_bias'])}")
-      scores_K = scores_K + self.weights["rank_bias"]
+                         f"k={len(bias)}: pass at most k")
+      scores_K = scores_K + bias[:len(scores_K)]
     return scores_K
 
   def top_m(self, q_D: np.ndarray, m_KxD: np.ndarray, m: int | None = None) -> np.ndarray:
