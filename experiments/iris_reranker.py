@@ -32,7 +32,6 @@ import numpy as np
 from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax import core
 from rmmjax.config import get_config
-from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
@@ -41,7 +40,8 @@ from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
 from rmmjax.replay.iris_learning import (RERANK_MODES, FactReranker, RewardMix,
-                                         collect_episodes, episodes_batch, reinforce_episodes)
+                                         collect_episodes, pretrain_on_episodes,
+                                         reinforce_episodes)
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 
@@ -92,11 +92,10 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, dict]]:
 
 
 def train(spec, cfg, episodes, pretrain, mix, seed):
-  hp = dataclasses.replace(cfg, seed=seed).hparams()
-  state = core.init_state(spec, hp.replace(lr=cfg.pretrain_lr, tau=cfg.pretrain_tau))
+  state = core.init_state(spec, dataclasses.replace(cfg, seed=seed).hparams())
   if pretrain:
-    state, _ = core_replay.pretrain(state, episodes_batch(episodes), cfg.pretrain_epochs)
-  state = core_replay.restart_optimizer(state, hp)
+    state, _ = pretrain_on_episodes(state, episodes, cfg.pretrain_epochs, cfg.pretrain_lr,
+                                    cfg.pretrain_tau)
   if mix is not None:
     state, _ = reinforce_episodes(state, episodes, lambda e: HeuristicJudge(), mix, PASSES)
   return state

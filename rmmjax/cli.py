@@ -228,6 +228,8 @@ the outputs. Running the same command again resumes the workdir."""
 def build_parser() -> argparse.ArgumentParser:
   from rmmjax.cli_memory import add_parsers as add_memory_parsers
   from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS, UNITS
+  from rmmjax.eval.iris_eval import JUDGES
+  from rmmjax.replay.iris_learning import RERANK_MODES
   from rmmjax.retrieve.iris import IRIS_PRESETS
   from rmmjax.retrieve.rankers import RETRIEVERS
   parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__)
@@ -282,10 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
                  choices=tuple(IRIS_PRESETS),
                  help="with --units lace: iterative retrieval via insufficiency signals, with "
                       "EviMem's settings (default) or wider budgets that stop only on EXACT")
-  p.add_argument("--rerank-mode", default=None, choices=("fused", "alone"),
+  p.add_argument("--rerank-mode", default=None, choices=RERANK_MODES,
                  help="with --units lace --iris --reranker: the reranker's order fused with "
                       "IRIS's own (the default), or alone")
-  p.add_argument("--judge", default=None, choices=("heuristic", "oracle", "llm"),
+  p.add_argument("--judge", default=None, choices=JUDGES,
                  help="with --iris: IRIS's sufficiency judge (default heuristic; oracle knows "
                       "the evidence labels: a ceiling)")
   p.add_argument("--llm-url", default=None, help="with --judge llm: an OpenAI-compatible server")

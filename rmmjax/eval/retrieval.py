@@ -16,13 +16,13 @@ from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.io.reranker_load import load_reranker
-from rmmjax.replay.iris_learning import RERANK_MODES
-from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
+from rmmjax.replay.iris_learning import RERANK_MODES
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import encoder_identity
+from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.memory.units import conversation_units
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
+from rmmjax.core import replay as core_replay
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import SufficiencyJudge, verdict_reward
@@ -75,7 +76,8 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
     result = iris_retrieve(store, q.question, category=q.category, judge=judge_for(q),
                            settings=settings)
     facts = result.facts[:k]
-    mem = np.zeros((k, np.shape(store.query_vector(q.question))[0]), np.float32)
+    query = np.asarray(store.query_vector(q.question), np.float32)
+    mem = np.zeros((k, query.shape[0]), np.float32)
     if facts:
       mem[:len(facts)] = store.fact_vectors([f.fact_id for f in facts])
     labels = np.zeros((k, max_evidence), bool)
@@ -84,7 +86,7 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
         labels[i, e] = fact.turn_id == turn
     episodes.append(IrisEpisode(
         q.question, q.category, tuple(facts), {f.turn_id: store.raw(f.turn_id) for f in facts},
-        np.asarray(store.query_vector(q.question), np.float32), mem, labels, len(evidence)))
+        query, mem, labels, len(evidence)))
   return episodes
 
 
@@ -103,6 +105,21 @@ def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
       mask_BxK=jnp.asarray(mask), relevant_BxK=jnp.asarray(evidence.any(-1)),
       num_relevant_B=jnp.asarray([e.num_evidence for e in episodes], jnp.int32),
       evidence_BxKxE=jnp.asarray(evidence))
+
+
+_pretrain = jax.jit(core_replay.pretrain, static_argnums=2)
+
+
+def pretrain_on_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode], epochs: int,
+                         lr: float, tau: float) -> tuple[core.TrainState, np.ndarray]:
+  """Supervised listwise pretraining on the episodes' labels at (lr, tau); returns the state
+  under its own hyperparameters again with a fresh optimizer (ready to learn online), and the
+  loss of every step."""
+  hp = state.hparams
+  state = state.replace(hparams=hp.replace(lr=jnp.asarray(lr, jnp.float32),
+                                           tau=jnp.asarray(tau, jnp.float32)))
+  state, loss = _pretrain(state, episodes_batch(episodes), epochs)
+  return core_replay.restart_optimizer(state, hp), np.asarray(loss)
 
 
 @final

@@ -18,11 +18,11 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.config import Config
-from rmmjax.core import replay as core_replay
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.replay.iris_learning import (IrisEpisode, RewardMix, collect_episodes,
-                                         episodes_batch, fuse_with_order, reinforce_steps)
+                                         episodes_batch, fuse_with_order, pretrain_on_episodes,
+                                         reinforce_steps)
 from rmmjax.replay.protocols import Protocol
 from rmmjax.replay.record import replay_record
 from rmmjax.retrieve.iris import IRIS_PRESETS
@@ -73,13 +73,9 @@ class IrisTask:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
     cfg, state = self.cfg, self.template
     if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
-      state = state.replace(hparams=self.hp.replace(
-          lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
-          tau=jnp.asarray(cfg.pretrain_tau, jnp.float32)))
-      state, loss = jax.jit(core_replay.pretrain, static_argnums=2)(
-          state, episodes_batch(self.train_episodes), cfg.pretrain_epochs)
-      self.pretrain_loss = np.asarray(loss)
-    return core_replay.restart_optimizer(state, self.hp)
+      state, self.pretrain_loss = pretrain_on_episodes(
+          state, self.train_episodes, cfg.pretrain_epochs, cfg.pretrain_lr, cfg.pretrain_tau)
+    return state
 
   def advance(self, state: core.TrainState, n: int):
     return reinforce_steps(state, self.train_episodes, lambda e: self.judge, self.mix, n)
