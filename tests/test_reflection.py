@@ -13,13 +13,13 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.eval.metrics import question_metrics
 from rmmjax.llm.fake import ScriptedLLM
-from rmmjax.llm.parse import Topic
+from rmmjax.llm.parse import LLMOutputError, Topic
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.ingest import bank_text, ingest_conversations
 from rmmjax.memory.records import BankTurn
 from rmmjax.memory.units import conversation_units
-from rmmjax.memory.reflection import (Candidate, Decision, Extraction, LLMReflector, Reflector,
-                                      reflect_session)
+from rmmjax.memory.reflection import (Candidate, Decision, Extraction, LLMReflector,
+                                      ReflectionFailed, Reflector, reflect_session)
 from rmmjax.memory.topics import OfflineReflector, segment, turn_text
 from rmmjax.retrieve.bm25 import BM25Retriever
 from rmmjax.retrieve.units import build_units, turn_units
@@ -204,21 +204,41 @@ def test_llm_reflector_valid_reply_and_out_of_range_turn_ids(tmp_path):
   assert "[1] Caroline grows roses." in llm.requests[1].messages[-1]["content"]
 
 
+@pytest.mark.parametrize("reply", ['{"topics": [oops', "Sure! Here are the topics: roses.",
+                                   LLMOutputError("reply has no text content", text="")])
+def test_an_unusable_topic_list_never_marks_the_session_reflected(tmp_path, reply):
+  encoder = HashEncoder()
+  bank = _bank_with_session(tmp_path, _turns("D1", ["garden"] * 2))
+  with pytest.raises(ReflectionFailed, match="stays unreflected"):
+    reflect_session(bank, "u", "S1", LLMReflector(ScriptedLLM([reply])), encoder)
+  assert not bank.sessions("u")[0].ended and bank.memories("u") == []
+  # With the offline reflector as fallback its topics replace the list, counted.
+  reflector = LLMReflector(ScriptedLLM([reply]), fallback=OfflineReflector(encoder))
+  report = reflect_session(bank, "u", "S1", reflector, encoder)
+  assert (report.topics, report.fallbacks, report.added) == (1, 1, 1)
+  assert bank.sessions("u")[0].ended and len(bank.memories("u")) == 1
+
+
 def test_llm_reflector_malformed_replies_are_counted_not_raised(tmp_path):
   encoder = HashEncoder()
   bank = _bank_with_session(tmp_path, _turns("D1", ["garden"] * 2))
-  report = reflect_session(bank, "u", "S1", LLMReflector(ScriptedLLM(['{"topics": [oops'])),
-                           encoder)
-  assert (report.topics, report.fallbacks, report.added, report.uncovered_turns) == (0, 1, 0, 2)
-  assert bank.sessions("u")[0].ended and bank.memories("u") == []
+  reflect_session(bank, "u", "S1", LLMReflector(ScriptedLLM([_topics(("Roses.", ["D1:1"]))])),
+                  encoder)
   # The fallback reflector's topics replace an unreadable list; an unreadable decision adds.
   _bank_with_session(tmp_path, _turns("D2", ["garden"] * 2), DATE2, "S2", bank)
-  reflector = LLMReflector(ScriptedLLM(["no json at all"]), fallback=OfflineReflector(encoder))
+  reflector = LLMReflector(ScriptedLLM(["no json at all", "no decision either"]),
+                           fallback=OfflineReflector(encoder))
   report = reflect_session(bank, "u", "S2", reflector, encoder)
-  assert (report.topics, report.fallbacks, report.added) == (1, 1, 1)
+  assert (report.topics, report.fallbacks, report.added) == (1, 2, 1)
   _bank_with_session(tmp_path, _turns("D3", ["garden"] * 2), DATE2, "S3", bank)
   llm = ScriptedLLM([_topics(("More roses.", ["D3:1"])), {"action": "merge", "index": 7}])
   report = reflect_session(bank, "u", "S3", LLMReflector(llm), encoder)
+  assert (report.added, report.merged, report.fallbacks) == (1, 0, 1)
+  # A decision reply with no text at all adds the topic too.
+  _bank_with_session(tmp_path, _turns("D4", ["garden"] * 2), DATE2, "S4", bank)
+  llm = ScriptedLLM([_topics(("Seeds.", ["D4:2"])),
+                     LLMOutputError("reply has no text content", text="")])
+  report = reflect_session(bank, "u", "S4", LLMReflector(llm), encoder)
   assert (report.added, report.merged, report.fallbacks) == (1, 0, 1)
 
 
@@ -286,8 +306,8 @@ def test_ingest_replays_sessions_and_is_idempotent(tmp_path):
   bank = MemoryBank(tmp_path / "memory.sqlite")
   # A run stopped after writing a's first session's turns but before its reflection.
   bank.add_user("a")
-  bank.start_session("a", "S1", DATE1)
-  bank.add_turns("a", "S1", [(t.turn_id, t.speaker, t.text) for t in convs[0].sessions[0].turns])
+  bank.ingest_session("a", "S1", DATE1,
+                      [(t.turn_id, t.speaker, t.text) for t in convs[0].sessions[0].turns])
   counts = ingest_conversations(bank, convs, OfflineReflector(encoder), encoder,
                                 user_per_conversation=True)
   assert {k: counts[k] for k in ("users", "sessions", "sessions_skipped", "turns", "topics",
@@ -308,7 +328,7 @@ def test_ingest_refuses_what_cannot_be_one_history(tmp_path):
   bank = MemoryBank(tmp_path / "memory.sqlite")
   with pytest.raises(ValueError, match="session id 'S1' occurs 2 times"):
     ingest_conversations(bank, convs, OfflineReflector(encoder), encoder, user="me")
-  with pytest.raises(ValueError, match="user must be a non-empty string"):
+  with pytest.raises(ValueError, match="the user must be a non-empty string"):
     ingest_conversations(bank, convs, OfflineReflector(encoder), encoder)
   ingest_conversations(bank, convs[:1], OfflineReflector(encoder), encoder, user="me")
   other = _conversation("c", [(DATE2, ["guitar"])])

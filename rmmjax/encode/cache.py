@@ -9,8 +9,10 @@ and the remedy: the cache only saves recomputation, so deleting or moving it los
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -54,7 +56,7 @@ class EmbeddingCache:
       # isolation_level IMMEDIATE: a write takes the lock when its transaction begins, so two
       # writers queue on the busy timeout instead of one failing when it upgrades its lock.
       self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level="IMMEDIATE")
-      self._db.execute("PRAGMA journal_mode = WAL")
+      self._journal_mode_wal(busy_timeout_s)
       with self._db:
         self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (model TEXT NOT NULL, key BLOB "
                          "NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (model, key))")
@@ -62,6 +64,20 @@ class EmbeddingCache:
       if self._db is not None:
         self._db.close()
       raise self._error(err, "opened") from None
+
+  def _journal_mode_wal(self, busy_timeout_s: float) -> None:
+    """Switches a new file to WAL. The switch takes an exclusive lock without waiting for it (no
+    busy handler), so processes that open a new cache at once retry here."""
+    deadline, pause = time.monotonic() + busy_timeout_s, 0.001
+    while True:
+      try:
+        self._db.execute("PRAGMA journal_mode = WAL")
+        return
+      except sqlite3.OperationalError as err:
+        if "locked" not in str(err) or time.monotonic() > deadline:
+          raise
+      time.sleep(pause)
+      pause = min(2 * pause, 0.05)
 
   def _error(self, err: sqlite3.DatabaseError, doing: str) -> CacheError:
     """The CacheError for an SQLite failure, with the remedy that fits it."""
@@ -111,6 +127,24 @@ class EmbeddingCache:
         self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
 
     self._run("written", write)
+
+  def forget(self, texts) -> int:
+    """Deletes every model's embedding of these texts; returns how many rows went."""
+    keys = [text_key(t) for t in dict.fromkeys(texts)]
+
+    def delete() -> int:
+      gone = 0
+      self._db.execute("PRAGMA secure_delete = ON")  # zero the rows' bytes, not just unlink them
+      with self._db:  # one transaction
+        for start in range(0, len(keys), 500):
+          chunk = keys[start:start + 500]
+          gone += self._db.execute(f"DELETE FROM embeddings WHERE key IN "
+                                   f"({','.join('?' * len(chunk))})", chunk).rowcount
+      with contextlib.suppress(sqlite3.Error):  # the log still holds old copies until then
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+      return gone
+
+    return self._run("written", delete)
 
   def close(self) -> None:
     self._db.close()

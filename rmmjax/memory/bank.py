@@ -4,6 +4,11 @@ One SQLite file (WAL mode, so readers never wait for a writer, and a busy timeou
 queue instead of failing). Every call names one user and every query filters by that user; a
 memory id of another user is refused exactly like one that does not exist. Every write is one
 transaction, so a process killed in the middle leaves the bank as it was before the call.
+
+Several processes may write one user at once: ids a writer does not bring (a chat session's,
+its turns') are chosen inside the transaction that writes them, a session takes turns only from
+the kind of writer that opened it (chat, ingest, api), and a reflection computed from rows that
+changed before it was applied is refused (StaleRead), to be recomputed.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import numpy as np
 
 from rmmjax.memory import embedding_rows as emb
 from rmmjax.memory import portable, schema_sql
+from rmmjax.memory import user_rows as rows
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
 from rmmjax.memory.embedding_rows import MEMORY
 from rmmjax.memory.records import (
-    BankFileError, BankTurn, Memory, Merge, NewMemory, SessionInfo, Snippet, UnknownRecord,
-    repeated, select_in, string_arg, text_arg, turn_rows, vector_arg)
+    BankFileError, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded,
+    SessionInfo, StaleRead, UnknownRecord, reflection_items, repeated, select_in, string_arg,
+    text_arg, turn_rows, vector_arg)
 
 # Long enough to outlast another process's largest write (one reflection, one import).
 BUSY_TIMEOUT_S = 60.0
@@ -39,12 +46,12 @@ class MemoryBank:
   def __init__(self, path: str | Path, *, key: bytes | None = None,
                busy_timeout_s: float = BUSY_TIMEOUT_S):
     self.path = Path(path)
-    where = self._where = f"memory bank {self.path}"
+    where = self.where = f"memory bank {self.path}"
     if self.path.is_dir():
-      raise BankFileError(f"{self._where} is a directory; expected an SQLite file "
+      raise BankFileError(f"{self.where} is a directory; expected an SQLite file "
                           f"such as {self.path / 'memory.sqlite'}")
     if not self.path.parent.is_dir():
-      raise BankFileError(f"{self._where}: its folder {self.path.parent} does not "
+      raise BankFileError(f"{self.where}: its folder {self.path.parent} does not "
                           f"exist; create it first")
     self.cipher: Cipher = PlainCipher() if key is None else FernetCipher(key, where)
     self._db: sqlite3.Connection | None = None
@@ -61,8 +68,8 @@ class MemoryBank:
       if mode != "wal" or keys != 1:
         raise BankFileError(f"{where}: SQLite gave journal mode {mode!r} and foreign_keys "
                             f"{keys}; a bank needs WAL (a local file) and foreign keys")
-      with self._write() as db:
-        schema_sql.migrate(db, self.cipher, self._where)
+      with self.writing() as db:
+        schema_sql.migrate(db, self.cipher, self.where)
     except sqlite3.Error as err:
       self.close()
       raise BankFileError(f"{where} cannot be opened (sqlite: {err}): the file is corrupt or "
@@ -98,7 +105,7 @@ class MemoryBank:
   @contextlib.contextmanager
   def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
     if self._db is None:
-      raise BankFileError(f"{self._where} is closed")
+      raise BankFileError(f"{self.where} is closed")
     db = self._db
     try:
       db.execute(begin)
@@ -110,129 +117,155 @@ class MemoryBank:
           db.execute("ROLLBACK")
         raise
     except sqlite3.Error as err:
-      raise BankFileError(f"{self._where}: sqlite: {err}") from None
+      raise BankFileError(f"{self.where}: sqlite: {err}") from None
 
-  def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+  def writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """One write transaction (for the memory package's own layers: LaceMem, export)."""
     return self._transaction("BEGIN IMMEDIATE")
 
-  def _read(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-    return self._transaction("BEGIN")  # one snapshot for every query of the call
+  def reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """One read transaction: every query inside it sees the same snapshot."""
+    return self._transaction("BEGIN")
 
-  def _user(self, db: sqlite3.Connection, user: str) -> str:
+  def require_user(self, db: sqlite3.Connection, user: str) -> str:
+    """user, if the bank has them (inside a transaction); UnknownRecord otherwise."""
     text_arg(user, "user")
     if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone() is None:
-      raise UnknownRecord(f"{self._where} has no user {user!r}")
+      raise UnknownRecord(f"{self.where} has no user {user!r}")
     return user
 
-  def _session(self, db: sqlite3.Connection, user: str, session_id: str) -> tuple[str, bool]:
-    """(date, ended) of one of the user's sessions."""
-    row = db.execute("SELECT date, ended FROM sessions WHERE user_id = ? AND session_id = ?",
-                     (self._user(db, user), text_arg(session_id, "session_id"))).fetchone()
-    if row is None:
-      raise UnknownRecord(f"user {user!r} has no session {session_id!r}")
-    return row[0], bool(row[1])
+  @staticmethod
+  def _bump(db: sqlite3.Connection, user: str) -> None:
+    """Gives the user's memories a new version, in the transaction that changes them."""
+    db.execute("UPDATE bank_writes SET n = n + 1")
+    db.execute("UPDATE users SET version = (SELECT n FROM bank_writes) WHERE user_id = ?",
+               (user,))
 
-  def add_user(self, user: str) -> None:
-    with self._write() as db:
+  def add_user(self, user: str, *, exist_ok: bool = False) -> None:
+    with self.writing() as db:
       if db.execute("SELECT 1 FROM users WHERE user_id = ?", (text_arg(user, "user"),)).fetchone():
-        raise ValueError(f"user {user!r} is already in {self._where}")
-      db.execute("INSERT INTO users VALUES (?)", (user,))
+        if exist_ok:
+          return
+        raise ValueError(f"user {user!r} is already in {self.where}")
+      db.execute("INSERT INTO users (user_id) VALUES (?)", (user,))
+      self._bump(db, user)
 
   def users(self) -> list[str]:
-    with self._read() as db:
+    with self.reading() as db:
       return [r[0] for r in db.execute("SELECT user_id FROM users ORDER BY user_id")]
 
   def has_user(self, user: str) -> bool:
-    with self._read() as db:
+    with self.reading() as db:
       return db.execute("SELECT 1 FROM users WHERE user_id = ?",
                         (text_arg(user, "user"),)).fetchone() is not None
 
-  def start_session(self, user: str, session_id: str, date: str) -> None:
-    string_arg(date, "date")
-    with self._write() as db:
-      self._user(db, user)
-      if db.execute("SELECT 1 FROM sessions WHERE user_id = ? AND session_id = ?",
-                    (user, text_arg(session_id, "session_id"))).fetchone():
-        raise ValueError(f"user {user!r} already has session {session_id!r}")
-      db.execute("INSERT INTO sessions SELECT ?, ?, ?, COALESCE(MAX(ordinal) + 1, 0), 0 "
-                 "FROM sessions WHERE user_id = ?", (user, session_id, date, user))
+  def memory_version(self, user: str) -> int:
+    """A number that changes in every transaction that changes the user's memories or their
+    embeddings, and never repeats; one row lookup (a search index is rebuilt only when it
+    changes)."""
+    with self.reading() as db:
+      row = db.execute("SELECT version FROM users WHERE user_id = ?",
+                       (text_arg(user, "user"),)).fetchone()
+    if row is None:
+      raise UnknownRecord(f"{self.where} has no user {user!r}")
+    return row[0]
 
-  def add_turns(self, user: str, session_id: str, turns: Iterable[tuple[str, str, str]]) -> None:
-    """Appends (turn_id, speaker, text) turns to a session that has not ended."""
-    rows = turn_rows(turns)
-    with self._write() as db:
-      date, ended = self._session(db, user, session_id)
-      if ended:
-        raise ValueError(f"session {session_id!r} of user {user!r} has ended (its reflection "
-                         f"is applied); start a new session for more turns")
-      taken = select_in(db, "SELECT turn_id, session_id FROM turns WHERE user_id = ? AND "
-                         "turn_id IN ({})", (user,), [r[0] for r in rows])
-      if taken:
-        raise ValueError(f"user {user!r} already has turn {taken[0][0]!r} (in session "
-                         f"{taken[0][1]!r}); turn ids must be unique per user")
-      start = db.execute("SELECT COALESCE(MAX(ordinal) + 1, 0) FROM turns WHERE user_id = ? AND "
-                         "session_id = ?", (user, session_id)).fetchone()[0]
-      seal = self.cipher.seal_text
-      db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", [
-          (user, session_id, t, seal(speaker), seal(text), date, start + i)
-          for i, (t, speaker, text) in enumerate(rows)])
+  # Sessions and turns -----------------------------------------------------------------------
+
+  def start_session(self, user: str, session_id: str, date: str, *,
+                    origin: str = "api") -> None:
+    """Opens a session of the given id; only writers of the same origin append to it."""
+    string_arg(date, "date")
+    with self.writing() as db:
+      rows.insert_session(db, self.require_user(db, user), session_id, date, origin)
+
+  def add_turns(self, user: str, session_id: str, turns: Iterable[tuple[str, str, str]], *,
+                origin: str = "api") -> None:
+    """Appends (turn_id, speaker, text) turns to a session of this origin that has not ended."""
+    turns = turn_rows(turns)
+    with self.writing() as db:
+      info = rows.require_session(db, self.require_user(db, user), session_id)
+      self._own_session(info, user, rows.check_origin(origin))
+      rows.insert_turns(db, self.cipher, user, info, turns)
+
+  @staticmethod
+  def _own_session(info: SessionInfo, user: str, origin: str) -> None:
+    if info.origin != origin:
+      raise ValueError(f"session {info.session_id!r} of user {user!r} was opened by {info.origin}"
+                       f"; a writer ({origin}) never appends to a session it did not open")
+
+  def append_chat(self, user: str, turns: Sequence[tuple[str, str]],
+                  date: str) -> tuple[str, list[str]]:
+    """Appends (speaker, text) turns to the user's open chat session, opening one (dated
+    `date`) when there is none; returns (session id, turn ids). The ids are chosen inside the
+    write, so concurrent chats of one user never collide, and a session that another process
+    ended meanwhile is never written to."""
+    string_arg(date, "date")
+    texts = [(string_arg(s, f"turns[{i}] speaker"), string_arg(t, f"turns[{i}] text"))
+             for i, (s, t) in enumerate(turns)]
+    with self.writing() as db:
+      self.require_user(db, user)
+      info = rows.newest_open(db, user, "chat") or rows.insert_session(
+          db, user, rows.new_chat_session_id(db, user), date, "chat")
+      ids = rows.next_turn_ids(db, user, info.session_id, len(texts))
+      rows.insert_turns(db, self.cipher, user, info,
+                        [(t, s, x) for t, (s, x) in zip(ids, texts, strict=True)])
+    return info.session_id, ids
+
+  def open_session(self, user: str, origin: str) -> SessionInfo | None:
+    """The user's newest session of this origin that has not ended, or None."""
+    with self.reading() as db:
+      return rows.newest_open(db, self.require_user(db, user), rows.check_origin(origin))
+
+  def ingest_session(self, user: str, session_id: str, date: str,
+                     turns: Sequence[tuple[str, str, str]]) -> tuple[bool, int]:
+    """Makes the bank hold a dataset's session (opened by ingest) with these turns, in one
+    transaction: opens it, or appends the turns it lacks; returns (ended, turns added). A
+    session of that id with another date, other turns or another origin is refused."""
+    turns = turn_rows(turns)
+    string_arg(date, "date")
+    with self.writing() as db:
+      self.require_user(db, user)
+      info = rows.session(db, user, session_id)
+      if info is None:
+        info = rows.insert_session(db, user, session_id, date, "ingest")
+      self._own_session(info, user, "ingest")
+      stored, wanted = rows.turn_ids(db, user, session_id), [t[0] for t in turns]
+      if info.date != date or stored != wanted[:len(stored)] or (
+          info.ended and len(stored) != len(wanted)):
+        raise ValueError(f"{self.path}: user {user!r} already has a session {session_id!r} "
+                         f"(date {info.date!r}, {len(stored)} turns) that differs from the one "
+                         f"being ingested (date {date!r}, {len(wanted)} turns); ingest into "
+                         f"another bank or user")
+      if info.ended or len(stored) == len(wanted):
+        return info.ended, 0
+      rows.insert_turns(db, self.cipher, user, info, turns[len(stored):])
+      return False, len(wanted) - len(stored)
 
   def turns(self, user: str, session_id: str | None = None) -> list[BankTurn]:
     """The user's turns (of one session where given), in session then turn order."""
-    with self._read() as db:
-      if session_id is None:
-        self._user(db, user)
-      else:
-        self._session(db, user, session_id)
-      return self._turns(db, user, session_id)
-
-  def _turns(self, db: sqlite3.Connection, user: str, session_id: str | None) -> list[BankTurn]:
-    rows = db.execute(
-        "SELECT t.turn_id, t.session_id, t.speaker, t.text, t.date FROM turns t JOIN sessions s "
-        "USING (user_id, session_id) WHERE t.user_id = ? AND (? IS NULL OR t.session_id = ?) "
-        "ORDER BY s.ordinal, t.ordinal", (user, session_id, session_id))
-    return [BankTurn(t, s, self.cipher.open_text(speaker), self.cipher.open_text(text), d)
-            for t, s, speaker, text, d in rows]
+    with self.reading() as db:
+      self.require_user(db, user)
+      if session_id is not None:
+        rows.require_session(db, user, session_id)
+      return rows.turns(db, self.cipher, user, session_id)
 
   def sessions(self, user: str) -> list[SessionInfo]:
-    with self._read() as db:
-      self._user(db, user)
-      return self._sessions(db, user)
+    with self.reading() as db:
+      return rows.sessions(db, self.require_user(db, user))
 
-  def _sessions(self, db: sqlite3.Connection, user: str) -> list[SessionInfo]:
-    return [SessionInfo(s, d, o, bool(e)) for s, d, o, e in db.execute(
-        "SELECT session_id, date, ordinal, ended FROM sessions WHERE user_id = ? "
-        "ORDER BY ordinal", (user,))]
-
-  def memory_version(self, user: str) -> tuple[int, float, int]:
-    """(count, latest update, largest id) of the user's memories: it changes whenever they do,
-    and costs one indexed query (a search index is rebuilt only when it changes)."""
-    with self._read() as db:
-      return tuple(db.execute(
-          "SELECT COUNT(*), COALESCE(MAX(updated), 0), COALESCE(MAX(memory_id), 0) FROM memories "
-          "WHERE user_id = ?", (self._user(db, user),)).fetchone())
+  # Memories and their embeddings ------------------------------------------------------------
 
   def memories(self, user: str) -> list[Memory]:
     """The user's topic memories, oldest first, each with its snippets in the order added."""
-    with self._read() as db:
-      return self._memories(db, self._user(db, user))
-
-  def _memories(self, db: sqlite3.Connection, user: str) -> list[Memory]:
-    snippets: dict[int, list[Snippet]] = {}
-    for m, t, s, d, text in db.execute(
-        "SELECT memory_id, turn_id, session_id, date, text FROM snippets WHERE user_id = ? "
-        "ORDER BY memory_id, ordinal", (user,)):
-      snippets.setdefault(m, []).append(Snippet(t, s, d, self.cipher.open_text(text)))
-    return [Memory(m, self.cipher.open_text(summary), tuple(snippets.get(m, ())), c, u)
-            for m, summary, c, u in db.execute(
-                "SELECT memory_id, summary, created, updated FROM memories WHERE user_id = ? "
-                "ORDER BY memory_id", (user,))]
+    with self.reading() as db:
+      return rows.memories(db, self.cipher, self.require_user(db, user))
 
   def memory_embeddings(self, user: str, encoder: str) -> tuple[list[int], np.ndarray]:
     """(memory ids, float32 N x D matrix) of the user's memories as embedded by encoder."""
     text_arg(encoder, "encoder")
-    with self._read() as db:
-      return emb.matrix(db, self.cipher, self._user(db, user), encoder, self._where)
+    with self.reading() as db:
+      return emb.matrix(db, self.cipher, self.require_user(db, user), encoder, self.where)
 
   def put_embeddings(self, user: str, encoder: str, memory_ids: Sequence[int],
                      vectors: np.ndarray) -> None:
@@ -241,11 +274,12 @@ class MemoryBank:
     vectors = vector_arg(vectors, "vectors", ndim=2)
     if vectors.shape[0] != len(memory_ids):
       raise ValueError(f"{len(memory_ids)} memory ids but {vectors.shape[0]} vectors")
-    with self._write() as db:
-      self._own_memories(db, self._user(db, user), memory_ids)
+    with self.writing() as db:
+      self._own_memories(db, self.require_user(db, user), memory_ids)
       for m, v in zip(memory_ids, vectors, strict=True):
         emb.put_vector(db, self.cipher, user, int(m), encoder, v)
       emb.check_dims(db, user, encoder)
+      self._bump(db, user)
 
   def _own_memories(self, db: sqlite3.Connection, user: str, memory_ids: Sequence[int]) -> None:
     for m in memory_ids:
@@ -260,29 +294,41 @@ class MemoryBank:
       # The same words whether the id is another user's or nobody's.
       raise UnknownRecord(f"user {user!r} has no memory {unknown[0]}")
 
+  # Prospective Reflection -------------------------------------------------------------------
+
+  def reflection_input(self, user: str, session_id: str, encoder: str) -> ReflectionInput:
+    """The session, its turns and the user's memories with encoder's embeddings, read from one
+    snapshot (pass its version to apply_reflection)."""
+    text_arg(encoder, "encoder")
+    with self.reading() as db:
+      self.require_user(db, user)
+      info = rows.require_session(db, user, session_id)
+      ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
+      version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+      return ReflectionInput(info, rows.turns(db, self.cipher, user, session_id),
+                             {m.id: m for m in rows.memories(db, self.cipher, user)}, ids,
+                             vectors, version)
+
   def apply_reflection(self, user: str, session_id: str, adds: Sequence[NewMemory],
-                       merges: Sequence[Merge], encoder: str, *,
-                       now: float | None = None) -> list[int]:
+                       merges: Sequence[Merge], encoder: str, *, now: float | None = None,
+                       expect: ReflectionInput | None = None) -> list[int]:
     """Adds and merges memories and marks the session ended, all in one transaction; returns
-    the ids written: one per add (new), then one per merge."""
-    adds = [a if isinstance(a, NewMemory) else NewMemory(*a) for a in adds]
-    merges = [m if isinstance(m, Merge) else Merge(*m) for m in merges]
+    the ids written: one per add (new), then one per merge.
+
+    With `expect` (the reflection_input the changes were computed from), StaleRead is raised
+    and nothing is written when the user's memories or the session's turns changed since.
+    """
+    adds, merges = reflection_items(adds, merges)
     text_arg(encoder, "encoder")
     now = time.time() if now is None else float(now)
-    for i, item in enumerate([*adds, *merges]):
-      what = f"adds[{i}]" if i < len(adds) else f"merges[{i - len(adds)}]"
-      text_arg(item.summary, f"{what} summary")
-      vector_arg(item.embedding, f"{what} embedding")
-      if isinstance(item.turn_ids, (str, bytes)):
-        raise ValueError(f"{what} turn_ids must be a list of turn ids, got {item.turn_ids!r}")
-      if isinstance(item, NewMemory) and not list(item.turn_ids):
-        raise ValueError(f"{what} has no turn ids; a memory keeps the turns it came from")
     turn_ids = list(dict.fromkeys(t for item in [*adds, *merges] for t in item.turn_ids))
-    with self._write() as db:
-      _date, ended = self._session(db, user, session_id)
-      if ended:
-        raise ValueError(f"session {session_id!r} of user {user!r} has ended: its reflection "
-                         f"is already applied")
+    with self.writing() as db:
+      info = rows.require_session(db, self.require_user(db, user), session_id)
+      if info.ended:
+        raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
+                           f"is already applied")
+      if expect is not None:
+        self._check_unchanged(db, user, session_id, expect)
       self._own_memories(db, user, [m.memory_id for m in merges])
       emb.require_encoder(db, user, encoder, "this reflection")
       turns = {r[0]: r[1:] for r in select_in(
@@ -291,72 +337,70 @@ class MemoryBank:
       if unknown := [t for t in turn_ids if t not in turns]:
         raise UnknownRecord(f"user {user!r} has no turn {unknown[0]!r} (snippets must name "
                             f"the user's stored turns)")
-      ids = []
-      for item in [*adds, *merges]:
-        if isinstance(item, NewMemory):
-          memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) "
-                                 "VALUES (?, ?, ?, ?)", (user, self.cipher.seal_text(item.summary),
-                                                         now, now)).lastrowid
-        else:
-          memory_id = int(item.memory_id)
-          db.execute("UPDATE memories SET summary = ?, updated = ? WHERE memory_id = ? AND "
-                     "user_id = ?", (self.cipher.seal_text(item.summary), now, memory_id, user))
-          # The old summary's embeddings from other encoders no longer describe it.
-          db.execute("DELETE FROM embeddings WHERE kind = ? AND owner_id = ? AND encoder != ?",
-                     (MEMORY, memory_id, encoder))
-        # A merge keeps every old snippet and appends the new turns it does not have yet.
-        db.executemany(
-            "INSERT OR IGNORE INTO snippets SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(ordinal) + 1, "
-            "0) FROM snippets WHERE memory_id = ?",
-            [(memory_id, user, t, *turns[t], memory_id) for t in dict.fromkeys(item.turn_ids)])
-        vector = np.asarray(item.embedding, np.float32)
-        emb.put_vector(db, self.cipher, user, memory_id, encoder, vector)
-        ids.append(memory_id)
+      ids = [self._write_memory(db, user, item, turns, encoder, now) for item in [*adds, *merges]]
       emb.check_dims(db, user, encoder)
+      self._bump(db, user)
       if _inside_reflection is not None:
         _inside_reflection()
       db.execute("UPDATE sessions SET ended = 1 WHERE user_id = ? AND session_id = ?",
                  (user, session_id))
     return ids
 
+  @staticmethod
+  def _check_unchanged(db: sqlite3.Connection, user: str, session_id: str,
+                       expect: ReflectionInput) -> None:
+    version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+    held = rows.turn_count(db, user, session_id)
+    if version != expect.version or held != len(expect.turns):
+      raise StaleRead(f"user {user!r} changed while session {session_id!r} was being reflected "
+                      f"(memory version {expect.version} -> {version}, session turns "
+                      f"{len(expect.turns)} -> {held})")
+
+  def _write_memory(self, db: sqlite3.Connection, user: str, item: NewMemory | Merge,
+                    turns: dict, encoder: str, now: float) -> int:
+    if isinstance(item, NewMemory):
+      memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) "
+                             "VALUES (?, ?, ?, ?)", (user, self.cipher.seal_text(item.summary),
+                                                     now, now)).lastrowid
+    else:
+      memory_id = int(item.memory_id)
+      db.execute("UPDATE memories SET summary = ?, updated = ? WHERE memory_id = ? AND "
+                 "user_id = ?", (self.cipher.seal_text(item.summary), now, memory_id, user))
+      # The old summary's embeddings from other encoders no longer describe it.
+      db.execute("DELETE FROM embeddings WHERE kind = ? AND owner_id = ? AND encoder != ?",
+                 (MEMORY, memory_id, encoder))
+    # A merge keeps every old snippet and appends the new turns it does not have yet.
+    db.executemany(
+        "INSERT OR IGNORE INTO snippets SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(ordinal) + 1, "
+        "0) FROM snippets WHERE memory_id = ?",
+        [(memory_id, user, t, *turns[t], memory_id) for t in dict.fromkeys(item.turn_ids)])
+    emb.put_vector(db, self.cipher, user, memory_id, encoder,
+                   np.asarray(item.embedding, np.float32))
+    return memory_id
+
+  # The whole user ---------------------------------------------------------------------------
+
   def export_user(self, user: str) -> dict:
     """Everything the bank holds of one user, as plain JSON values (decrypted)."""
-    with self._read() as db:
-      self._user(db, user)
-      return portable.export(user, self._sessions(db, user), self._turns(db, user, None),
-                             self._memories(db, user),
-                             emb.by_memory(db, self.cipher, user, self._where))
+    with self.reading() as db:
+      return portable.export(db, self.cipher, self.require_user(db, user), self.where)
 
   def import_user(self, data: dict, *, user: str | None = None) -> str:
     """Loads what export_user gave into a user this bank does not have; returns the user id."""
     parsed = portable.parse(data)
     user = text_arg(parsed.user if user is None else user, "user")
-    seal = self.cipher.seal_text
-    with self._write() as db:
+    with self.writing() as db:
       if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone():
-        raise ValueError(f"user {user!r} is already in {self._where}; import_user "
+        raise ValueError(f"user {user!r} is already in {self.where}; import_user "
                          f"only fills a new user (delete_user first to replace one)")
-      db.execute("INSERT INTO users VALUES (?)", (user,))
-      db.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
-                     [(user, s, d, o, int(e)) for o, (s, d, e) in enumerate(parsed.sessions)])
-      db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     [(user, s, t, seal(speaker), seal(text), d, o)
-                      for s, d, o, t, speaker, text in parsed.turns])
-      for summary, created, updated, snippets, embeddings in parsed.memories:
-        memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) VALUES "
-                               "(?, ?, ?, ?)", (user, seal(summary), created, updated)).lastrowid
-        db.executemany("INSERT INTO snippets VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       [(memory_id, user, t, s, d, seal(text), o)
-                        for o, (t, s, d, text) in enumerate(snippets)])
-        for encoder, vector in embeddings.items():
-          emb.put_vector(db, self.cipher, user, memory_id, encoder, vector)
-          emb.check_dims(db, user, encoder)
+      portable.write(db, self.cipher, parsed, user)
+      self._bump(db, user)
     return user
 
   def delete_user(self, user: str) -> None:
     """Removes every row of the user from every table, then clears the write-ahead log."""
-    with self._write() as db:
-      self._user(db, user)
+    with self.writing() as db:
+      self.require_user(db, user)
       # Deferred: the tables are emptied in any order and the keys are checked at commit.
       db.execute("PRAGMA defer_foreign_keys = ON")
       tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
@@ -364,9 +408,8 @@ class MemoryBank:
       for table in [*tables, "users"]:
         if "user_id" in {c[1] for c in db.execute(f'PRAGMA table_info("{table}")')}:
           db.execute(f'DELETE FROM "{table}" WHERE user_id = ?', (user,))
+      db.execute("UPDATE bank_writes SET n = n + 1")  # a user of that name starts anew
     # secure_delete zeroed the rows in the pages; the log still holds their old copies until a
     # checkpoint (a reader of another process may keep it from finishing: best effort).
     with contextlib.suppress(sqlite3.Error):
       self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-

@@ -1,7 +1,7 @@
 """Replaying conversations into a memory bank, session by session, with reflection at each end.
 
 Resumable at session granularity: a session the bank already holds as ended is checked against
-the data and skipped; one that was started but not reflected (a run stopped between the two
+the data and skipped; one that was stored but not reflected (a run stopped between the two
 writes) gets its missing turns and its reflection. Embeddings are computed per conversation in
 bulk where the reflector allows it: one encoder call per session pads each to a full batch.
 """
@@ -19,14 +19,23 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax.data.schema import Conversation, Session, Turn
+from rmmjax.llm.base import LLMError
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import BankTurn
+from rmmjax.memory.records import BankTurn, SessionEnded
 from rmmjax.memory.reflection import Encoder, Reflector, reflect_session
 from rmmjax.memory.topics import OfflineReflector, turn_text
 
+class IngestStopped(LLMError):
+  """The LLM failed during an ingest; every session reflected before is kept (`counts`)."""
+
+  def __init__(self, message: str, counts: dict):
+    super().__init__(message)
+    self.counts = counts
+
+
 COUNTS = ("users", "sessions", "sessions_skipped", "turns", "topics", "memories_added",
           "memories_merged", "memories_updated", "dropped_turn_ids", "dropped_topics",
-          "fallbacks", "uncovered_turns")
+          "fallbacks", "uncovered_turns", "cut_summaries")
 
 
 def bank_text(turn: Turn) -> str:
@@ -45,45 +54,31 @@ def _repeated_ids(conversations: Sequence[Conversation]) -> str | None:
   return None
 
 
-def _plan(conversations: Sequence[Conversation], user: str | None,
-          user_per_conversation: bool) -> list[tuple[str, tuple[Session, ...]]]:
-  """(user, sessions) per conversation in replay order, after checking the arguments."""
+def plan_ingest(conversations: Sequence[Conversation], user: str | None,
+                user_per_conversation: bool) -> list[tuple[str, tuple[Session, ...]]]:
+  """(user, sessions) per conversation in replay order, after checking the arguments (before
+  anything is written: the command line calls it before it opens the bank)."""
   conversations = list(conversations)
   if not all(isinstance(c, Conversation) for c in conversations):
     raise TypeError("conversations must be rmmjax.data.schema.Conversation objects")
   if user_per_conversation:
     if user is not None:
-      raise ValueError(f"user {user!r} and user_per_conversation=True: each conversation is "
-                       f"its own user; pass one or the other")
+      raise ValueError(f"user {user!r} and a user per conversation (--user-per-conversation): "
+                       f"each conversation is its own user; pass one or the other")
     ids = [c.conversation_id for c in conversations]
     if dup := next((i for i, n in collections.Counter(ids).items() if n > 1), None):
-      raise ValueError(f"conversation id {dup!r} occurs twice; with user_per_conversation each "
-                       f"conversation id is a user id and must be unique")
+      raise ValueError(f"conversation id {dup!r} occurs twice; with a user per conversation "
+                       f"each conversation id is a user id and must be unique")
     return [(c.conversation_id, c.sessions) for c in conversations]
   if not isinstance(user, str) or not user:
-    raise ValueError(f"user must be a non-empty string (the user every conversation belongs "
-                     f"to), got {user!r}; or pass user_per_conversation=True")
+    raise ValueError(f"the user must be a non-empty string (the user every conversation "
+                     f"belongs to), got {user!r}; or make each conversation its own user "
+                     f"(--user-per-conversation)")
   if dup := _repeated_ids(conversations):
     raise ValueError(f"the conversations cannot be one user's history: {dup} (ids must be "
-                     f"unique per user); pass user_per_conversation=True")
+                     f"unique per user); make each conversation its own user "
+                     f"(--user-per-conversation)")
   return [(user, c.sessions) for c in conversations]
-
-
-def _stored(bank: MemoryBank, user: str, session: Session) -> tuple[bool, bool, int]:
-  """(whether the bank has the session, whether it has ended, how many of its turns it holds);
-  refuses a session of that id whose date or turns are not the ones being ingested."""
-  known = {s.session_id: s for s in bank.sessions(user)}.get(session.session_id)
-  if known is None:
-    return False, False, 0
-  stored = [t.turn_id for t in bank.turns(user, session.session_id)]
-  wanted = [t.turn_id for t in session.turns]
-  if known.date != session.date or stored != wanted[:len(stored)] or (
-      known.ended and len(stored) != len(wanted)):
-    raise ValueError(f"{bank.path}: user {user!r} already has a session {session.session_id!r} "
-                     f"(date {known.date!r}, {len(stored)} turns) that differs from the one "
-                     f"being ingested (date {session.date!r}, {len(wanted)} turns); ingest into "
-                     f"another bank or user")
-  return True, known.ended, len(stored)
 
 
 @final
@@ -130,40 +125,56 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
                          reflector: Reflector, encoder: Encoder, *, user: str | None = None,
                          user_per_conversation: bool = False, top_k: int = 5,
                          progress: bool = False) -> dict:
-  """Replays each conversation's sessions in order: start, add turns, reflect; returns counts
-  (of this run: skipped sessions add nothing) and the time taken."""
-  plan = _plan(conversations, user, user_per_conversation)
+  """Replays each conversation's sessions in order: store the session with its turns, then
+  reflect; returns counts (of this run: skipped sessions add nothing) and the time taken.
+
+  Safe beside other writers of the same users (chat, another ingest): each session is stored
+  in one transaction (a session of the same id that differs is refused), a session ingest did
+  not open is never appended to, and one that another process reflected meanwhile counts as
+  skipped."""
+  plan = plan_ingest(conversations, user, user_per_conversation)
   counts = dict.fromkeys(COUNTS, 0)
   start = time.perf_counter()
   for name in dict.fromkeys(u for u, _ in plan):
-    if not bank.has_user(name):
-      bank.add_user(name)
+    bank.add_user(name, exist_ok=True)
     counts["users"] += 1
   bar = tqdm(total=sum(len(s) for _, s in plan), desc="sessions", unit="session",
              disable=not progress)
   for name, sessions in plan:
-    states = [_stored(bank, name, s) for s in sessions]
-    todo = [(s, state) for s, state in zip(sessions, states, strict=True) if not state[1]]
+    todo = []
+    for session in sessions:  # each checked against the bank, stored if it is not yet
+      done, added = bank.ingest_session(name, session.session_id, session.date,
+                                        [(t.turn_id, t.speaker, bank_text(t))
+                                         for t in session.turns])
+      counts["turns"] += added
+      if not done:
+        todo.append(session)
     counts["sessions_skipped"] += len(sessions) - len(todo)
     bar.update(len(sessions) - len(todo))
-    run_reflector, run_encoder = _ahead(reflector, encoder, [s for s, _ in todo])
-    for session, (exists, _, held) in todo:
-      if not exists:
-        bank.start_session(name, session.session_id, session.date)
-      if turns := session.turns[held:]:
-        bank.add_turns(name, session.session_id,
-                       [(t.turn_id, t.speaker, bank_text(t)) for t in turns])
-      report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder,
-                               top_k=top_k)
+    run_reflector, run_encoder = _ahead(reflector, encoder, todo)
+    for session in todo:
+      try:
+        report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder,
+                                 top_k=top_k)
+      except SessionEnded:
+        counts["sessions_skipped"] += 1
+        bar.update(1)
+        continue
+      except LLMError as err:
+        bar.close()
+        raise IngestStopped(f"{err}; session {session.session_id} of user {name!r} was not "
+                            f"reflected, the {counts['sessions']} sessions reflected before it "
+                            f"in this run are kept: rerun the same command to resume", counts,
+                            ) from err
       counts["sessions"] += 1
-      counts["turns"] += len(turns)
       for key, value in (("topics", report.topics), ("memories_added", report.added),
                          ("memories_merged", report.merged),
                          ("memories_updated", report.updated),
                          ("dropped_turn_ids", report.dropped_turn_ids),
                          ("dropped_topics", report.dropped_topics),
                          ("fallbacks", report.fallbacks),
-                         ("uncovered_turns", report.uncovered_turns)):
+                         ("uncovered_turns", report.uncovered_turns),
+                         ("cut_summaries", report.cut_summaries)):
         counts[key] += value
       bar.update(1)
   bar.close()

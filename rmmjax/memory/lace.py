@@ -27,13 +27,14 @@ import bm25s
 import numpy as np
 
 from rmmjax.data.schema import Conversation
-from rmmjax.memory import lace_store
+from rmmjax.memory import lace_rows
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace_facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
                                       turn_drafts, turn_text)
 from rmmjax.memory.lace_links import RULES, SemanticGraph, snap
 from rmmjax.memory.records import EncoderMismatch, UnknownRecord
 from rmmjax.retrieve.evidence import Fact, RawTurn
+from rmmjax.retrieve.fusion import rrf_scores
 
 RETRIEVALS = ("bm25", "dense", "hybrid")
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
@@ -287,12 +288,12 @@ class LaceMem:
         raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
                          f"encoder; pass one, or use retrieval 'bm25'")
       scores["dense"] = self._graph.vectors @ self.query_vector(query)
-    if mode == "hybrid":
-      fused = np.zeros(n)
-      for ranked in scores.values():
-        order = np.argsort(-ranked, kind="stable")
-        fused[order] += 1.0 / (self.settings.fusion_c + 1.0 + np.arange(n))
-      scores = {"hybrid": fused}
+    if mode == "hybrid":  # BM25 is credited only with facts that share a term with the query
+      bm25 = scores["bm25"]
+      matched = np.flatnonzero(bm25 > 0)
+      scores = {"hybrid": rrf_scores(
+          [matched[np.lexsort((matched, -bm25[matched]))],
+           np.argsort(-scores["dense"], kind="stable")], n, self.settings.fusion_c)}
     (final_scores,) = scores.values()
     order = np.argsort(-final_scores, kind="stable")[:min(k, n)]
     return [(int(i), float(final_scores[i])) for i in order]
@@ -366,17 +367,22 @@ class LaceMem:
   def save(self, bank: MemoryBank, user: str) -> None:
     """Stores the three layers as the user's LaceMem in the bank, replacing any saved one."""
     graph = self._graph
-    lace_store.save(bank, user, lace_store.Snapshot(
+    snap = lace_rows.Snapshot(
         dataclasses.asdict(self.settings), getattr(self.encoder, "identity", ""),
         self.fallbacks, self.turns, self.facts,
         graph.vectors if graph is not None else np.zeros((0, 0), np.float32),
-        list(graph.lists()) if graph is not None else []))
+        list(graph.lists()) if graph is not None else [])
+    with bank.writing() as db:
+      lace_rows.write_rows(db, bank.cipher, bank.require_user(db, user), snap)
 
   @classmethod
   def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None, *,
            extractor: FactExtractor | None = None) -> LaceMem:
     """The user's saved LaceMem; `encoder` must be the one its facts were embedded with."""
-    snap = lace_store.load(bank, user)
+    with bank.reading() as db:
+      snap = lace_rows.read_rows(db, bank.cipher, bank.require_user(db, user), bank.where)
+    if snap is None:
+      raise UnknownRecord(f"user {user!r} has no saved LaceMem in {bank.where}; save one first")
     if encoder is not None and snap.encoder and encoder.identity != snap.encoder:
       raise EncoderMismatch(f"user {user!r}'s LaceMem was embedded with encoder "
                             f"{snap.encoder!r}, not {encoder.identity!r}; load it with that "

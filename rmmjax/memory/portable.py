@@ -1,20 +1,35 @@
-"""One user's memory bank as plain JSON values, and the checked reading of it back."""
+"""One user's memory bank as plain JSON values, and the checked reading of it back.
+
+An export holds everything the bank keeps of the user: sessions (with who opened them) and raw
+turns, topic memories with their snippets and every encoder's embedding, and the user's saved
+LaceMem (atomic facts with their vectors, semantic links, its own raw turns). Import fills a new
+user with exactly that; documents of version 1 (before sessions had an origin and before
+LaceMem was exported) still import.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import sqlite3
 from typing import final
 
 import numpy as np
 
-from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, require
-from rmmjax.memory.records import BankTurn, Memory, SessionInfo
+from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, optional, require
+from rmmjax.memory import embedding_rows as emb
+from rmmjax.memory import lace_rows, user_rows
+from rmmjax.memory.crypto import Cipher
+from rmmjax.memory.records import ORIGINS, BankTurn, Memory, SessionInfo
+from rmmjax.retrieve.evidence import Fact, RawTurn
 
 FORMAT = "rmmjax-memory-bank-user"
-VERSION = 1
+VERSION = 2
 _SOURCE = "import_user data"  # what a message names in place of a file
 _NUMBER = ((int, float), "a number")
+_INT = ((int,), "an integer")
 _BOOL = ((bool,), "true or false")
+_V1_CHAT = re.compile(r"session-\d+")  # the agent's session names before origins were kept
 
 
 @final
@@ -23,22 +38,27 @@ class Parsed:
   """Checked rows of one exported user, in the order they were stored."""
 
   user: str
-  sessions: list[tuple[str, str, bool]]  # (session_id, date, ended)
+  sessions: list[tuple[str, str, bool, str]]  # (session_id, date, ended, origin)
   turns: list[tuple[str, str, int, str, str, str]]  # (session, date, ordinal, turn, speaker, text)
   # (summary, created, updated, [(turn_id, session_id, date, text)], {encoder: vector})
   memories: list[tuple[str, float, float, list[tuple[str, str, str, str]], dict]]
+  lace: lace_rows.Snapshot | None
 
 
-def export(user: str, sessions: list[SessionInfo], turns: list[BankTurn], memories: list[Memory],
-           embeddings: dict[int, dict[str, np.ndarray]]) -> dict:
-  """The export_user document; memory ids are left out (a bank numbers its own)."""
+def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dict:
+  """The export_user document of one user, read inside the caller's transaction; memory ids
+  are left out (a bank numbers its own)."""
+  sessions: list[SessionInfo] = user_rows.sessions(db, user)
+  turns: list[BankTurn] = user_rows.turns(db, cipher, user, None)
+  memories: list[Memory] = user_rows.memories(db, cipher, user)
+  embeddings = emb.by_memory(db, cipher, user, where)
   by_session: dict[str, list[dict]] = {s.session_id: [] for s in sessions}
   for t in turns:
     by_session[t.session_id].append({"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text})
   return {
       "format": FORMAT, "version": VERSION, "user": user,
       "sessions": [{"session_id": s.session_id, "date": s.date, "ended": s.ended,
-                    "turns": by_session[s.session_id]} for s in sessions],
+                    "origin": s.origin, "turns": by_session[s.session_id]} for s in sessions],
       "memories": [{
           "summary": m.summary, "created": m.created, "updated": m.updated,
           "snippets": [s._asdict() for s in m.snippets],
@@ -46,15 +66,50 @@ def export(user: str, sessions: list[SessionInfo], turns: list[BankTurn], memori
           "embeddings": [{"encoder": e, "vector": v.tolist()}
                          for e, v in sorted(embeddings.get(m.id, {}).items())],
       } for m in memories],
+      "lace": _lace_doc(lace_rows.read_rows(db, cipher, user, where)),
   }
+
+
+def _lace_doc(snap: lace_rows.Snapshot | None) -> dict | None:
+  if snap is None:
+    return None
+  return {"settings": snap.settings, "encoder": snap.encoder, "fallbacks": snap.fallbacks,
+          "turns": [dataclasses.asdict(t) for t in snap.turns],
+          "facts": [{**{k: v for k, v in dataclasses.asdict(f).items() if k != "session_id"},
+                     "vector": snap.vectors[f.fact_id].tolist()} for f in snap.facts],
+          "links": [[i, j, c] for i, j, c in snap.links]}
+
+
+def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> None:
+  """Writes a parsed document as the (new) user, inside the caller's write transaction."""
+  seal = cipher.seal_text
+  db.execute("INSERT INTO users (user_id) VALUES (?)", (user,))
+  db.executemany("INSERT INTO sessions (user_id, session_id, date, ordinal, ended, origin) "
+                 "VALUES (?, ?, ?, ?, ?, ?)",
+                 [(user, s, d, o, int(e), origin)
+                  for o, (s, d, e, origin) in enumerate(parsed.sessions)])
+  db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 [(user, s, t, seal(speaker), seal(text), d, o)
+                  for s, d, o, t, speaker, text in parsed.turns])
+  for summary, created, updated, snippets, embeddings in parsed.memories:
+    memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) VALUES "
+                           "(?, ?, ?, ?)", (user, seal(summary), created, updated)).lastrowid
+    db.executemany("INSERT INTO snippets VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [(memory_id, user, t, s, d, seal(text), o)
+                    for o, (t, s, d, text) in enumerate(snippets)])
+    for encoder, vector in embeddings.items():
+      emb.put_vector(db, cipher, user, memory_id, encoder, vector)
+      emb.check_dims(db, user, encoder)
+  if parsed.lace is not None:
+    lace_rows.write_rows(db, cipher, user, parsed.lace)
 
 
 def parse(data: object) -> Parsed:
   """The rows of an export_user document, or a MalformedData naming the field and the value."""
   doc = check(data, OBJECT, "the document", "top level", _SOURCE)
-  if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+  if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
     raise MalformedData(f"{_SOURCE}: format {doc.get('format')!r} version "
-                        f"{doc.get('version')!r}; expected {FORMAT!r} version {VERSION} "
+                        f"{doc.get('version')!r}; expected {FORMAT!r} version 1 or {VERSION} "
                         f"(what export_user gives)")
   user = _text(doc, "user", "top level")
   sessions, turns, stored = [], [], {}
@@ -62,9 +117,15 @@ def parse(data: object) -> Parsed:
     where = f"sessions[{i}]"
     s = _text(session, "session_id", where)
     d = require(session, "date", where, _SOURCE, STRING)
-    if s in {seen for seen, _, _ in sessions}:
+    if s in {seen for seen, *_ in sessions}:
       raise MalformedData(f"{_SOURCE}: {where}: session id {s!r} appears twice")
-    sessions.append((s, d, require(session, "ended", where, _SOURCE, _BOOL)))
+    default = "chat" if _V1_CHAT.fullmatch(s) else "ingest"
+    origin = (optional(session, "origin", where, _SOURCE, STRING, default)
+              if doc["version"] > 1 else default)
+    if origin not in ORIGINS:
+      raise MalformedData(f"{_SOURCE}: {where}: origin {origin!r} is not one of "
+                          f"{', '.join(ORIGINS)}")
+    sessions.append((s, d, require(session, "ended", where, _SOURCE, _BOOL), origin))
     for j, turn in enumerate(require(session, "turns", where, _SOURCE, LIST)):
       at = f"{where}.turns[{j}]"
       t = _text(turn, "turn_id", at)
@@ -74,32 +135,83 @@ def parse(data: object) -> Parsed:
       text = require(turn, "text", at, _SOURCE, STRING)
       turns.append((s, d, j, t, require(turn, "speaker", at, _SOURCE, STRING), text))
       stored[t] = (t, s, d, text)
-  memories = []
-  for i, memory in enumerate(require(doc, "memories", "top level", _SOURCE, LIST)):
-    where = f"memories[{i}]"
-    snippets = []
-    for j, snippet in enumerate(require(memory, "snippets", where, _SOURCE, LIST)):
-      at = f"{where}.snippets[{j}]"
-      row = tuple(require(snippet, k, at, _SOURCE, STRING)
-                  for k in ("turn_id", "session_id", "date", "text"))
-      if stored.get(row[0]) != row:
-        raise MalformedData(f"{_SOURCE}: {at}: turn {row[0]!r} is not among the sessions' turns "
-                            f"with that session, date and text (a snippet is a stored turn)")
-      snippets.append(row)
-    embeddings = {}
-    for j, item in enumerate(require(memory, "embeddings", where, _SOURCE, LIST)):
-      at = f"{where}.embeddings[{j}]"
-      vector = require(item, "vector", at, _SOURCE, LIST)
-      if not vector or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                               and np.isfinite(v) for v in vector):
-        raise MalformedData(f"{_SOURCE}: {at}: field 'vector' must be a non-empty list of "
-                            f"finite numbers")
-      embeddings[_text(item, "encoder", at)] = np.asarray(vector, np.float32)
-    memories.append((_text(memory, "summary", where),
-                     float(require(memory, "created", where, _SOURCE, _NUMBER)),
-                     float(require(memory, "updated", where, _SOURCE, _NUMBER)),
-                     snippets, embeddings))
-  return Parsed(user, sessions, turns, memories)
+  memories = [_memory(memory, f"memories[{i}]", stored) for i, memory in
+              enumerate(require(doc, "memories", "top level", _SOURCE, LIST))]
+  lace = doc.get("lace") if doc["version"] > 1 else None
+  return Parsed(user, sessions, turns, memories, None if lace is None else _lace(lace))
+
+
+def _memory(memory: object, where: str, stored: dict) -> tuple:
+  snippets = []
+  for j, snippet in enumerate(require(memory, "snippets", where, _SOURCE, LIST)):
+    at = f"{where}.snippets[{j}]"
+    row = tuple(require(snippet, k, at, _SOURCE, STRING)
+                for k in ("turn_id", "session_id", "date", "text"))
+    if stored.get(row[0]) != row:
+      raise MalformedData(f"{_SOURCE}: {at}: turn {row[0]!r} is not among the sessions' turns "
+                          f"with that session, date and text (a snippet is a stored turn)")
+    snippets.append(row)
+  embeddings = {}
+  for j, item in enumerate(require(memory, "embeddings", where, _SOURCE, LIST)):
+    at = f"{where}.embeddings[{j}]"
+    embeddings[_text(item, "encoder", at)] = _vector(item, at)
+  return (_text(memory, "summary", where),
+          float(require(memory, "created", where, _SOURCE, _NUMBER)),
+          float(require(memory, "updated", where, _SOURCE, _NUMBER)), snippets, embeddings)
+
+
+def _lace(doc: object) -> lace_rows.Snapshot:
+  where = "lace"
+  check(doc, OBJECT, "field 'lace'", "top level", _SOURCE, "an object or null")
+  settings = require(doc, "settings", where, _SOURCE, OBJECT)
+  encoder = require(doc, "encoder", where, _SOURCE, STRING)
+  fallbacks = require(doc, "fallbacks", where, _SOURCE, _INT)
+  turns = []
+  for i, turn in enumerate(require(doc, "turns", where, _SOURCE, LIST)):
+    at = f"lace.turns[{i}]"
+    turns.append(RawTurn(_text(turn, "turn_id", at), _text(turn, "session_id", at),
+                         *(require(turn, k, at, _SOURCE, STRING)
+                           for k in ("date", "speaker", "text"))))
+  sessions = {t.turn_id: t.session_id for t in turns}
+  if len(sessions) != len(turns):
+    raise MalformedData(f"{_SOURCE}: lace.turns: a turn id appears twice")
+  facts, vectors = [], []
+  for i, fact in enumerate(require(doc, "facts", where, _SOURCE, LIST)):
+    at = f"lace.facts[{i}]"
+    if require(fact, "fact_id", at, _SOURCE, _INT) != i:
+      raise MalformedData(f"{_SOURCE}: {at}: fact_id {fact['fact_id']!r}; expected {i} (facts "
+                          f"are numbered from 0 in order)")
+    turn_id = _text(fact, "turn_id", at)
+    if turn_id not in sessions:
+      raise MalformedData(f"{_SOURCE}: {at}: turn {turn_id!r} is not among lace.turns")
+    facts.append(Fact(i, *(require(fact, k, at, _SOURCE, STRING)
+                           for k in ("subject", "predicate", "object", "time")),
+                      turn_id, sessions[turn_id], require(fact, "text", at, _SOURCE, STRING)))
+    vectors.append(_vector(fact, at))
+  if len({v.size for v in vectors}) > 1:
+    raise MalformedData(f"{_SOURCE}: lace.facts: vectors of sizes {sorted({v.size for v in vectors})}"
+                        f"; one encoder gives one size")
+  links = []
+  for i, link in enumerate(require(doc, "links", where, _SOURCE, LIST)):
+    ok = (isinstance(link, list) and len(link) == 3
+          and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < len(facts)
+                  for x in link[:2])
+          and isinstance(link[2], (int, float)) and not isinstance(link[2], bool))
+    if not ok:
+      raise MalformedData(f"{_SOURCE}: lace.links[{i}] is {link!r:.100}; expected [fact id, "
+                          f"neighbour id, cosine] with ids below {len(facts)}")
+    links.append((link[0], link[1], float(link[2])))
+  matrix = np.stack(vectors) if vectors else np.zeros((0, 0), np.float32)
+  return lace_rows.Snapshot(settings, encoder, fallbacks, turns, facts, matrix, links)
+
+
+def _vector(item: object, at: str) -> np.ndarray:
+  vector = require(item, "vector", at, _SOURCE, LIST)
+  if not vector or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and np.isfinite(v) for v in vector):
+    raise MalformedData(f"{_SOURCE}: {at}: field 'vector' must be a non-empty list of finite "
+                        f"numbers")
+  return np.asarray(vector, np.float32)
 
 
 def _text(record: object, key: str, where: str) -> str:

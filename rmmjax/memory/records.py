@@ -33,12 +33,29 @@ class EncoderMismatch(BankError):
 
 
 @final
+class SessionEnded(BankError):
+  """A write into a session whose reflection is applied (by this process or another one)."""
+
+
+@final
+class StaleRead(BankError):
+  """A reflection computed from rows that another writer changed before it could be applied;
+  Prospective Reflection reads again and recomputes."""
+
+
+# Who opened a session: only that kind of writer appends to it. "chat" sessions hold the
+# agent's exchanges, "ingest" sessions a dataset's, "api" those opened through start_session.
+ORIGINS = ("api", "chat", "ingest")
+
+
+@final
 @dataclasses.dataclass(frozen=True)
 class SessionInfo:
   session_id: str
   date: str
   ordinal: int  # 0 for the user's first session
   ended: bool  # its reflection is applied; it takes no more turns
+  origin: str = "api"  # the kind of writer that opened it (ORIGINS)
 
 
 @final
@@ -69,6 +86,21 @@ class Memory:
   snippets: tuple[Snippet, ...]
   created: float
   updated: float
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class ReflectionInput:
+  """What one reflection reads, all from one snapshot of the bank: the session, its turns, the
+  user's memories with their embeddings (row i of vectors embeds the memory memory_ids[i]),
+  and the user's memory version, which apply_reflection checks before it writes."""
+
+  session: SessionInfo
+  turns: list[BankTurn]
+  memories: dict[int, Memory]
+  memory_ids: list[int]
+  vectors: np.ndarray
+  version: int
 
 
 @final
@@ -130,6 +162,21 @@ def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
     bad = " with NaN or inf" if array.ndim == ndim and array.size else ""
     raise ValueError(f"{name} must be {what} of finite numbers, got shape {array.shape}{bad}")
   return array
+
+
+def reflection_items(adds: Sequence, merges: Sequence) -> tuple[list[NewMemory], list[Merge]]:
+  """A reflection's adds and merges (dataclasses or tuples of their fields), checked."""
+  adds = [a if isinstance(a, NewMemory) else NewMemory(*a) for a in adds]
+  merges = [m if isinstance(m, Merge) else Merge(*m) for m in merges]
+  for i, item in enumerate([*adds, *merges]):
+    what = f"adds[{i}]" if i < len(adds) else f"merges[{i - len(adds)}]"
+    text_arg(item.summary, f"{what} summary")
+    vector_arg(item.embedding, f"{what} embedding")
+    if isinstance(item.turn_ids, (str, bytes)):
+      raise ValueError(f"{what} turn_ids must be a list of turn ids, got {item.turn_ids!r}")
+    if isinstance(item, NewMemory) and not list(item.turn_ids):
+      raise ValueError(f"{what} has no turn ids; a memory keeps the turns it came from")
+  return adds, merges
 
 
 def repeated(values: list) -> list:

@@ -16,30 +16,48 @@ from typing import final
 
 import numpy as np
 
-from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM
-from rmmjax.llm.parse import Topic, parse_merge, parse_topics
+from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM, LLMError
+from rmmjax.llm.parse import LLMOutputError, Topic, parse_merge, parse_topics
 from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import BankTurn, Merge, NewMemory, UnknownRecord
+from rmmjax.memory.records import (BankTurn, Merge, NewMemory, ReflectionInput, SessionEnded,
+                                   StaleRead)
 # The reflector interface and the offline reflector live beside the topic segmentation; they are
 # importable from here with the rest of Prospective Reflection.
 from rmmjax.memory.topics import (ADD, Candidate, Decision, Encoder, Extraction, OfflineReflector,
                                   Reflector)
 
-__all__ = ["ADD", "Candidate", "Decision", "Encoder", "Extraction", "LLMReflector",
-           "OfflineReflector", "ReflectionReport", "Reflector", "reflect_session"]
+__all__ = ["ADD", "MAX_SUMMARY_CHARS", "Candidate", "Decision", "Encoder", "Extraction",
+           "LLMReflector", "OfflineReflector", "ReflectionFailed", "ReflectionReport", "Reflector",
+           "cap_summary", "reflect_session"]
 
 # A topic list of a long session outgrows the default reply length; a cut reply is unusable.
 EXTRACTION_MAX_TOKENS = 2048
+# The most one memory's summary holds. Offline summaries are the topic's turns verbatim (on the
+# LoCoMo dev file at most 6,167 characters, merges included); a single pasted document must not
+# become a memory that fills every prompt it is shown in.
+MAX_SUMMARY_CHARS = 8000
+CUT_MARK = " [...]"
+# Reads and recomputations of one reflection when other writers keep changing the user.
+REFLECTION_ATTEMPTS = 5
+
+
+@final
+class ReflectionFailed(LLMError):
+  """The model's topic list could not be used and the reflector has no fallback: the session
+  is left open (not reflected), so a later run can reflect it."""
 
 
 @final
 class LLMReflector(Reflector):
   """Asks a chat model for the topics and for each add-or-merge decision.
 
-  Unusable replies never raise: a topic list that cannot be read counts as a fallback and gives
-  `fallback`'s topics (no topics when there is none); an unusable decision adds the topic. A call
-  that fails (LLMError) propagates, so the reflection is not applied and can be retried.
+  A topic list that cannot be read (not JSON, no text at all) is a fallback: `fallback`'s topics
+  replace it, counted in the report; without a fallback ReflectionFailed is raised, so the
+  session is not marked reflected with nothing in it. An unusable decision adds the topic. A
+  call that fails (LLMError) propagates, so the reflection is not applied and can be retried.
+  Prompts are fitted to the model's context (`llm.prompt_chars`); `cut_prompts` counts those
+  whose text had to be cut.
   """
 
   def __init__(self, llm: LLM, *, max_topics: int = MAX_TOPICS,
@@ -51,24 +69,39 @@ class LLMReflector(Reflector):
                        f"{max_tokens}")
     self.llm, self.max_topics, self.max_tokens, self.fallback = (llm, max_topics, max_tokens,
                                                                  fallback)
+    self.cut_prompts = 0
 
   def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
     """The topics of the model's reply, restricted to the turn ids it was shown."""
-    prompt = topic_extraction(turns, date, self.max_topics)
-    reply = self.llm.chat_structured(prompt.messages, prompt.schema, max_tokens=self.max_tokens)
+    prompt = topic_extraction(turns, date, self.max_topics,
+                              max_chars=self.llm.prompt_chars(self.max_tokens))
+    self.cut_prompts += bool(prompt.cut)
+    try:
+      reply = self.llm.chat_structured(prompt.messages, prompt.schema,
+                                       max_tokens=self.max_tokens)
+    except LLMOutputError as err:  # a reply with no text: as unusable as one that is not JSON
+      reply, why = "", str(err)
+    else:
+      why = f"not a topic list: {reply[:120]!r}"
     parsed = parse_topics(reply, [turn.turn_id for turn in turns])
     if not parsed.malformed:
       return Extraction(parsed.topics, parsed.dropped_turn_ids, parsed.dropped_topics)
     if self.fallback is None:
-      return Extraction((), fallbacks=1)
+      raise ReflectionFailed(f"the model's topic list could not be used ({why}) and no "
+                             f"fallback reflector was given; the session stays unreflected")
     found = self.fallback.extract(turns, date)
     return dataclasses.replace(found, fallbacks=found.fallbacks + 1)
 
   def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
     """The model's choice among the candidates; an unusable reply adds the topic."""
-    prompt = add_or_merge(topic.summary, [c.summary for c in candidates])
-    reply = self.llm.chat_structured(prompt.messages, prompt.schema,
-                                     max_tokens=DEFAULT_MAX_TOKENS)
+    prompt = add_or_merge(topic.summary, [c.summary for c in candidates],
+                          max_chars=self.llm.prompt_chars(DEFAULT_MAX_TOKENS))
+    self.cut_prompts += bool(prompt.cut)
+    try:
+      reply = self.llm.chat_structured(prompt.messages, prompt.schema,
+                                       max_tokens=DEFAULT_MAX_TOKENS)
+    except LLMOutputError:
+      reply = ""
     decision = parse_merge(reply, len(candidates))
     return Decision(decision.position, decision.summary, decision.fell_back)
 
@@ -88,7 +121,19 @@ class ReflectionReport:
   dropped_topics: int
   fallbacks: int  # unusable replies: a topic list, or add-or-merge decisions that became adds
   uncovered_turns: int  # session turns that no topic names
+  cut_summaries: int  # summaries cut to MAX_SUMMARY_CHARS
   memory_ids: tuple[int, ...]  # the memories written: the new ones, then the updated ones
+
+  def describe(self) -> str:
+    """One line for a person: what the reflection wrote and what it had to leave out."""
+    notes = [f"{n} {what}" for n, what in (
+        (self.fallbacks, "unusable LLM replies (offline fallback or add)"),
+        (self.dropped_topics, "topics dropped"), (self.dropped_turn_ids, "unknown turn ids"),
+        (self.uncovered_turns, "turns in no topic"),
+        (self.cut_summaries, f"summaries cut to {MAX_SUMMARY_CHARS:,} characters")) if n]
+    return (f"session {self.session_id} reflected: {self.turns} turns, {self.topics} topics, "
+            f"{self.added} memories added, {self.merged} merged into {self.updated}"
+            + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 @dataclasses.dataclass
@@ -156,30 +201,54 @@ def _check_decision(decision: object, n_candidates: int, reflector: Reflector) -
 
 
 def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Reflector,
-                    encoder: Encoder, *, top_k: int = 5) -> ReflectionReport:
+                    encoder: Encoder, *, top_k: int = 5,
+                    attempts: int = REFLECTION_ATTEMPTS) -> ReflectionReport:
   """Extracts the session's topics, adds or merges each one, and ends the session atomically.
 
   Similar memories are found by cosine between the topic summary's embedding and the memories'
-  embeddings by `encoder` (the bank refuses when some memory lacks one from it).
+  embeddings by `encoder` (the bank refuses when some memory lacks one from it). Everything is
+  computed from one snapshot of the bank and applied only if nothing it read has changed since
+  (another process merged into the user's memories, or appended a turn to the session);
+  otherwise it is read and computed again, up to `attempts` times.
   """
   if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
     raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-  info = next((s for s in bank.sessions(user) if s.session_id == session_id), None)
-  if info is None:
-    raise UnknownRecord(f"user {user!r} has no session {session_id!r}")
-  if info.ended:
-    raise ValueError(f"session {session_id!r} of user {user!r} has ended: its reflection is "
-                     f"already applied")
-  turns = bank.turns(user, session_id)
+  for _ in range(attempts):
+    snapshot = bank.reflection_input(user, session_id, encoder.identity)
+    if snapshot.session.ended:
+      raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
+                         f"is already applied")
+    plan = _plan(snapshot, reflector, encoder, top_k)
+    try:
+      written = bank.apply_reflection(user, session_id, plan.adds, plan.merges,
+                                      encoder.identity, expect=snapshot)
+    except StaleRead:
+      continue
+    return dataclasses.replace(plan.report, memory_ids=tuple(written))
+  raise StaleRead(f"session {session_id!r} of user {user!r} could not be reflected: the user's "
+                  f"memories or the session changed during each of {attempts} attempts")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  adds: list[NewMemory]
+  merges: list[Merge]
+  report: ReflectionReport
+
+
+def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
+          top_k: int) -> _Plan:
+  """The adds and merges that reflecting the snapshot's session gives."""
+  turns, info = snapshot.turns, snapshot.session
   extraction = reflector.extract(turns, info.date) if turns else Extraction(())
   if not isinstance(extraction, Extraction):
     raise TypeError(f"{type(reflector).__name__}.extract must return an Extraction, got "
                     f"{type(extraction).__name__}")
   topics, dropped_ids, dropped_topics = _restrict(extraction.topics, [t.turn_id for t in turns])
-  ids, matrix = bank.memory_embeddings(user, encoder.identity)
-  stored = {m.id: m for m in bank.memories(user)}
+  topics, cut = _capped(topics)
+  stored = snapshot.memories
   entries = [_Entry(m, stored[m].summary, len(stored[m].snippets), v, [])
-             for m, v in zip(ids, matrix, strict=True)]
+             for m, v in zip(snapshot.memory_ids, snapshot.vectors, strict=True)]
   vectors = encoder.encode([t.summary for t in topics]) if topics else []
   merged = fallbacks = 0
   for topic, vector in zip(topics, vectors, strict=True):
@@ -195,7 +264,9 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
       continue
     entry = entries[near[decision.position][0]]
     fresh = [t for t in topic.turn_ids if t not in entry.new_turn_ids]
-    entry.summary, entry.changed, entry.stale = decision.summary.strip(), True, True
+    summary, was_cut = cap_summary(decision.summary.strip())
+    cut += was_cut
+    entry.summary, entry.changed, entry.stale = summary, True, True
     entry.new_turn_ids += fresh
     entry.turns += len(fresh)  # a stored memory may hold some of them already: an upper bound
     merged += 1
@@ -203,12 +274,29 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
   adds = [NewMemory(e.summary, e.new_turn_ids, e.vector) for e in entries if e.memory_id is None]
   merges = [Merge(e.memory_id, e.summary, e.new_turn_ids, e.vector)
             for e in entries if e.memory_id is not None and e.changed]
-  written = bank.apply_reflection(user, session_id, adds, merges, encoder.identity)
   covered = {t for topic in topics for t in topic.turn_ids}
-  return ReflectionReport(
-      session_id=session_id, turns=len(turns), topics=len(topics), added=len(adds),
+  return _Plan(adds, merges, ReflectionReport(
+      session_id=info.session_id, turns=len(turns), topics=len(topics), added=len(adds),
       merged=merged, updated=len(merges),
       dropped_turn_ids=extraction.dropped_turn_ids + dropped_ids,
       dropped_topics=extraction.dropped_topics + dropped_topics,
       fallbacks=extraction.fallbacks + fallbacks,
-      uncovered_turns=sum(t.turn_id not in covered for t in turns), memory_ids=tuple(written))
+      uncovered_turns=sum(t.turn_id not in covered for t in turns), cut_summaries=cut,
+      memory_ids=()))
+
+
+def cap_summary(summary: str, limit: int | None = None) -> tuple[str, bool]:
+  """The summary cut to MAX_SUMMARY_CHARS (a marker says so), and whether it was cut."""
+  limit = MAX_SUMMARY_CHARS if limit is None else limit
+  if len(summary) <= limit:
+    return summary, False
+  return summary[:limit - len(CUT_MARK)].rstrip() + CUT_MARK, True
+
+
+def _capped(topics: list[Topic]) -> tuple[list[Topic], int]:
+  capped, cut = [], 0
+  for topic in topics:
+    summary, was_cut = cap_summary(topic.summary)
+    capped.append(Topic(summary, topic.turn_ids))
+    cut += was_cut
+  return capped, cut

@@ -65,7 +65,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
              BEGIN DELETE FROM embeddings WHERE kind = 'memory'
                AND owner_id = OLD.memory_id; END""",
     ),
-    # 2: LaceMem's layers (rmmjax.memory.lace_store): its own raw turns (a layered memory is
+    # 2: LaceMem's layers (rmmjax.memory.lace_rows): its own raw turns (a layered memory is
     # saved and replaced as a whole, apart from the sessions reflection ends), atomic facts
     # with their vectors, and each fact's ranked semantic neighbours.
     (
@@ -93,6 +93,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
                ON DELETE CASCADE,
              FOREIGN KEY (user_id, neighbour_id) REFERENCES lace_facts (user_id, fact_id)
                ON DELETE CASCADE)""",
+    ),
+    # 3: who opened each session (a writer appends only to sessions of its own kind), and a
+    # version per user that every write of their memories sets from one bank-wide counter: a
+    # search index checks it in one row lookup, and it never repeats, not even for a user who
+    # was deleted and imported again.
+    (
+        "ALTER TABLE sessions ADD COLUMN origin TEXT NOT NULL DEFAULT 'ingest'",
+        # The agent named the sessions it opened session-<n> before origins were recorded.
+        "UPDATE sessions SET origin = 'chat' WHERE session_id GLOB 'session-[0-9]*'",
+        "ALTER TABLE users ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        "CREATE TABLE bank_writes (n INTEGER NOT NULL)",
+        "INSERT INTO bank_writes VALUES (0)",
     ),
 )
 

@@ -13,9 +13,9 @@ import numpy as np
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory
 from rmmjax.retrieve.bm25 import BM25Retriever
+from rmmjax.retrieve.fusion import RRF_C, rrf_top
 from rmmjax.retrieve.rankers import RETRIEVERS
 
-RRF_C = 60.0  # reciprocal-rank fusion constant, as rmmjax.retrieve.dense.FusionRetriever
 FUSION_DEPTH = 200  # each ranker's list fused (at least 10 k)
 
 
@@ -31,7 +31,7 @@ class UserIndex:
   memories: tuple[Memory, ...]
   emb_NxD: np.ndarray
   bm25: BM25Retriever | None
-  version: tuple
+  version: int  # the bank's memory_version of the user when it was built
 
   def rank(self, query: str, q_D: np.ndarray, retriever: str, k: int) -> np.ndarray:
     """Row indices of the k best memories for the query, best first (fewer if the bank is)."""
@@ -45,16 +45,10 @@ class UserIndex:
       return self._dense(q_D, k)
     # Fusion of each ranker's top `depth`, not of all N: a memory below both depths could only
     # enter the top k when fewer than k memories made either list, and ranking every memory
-    # twice would cost a full sort of the bank per query.
+    # twice would cost a full sort of the bank per query. BM25 is credited only with memories
+    # that share a term with the query.
     depth = min(n, max(FUSION_DEPTH, 10 * k))
-    fused: dict[int, float] = {}
-    for order in (self.bm25.rank([query], depth)[0],
-                  self._dense(q_D, depth)):
-      for rank, row in enumerate(order.tolist()):
-        fused[row] = fused.get(row, 0.0) + 1.0 / (RRF_C + 1.0 + rank)
-    rows = sorted(fused, key=lambda r: (-fused[r], r))
-    return np.asarray(rows[:k], np.int64)
-
+    return rrf_top([self.bm25.matched([query], depth)[0], self._dense(q_D, depth)], k, RRF_C)
 
   def _dense(self, q_D: np.ndarray, k: int) -> np.ndarray:
     """Top k rows by inner product. One query at a time: a NumPy matrix-vector product and a

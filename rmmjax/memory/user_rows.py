@@ -1,0 +1,137 @@
+"""One user's rows of the sessions, turns and memories tables: who opened each session, and ids
+allocated where they are written.
+
+Every function runs inside the caller's transaction. Ids that a writer does not bring itself
+(a chat session's id, the ids of its turns) are chosen here from what the table holds at that
+moment, so two processes that append to one user at once queue on the bank's write lock and
+never pick the same id.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from rmmjax.memory.crypto import Cipher
+from rmmjax.memory.records import (
+    ORIGINS, BankTurn, Memory, SessionEnded, SessionInfo, Snippet, UnknownRecord, select_in,
+    text_arg)
+
+CHAT_PREFIX = "chat-"  # chat sessions are chat-1, chat-2, ...; datasets name their own
+
+
+def check_origin(origin: object) -> str:
+  if origin not in ORIGINS:
+    raise ValueError(f"origin {origin!r} is not one of {', '.join(ORIGINS)}")
+  return origin
+
+
+def session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo | None:
+  row = db.execute("SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE "
+                   "user_id = ? AND session_id = ?",
+                   (user, text_arg(session_id, "session_id"))).fetchone()
+  return None if row is None else SessionInfo(row[0], row[1], row[2], bool(row[3]), row[4])
+
+
+def require_session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo:
+  found = session(db, user, session_id)
+  if found is None:
+    raise UnknownRecord(f"user {user!r} has no session {session_id!r}")
+  return found
+
+
+def sessions(db: sqlite3.Connection, user: str) -> list[SessionInfo]:
+  return [SessionInfo(s, d, o, bool(e), origin) for s, d, o, e, origin in db.execute(
+      "SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE user_id = ? "
+      "ORDER BY ordinal", (user,))]
+
+
+def newest_open(db: sqlite3.Connection, user: str, origin: str) -> SessionInfo | None:
+  """The user's most recent session of this origin that has not ended."""
+  row = db.execute("SELECT session_id FROM sessions WHERE user_id = ? AND origin = ? AND "
+                   "ended = 0 ORDER BY ordinal DESC LIMIT 1", (user, origin)).fetchone()
+  return None if row is None else session(db, user, row[0])
+
+
+def insert_session(db: sqlite3.Connection, user: str, session_id: str, date: str,
+                   origin: str) -> SessionInfo:
+  if session(db, user, session_id) is not None:
+    raise ValueError(f"user {user!r} already has session {session_id!r}")
+  db.execute("INSERT INTO sessions (user_id, session_id, date, ordinal, ended, origin) "
+             "SELECT ?, ?, ?, COALESCE(MAX(ordinal) + 1, 0), 0, ? FROM sessions "
+             "WHERE user_id = ?", (user, session_id, date, check_origin(origin), user))
+  return require_session(db, user, session_id)
+
+
+def new_chat_session_id(db: sqlite3.Connection, user: str) -> str:
+  """chat-<n> for the first n above every chat session the user has (never a dataset's id)."""
+  n = 1 + db.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ? AND origin = 'chat'",
+                     (user,)).fetchone()[0]
+  while session(db, user, f"{CHAT_PREFIX}{n}") is not None:
+    n += 1
+  return f"{CHAT_PREFIX}{n}"
+
+
+def turn_count(db: sqlite3.Connection, user: str, session_id: str) -> int:
+  return db.execute("SELECT COUNT(*) FROM turns WHERE user_id = ? AND session_id = ?",
+                    (user, session_id)).fetchone()[0]
+
+
+def turn_ids(db: sqlite3.Connection, user: str, session_id: str) -> list[str]:
+  return [r[0] for r in db.execute("SELECT turn_id FROM turns WHERE user_id = ? AND "
+                                   "session_id = ? ORDER BY ordinal", (user, session_id))]
+
+
+def next_turn_ids(db: sqlite3.Connection, user: str, session_id: str, n: int) -> list[str]:
+  """n fresh turn ids <session>:<position>, continuing the session's numbering."""
+  start = turn_count(db, user, session_id) + 1
+  ids: list[str] = []
+  while len(ids) < n:
+    candidate = f"{session_id}:{start}"
+    start += 1
+    if not db.execute("SELECT 1 FROM turns WHERE user_id = ? AND turn_id = ?",
+                      (user, candidate)).fetchone():
+      ids.append(candidate)
+  return ids
+
+
+def insert_turns(db: sqlite3.Connection, cipher: Cipher, user: str, info: SessionInfo,
+                 rows: list[tuple[str, str, str]]) -> None:
+  """Appends (turn_id, speaker, text) rows to a session that has not ended."""
+  if info.ended:
+    raise SessionEnded(f"session {info.session_id!r} of user {user!r} has ended (its "
+                       f"reflection is applied); start a new session for more turns")
+  taken = select_in(db, "SELECT turn_id, session_id FROM turns WHERE user_id = ? AND "
+                    "turn_id IN ({})", (user,), [r[0] for r in rows])
+  if taken:
+    raise ValueError(f"user {user!r} already has turn {taken[0][0]!r} (in session "
+                     f"{taken[0][1]!r}); turn ids must be unique per user")
+  start = db.execute("SELECT COALESCE(MAX(ordinal) + 1, 0) FROM turns WHERE user_id = ? AND "
+                     "session_id = ?", (user, info.session_id)).fetchone()[0]
+  seal = cipher.seal_text
+  db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", [
+      (user, info.session_id, t, seal(speaker), seal(text), info.date, start + i)
+      for i, (t, speaker, text) in enumerate(rows)])
+
+
+def turns(db: sqlite3.Connection, cipher: Cipher, user: str,
+          session_id: str | None) -> list[BankTurn]:
+  """The user's turns (of one session where given), in session then turn order."""
+  rows = db.execute(
+      "SELECT t.turn_id, t.session_id, t.speaker, t.text, t.date FROM turns t JOIN sessions s "
+      "USING (user_id, session_id) WHERE t.user_id = ? AND (? IS NULL OR t.session_id = ?) "
+      "ORDER BY s.ordinal, t.ordinal", (user, session_id, session_id))
+  return [BankTurn(t, s, cipher.open_text(speaker), cipher.open_text(text), d)
+          for t, s, speaker, text, d in rows]
+
+
+def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
+  """The user's topic memories, oldest first, each with its snippets in the order added."""
+  snippets: dict[int, list[Snippet]] = {}
+  for m, t, s, d, text in db.execute(
+      "SELECT memory_id, turn_id, session_id, date, text FROM snippets WHERE user_id = ? "
+      "ORDER BY memory_id, ordinal", (user,)):
+    snippets.setdefault(m, []).append(Snippet(t, s, d, cipher.open_text(text)))
+  return [Memory(m, cipher.open_text(summary), tuple(snippets.get(m, ())), c, u)
+          for m, summary, c, u in db.execute(
+              "SELECT memory_id, summary, created, updated FROM memories WHERE user_id = ? "
+              "ORDER BY memory_id", (user,))]
