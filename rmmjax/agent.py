@@ -2,20 +2,22 @@
 
 `respond(user, query)` retrieves the top K of the user's memories (BM25, dense over the stored
 embeddings, or their fusion), selects M with the reranker (Gumbel sampling while learning, the
-top M when serving), asks the LLM for an answer that cites the numbered memories it used, turns
-the citations into rewards (+1 cited, -1 shown but not cited), and after every `batch` rewarded
-responses applies one REINFORCE update through the core's `reinforce_update`. Malformed replies
-and citations of memories that were not shown earn nothing and are counted; an LLM that fails
-after its retries is counted too, and the agent keeps serving. `end_session(user)` runs
-Prospective Reflection on the session's turns. With a workdir the reranker is checkpointed
-(Orbax) every `checkpoint_every` updates and restored on the next start.
+top M when serving), asks the LLM for an answer that cites the numbered memories it used,
+records the exchange in the user's open chat session, turns the citations into rewards (+1
+cited, -1 shown but not cited), and after every `batch` rewarded responses applies one
+REINFORCE update through the core's `reinforce_update`. The exchange is written before its
+reward counts, so an update never learns from an answer the bank lost. Malformed replies and
+citations of memories that were not shown earn nothing and are counted; an LLM that fails after
+its retries, or replies with no text, is counted too, and the agent keeps serving.
+`end_session(user)` runs Prospective Reflection on the open chat session. With a workdir every
+update is checkpointed and every rewarded answer kept (`agent_workdir.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
+import math
 from pathlib import Path
 
 import jax
@@ -23,20 +25,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.agent_workdir import AgentWorkdir
 from rmmjax.io.reranker_load import LoadedReranker
-from rmmjax.io.workdir import atomic_write_json
 from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import parse_answer
+from rmmjax.llm.parse import LLMOutputError, parse_answer
 from rmmjax.llm.prompts import answer_with_citations
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import Memory
+from rmmjax.memory.records import Memory, SessionEnded, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector, reflect_session
 from rmmjax.memory.search import BankSearch
-from rmmjax.replay.record import encoder_identity
+from rmmjax.replay.record import check_fit, encoder_identity
 
 STATS = ("queries", "answered", "updates", "shown", "cited", "malformed", "invalid_citations",
-         "llm_errors")
+         "llm_errors", "cut_prompts", "turns_written")
+# What the agent's memories are, for the fit check of a trained reranker.
+UNITS = "topic"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +55,22 @@ class AgentSettings:
   baseline: float = 0.0
   baseline_kind: str = "running"
   learn: bool = True  # False: serve with deterministic top M and never update
-  checkpoint_every: int = 10  # updates between checkpoints (with a workdir)
   seed: int = 0
 
   def __post_init__(self):
+    for name in ("k", "m", "batch", "seed"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: expected an integer")
     if not 1 <= self.m <= self.k:
-      raise ValueError(f"m={self.m}, k={self.k}: expected 1 <= m <= k")
-    if self.batch < 1 or self.checkpoint_every < 1:
-      raise ValueError(f"batch={self.batch}, checkpoint_every={self.checkpoint_every}: expected "
-                       "positive integers")
+      raise ValueError(f"m={self.m} memories shown of k={self.k} retrieved: expected "
+                       f"1 <= m <= k")
+    if self.batch < 1:
+      raise ValueError(f"batch={self.batch}: expected a positive number of rewarded answers")
+    for name in ("tau", "lr"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r}: expected a positive finite number")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +81,9 @@ class Response:
   cited: tuple[int, ...]  # positions in `memories` the answer cited
   rewarded: bool  # the citations became rewards (an LLM answered, well-formed)
   updated: bool  # this response completed a batch and the reranker was updated
+  failure: str | None = None  # "llm_error" or "malformed" when the LLM gave no usable answer
+  error: str = ""  # what the failure was
+  session_id: str | None = None  # where respond recorded the exchange
 
 
 def _check_query(query) -> None:
@@ -90,7 +103,7 @@ class Agent:
   def __init__(self, bank: MemoryBank, encoder, settings: AgentSettings = AgentSettings(), *,
                llm: LLM | None = None, reflector: Reflector | None = None,
                workdir: Path | None = None, reranker: LoadedReranker | None = None,
-               query_encoder=None):
+               query_encoder=None, allow_mismatch: bool = False):
     self.bank, self.encoder, self.settings, self.llm = bank, encoder, settings, llm
     self.query_encoder = query_encoder or encoder
     self.reflector = reflector or OfflineReflector(encoder)
@@ -100,63 +113,77 @@ class Agent:
                              baseline_kind=settings.baseline_kind, seed=settings.seed)
     spec = core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m, batch=settings.batch,
                          rank_prior=True)
+    self.mismatches = []
     if reranker is not None:
-      if (reranker.spec.dim, reranker.spec.k, reranker.spec.m) != (spec.dim, spec.k, spec.m):
-        raise ValueError(f"the reranker {reranker.source} scores k={reranker.spec.k}, "
-                         f"m={reranker.spec.m} candidates of dimension {reranker.spec.dim}; the "
-                         f"agent retrieves k={spec.k}, m={spec.m} of dimension {spec.dim}")
-      spec = dataclasses.replace(reranker.spec, batch=settings.batch)
+      self.mismatches = self._check_reranker(reranker, allow_mismatch)
+      spec = dataclasses.replace(reranker.spec, m=settings.m, batch=settings.batch)
     self.state = core.init_state(spec, hp)
     if reranker is not None:
       self.state = self.state.replace(params=reranker.params,
                                       opt_state=core.adam_init(reranker.params))
     self.stats = dict.fromkeys(STATS, 0)
-    self.workdir = Path(workdir) if workdir else None
-    if self.workdir is not None:
-      self._restore()
     self._pending: list[tuple] = []
     self._scores = jax.jit(core.batch_scores, static_argnums=3)
     self._update = jax.jit(core.reinforce_update)
+    self.workdir = None
+    if workdir is not None:
+      fixed = dataclasses.asdict(settings) | {
+          "reranker": reranker.source if reranker else None,
+          "query_encoder": encoder_identity(query_encoder) if query_encoder else None}
+      self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning)
+      self._restore()
+
+  def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:
+    if reranker.spec.dim != self.encoder.dim or reranker.spec.k != self.settings.k:
+      if not allow_mismatch:
+        raise ValueError(f"the reranker {reranker.source} scores {reranker.spec.k} candidates "
+                         f"of dimension {reranker.spec.dim}; here {self.settings.k} are "
+                         f"retrieved (--candidates) with embeddings of dimension "
+                         f"{self.encoder.dim}")
+    wanted = {"units": UNITS, "retriever": self.settings.retriever,
+              "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
+              "k": self.settings.k,
+              "query_encoder": (encoder_identity(self.query_encoder)
+                                if self.query_encoder is not self.encoder else None)}
+    return check_fit(f"the reranker {reranker.source}", reranker.record, wanted,
+                     allow_mismatch, use="this agent's memories", used="served")
 
   # Persistence ------------------------------------------------------------------------------
 
   def _restore(self) -> None:
-    checkpointer = Checkpointer(self.workdir / "checkpoints", read_only=True)
-    try:
-      _, state, _ = checkpointer.restore_latest(self.state)
-    finally:
-      checkpointer.close()
-    if state is not None:
-      self.state = state
-    stats = self.workdir / "agent.json"
-    if stats.exists():
-      self.stats.update(json.loads(stats.read_text())["stats"])
+    state, pending, stats = self.workdir.restore(self.state)
+    self.state, self._pending = state, pending
+    self.stats.update({k: v for k, v in stats.items() if k in self.stats})
+    if len(self._pending) >= self.state.spec.batch and self.learning:
+      self._learn()  # killed after the batch's last answer was kept, before its update
+    self.stats["updates"] = int(self.state.step)
 
   def save(self) -> None:
-    """Checkpoints the reranker and the counters (with a workdir)."""
-    if self.workdir is None:
-      return
-    checkpointer = Checkpointer(self.workdir / "checkpoints")
-    try:
-      step = int(self.state.step)
-      if step not in checkpointer.all_steps():
-        checkpointer.save(step, self.state)
-    finally:
-      checkpointer.close()
-    atomic_write_json(self.workdir / "agent.json",
-                      {"stats": self.stats, "settings": dataclasses.asdict(self.settings)})
+    """Writes the counters (and any pending answers) to the workdir; updates are already
+    checkpointed when they happen."""
+    if self.workdir is not None and self.learning:
+      self.workdir.save_pending(int(self.state.step), self._pending)
+      self.workdir.save_stats(self.stats, int(self.state.step))
+
+  def close(self) -> None:
+    """Saves and releases the workdir (another process may then learn in it)."""
+    if self.workdir is not None:
+      self.save()
+      self.workdir.close()
+
+  @property
+  def pending(self) -> int:
+    """Rewarded answers waiting for the next update."""
+    return len(self._pending)
 
   # The loop ---------------------------------------------------------------------------------
 
-  def _open_session(self, user: str) -> str:
+  def _require_user(self, user: str) -> None:
     if not self.bank.has_user(user):
-      self.bank.add_user(user)
-    sessions = self.bank.sessions(user)
-    if sessions and not sessions[-1].ended:
-      return sessions[-1].session_id
-    session_id = f"session-{len(sessions) + 1}"
-    self.bank.start_session(user, session_id, datetime.date.today().isoformat())
-    return session_id
+      known = self.bank.users()
+      raise UnknownRecord(f"user {user!r} is not in {self.bank.where} (it has "
+                          f"{len(known)} users{': ' + ', '.join(known[:5]) if known else ''}"
+                          f"{'...' if len(known) > 5 else ''}); add the user first")
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray) -> tuple:
     spec = self.state.spec
@@ -184,8 +211,7 @@ class Agent:
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
     """The M memories that would be handed to the LLM and their scores (top M, no learning)."""
     _check_query(query)
-    if not self.bank.has_user(user):
-      raise ValueError(f"user {user!r} is not in the bank")
+    self._require_user(user)
     q_D, mem_KxD, mask_K, candidates = self._candidates(user, query)
     scores_K = np.asarray(self._scores(self.state.params, q_D[None], mem_KxD[None],
                                        self.state.spec))[0]
@@ -195,70 +221,86 @@ class Agent:
 
   def ask(self, user: str, query: str) -> Response:
     """Retrieve, select, answer and learn, without recording the exchange in the bank."""
+    return self._exchange(user, query, record=False)
+
+  def respond(self, user: str, query: str) -> Response:
+    """Answers one query, records the exchange in the user's open chat session (opening one
+    when there is none), then learns from it."""
+    return self._exchange(user, query, record=True)
+
+  def _exchange(self, user: str, query: str, record: bool) -> Response:
     _check_query(query)
-    spec = self.state.spec
+    self._require_user(user)
     q_D, mem_KxD, mask_K, candidates = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K)
     taken = [int(s) for s in selected_M if s >= 0]
     shown = tuple(candidates[s] for s in taken)
-    answer, cited, rewarded, updated = None, (), False, False
     self.stats["queries"] += 1
+    answer, cited, failure, error = None, (), None, ""
     if self.llm is not None:
-      answer, cited, rewarded = self._answer(query, shown)
+      answer, cited, failure, error = self._answer(query, shown)
+    session_id = None
+    if record:
+      turns = [("user", query)] + ([("assistant", answer)] if answer else [])
+      session_id, ids = self.bank.append_chat(user, turns, datetime.date.today().isoformat())
+      self.stats["turns_written"] += len(ids)
+    rewarded = self.llm is not None and failure is None and bool(shown)
+    updated = False
     if rewarded and self.learning:
       # Shown memory i is selected position i (empty positions come last): +1 cited, -1 not.
       rewards_M = np.where(selected_M >= 0, -1.0, 0.0).astype(np.float32)
       rewards_M[list(cited)] = 1.0
-      self._pending.append((q_D, mem_KxD, mask_K, selected_M.astype(np.int32), rewards_M))
-      if len(self._pending) == spec.batch:
+      self._pending.append((q_D, mem_KxD, mask_K.astype(bool), selected_M.astype(np.int32),
+                            rewards_M))
+      if len(self._pending) >= self.state.spec.batch:
         self._learn()
         updated = True
+    self.save()
     return Response(answer, shown, tuple(float(scores_K[s]) for s in taken), cited, rewarded,
-                    updated)
-
-  def respond(self, user: str, query: str) -> Response:
-    """Answers one query in the user's current session and appends the exchange to it."""
-    _check_query(query)
-    session_id = self._open_session(user)
-    response = self.ask(user, query)
-    n = len(self.bank.turns(user))
-    self.bank.add_turns(user, session_id, [(f"{session_id}:{n + 1}", "user", query)] + (
-        [(f"{session_id}:{n + 2}", "assistant", response.answer)] if response.answer else []))
-    return response
+                    updated, failure, error, session_id)
 
   def _answer(self, query: str, shown: tuple[Memory, ...]) -> tuple:
-    prompt = answer_with_citations(query, [memory_prompt_text(m) for m in shown])
+    """(answer, cited positions, failure, error) of the LLM for the shown memories."""
+    prompt = answer_with_citations(query, [memory_prompt_text(m) for m in shown],
+                                   max_chars=self.llm.prompt_chars())
+    self.stats["cut_prompts"] += bool(prompt.cut)
     try:
       reply = self.llm.chat_structured(prompt.messages, prompt.schema)
-    except LLMError:
+    except (LLMError, LLMOutputError) as err:  # failed, or a reply with no text at all
       self.stats["llm_errors"] += 1
-      return None, (), False
+      return None, (), "llm_error", str(err)
     parsed = parse_answer(reply, len(shown))
     self.stats["answered"] += 1
     self.stats["invalid_citations"] += parsed.invalid_citations
     if parsed.malformed:
       self.stats["malformed"] += 1
-      return parsed.answer or None, (), False
+      return parsed.answer or None, (), "malformed", f"not a cited answer: {reply[:120]!r}"
     self.stats["shown"] += len(shown)
     self.stats["cited"] += len(parsed.cited)
-    return parsed.answer, parsed.cited, bool(shown)
+    return parsed.answer, parsed.cited, None, ""
 
   def _learn(self) -> None:
-    q, mem, mask, selected, rewards = (np.stack(x) for x in zip(*self._pending))
-    self._pending.clear()
+    batch_size = self.state.spec.batch
+    q, mem, mask, selected, rewards = (np.stack(x) for x in zip(*self._pending[:batch_size]))
+    self._pending = self._pending[batch_size:]
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,
                        relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32))
     self.state, _ = self._update(self.state, batch, selected, rewards)
-    self.stats["updates"] += 1
-    if self.stats["updates"] % self.settings.checkpoint_every == 0:
-      self.save()
+    self.stats["updates"] = int(self.state.step)
+    if self.workdir is not None:
+      self.workdir.save_checkpoint(self.state)
+      self.workdir.save_pending(int(self.state.step), self._pending)
 
   def end_session(self, user: str):
-    """Prospective Reflection over the user's open session; returns its report."""
-    sessions = self.bank.sessions(user) if self.bank.has_user(user) else []
-    if not sessions or sessions[-1].ended:
-      raise ValueError(f"user {user!r} has no open session to end")
-    report = reflect_session(self.bank, user, sessions[-1].session_id, self.reflector,
-                             self.encoder)
+    """Prospective Reflection over the user's open chat session; returns its report."""
+    self._require_user(user)
+    info = self.bank.open_session(user, "chat")
+    if info is None:
+      raise ValueError(f"user {user!r} has no open chat session to end")
+    try:
+      report = reflect_session(self.bank, user, info.session_id, self.reflector, self.encoder)
+    except SessionEnded:
+      raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
+                       f"process meanwhile") from None
     self.save()
     return report

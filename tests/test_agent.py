@@ -1,6 +1,7 @@
 """The online agent: citations become rewards and REINFORCE updates, malformed or failing LLMs
 earn nothing and never stop it, serving never learns, checkpoints resume, users stay apart."""
 
+import dataclasses
 import http.server
 import json
 import threading
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 from hash_encoder import HashEncoder
+from rmmjax import core
 from rmmjax.agent import Agent, AgentSettings
+from rmmjax.io.reranker_load import LoadedReranker
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
@@ -60,7 +63,7 @@ def test_citations_become_rewards_and_every_fourth_answer_updates(bank):
                                                            jax.tree.leaves(before))]
   assert max(moved) > 0
   # The exchange was recorded in alice's open session.
-  assert [t.speaker for t in bank.turns("alice", "session-2")][:2] == ["user", "assistant"]
+  assert [t.speaker for t in bank.turns("alice", "chat-1")][:2] == ["user", "assistant"]
 
 
 def test_malformed_and_out_of_range_citations_earn_nothing(bank):
@@ -97,29 +100,106 @@ def test_a_failing_llm_server_is_counted_and_the_agent_keeps_serving(bank):
   assert agent.stats["llm_errors"] == 1 and agent.stats["updates"] == 0
 
 
-def test_serving_never_updates_and_is_deterministic(bank):
-  agent = Agent(bank, HashEncoder(), AgentSettings(k=6, m=3, learn=False),
-                llm=ScriptedLLM([_cite(1)] * 8))
-  before = jax.tree.map(np.asarray, agent.state.params)
-  first = [m.id for m in agent.respond("alice", "marathon").memories]
-  for _ in range(7):
-    assert [m.id for m in agent.respond("alice", "marathon").memories] == first
-  assert agent.stats["updates"] == 0
-  for a, b in zip(jax.tree.leaves(agent.state.params), jax.tree.leaves(before)):
-    np.testing.assert_array_equal(a, b)
+def _params(agent):
+  return [np.asarray(x) for x in jax.tree.leaves(agent.state.params)]
 
 
-def test_checkpoints_resume_the_reranker(bank, tmp_path):
-  settings = AgentSettings(k=6, m=3, batch=1, lr=0.05, checkpoint_every=2)
-  agent = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1)] * 4),
+def test_serving_never_updates_where_learning_would(bank):
+  questions = ["marathon", "cello", "japanese", "lisbon"] * 2
+  learner = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([_cite(1)] * 8))
+  server = Agent(bank, HashEncoder(), dataclasses.replace(SETTINGS, learn=False),
+                 llm=ScriptedLLM([_cite(1)] * 9))
+  before = _params(server)
+  first = [m.id for m in server.respond("alice", "marathon").memories]
+  for question in questions:
+    learner.respond("alice", question)
+    if question == "marathon":
+      assert [m.id for m in server.respond("alice", question).memories] == first
+    else:
+      server.respond("alice", question)
+  # The same answers and citations moved the learner's weights, and left the server's alone.
+  assert learner.stats["updates"] == 2 and server.stats["updates"] == 0
+  assert max(np.abs(a - b).max() for a, b in zip(_params(learner), before)) > 0
+  assert all(np.array_equal(a, b) for a, b in zip(_params(server), before))
+
+
+def _learn(agent, questions):
+  for question in questions:
+    agent.respond("alice", question)
+
+
+QUESTIONS = ["japanese", "cello", "the cat", "marathon", "nurse", "lisbon", "pixel"]
+
+
+def test_every_update_is_checkpointed_and_pending_answers_survive_a_restart(bank, tmp_path):
+  settings = dataclasses.replace(SETTINGS, batch=2)
+  whole = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1), _cite(2)] * 4))
+  _learn(whole, QUESTIONS)
+  # The same questions, the process gone after the third answer (no clean exit).
+  first = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1), _cite(2)] * 4),
                 workdir=tmp_path / "agent")
-  for _ in range(4):
-    agent.respond("alice", "japanese")
-  assert agent.stats["updates"] == 4 and (tmp_path / "agent" / "checkpoints" / "4").exists()
-  again = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
-  assert again.stats["updates"] == 4 and int(again.state.step) == 4
-  for a, b in zip(jax.tree.leaves(again.state.params), jax.tree.leaves(agent.state.params)):
+  _learn(first, QUESTIONS[:3])
+  assert (tmp_path / "agent" / "checkpoints" / "1").exists() and first.pending == 1
+  first.workdir.close()  # what the kernel does to the lock of a killed process
+  again = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(2), _cite(1)] * 2),
+                workdir=tmp_path / "agent")
+  assert again.stats["updates"] == 1 and again.pending == 1 and again.stats["queries"] == 3
+  _learn(again, QUESTIONS[3:])
+  assert again.stats["updates"] == whole.stats["updates"] == 3
+  assert (tmp_path / "agent" / "checkpoints" / "3").exists()
+  for a, b in zip(_params(again), _params(whole)):
     np.testing.assert_array_equal(a, b)
+  again.close()
+
+
+def test_a_restart_with_other_settings_or_a_second_learner_is_refused(bank, tmp_path):
+  agent = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([_cite(1)] * 4),
+                workdir=tmp_path / "agent")
+  _learn(agent, QUESTIONS[:4])
+  with pytest.raises(ValueError, match="in use by another learning agent"):
+    Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  agent.close()
+  changed = dataclasses.replace(SETTINGS, tau=2.0, lr=0.5)
+  with pytest.raises(ValueError, match=r"tau: 0.5 -> 2.0; lr: 0.05 -> 0.5"):
+    Agent(bank, HashEncoder(), changed, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  again = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  assert int(again.state.step) == 1 and float(again.state.hparams.tau) == 0.5
+  again.close()
+
+
+def test_an_exchange_whose_session_ended_meanwhile_is_kept_and_then_learnt(bank, tmp_path):
+  """Another process reflects the chat session while this answer is being written."""
+  other = Agent(bank, HashEncoder(), dataclasses.replace(SETTINGS, learn=False))
+  agent = Agent(bank, HashEncoder(), dataclasses.replace(SETTINGS, batch=1),
+                llm=ScriptedLLM([_cite(1), lambda messages: (other.end_session("alice"),
+                                                              _cite(2))[1]]))
+  assert agent.respond("alice", "the cat?").session_id == "chat-1"
+  response = agent.respond("alice", "her sister?")
+  assert response.updated and response.session_id == "chat-2"
+  assert bank.sessions("alice")[-2].ended  # chat-1, reflected by the other agent
+  assert [t.text for t in bank.turns("alice", "chat-2")] == ["her sister?", "an answer"]
+  assert agent.stats["updates"] == 2
+
+
+def test_unknown_users_and_unfit_rerankers_are_refused(bank):
+  agent = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([_cite(1)]))
+  with pytest.raises(ValueError, match="user 'alcie' is not in"):
+    agent.respond("alcie", "the cat?")
+  assert bank.users() == ["alice", "bob"]
+  spec = core.CoreSpec(dim=HashEncoder.dim, k=SETTINGS.k, m=SETTINGS.m, batch=4,
+                       rank_prior=True)
+  state = core.init_state(spec, core.HParams.create())
+  record = {"units": "turn", "retriever": "bm25", "encoder": HashEncoder.identity,
+            "dim": HashEncoder.dim, "k": SETTINGS.k, "query_encoder": None}
+  trained = LoadedReranker("turns.safetensors", state.params, spec, state.hparams, record)
+  with pytest.raises(ValueError, match="units: trained with 'turn', served with 'topic'; "
+                                       "retriever: trained with 'bm25', served with 'hybrid'"):
+    Agent(bank, HashEncoder(), SETTINGS, reranker=trained)
+  agent = Agent(bank, HashEncoder(), SETTINGS, reranker=trained, allow_mismatch=True)
+  assert len(agent.mismatches) == 2 and agent.recall("alice", "cat")[0]
+  fits = LoadedReranker("topics", state.params, spec, state.hparams,
+                        record | {"units": "topic", "retriever": "hybrid"})
+  assert Agent(bank, HashEncoder(), SETTINGS, reranker=fits).mismatches == []
 
 
 def test_recall_never_returns_another_users_memory(bank):

@@ -4,18 +4,9 @@ trained on, and refuses a model on data it does not fit, saying so in the report
 from __future__ import annotations
 
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.replay.record import mismatches, trained_on
+from rmmjax.replay.record import check_fit, trained_on
 
-
-def check_fit(source: str, record: dict, wanted: dict, allow_mismatch: bool) -> list[str]:
-  """The mismatches between a model's training record and this evaluation; refused unless
-  allowed."""
-  found = mismatches(record, wanted)
-  if found and not allow_mismatch:
-    raise ValueError(f"{source} does not fit this evaluation (" + "; ".join(found) + "): "
-                     "evaluate it with the settings it was trained with, or pass "
-                     "--allow-mismatch to record the mismatch in the report")
-  return found
+__all__ = ["check_fit", "unseen"]
 
 
 def unseen(conversations: list, models: list[tuple[str, dict]],

@@ -53,7 +53,22 @@ def trained_on(record: dict, conversation_id: str, fingerprint: str) -> bool:
              for e in record.get("trained_conversations", []))
 
 
-def mismatches(record: dict, wanted: dict) -> list[str]:
-  """The FIT_KEYS on which an evaluation's settings differ from the reranker's record."""
-  return [f"{key}: trained with {record.get(key)!r}, evaluated with {wanted[key]!r}"
+def mismatches(record: dict, wanted: dict, used: str = "evaluated") -> list[str]:
+  """The FIT_KEYS on which the settings of a use (an evaluation, the agent) differ from the
+  reranker's record."""
+  return [f"{key}: trained with {record.get(key)!r}, {used} with {wanted[key]!r}"
           for key in FIT_KEYS if key in wanted and record.get(key) != wanted[key]]
+
+
+def check_fit(source: str, record: dict, wanted: dict, allow_mismatch: bool, *,
+              use: str = "this evaluation", used: str = "evaluated") -> list[str]:
+  """The mismatches between a model's training record and the settings it is used with;
+  refused unless allowed. Every consumer of a trained model (eval, the agent's chat and
+  recall) checks through here."""
+  found = mismatches(record, wanted, used)
+  if found and not allow_mismatch:
+    raise ValueError(f"{source} does not fit {use} (" + "; ".join(found) + "): use it with the "
+                     "settings it was trained with, or pass --allow-mismatch to "
+                     + ("record the mismatch in the report" if use == "this evaluation"
+                        else "use it anyway"))
+  return found

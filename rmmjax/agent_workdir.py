@@ -1,0 +1,141 @@
+"""Where the online agent's learning lives, so that a kill loses no answer that was shown.
+
+`W/checkpoints/` holds an Orbax checkpoint of the reranker after every update; `W/pending.npz`
+the rewarded answers of the batch not yet complete, with the step they build on; `W/agent.json`
+the counters and the settings the agent learns with. Each file is replaced whole (written
+aside, then renamed), and the agent writes them before it returns an answer, so after SIGKILL
+or Ctrl-C at most the answer being computed is lost. A pending batch whose step a newer
+checkpoint has passed was applied already and is dropped; a full one (killed between its last
+answer and its update) is applied on restore. One process learns in a workdir at a time (an
+exclusive lock); a restart with other settings is refused with the differences.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from rmmjax.core import TrainState
+from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.workdir import atomic_write_json
+
+# The settings a workdir's reranker learnt with: a restart must keep them.
+FIXED_SETTINGS = ("retriever", "k", "m", "batch", "tau", "lr", "baseline", "baseline_kind",
+                  "seed", "reranker", "query_encoder")
+PENDING_FIELDS = ("q", "mem", "mask", "selected", "rewards")
+
+
+class AgentWorkdir:
+  """The agent's files in one folder; `learning=False` reads them and never writes."""
+
+  def __init__(self, path: Path, settings: dict, *, learning: bool):
+    self.path, self.settings, self.learning = Path(path), settings, learning
+    self._lock = self._checkpointer = None
+    if self.path.exists() and not self.path.is_dir():
+      raise ValueError(f"--workdir {self.path} is a file; expected a folder for the agent's "
+                       f"checkpoints")
+    saved = self._read_json()
+    if saved is not None:
+      self._check_settings(saved.get("settings", {}))
+    if learning:
+      self.path.mkdir(parents=True, exist_ok=True)
+      self._take_lock()
+      if saved is None:
+        self.save_stats({}, 0)  # the settings are recorded from the start
+
+  def _read_json(self) -> dict | None:
+    file = self.path / "agent.json"
+    if not file.is_file():
+      return None
+    try:
+      return json.loads(file.read_text())
+    except ValueError as err:
+      raise ValueError(f"{file} is not readable JSON ({err}); it is not an agent workdir, or "
+                       f"it was damaged: use another --workdir") from None
+
+  def _check_settings(self, saved: dict) -> None:
+    diff = [f"{key}: {saved[key]!r} -> {self.settings.get(key)!r}" for key in FIXED_SETTINGS
+            if key in saved and saved[key] != self.settings.get(key)]
+    if diff:
+      raise ValueError(f"--workdir {self.path} holds a reranker that learnt with other settings "
+                       f"({'; '.join(diff)}); rerun with the same ones, or start a new workdir")
+
+  def _take_lock(self) -> None:
+    self._lock = open(self.path / ".lock", "a+")  # noqa: SIM115  (held until close)
+    try:
+      fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      self._lock.seek(0)
+      holder = self._lock.read().strip() or "unknown"
+      self._lock.close()
+      self._lock = None
+      raise ValueError(f"--workdir {self.path} is in use by another learning agent (pid "
+                       f"{holder}); give each process its own workdir, or --serve") from None
+    self._lock.seek(0)
+    self._lock.truncate()
+    self._lock.write(str(os.getpid()))
+    self._lock.flush()
+
+  def restore(self, template: TrainState) -> tuple[TrainState, list[tuple], dict]:
+    """(the newest checkpoint's state or the template, the pending rewarded answers that build
+    on it, the saved counters)."""
+    checkpointer = Checkpointer(self.path / "checkpoints", read_only=True)
+    try:
+      step, state, _ = checkpointer.restore_latest(template)
+    finally:
+      checkpointer.close()
+    state = template if state is None else state
+    saved = self._read_json() or {}
+    return state, self._pending(int(state.step)), dict(saved.get("stats", {}))
+
+  def _pending(self, step: int) -> list[tuple]:
+    file = self.path / "pending.npz"
+    if not file.is_file():
+      return []
+    with np.load(file) as data:
+      base = int(data["base_step"])
+      items = list(zip(*(data[name] for name in PENDING_FIELDS)))
+    if base == step:
+      return items
+    if base > step:
+      print(f"warning: {file} builds on step {base} but the newest checkpoint that reads back "
+            f"is step {step}; its {len(items)} rewarded answers are dropped", file=sys.stderr)
+    return []  # base < step: a checkpoint already holds them
+
+  def save_pending(self, step: int, pending: list[tuple]) -> None:
+    """The rewarded answers of the unfinished batch, building on checkpoint `step`."""
+    arrays = {name: np.stack([item[i] for item in pending]) if pending else np.zeros((0,))
+              for i, name in enumerate(PENDING_FIELDS)}
+    fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pending.", suffix=".npz")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        np.savez(f, base_step=np.int64(step), **arrays)
+      os.replace(tmp, self.path / "pending.npz")
+    except BaseException:
+      Path(tmp).unlink(missing_ok=True)
+      raise
+
+  def save_checkpoint(self, state: TrainState) -> None:
+    if self._checkpointer is None:
+      self._checkpointer = Checkpointer(self.path / "checkpoints")
+    step = int(state.step)
+    if step not in self._checkpointer.all_steps():
+      self._checkpointer.save(step, state)
+
+  def save_stats(self, stats: dict, step: int) -> None:
+    atomic_write_json(self.path / "agent.json",
+                      {"settings": self.settings, "stats": stats, "step": step})
+
+  def close(self) -> None:
+    if self._checkpointer is not None:
+      self._checkpointer.close()
+      self._checkpointer = None
+    if self._lock is not None:
+      self._lock.close()
+      self._lock = None
