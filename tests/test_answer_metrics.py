@@ -114,9 +114,14 @@ def test_answer_row_combines_one_questions_numbers():
   row = answer_row("Boston", "Boston", verdict=JudgeVerdict(True, False), citation=citation)
   assert row == {"f1": 1.0, "rouge_l": 1.0, "judge": 1.0, "citation_precision": 0.5,
                  "citation_recall": 0.5, "citation_rate": 2 / 3, "judge_malformed": False,
-                 "answer_malformed": False}
+                 "answer_malformed": False, "answer_failed": False}
   bare = answer_row("", "Boston", answer_malformed=True)
   assert bare["judge"] is None and bare["citation_recall"] is None and bare["answer_malformed"]
+  # No answer at all is wrong, and never judged.
+  failed = answer_row("", "Boston", answer_failed=True)
+  assert failed["judge"] == 0.0 and failed["answer_failed"] and failed["f1"] == 0.0
+  with pytest.raises(ValueError, match="never judged"):
+    answer_row("", "Boston", verdict=JudgeVerdict(True, False), answer_failed=True)
   flagged = answer_row("x", "y", verdict=JudgeVerdict(False, True))
   assert flagged["judge"] == 0.0 and flagged["judge_malformed"]
   with pytest.raises(ValueError, match="citation"):
@@ -124,10 +129,10 @@ def test_answer_row_combines_one_questions_numbers():
 
 
 def _row(f1, judge=None, precision=None, recall=None, rate=None, bad_verdict=False,
-         bad_answer=False):
-  return {"f1": f1, "rouge_l": f1, "judge": judge, "citation_precision": precision,
-          "citation_recall": recall, "citation_rate": rate, "judge_malformed": bad_verdict,
-          "answer_malformed": bad_answer}
+         bad_answer=False, failed=False):
+  return {"f1": f1, "rouge_l": f1, "judge": 0.0 if failed else judge,
+          "citation_precision": precision, "citation_recall": recall, "citation_rate": rate,
+          "judge_malformed": bad_verdict, "answer_malformed": bad_answer, "answer_failed": failed}
 
 
 def test_aggregation_skips_undefined_values_per_key_and_counts_them():
@@ -142,7 +147,11 @@ def test_aggregation_skips_undefined_values_per_key_and_counts_them():
       "f1": 0.5, "rouge_l": 0.5, "judge": 0.5, "citation_precision": 0.5,
       "citation_precision_skipped": 2, "citation_recall": 0.5, "citation_recall_skipped": 2,
       "citation_rate": 0.5, "citation_rate_skipped": 1, "questions": 4, "judged": 2,
-      "malformed_verdicts": 1, "malformed_answers": 1})
+      "failed_answers": 0, "malformed_verdicts": 1, "malformed_answers": 1})
+  # A failed answer counts against the judge's mean without being one of the judged.
+  failed = aggregate_answers(rows + [("temporal", _row(0.0, failed=True))])["overall"]
+  assert failed["judge"] == pytest.approx(1 / 3) and failed["judged"] == 2
+  assert failed["failed_answers"] == 1
   multi, temporal = out["by_category"]["multi-hop"], out["by_category"]["temporal"]
   assert multi["f1"] == 0.75 and multi["citation_precision"] == 1.0
   assert multi["citation_precision_skipped"] == 1 and multi["malformed_verdicts"] == 1

@@ -4,12 +4,19 @@ and ROUGE-L, and its citations compared with the evidence labels.
 
 The agent is used as a server (no learning) through its `ask`, which records nothing in the
 bank; a bank built with `rmmjax ingest --user-per-conversation` holds one user per
-conversation, named by the conversation's id. With IRIS the answer comes from the final
+conversation, named by the conversation's id, and one that lacks any of the file's
+conversations is refused before the first question. With IRIS the answer comes from the final
 evidence of iterative retrieval over a LaceMem built per conversation instead.
+
+A question without an answer (the LLM failed, or gave no text) is wrong, counted apart, and
+never sent to the judge; a judge that fails leaves its question unjudged. When the LLM fails
+on MAX_FAILURES_IN_A_ROW questions in a row (a server that is down) the run stops, and the
+report of the questions before says so (`complete: false`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from pathlib import Path
 
@@ -18,87 +25,142 @@ from tqdm import tqdm
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.answers import aggregate_answers, answer_row, citation_agreement, judge_answer
 from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import parse_answer
+from rmmjax.llm.parse import LLMOutputError, parse_answer
 from rmmjax.llm.prompts import answer_with_citations
 from rmmjax.memory.lace import LaceMem
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 
 LOADERS = {"locomo": load_locomo}
+MAX_FAILURES_IN_A_ROW = 5
 
 
 @dataclasses.dataclass(frozen=True)
 class Answered:
   """What an answerer handed the generator and got back for one question."""
 
-  answer: str | None  # None when the LLM failed or its reply was malformed
+  answer: str | None  # None when the LLM failed or its reply held no answer
   shown_turns: list[set[str]]  # the turn ids each shown memory (or evidence turn) covers
   cited: tuple[int, ...]  # positions among the shown the answer cited
   shown_ids: list  # what was shown, by id (memory ids, or turn ids)
+  failure: str | None = None  # "llm_error" or "malformed"
+  error: str = ""
+  cut_prompt: bool = False  # the prompt's text was cut to fit the model's context
 
 
-def agent_answerer(agent):
+class Answerer(abc.ABC):
+  """Answers one question of a conversation; `check` refuses a dataset it cannot answer."""
+
+  def check(self, conversations: list) -> None:
+    """Raises ValueError before the first question when some conversation cannot be answered."""
+
+  @abc.abstractmethod
+  def __call__(self, conv, question) -> Answered:
+    """The answer to one question of conv."""
+
+
+class BankAnswerer(Answerer):
   """Answers with the RMM agent serving from a bank built with --user-per-conversation."""
 
-  def answer(conv, question) -> Answered:
-    if not agent.bank.has_user(conv.conversation_id):
-      raise ValueError(f"the bank has no memories of {conv.conversation_id}: build it with "
-                       "rmmjax ingest --user-per-conversation from the same file")
-    response = agent.ask(conv.conversation_id, question.question)
+  def __init__(self, agent):
+    self.agent = agent
+
+  def check(self, conversations: list) -> None:
+    users = set(self.agent.bank.users())
+    missing = [c.conversation_id for c in conversations if c.conversation_id not in users]
+    if missing:
+      raise ValueError(f"{self.agent.bank.where} has no memories of {len(missing)} of the "
+                       f"{len(conversations)} conversations ({', '.join(missing[:5])}"
+                       f"{'...' if len(missing) > 5 else ''}): build it with rmmjax ingest "
+                       f"--user-per-conversation from the same file")
+
+  def __call__(self, conv, question) -> Answered:
+    cut_before = self.agent.stats["cut_prompts"]
+    response = self.agent.ask(conv.conversation_id, question.question)
     return Answered(response.answer, [{s.turn_id for s in m.snippets} for m in response.memories],
-                    tuple(response.cited), [m.id for m in response.memories])
+                    tuple(response.cited), [m.id for m in response.memories], response.failure,
+                    response.error, self.agent.stats["cut_prompts"] > cut_before)
 
-  return answer
 
-
-def iris_answerer(encoder, llm: LLM, m: int, settings=None):
+class IrisAnswerer(Answerer):
   """Answers from IRIS's final evidence on a LaceMem built per conversation: the first m
   distinct turns, verbatim with their dates, numbered for citation (heuristic judge)."""
-  stores: dict[str, LaceMem] = {}
 
-  def answer(conv, question) -> Answered:
-    if conv.conversation_id not in stores:
-      stores[conv.conversation_id] = LaceMem.from_conversation(conv, encoder)
-    store = stores[conv.conversation_id]
+  def __init__(self, encoder, llm: LLM, m: int, settings: IrisSettings | None = None):
+    self.encoder, self.llm, self.m = encoder, llm, m
+    self.settings = settings or IrisSettings()
+    self._stores: dict[str, LaceMem] = {}
+
+  def __call__(self, conv, question) -> Answered:
+    if conv.conversation_id not in self._stores:
+      self._stores[conv.conversation_id] = LaceMem.from_conversation(conv, self.encoder)
+    store = self._stores[conv.conversation_id]
     result = iris_retrieve(store, question.question, category=question.category,
-                           judge=HeuristicJudge(), settings=settings or IrisSettings())
-    turns = list(result.top_turns(m))
+                           judge=HeuristicJudge(), settings=self.settings)
+    turns = list(result.top_turns(self.m))
     raws = [store.raw(t) for t in turns]
     prompt = answer_with_citations(question.question,
-                                   [f"[{r.date}] {r.speaker}: {r.text}" for r in raws])
+                                   [f"[{r.date}] {r.speaker}: {r.text}" for r in raws],
+                                   max_chars=self.llm.prompt_chars())
+    shown = [{t} for t in turns]
     try:
-      parsed = parse_answer(llm.chat_structured(prompt.messages, prompt.schema), len(raws))
-    except LLMError:
-      return Answered(None, [{t} for t in turns], (), turns)
-    return Answered(None if parsed.malformed else parsed.answer, [{t} for t in turns],
-                    parsed.cited, turns)
+      reply = self.llm.chat_structured(prompt.messages, prompt.schema)
+    except (LLMError, LLMOutputError) as err:
+      return Answered(None, shown, (), turns, "llm_error", str(err), bool(prompt.cut))
+    parsed = parse_answer(reply, len(raws))
+    return Answered(parsed.answer or None, shown, parsed.cited, turns,
+                    "malformed" if parsed.malformed else None, "", bool(prompt.cut))
 
-  return answer
+
+def agent_answerer(agent) -> BankAnswerer:
+  return BankAnswerer(agent)
 
 
-def evaluate_answers(dataset: str, data: Path, answerer, llm: LLM, limit: int | None = None,
-                     progress: bool = False, config: dict | None = None) -> dict:
-  """Answers (with `answerer(conversation, question) -> Answered`), judges and scores up to
-  `limit` questions in file order; returns the report."""
+def iris_answerer(encoder, llm: LLM, m: int, settings=None) -> IrisAnswerer:
+  return IrisAnswerer(encoder, llm, m, settings)
+
+
+def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
+                     limit: int | None = None, progress: bool = False,
+                     config: dict | None = None) -> dict:
+  """Answers, judges and scores up to `limit` questions in file order; returns the report."""
   if dataset not in LOADERS:
     raise ValueError(f"--dataset {dataset!r} is not one of {', '.join(LOADERS)}")
   conversations, report = LOADERS[dataset](data)
   conversations = [c for c in conversations if c.questions]
   todo = [(c, q) for c in conversations for q in c.questions][:limit]
-  rows, answers = [], []
+  answerer.check(list(dict.fromkeys(c for c, _ in todo)))
+  rows, answers, counts = [], [], {"judge_errors": 0, "cut_prompts": 0}
+  in_a_row, stopped = 0, None
   for conv, question in tqdm(todo, desc="answering", unit="question", disable=not progress):
     got = answerer(conv, question)
-    prediction = got.answer or ""
-    verdict = judge_answer(llm, question.question, str(question.answer), prediction)
+    prediction, failed, verdict = got.answer or "", not got.answer, None
+    counts["cut_prompts"] += got.cut_prompt
+    llm_failed = got.failure == "llm_error"
+    if not failed:  # a failed answer is wrong without asking the judge
+      try:
+        verdict = judge_answer(llm, question.question, str(question.answer), prediction)
+      except (LLMError, LLMOutputError) as err:
+        counts["judge_errors"] += 1
+        llm_failed, got = True, dataclasses.replace(got, error=f"the judge failed: {err}")
     citation = citation_agreement(got.shown_turns, list(got.cited), set(question.evidence))
     rows.append((question.category, answer_row(prediction, str(question.answer), verdict=verdict,
                                                citation=citation,
-                                               answer_malformed=got.answer is None)))
+                                               answer_malformed=got.failure == "malformed",
+                                               answer_failed=failed)))
     answers.append({"conversation": conv.conversation_id, "question": question.question,
                     "gold": str(question.answer), "answer": prediction,
-                    "cited": list(got.cited), "correct": verdict.correct,
-                    "shown": got.shown_ids})
+                    "cited": list(got.cited),
+                    "correct": None if verdict is None and not failed else
+                    (False if failed else verdict.correct),
+                    "failure": got.failure, "error": got.error, "shown": got.shown_ids})
+    in_a_row = in_a_row + 1 if llm_failed else 0
+    if in_a_row >= MAX_FAILURES_IN_A_ROW:
+      stopped = (f"the LLM failed on {in_a_row} questions in a row (last: {got.error}); "
+                 f"stopped after {len(rows)} of {len(todo)} questions")
+      break
   return {"config": {"dataset": dataset, "data": str(Path(data).resolve()), "limit": limit}
                     | (config or {}),
+          "complete": stopped is None, "stopped": stopped, "counts": counts,
           "load_report": {"counts": dict(report.counts)},
           "metrics": aggregate_answers(rows), "answers": answers}

@@ -24,7 +24,7 @@ JudgeVerdict = Verdict
 Gold = str | int | float  # LoCoMo writes some answers as bare numbers
 METRIC_KEYS = ("f1", "rouge_l", "judge", "citation_precision", "citation_recall",
                "citation_rate")
-FLAG_KEYS = ("judge_malformed", "answer_malformed")
+FLAG_KEYS = ("judge_malformed", "answer_malformed", "answer_failed")
 # Often undefined per question, so their aggregates also say how many questions were skipped.
 CITATION_KEYS = ("citation_precision", "citation_recall", "citation_rate")
 
@@ -76,7 +76,8 @@ def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> JudgeV
   LLMError (the call itself failed) propagates: a question whose judging failed must not be
   scored as wrong.
   """
-  prompt = answer_judge(question, _text(gold, "gold"), _text(prediction, "prediction"))
+  prompt = answer_judge(question, _text(gold, "gold"), _text(prediction, "prediction"),
+                        max_chars=llm.prompt_chars())
   return parse_verdict(llm.chat_structured(prompt.messages, prompt.schema))
 
 
@@ -122,7 +123,7 @@ def _turn_set(turns: Iterable[str], position: int) -> set[str]:
 
 def answer_row(prediction: str, gold: Gold, *, verdict: JudgeVerdict | None = None,
                citation: dict[str, float | None] | None = None,
-               answer_malformed: bool = False) -> dict:
+               answer_malformed: bool = False, answer_failed: bool = False) -> dict:
   """One question's answer metrics; without a verdict or citation their keys are None.
 
   Args:
@@ -131,17 +132,22 @@ def answer_row(prediction: str, gold: Gold, *, verdict: JudgeVerdict | None = No
     verdict: the judge's verdict, if the answer was judged.
     citation: `citation_agreement` of this answer, if it was computed.
     answer_malformed: the generator's reply could not be parsed (its text is still scored).
+    answer_failed: there is no answer (the LLM failed, or gave no text): it is wrong (judge 0)
+      without being judged, and counted apart.
   """
+  if answer_failed and verdict is not None:
+    raise ValueError("a failed answer is never judged: pass verdict=None with answer_failed")
   citation = citation or {}
   unknown = set(citation) - set(CITATION_KEYS)
   if unknown:
     raise ValueError(f"citation has keys {sorted(unknown)}; expected those of "
                      "citation_agreement")
+  judge = 0.0 if answer_failed else None if verdict is None else float(verdict.correct)
   return {"f1": token_f1(prediction, gold), "rouge_l": rouge_l(prediction, gold),
-          "judge": None if verdict is None else float(verdict.correct),
+          "judge": judge,
           **{key: citation.get(key) for key in CITATION_KEYS},
           "judge_malformed": verdict is not None and verdict.malformed,
-          "answer_malformed": bool(answer_malformed)}
+          "answer_malformed": bool(answer_malformed), "answer_failed": bool(answer_failed)}
 
 
 def _summary(group: list[dict]) -> dict:
@@ -152,7 +158,8 @@ def _summary(group: list[dict]) -> dict:
     if key in CITATION_KEYS:
       out[f"{key}_skipped"] = len(group) - len(values)
   out["questions"] = len(group)
-  out["judged"] = sum(row["judge"] is not None for row in group)
+  out["judged"] = sum(row["judge"] is not None and not row["answer_failed"] for row in group)
+  out["failed_answers"] = sum(bool(row["answer_failed"]) for row in group)
   out["malformed_verdicts"] = sum(bool(row["judge_malformed"]) for row in group)
   out["malformed_answers"] = sum(bool(row["answer_malformed"]) for row in group)
   return out
@@ -162,8 +169,9 @@ def aggregate_answers(rows: list[tuple[str, dict]]) -> dict:
   """{"overall": summary, "by_category": {category: summary}} from (category, answer_row) rows.
 
   A summary holds each metric's mean over the questions where it is defined (None when it is
-  defined for none), how many were skipped for the citation metrics, and the counts of
-  questions, judged answers, malformed verdicts and malformed answers.
+  defined for none; a failed answer counts as wrong for the judge), how many were skipped for
+  the citation metrics, and the counts of questions, judged answers, failed answers, malformed
+  verdicts and malformed answers.
   """
   if not rows:
     raise ValueError("no questions to aggregate")

@@ -9,6 +9,11 @@ from rmmjax.llm.parse import extract_json
 
 DEFAULT_MAX_TOKENS = 512
 ROLES = ("system", "user", "assistant")
+# Prompts are fitted to a context window counted in tokens, without the server's tokenizer: 3
+# characters a token is cautious (English text averages about 4; code, numbers and other
+# scripts take more tokens per character).
+CHARS_PER_TOKEN = 3
+MIN_PROMPT_TOKENS = 256  # what a prompt may always hold, however small the window left
 
 
 class LLMError(RuntimeError):
@@ -37,6 +42,15 @@ def with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
 
 class LLM(abc.ABC):
   """A chat model: `chat` for free text, `chat_structured`/`chat_json` for JSON replies."""
+
+  context_tokens: int | None = None  # the model's context window, where it is known
+
+  def prompt_chars(self, max_tokens: int = DEFAULT_MAX_TOKENS) -> int | None:
+    """How many characters a prompt may hold so that it and a reply of max_tokens fit the
+    context window (None: no window is known, nothing is cut)."""
+    if self.context_tokens is None:
+      return None
+    return max(self.context_tokens - max_tokens, MIN_PROMPT_TOKENS) * CHARS_PER_TOKEN
 
   @abc.abstractmethod
   def chat(self, messages: list[dict], *, max_tokens: int = DEFAULT_MAX_TOKENS,

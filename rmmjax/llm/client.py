@@ -13,7 +13,8 @@ from typing import Literal, final
 
 import httpx
 
-from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM, LLMError, check_messages, with_schema_note
+from rmmjax.llm.base import (DEFAULT_MAX_TOKENS, LLM, MIN_PROMPT_TOKENS, LLMError,
+                             check_messages, with_schema_note)
 from rmmjax.llm.parse import LLMOutputError
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class LLMSettings:
   # server), or none (the schema only described in the prompt).
   structured_output: StructuredOutput = "json_schema"
   strict: bool = True  # json_schema's "strict" flag
+  # The server's context window in tokens: prompts are cut to fit it with the reply (8,192
+  # suits most served models; set the server's own, e.g. llama.cpp's --ctx-size).
+  context_tokens: int = 8192
 
   def __post_init__(self):
     if not re.match(r"https?://[^/\s]+", self.base_url or ""):
@@ -50,6 +54,10 @@ class LLMSettings:
     if self.structured_output not in STRUCTURED_OUTPUTS:
       raise ValueError(f"structured_output must be one of {STRUCTURED_OUTPUTS}, "
                        f"got {self.structured_output!r}")
+    if isinstance(self.context_tokens, bool) or not isinstance(self.context_tokens, int) or (
+        self.context_tokens < 2 * MIN_PROMPT_TOKENS):
+      raise ValueError(f"context_tokens must be an integer of at least {2 * MIN_PROMPT_TOKENS}, "
+                       f"got {self.context_tokens!r}")
     if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
       raise ValueError(f"timeout_s must be > 0 and retries, backoff_s, backoff_max_s >= 0, got "
                        f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.backoff_max_s}")
@@ -73,6 +81,7 @@ class OpenAICompatibleLLM(LLM):
   def __init__(self, settings: LLMSettings, *, sleep: Callable[[float], None] = time.sleep,
                transport: httpx.BaseTransport | None = None):
     self.settings = settings
+    self.context_tokens = settings.context_tokens
     self._sleep = sleep
     self._key = os.environ.get(settings.api_key_env) or ""
     headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}

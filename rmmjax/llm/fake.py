@@ -30,8 +30,9 @@ class Request:
 class ScriptedLLM(LLM):
   """Returns the scripted replies in order; `requests` holds every call it received."""
 
-  def __init__(self, script: Iterable[Scripted]):
+  def __init__(self, script: Iterable[Scripted], *, context_tokens: int | None = None):
     self._script = list(script)
+    self.context_tokens = context_tokens
     self.requests: list[Request] = []
 
   @property

@@ -3,15 +3,19 @@
 Items the model may point at (turns, memories, evidence) are shown with labels: turn ids as
 given, memories and evidence numbered from 1. The matching parsers in `parse.py` turn the
 numbers back into 0-based positions. Schemas keep every property required and no extra ones, so
-they are valid for strict structured output on every server form.
+they are valid for strict structured output on every server form. With `max_chars` (from
+`LLM.prompt_chars`) a prompt's variable texts are cut to fit, longest first (`llm/fit.py`), and
+`Prompt.cut` says how many were.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Protocol, final
 
+from rmmjax.llm.fit import fit_texts
 from rmmjax.llm.parse import SUFFICIENCY_LABELS
 
 MAX_TOPICS = 12  # per session; also keeps a looping small model from running to max_tokens
@@ -35,6 +39,21 @@ class TurnLike(Protocol):
 class Prompt:
   messages: list[dict]
   schema: dict  # JSON Schema of the reply; "title" names it for servers that want a name
+  cut: int = 0  # texts cut to fit max_chars
+
+
+def _one_line(text: str) -> str:
+  return " ".join(text.split())
+
+
+def _fitted(texts: Sequence[str], max_chars: int | None, fixed: int,
+            per_item: int) -> tuple[list[str], int]:
+  """texts (on one line each) cut to share what max_chars leaves after `fixed` characters and
+  `per_item` characters of framing each."""
+  texts = [_one_line(t) for t in texts]
+  if max_chars is None:
+    return texts, 0
+  return fit_texts(texts, max_chars - fixed - per_item * len(texts))
 
 
 def _object(title: str | None, properties: dict) -> dict:
@@ -49,7 +68,7 @@ def _numbers(n: int) -> dict:
 
 
 def _numbered(items: Sequence[str]) -> str:
-  return "\n".join(f"[{i}] {' '.join(item.split())}" for i, item in enumerate(items, start=1))
+  return "\n".join(f"[{i}] {_one_line(item)}" for i, item in enumerate(items, start=1))
 
 
 def _check_texts(items: Sequence[str], what: str) -> None:
@@ -68,8 +87,8 @@ Reply in JSON: {"topics": [{"summary": "...", "turn_ids": ["..."]}]}. Use an emp
 nothing is worth remembering."""
 
 
-def topic_extraction(turns: Sequence[TurnLike], date: str,
-                     max_topics: int = MAX_TOPICS) -> Prompt:
+def topic_extraction(turns: Sequence[TurnLike], date: str, max_topics: int = MAX_TOPICS, *,
+                     max_chars: int | None = None) -> Prompt:
   """Prompt to extract topic memories from one session's turns, held on `date`."""
   if not turns:
     raise ValueError("topic_extraction needs at least one turn, got none")
@@ -78,16 +97,17 @@ def topic_extraction(turns: Sequence[TurnLike], date: str,
   turn_ids = [turn.turn_id for turn in turns]
   if len(set(turn_ids)) != len(turn_ids):
     raise ValueError(f"turn ids must be unique within a session, got {turn_ids!r:.200}")
-  lines = [f"[{turn.turn_id}] {date} - {turn.speaker}: {' '.join(turn.text.split())}"
-           for turn in turns]
-  user = "Conversation:\n" + "\n".join(lines)
   topic = _object(None, {"summary": {"type": "string"},
                          "turn_ids": {"type": "array", "minItems": 1,
                                       "items": {"type": "string", "enum": turn_ids}}})
   schema = _object("topics", {"topics": {"type": "array", "maxItems": max_topics,
                                          "items": topic}})
+  heads = [f"[{turn.turn_id}] {date} - {turn.speaker}: " for turn in turns]
+  fixed = len(_TOPICS_SYSTEM) + len(json.dumps(schema)) + sum(map(len, heads)) + 20
+  texts, cut = _fitted([turn.text for turn in turns], max_chars, fixed, 1)
+  user = "Conversation:\n" + "\n".join(h + t for h, t in zip(heads, texts, strict=True))
   return Prompt([{"role": "system", "content": _TOPICS_SYSTEM},
-                 {"role": "user", "content": user}], schema)
+                 {"role": "user", "content": user}], schema, cut)
 
 
 _MERGE_SYSTEM = """\
@@ -100,21 +120,22 @@ note>, "summary": "<the merged note>"}.
 If it is a different topic, reply in JSON: {"action": "add", "index": null, "summary": null}."""
 
 
-def add_or_merge(new_summary: str, existing: Sequence[str]) -> Prompt:
+def add_or_merge(new_summary: str, existing: Sequence[str], *,
+                 max_chars: int | None = None) -> Prompt:
   """Prompt to add a new topic memory or merge it into one of the `existing` similar ones."""
   if not isinstance(new_summary, str) or not new_summary.strip():
     raise ValueError(f"new_summary must be a non-empty string, got {new_summary!r:.200}")
   _check_texts(existing, "existing")
   if not existing:
     raise ValueError("add_or_merge needs at least one existing memory; with none, add directly")
-  user = (f"Existing notes:\n{_numbered(existing)}\n\n"
-          f"New note: {' '.join(new_summary.split())}")
+  texts, cut = _fitted([new_summary, *existing], max_chars, len(_MERGE_SYSTEM) + 60, 6)
+  user = f"Existing notes:\n{_numbered(texts[1:])}\n\nNew note: {texts[0]}"
   schema = _object("memory_update", {
       "action": {"type": "string", "enum": ["add", "merge"]},
       "index": {"anyOf": [_numbers(len(existing)), {"type": "null"}]},
       "summary": {"anyOf": [{"type": "string"}, {"type": "null"}]}})
   return Prompt([{"role": "system", "content": _MERGE_SYSTEM},
-                 {"role": "user", "content": user}], schema)
+                 {"role": "user", "content": user}], schema, cut)
 
 
 _ANSWER_SYSTEM = """\
@@ -126,23 +147,29 @@ that you did not use; leave the list empty if you used none.
 Reply in JSON: {"answer": "...", "citations": [<numbers>]}."""
 
 
-def answer_with_citations(question: str, memories: Sequence[str],
-                          current_session: str = "") -> Prompt:
+def answer_with_citations(question: str, memories: Sequence[str], current_session: str = "", *,
+                          max_chars: int | None = None) -> Prompt:
   """Prompt to answer from numbered memories and cite the ones used (RMM's reward signal)."""
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
   _check_texts(memories, "memories")
+  # The question and the current conversation get at most a quarter of the budget each.
+  quarter = None if max_chars is None else max_chars // 4
+  (question,), cut_question = fit_texts([question.strip()], quarter)
+  (current_session,), cut_session = fit_texts([current_session.strip()], quarter)
+  fixed = len(_ANSWER_SYSTEM) + len(question) + len(current_session) + 80
+  memories, cut = _fitted(memories, max_chars, fixed, 6)
   shown = _numbered(memories) if memories else "(no memories retrieved)"
   user = f"Memories:\n{shown}\n\n"
-  if current_session.strip():
-    user += f"Current conversation:\n{current_session.strip()}\n\n"
-  user += f"Question: {question.strip()}"
+  if current_session:
+    user += f"Current conversation:\n{current_session}\n\n"
+  user += f"Question: {question}"
   # An empty enum is not a valid schema: with no memories, only the empty list fits.
   citations = ({"type": "array", "items": _numbers(len(memories))} if memories
                else {"type": "array", "items": {"type": "integer"}, "maxItems": 0})
   schema = _object("cited_answer", {"answer": {"type": "string"}, "citations": citations})
   return Prompt([{"role": "system", "content": _ANSWER_SYSTEM},
-                 {"role": "user", "content": user}], schema)
+                 {"role": "user", "content": user}], schema, cut + cut_question + cut_session)
 
 
 _JUDGE_SYSTEM = """\
@@ -154,16 +181,18 @@ correct.
 Reply in JSON: {"correct": true} or {"correct": false}."""
 
 
-def answer_judge(question: str, gold: str, candidate: str) -> Prompt:
+def answer_judge(question: str, gold: str, candidate: str, *,
+                 max_chars: int | None = None) -> Prompt:
   """Prompt for a binary verdict: does the candidate answer match the reference answer."""
   for name, value in (("question", question), ("gold", gold), ("candidate", candidate)):
     if not isinstance(value, str):
       raise ValueError(f"{name} must be a string, got {value!r:.200}")
-  user = (f"Question: {question.strip()}\nReference answer: {gold.strip()}\n"
-          f"Candidate answer: {candidate.strip()}")
+  (question, gold, candidate), cut = _fitted([question.strip(), gold.strip(), candidate.strip()],
+                                             max_chars, len(_JUDGE_SYSTEM) + 60, 0)
+  user = f"Question: {question}\nReference answer: {gold}\nCandidate answer: {candidate}"
   schema = _object("verdict", {"correct": {"type": "boolean"}})
   return Prompt([{"role": "system", "content": _JUDGE_SYSTEM},
-                 {"role": "user", "content": user}], schema)
+                 {"role": "user", "content": user}], schema, cut)
 
 
 _SUFFICIENCY_SYSTEM = """\
@@ -177,16 +206,20 @@ Reply in JSON: {"label": "EXACT" | "INFERRABLE" | "PARTIAL", "confidence": <0 to
 "missing": "..."}."""
 
 
-def sufficiency_judge(question: str, evidence: Sequence[str]) -> Prompt:
+def sufficiency_judge(question: str, evidence: Sequence[str], *,
+                      max_chars: int | None = None) -> Prompt:
   """Prompt to judge whether numbered evidence suffices to answer the question (IRIS)."""
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
   _check_texts(evidence, "evidence")
+  (question,), cut_question = fit_texts([question.strip()],
+                                        None if max_chars is None else max_chars // 4)
+  evidence, cut = _fitted(evidence, max_chars, len(_SUFFICIENCY_SYSTEM) + len(question) + 40, 6)
   shown = _numbered(evidence) if evidence else "(no evidence yet)"
-  user = f"Evidence:\n{shown}\n\nQuestion: {question.strip()}"
+  user = f"Evidence:\n{shown}\n\nQuestion: {question}"
   schema = _object("sufficiency", {
       "label": {"type": "string", "enum": list(SUFFICIENCY_LABELS)},
       "confidence": {"type": "number", "minimum": 0, "maximum": 1},
       "missing": {"type": "string"}})
   return Prompt([{"role": "system", "content": _SUFFICIENCY_SYSTEM},
-                 {"role": "user", "content": user}], schema)
+                 {"role": "user", "content": user}], schema, cut + cut_question)
