@@ -10,6 +10,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rmmjax.retrieve.fusion import RRF_C, rrf_top
+
 QUERY_CHUNK = 64  # queries scored together: bounds the (chunk x N) score matrix
 
 
@@ -92,15 +94,17 @@ class DenseRetriever:
 
 
 class FusionRetriever:
-  """Reciprocal-rank fusion: score = sum over rankers of 1 / (c + rank), ranks from 1."""
+  """Reciprocal-rank fusion of BM25 and dense search: score = sum over the rankers that matched a
+  text of 1 / (c + rank), ranks from 1 (`retrieve/fusion.py`); BM25 vouches only for texts that
+  share a term with the query."""
 
-  def __init__(self, rankers: list, size: int, c: float = 60.0):
-    self._rankers, self._size, self._c = rankers, size, c
+  def __init__(self, bm25, dense: DenseRetriever, size: int, c: float = RRF_C):
+    self._bm25, self._dense, self._size, self._c = bm25, dense, size, c
 
   def rank(self, queries: list[str], k: int) -> np.ndarray:
-    fused = np.zeros((len(queries), self._size))
-    rows = np.arange(len(queries))[:, None]
-    for ranker in self._rankers:
-      order = ranker.rank(queries, self._size)
-      fused[rows, order] += 1.0 / (self._c + 1.0 + np.arange(order.shape[1]))[None, :]
-    return np.argsort(-fused, axis=1, kind="stable")[:, :min(k, self._size)]
+    k = min(k, self._size)
+    dense = self._dense.rank(queries, self._size)
+    matched = self._bm25.matched(queries, self._size)
+    # Dense search ranks every text, so every row below has k entries.
+    return np.stack([rrf_top([m, d], k, self._c) for m, d in zip(matched, dense, strict=True)]
+                    ) if len(queries) else np.zeros((0, k), np.int64)

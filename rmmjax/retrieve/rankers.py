@@ -21,4 +21,4 @@ def make_retriever(name: str, texts: list[str], encoder, query_encoder=None):
   dense = DenseRetriever(texts, encoder, query_encoder)
   if name == "dense":
     return dense
-  return FusionRetriever([BM25Retriever(texts), dense], len(texts))
+  return FusionRetriever(BM25Retriever(texts), dense, len(texts))
