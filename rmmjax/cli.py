@@ -226,6 +226,7 @@ the outputs. Running the same command again resumes the workdir."""
 
 
 def build_parser() -> argparse.ArgumentParser:
+  from rmmjax.cli_bank import add_parser as add_bank_parser
   from rmmjax.cli_memory import add_parsers as add_memory_parsers
   from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS, UNITS
   from rmmjax.eval.iris_eval import JUDGES
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_eval)
 
   add_memory_parsers(sub)
+  add_bank_parser(sub)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
   p.add_argument("what", choices=["core", "search", "encode", "agent", "iris"])
@@ -331,19 +333,30 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+NOTHING = "nothing was written"
+# What an interrupted command leaves (chat says it itself: what it kept depends on the session).
+INTERRUPTED = {"train": "rerun the same command to resume",
+               "ingest": "the sessions reflected before are kept; rerun the same command to "
+                         "resume",
+               "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
+
+
 def main(argv: list[str] | None = None) -> int:
+  from rmmjax.llm.base import LLMError
   args = build_parser().parse_args(argv)
   try:
     args.func(args)
   except KeyboardInterrupt:
-    print(f"\nrmmjax {args.command}: interrupted"
-          + ("; rerun the same command to resume" if args.command == "train"
-             else "; nothing was written"), file=sys.stderr)
+    print(f"\nrmmjax {args.command}: interrupted; {INTERRUPTED.get(args.command, NOTHING)}",
+          file=sys.stderr)
     return 130
   except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
           FloatingPointError) as err:
     print(f"rmmjax {args.command}: error: {err}", file=sys.stderr)
     return 2
+  except LLMError as err:  # the server failed, after its retries: not a bad argument
+    print(f"rmmjax {args.command}: the LLM failed: {err}", file=sys.stderr)
+    return 1
   return 0
 
 

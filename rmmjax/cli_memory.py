@@ -1,7 +1,9 @@
-"""The memory commands of the `rmmjax` command line: ingest, recall, chat, answer.
+"""The memory commands of the `rmmjax` command line: ingest, recall, chat, answer, memory.
 
 Each handler turns flags into library calls (rmmjax.memory, rmmjax.agent, rmmjax.eval); the
-parser lives here too so rmmjax/cli.py stays one screen of commands.
+parser lives here too so rmmjax/cli.py stays one screen of commands. The chat loop is in
+cli_chat.py, the whole-user commands (export, import, delete) in cli_bank.py, what they share
+(the bank, the encoder, the LLM from flags) in cli_common.py.
 """
 
 from __future__ import annotations
@@ -10,61 +12,67 @@ import json
 import sys
 from pathlib import Path
 
-
-def _llm(args):
-  """The LLM backend the flags name, or None without --llm-url."""
-  if not args.llm_url:
-    return None
-  if not args.model:
-    raise ValueError("--llm-url needs --model NAME (the model the server serves)")
-  from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
-  return OpenAICompatibleLLM(LLMSettings(base_url=args.llm_url, model=args.model,
-                                         api_key_env=args.api_key_env,
-                                         structured_output=args.structured_output,
-                                         timeout_s=args.timeout))
+from rmmjax.cli_common import bank, encoder_for, llm_from_flags as _llm
 
 
-def _bank(path: str, must_exist: bool):
-  from rmmjax.memory import MemoryBank, key_from_env
-  if must_exist and not Path(path).is_file():
-    raise FileNotFoundError(f"--db {path} does not exist (build one with rmmjax ingest)")
-  return MemoryBank(path, key=key_from_env())
-
-
-def _encoder():
-  from rmmjax.encode.cache import EmbeddingCache
-  from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-  return SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
-
-
-def _agent(args, bank, encoder, learn: bool, m: int, llm=None, workdir=None):
+def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
   from rmmjax.agent import Agent, AgentSettings
   from rmmjax.io.reranker_load import load_reranker
   from rmmjax.replay.query_encoder import load_query_encoder
+  if args.candidates < 1:
+    raise ValueError(f"--candidates {args.candidates}: expected a positive number of memories "
+                     f"to retrieve")
+  if m > args.candidates:
+    raise ValueError(f"{m} memories handed to the LLM (--{'k' if args.command == 'recall' else 'm'}"
+                     f" {m}) but only --candidates {args.candidates} retrieved: hand over at "
+                     f"most as many as are retrieved")
   reranker = load_reranker(Path(args.reranker)) if args.reranker else None
   query_encoder = load_query_encoder(Path(args.encoder), encoder) if args.encoder else None
-  settings = AgentSettings(retriever=args.retriever, k=max(args.candidates, m), m=m,
-                           batch=getattr(args, "batch", 4), learn=learn)
-  return Agent(bank, encoder, settings, llm=llm, workdir=workdir, reranker=reranker,
-               query_encoder=query_encoder)
+  extra = {"tau": args.tau, "lr": args.lr} if args.command == "chat" else {}
+  settings = AgentSettings(retriever=args.retriever, k=args.candidates, m=m,
+                           batch=getattr(args, "batch", 4), learn=learn, **extra)
+  agent = Agent(memory_bank, encoder, settings, llm=llm, workdir=workdir, reranker=reranker,
+                # queries are embedded afresh: they are never written to the embedding cache
+                query_encoder=query_encoder or encoder.with_cache(None),
+                allow_mismatch=args.allow_mismatch)
+  for mismatch in agent.mismatches:
+    print(f"warning: the reranker does not fit ({mismatch}); used anyway (--allow-mismatch)",
+          file=sys.stderr)
+  return agent
 
 
 def cmd_ingest(args) -> None:
   from rmmjax.data.locomo import load_locomo
   from rmmjax.data.msc import load_msc
-  from rmmjax.memory.ingest import ingest_conversations
+  from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
   from rmmjax.memory.reflection import LLMReflector, OfflineReflector
   if not args.user and not args.user_per_conversation:
     raise ValueError("name whose memories these are: --user U, or --user-per-conversation")
   conversations, report = {"locomo": load_locomo, "msc": load_msc}[args.dataset](Path(args.data))
+  plan_ingest(conversations, args.user, args.user_per_conversation)  # before the bank exists
   llm = _llm(args)
-  encoder = _encoder()
-  reflector = LLMReflector(llm) if llm is not None else OfflineReflector(encoder)
-  with _bank(args.db, must_exist=False) as bank:
-    counts = ingest_conversations(bank, conversations, reflector, encoder, user=args.user,
-                                  user_per_conversation=args.user_per_conversation,
-                                  progress=not args.quiet)
+  with bank(args.db, must_exist=False) as memory_bank:
+    encoder = encoder_for(memory_bank)
+    offline = OfflineReflector(encoder)
+    reflector = (offline if llm is None else
+                 LLMReflector(llm, fallback=offline if args.fallback == "offline" else None))
+    try:
+      counts = ingest_conversations(memory_bank, conversations, reflector, encoder,
+                                    user=args.user,
+                                    user_per_conversation=args.user_per_conversation,
+                                    progress=not args.quiet)
+    except IngestStopped as err:
+      print(json.dumps(err.counts, indent=2), file=sys.stderr)
+      raise
+  if llm is not None:
+    counts["cut_prompts"] = reflector.cut_prompts
   print(json.dumps(counts, indent=2, default=str))
+  if llm is not None and counts["fallbacks"]:
+    print(f"{counts['fallbacks']} LLM replies were unusable: their topics came from the offline "
+          f"reflector (a topic list) or were added as new memories (a merge decision)")
+  if counts.get("cut_prompts") or counts["cut_summaries"]:
+    print(f"text was cut to fit: {counts.get('cut_prompts', 0)} prompts (--context-tokens), "
+          f"{counts['cut_summaries']} memory summaries")
   if report.counts:
     print("repairs and drops while loading: " + "; ".join(
         f"{k}: {v}" for k, v in sorted(report.counts.items())))
@@ -73,11 +81,10 @@ def cmd_ingest(args) -> None:
 def cmd_recall(args) -> None:
   if args.k < 1:
     raise ValueError(f"--k {args.k}: expected a positive number of memories")
-  encoder = _encoder()
-  with _bank(args.db, must_exist=True) as bank:
-    if not bank.has_user(args.user):
+  with bank(args.db, must_exist=True) as memory_bank:
+    if not memory_bank.has_user(args.user):
       raise ValueError(f"--user {args.user!r} has no memories in {args.db}")
-    agent = _agent(args, bank, encoder, learn=False, m=args.k)
+    agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=False, m=args.k)
     memories, scores = agent.recall(args.user, args.query)
   out = [{"memory_id": m.id, "score": s, "summary": m.summary,
           "snippets": [{"turn_id": p.turn_id, "session": p.session_id, "date": p.date,
@@ -92,43 +99,29 @@ def cmd_recall(args) -> None:
 
 
 def cmd_chat(args) -> None:
+  from rmmjax.cli_chat import chat_loop
   llm = _llm(args)
-  encoder = _encoder()
-  with _bank(args.db, must_exist=False) as bank:
-    agent = _agent(args, bank, encoder, learn=not args.serve, m=args.m, llm=llm,
-                   workdir=Path(args.workdir) if args.workdir else None)
-    print(f"chatting as {args.user}; /end ends the session (reflection), /quit leaves"
-          + ("" if llm else "; no LLM: showing the memories that would be handed to one"),
-          file=sys.stderr)
-    for line in sys.stdin:
-      text = line.strip()
-      if not text:
-        continue
-      if text == "/quit":
-        break
-      if text == "/end":
-        report = agent.end_session(args.user)
-        print(f"session reflected: {report}")
-        continue
-      response = agent.respond(args.user, text)
-      if response.answer is not None:
-        print(response.answer)
-        if response.cited:
-          print("  cited: " + ", ".join(f"[{i + 1}]" for i in response.cited))
-      else:
-        for i, memory in enumerate(response.memories, 1):
-          print(f"[{i}] {memory.summary}")
-    agent.save()
-    stats = agent.stats
-    print(f"reranker updates: {stats['updates']}; queries {stats['queries']}, cited "
-          f"{stats['cited']} of {stats['shown']} shown, malformed replies {stats['malformed']}, "
-          f"invalid citations {stats['invalid_citations']}, LLM errors {stats['llm_errors']}")
+  if not args.new_user and not Path(args.db).is_file():
+    raise FileNotFoundError(f"--db {args.db} does not exist: build one with rmmjax ingest, or "
+                            f"pass --new-user to start a bank with a new user")
+  with bank(args.db, must_exist=False) as memory_bank:
+    if not memory_bank.has_user(args.user):
+      if not args.new_user:
+        users = memory_bank.users()
+        raise ValueError(f"--user {args.user!r} is not in {args.db} (its users: "
+                         f"{', '.join(users[:8]) or 'none'}{'...' if len(users) > 8 else ''}); "
+                         f"pass --new-user to start a new user")
+      memory_bank.add_user(args.user, exist_ok=True)
+    agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=not args.serve, m=args.m,
+                   llm=llm, workdir=Path(args.workdir) if args.workdir else None)
+    chat_loop(agent, args.user, sys.stdin, llm is not None)
 
 
 def cmd_answer(args) -> None:
   from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
   from rmmjax.io.outputs import check_output_file
   from rmmjax.io.workdir import atomic_write_json
+  from rmmjax.llm.base import LLMError
   check_output_file(args.out, "--out")
   if args.limit is not None and args.limit < 1:
     raise ValueError(f"--limit {args.limit}: expected a positive number of questions")
@@ -138,14 +131,14 @@ def cmd_answer(args) -> None:
   llm = _llm(args)
   if llm is None:
     raise ValueError("rmmjax answer needs an LLM: --llm-url URL --model NAME")
-  encoder = _encoder()
   if args.iris:
-    report = evaluate_answers(args.dataset, Path(args.data), iris_answerer(encoder, llm, args.m),
-                              llm, limit=args.limit, progress=not args.quiet,
+    report = evaluate_answers(args.dataset, Path(args.data),
+                              iris_answerer(encoder_for(None), llm, args.m), llm,
+                              limit=args.limit, progress=not args.quiet,
                               config={"memory": "lace", "iris": True, "m": args.m})
   else:
-    with _bank(args.db, must_exist=True) as bank:
-      agent = _agent(args, bank, encoder, learn=False, m=args.m, llm=llm)
+    with bank(args.db, must_exist=True) as memory_bank:
+      agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=False, m=args.m, llm=llm)
       report = evaluate_answers(args.dataset, Path(args.data), agent_answerer(agent), llm,
                                 limit=args.limit, progress=not args.quiet,
                                 config={"memory": "bank", "retriever": args.retriever,
@@ -154,6 +147,9 @@ def cmd_answer(args) -> None:
   atomic_write_json(Path(args.out), report)
   print(json.dumps(report["metrics"]["overall"], indent=2))
   print(f"wrote {args.out}")
+  if report["stopped"]:
+    raise LLMError(f"{report['stopped']}; the report of the questions answered before is in "
+                   f"{args.out} (complete: false)")
 
 
 def add_parsers(sub) -> None:
@@ -170,12 +166,16 @@ def add_parsers(sub) -> None:
                    choices=("json_schema", "json_object", "none"),
                    help="json_schema (OpenAI, vLLM), json_object (llama.cpp's server), none")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    p.add_argument("--context-tokens", type=int, default=8192,
+                   help="the server's context window: prompts are cut to fit it (default 8192)")
 
   def retrieval_flags(p):
     p.add_argument("--retriever", default="hybrid", choices=RETRIEVERS)
     p.add_argument("--candidates", type=int, default=20, help="K memories retrieved")
     p.add_argument("--reranker", default=None, help="a training workdir or exported reranker")
     p.add_argument("--encoder", default=None, help="a tuned query encoder (workdir or export)")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="use a reranker trained on other units, retriever or encoder")
 
   p = sub.add_parser("ingest", help="build a memory bank from a dataset's sessions")
   p.add_argument("--dataset", default="locomo", choices=("locomo", "msc"))
@@ -184,6 +184,9 @@ def add_parsers(sub) -> None:
   p.add_argument("--user", default=None, help="the user all conversations belong to")
   p.add_argument("--user-per-conversation", action="store_true",
                  help="each conversation's id is its own user")
+  p.add_argument("--fallback", default="offline", choices=("offline", "none"),
+                 help="with --llm-url: what reflects a session whose LLM topic list is unusable "
+                      "(offline: the offline reflector, counted; none: stop, leaving it open)")
   p.add_argument("--quiet", action="store_true")
   llm_flags(p)
   p.set_defaults(func=cmd_ingest)
@@ -200,9 +203,14 @@ def add_parsers(sub) -> None:
   p = sub.add_parser("chat", help="talk with the agent (stdin); /end reflects the session")
   p.add_argument("--db", required=True)
   p.add_argument("--user", required=True)
+  p.add_argument("--new-user", action="store_true",
+                 help="start the user (and the bank file) if the bank does not have them")
   p.add_argument("--m", type=int, default=5, help="memories shown per answer")
   p.add_argument("--batch", type=int, default=4, help="rewarded answers per reranker update")
-  p.add_argument("--workdir", default=None, help="where the reranker is checkpointed")
+  p.add_argument("--tau", type=float, default=0.5, help="Gumbel sampling temperature")
+  p.add_argument("--lr", type=float, default=1e-4, help="the reranker's Adam learning rate")
+  p.add_argument("--workdir", default=None,
+                 help="where the reranker is checkpointed (every update) and resumed from")
   p.add_argument("--serve", action="store_true", help="never update the reranker")
   retrieval_flags(p)
   llm_flags(p)

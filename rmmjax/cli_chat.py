@@ -1,0 +1,69 @@
+"""`rmmjax chat`: the agent on stdin, one line a question; /end reflects the session, /quit
+leaves. Everything an answer earned is kept before the answer is printed, so SIGKILL loses at
+most the answer being computed, and Ctrl-C saves and says what was kept."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _print_response(response) -> None:
+  if response.failure == "llm_error":
+    print(f"(the LLM failed: {response.error}; the memories it would have been shown:)")
+  if response.answer is not None:
+    print(response.answer)
+    if response.cited:
+      print("  cited: " + ", ".join(f"[{i + 1}]" for i in response.cited))
+    if response.failure == "malformed":
+      print("  (the reply was not a cited answer: it earns no reward)")
+    return
+  if response.failure == "malformed":
+    print(f"(the LLM's reply held no answer: {response.error}; the memories it was shown:)")
+  for i, memory in enumerate(response.memories, 1):
+    print(f"[{i}] {memory.summary}")
+
+
+def _kept(agent, turns_before: int) -> str:
+  written = agent.stats["turns_written"] - turns_before
+  if agent.workdir is None or not agent.learning:
+    learnt = ("the reranker's updates of this run are not kept (no --workdir)"
+              if agent.learning else "serving: the reranker was not updated")
+  else:
+    learnt = (f"the reranker at update {agent.stats['updates']} (checkpointed in "
+              f"{agent.workdir.path}) and {agent.pending} rewarded answers waiting for the next "
+              f"update")
+  return f"{written} turns written by this run are in the bank; {learnt}"
+
+
+def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
+  """Serves each line of `lines` as a question of `user` until /quit or the end."""
+  turns_before = agent.stats["turns_written"]
+  print(f"chatting as {user}; /end ends the session (reflection), /quit leaves"
+        + ("" if has_llm else "; no LLM: showing the memories that would be handed to one"),
+        file=sys.stderr)
+  try:
+    for line in lines:
+      text = line.strip()
+      if not text:
+        continue
+      if text == "/quit":
+        break
+      if text == "/end":
+        try:
+          print(agent.end_session(user).describe())
+        except ValueError as err:
+          print(f"/end: {err}")
+        continue
+      _print_response(agent.respond(user, text))
+      sys.stdout.flush()
+  except KeyboardInterrupt:
+    agent.close()
+    print(f"\nrmmjax chat: interrupted; {_kept(agent, turns_before)}; rerun the same command "
+          f"to continue", file=sys.stderr)
+    raise SystemExit(130) from None
+  agent.close()
+  stats = agent.stats
+  print(f"reranker updates: {stats['updates']}; queries {stats['queries']}, cited "
+        f"{stats['cited']} of {stats['shown']} shown, malformed replies {stats['malformed']}, "
+        f"invalid citations {stats['invalid_citations']}, LLM errors {stats['llm_errors']}, "
+        f"prompts cut to fit {stats['cut_prompts']}; {_kept(agent, turns_before)}")
