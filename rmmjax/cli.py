@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -356,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   except LLMError as err:  # the server failed, after its retries: not a bad argument
     print(f"rmmjax {args.command}: the LLM failed: {err}", file=sys.stderr)
+    return 1
+  except BrokenPipeError:  # the reader of stdout left (`| head`): nothing more to say
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
   return 0
 

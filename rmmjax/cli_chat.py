@@ -20,7 +20,8 @@ def _print_response(response) -> None:
   if response.failure == "malformed":
     print(f"(the LLM's reply held no answer: {response.error}; the memories it was shown:)")
   for i, memory in enumerate(response.memories, 1):
-    print(f"[{i}] {memory.summary}")
+    line = " ".join(memory.summary.split())
+    print(f"[{i}] {line[:300]}{' [...]' if len(line) > 300 else ''}")
 
 
 def _kept(agent, turns_before: int) -> str:
