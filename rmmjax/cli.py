@@ -209,7 +209,8 @@ def _cmd_bench(args) -> None:
     bench_iris.bench_iris(out, Path(args.data) if args.data else None, quick=args.quick)
   elif args.what == "agent":
     from rmmjax.bench import agent as bench_agent
-    bench_agent.bench_agent(out, Path(args.data) if args.data else None, quick=args.quick)
+    bench_agent.bench_agent(out, Path(args.data) if args.data else None, quick=args.quick,
+                            large=args.large)
   elif args.what == "search":
     from rmmjax.bench import retrieval as bench_retrieval
     bench_retrieval.bench_search(out, quick=args.quick)
@@ -330,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "are ingested")
   p.add_argument("--out", default=None, help="write the results as JSON")
   p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+  p.add_argument("--large", action="store_true",
+                 help="agent: also a bank of 1,000,000 memories (about 8 GB of memory)")
   p.set_defaults(func=_cmd_bench)
   return parser
 

@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -129,6 +131,20 @@ def test_unchanged_round_trip_reproduces_the_source_tensors(encoder, tmp_path):
     np.testing.assert_array_equal(written[name], value, err_msg=name)
   for name in ("config.json", "tokenizer.json", "vocab.txt"):
     assert (out / name).read_bytes() == (encoder.model_dir / name).read_bytes()
+
+
+def test_what_a_killed_export_left_is_removed_by_the_next(encoder, tmp_path):
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  leftovers = [tmp_path / f".out.partial-{dead}-x1", tmp_path / ".out.partial-olderform",
+               tmp_path / ".out.old-1234abcd"]
+  live = tmp_path / f".out.partial-{os.getpid()}-busy"  # another export, still running
+  for folder in [*leftovers, live]:
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"half")
+  save_encoder(encoder, None, tmp_path / "out")
+  assert not any(folder.exists() for folder in leftovers) and live.is_dir()
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "out"])
 
 
 def test_non_finite_params_are_refused_before_anything_is_written(encoder, tmp_path):

@@ -138,6 +138,27 @@ def _check_out_dir(out_dir: Path) -> None:
                      f"refusing to replace something that is not a previous export")
 
 
+def _remove_stale(out_dir: Path) -> None:
+  """Removes what an export killed before its rename left beside out_dir: folders of a process
+  that is gone (a live one may be exporting there right now)."""
+  for stale in [*out_dir.parent.glob(f".{out_dir.name}.partial-*"),
+                *out_dir.parent.glob(f".{out_dir.name}.old-*")]:
+    pid = stale.name.rsplit(".partial-", 1)[-1].split("-", 1)[0]
+    if ".partial-" in stale.name and pid.isdigit() and _alive(int(pid)):
+      continue
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # someone else's process: alive
+    return True
+  return True
+
+
 def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | Path, *,
                  metadata: dict | None = None) -> Path:
   """Writes `encoder` with `params` (its own when None) to `out_dir`, atomically; returns it.
@@ -163,7 +184,9 @@ def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | P
             "params": "as loaded" if params is None else "given", "metadata": metadata}
 
   out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+  _remove_stale(out_dir)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-{os.getpid()}-",
+                              dir=out_dir.parent))
   try:
     shutil.copyfile(src / "config.json", tmp / "config.json")
     for name in TOKENIZER_FILES:
