@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hash_encoder import HashEncoder
 
 from rmmjax.memory import (
     BankFileError, BankKeyError, EncoderMismatch, MemoryBank, Merge, NewMemory, UnknownRecord,
     bank as bank_module, generate_key, key_from_env)
+from rmmjax.memory.lace import LaceMem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -329,7 +331,21 @@ def test_export_import_round_trips_exactly(tmp_path):
     bank.put_embeddings("ann", "enc-b", [1, 2], np.full((2, 3), 0.1, np.float32))
     bank.start_session("ann", "open", "2024-08-01")  # a session not yet reflected
     bank.add_turns("ann", "open", [("o1", "me", "unicode: caf\u00e9 \U0001f600")])
+    lace = LaceMem(HashEncoder())
+    for i, text in enumerate(["Ann adopted a cat named Pixel.", "Ann and her cat moved to Oslo.",
+                              "The cat Pixel likes Oslo."]):
+      lace.add_turn(f"l{i}", "S1", "2024-07-01", "Ann", text)
+    lace.save(bank, "ann")
     exported = bank.export_user("ann")
+    assert len(exported["lace"]["facts"]) == len(lace.facts) and exported["lace"]["links"]
+    # Export, delete, import: the user comes back whole, their LaceMem included.
+    bank.delete_user("ann")
+    bank.import_user(json.loads(json.dumps(exported)))
+    back = LaceMem.load(bank, "ann", HashEncoder())
+    assert back.facts == lace.facts and back.edges() == lace.edges()
+    np.testing.assert_array_equal(back.fact_vectors(list(range(len(lace.facts)))),
+                                  lace.fact_vectors(list(range(len(lace.facts)))))
+    assert bank.export_user("ann") == exported
   data = json.loads(json.dumps(exported))
   for key in (None, generate_key()):
     with MemoryBank(tmp_path / f"b{key is None}.sqlite", key=key) as fresh:
@@ -341,6 +357,21 @@ def test_export_import_round_trips_exactly(tmp_path):
         fresh.import_user(data)
       fresh.import_user(data, user="ann2")
       assert fresh.export_user("ann2") == {**exported, "user": "ann2"}
+  # A document of version 1 (no origins, no LaceMem) still imports.
+  older = {**json.loads(json.dumps(exported)), "version": 1}
+  for session in older["sessions"]:
+    del session["origin"]
+  del older["lace"]
+  with MemoryBank(tmp_path / "v1.sqlite") as fresh:
+    fresh.import_user(older)
+    # Sessions of unknown origin are the dataset's (the agent's were named session-<n>).
+    assert fresh.export_user("ann") == {**exported, "lace": None, "sessions": [
+        {**s, "origin": "ingest"} for s in exported["sessions"]]}
+  broken = json.loads(json.dumps(exported))
+  broken["lace"]["links"][0] = [0, 99, 0.5]
+  with MemoryBank(tmp_path / "c.sqlite") as fresh, pytest.raises(
+      ValueError, match=r"lace.links\[0\] is \[0, 99, 0.5\]; expected"):
+    fresh.import_user(broken)
   broken = json.loads(json.dumps(exported))
   broken["memories"][0]["snippets"][0]["text"] = "edited"
   with MemoryBank(tmp_path / "c.sqlite") as fresh, pytest.raises(
