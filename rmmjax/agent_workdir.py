@@ -25,9 +25,11 @@ from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.workdir import atomic_write_json
 
-# The settings a workdir's reranker learnt with: a restart must keep them.
+# The settings a workdir's reranker learnt with: a restart that learns must keep them; one that
+# only serves must keep what the weights score (the candidates and where they come from).
 FIXED_SETTINGS = ("retriever", "k", "m", "batch", "tau", "lr", "baseline", "baseline_kind",
                   "seed", "reranker", "query_encoder")
+SERVING_SETTINGS = ("retriever", "k", "reranker", "query_encoder")
 PENDING_FIELDS = ("q", "mem", "mask", "selected", "rewards")
 
 
@@ -60,7 +62,8 @@ class AgentWorkdir:
                        f"it was damaged: use another --workdir") from None
 
   def _check_settings(self, saved: dict) -> None:
-    diff = [f"{key}: {saved[key]!r} -> {self.settings.get(key)!r}" for key in FIXED_SETTINGS
+    keys = FIXED_SETTINGS if self.learning else SERVING_SETTINGS
+    diff = [f"{key}: {saved[key]!r} -> {self.settings.get(key)!r}" for key in keys
             if key in saved and saved[key] != self.settings.get(key)]
     if diff:
       raise ValueError(f"--workdir {self.path} holds a reranker that learnt with other settings "

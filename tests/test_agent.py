@@ -165,6 +165,12 @@ def test_a_restart_with_other_settings_or_a_second_learner_is_refused(bank, tmp_
   again = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
   assert int(again.state.step) == 1 and float(again.state.hparams.tau) == 0.5
   again.close()
+  # Serving reads the weights whatever it would learn with, but not from other candidates.
+  serving = dataclasses.replace(changed, learn=False)
+  assert int(Agent(bank, HashEncoder(), serving, workdir=tmp_path / "agent").state.step) == 1
+  with pytest.raises(ValueError, match="retriever: 'hybrid' -> 'bm25'"):
+    Agent(bank, HashEncoder(), dataclasses.replace(serving, retriever="bm25"),
+          workdir=tmp_path / "agent")
 
 
 def test_an_exchange_whose_session_ended_meanwhile_is_kept_and_then_learnt(bank, tmp_path):

@@ -62,27 +62,63 @@ def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
 
 def describe(cfg, record: dict, step: int) -> dict:
   """The description an export carries: enough to score, evaluate and keep training."""
-  return {"format_version": FORMAT_VERSION, "variant": cfg.variant, "dim": cfg.dim,
-          "hidden": cfg.hidden if cfg.variant == "mlp" else None, "k": cfg.k, "m": cfg.m,
-          "batch": cfg.batch, "rank_prior": cfg.rank_prior, "step": step,
-          "hparams": {name: getattr(cfg, name) for name in SWEEPABLE},
-          "score": SCORE_FORMULAS[cfg.variant] + (RANK_PRIOR_FORMULA if cfg.rank_prior else ""),
+  return _description(cfg.core_spec(), {name: getattr(cfg, name) for name in SWEEPABLE},
+                      record, step)
+
+
+def _description(spec: core.CoreSpec, hparams: dict, record: dict, step: int) -> dict:
+  return {"format_version": FORMAT_VERSION, "variant": spec.variant, "dim": spec.dim,
+          "hidden": spec.hidden if spec.variant == "mlp" else None, "k": spec.k, "m": spec.m,
+          "batch": spec.batch, "rank_prior": spec.rank_prior, "step": step,
+          "hparams": hparams,
+          "score": SCORE_FORMULAS[spec.variant] + (RANK_PRIOR_FORMULA if spec.rank_prior else ""),
           "selection": "serve the top m by score; sample with Gumbel noise on score / tau",
           "record": record}
 
 
-def export_reranker(workdir: Path, out: Path) -> dict:
-  """Writes OUT (.safetensors, description in its header) and OUT with .json (a readable copy);
-  returns the description."""
+def _check_out(out: Path) -> Path:
   out = Path(out)
   if out.suffix != ".safetensors":
     raise ValueError(f"--out {out}: expected a file name ending in .safetensors")
   if out.is_dir():
     raise ValueError(f"--out {out} is a directory; expected a file name ending in .safetensors")
+  return out
+
+
+def export_reranker(workdir: Path, out: Path) -> dict:
+  """Writes OUT (.safetensors, description in its header) and OUT with .json (a readable copy);
+  returns the description."""
+  out = _check_out(out)
   params, cfg, step = load_trained_params(workdir)
   meta = describe(cfg, read_record(workdir), step)
+  _write(params, meta, out, f"{workdir} (step {step})")
+  return meta
+
+
+def export_state(state: core.TrainState, out: str | Path, record: dict | None = None) -> dict:
+  """Writes a TrainState held in memory (a run driven from Python) as an exported reranker,
+  the same file `rmmjax export` writes: load it with NumpyReranker or --reranker. `record` says
+  what it was trained on (eval and the agent check it: pass the units, retriever, encoder and
+  trained conversations of real data); by default it records nothing real was seen."""
+  out = _check_out(out)
+  hparams = jax.device_get(state.hparams)
+  values = {"tau": float(hparams.tau), "baseline": float(hparams.baseline),
+            "baseline_kind": core.BASELINE_KINDS[int(hparams.baseline_kind)],
+            "lr": float(hparams.lr), "seed": int(hparams.seed), "p_rel": float(hparams.p_rel),
+            "p_irr": float(hparams.p_irr)}
+  record = record if record is not None else {
+      "kind": "in memory", "dataset": None, "units": None, "retriever": None,
+      "encoder": None, "k": state.spec.k, "m": state.spec.m, "dim": state.spec.dim,
+      "trained_conversations": [], "heldout_conversations": []}
+  step = int(state.step)
+  meta = _description(state.spec, values, record, step)
+  _write(jax.device_get(state.params), meta, out, f"the state of step {step}")
+  return meta
+
+
+def _write(params: dict, meta: dict, out: Path, where: str) -> None:
   flat = flatten_params(params)
-  check_weights(flat, meta, f"{workdir} (step {step})")
+  check_weights(flat, meta, where)
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
   os.close(fd)
@@ -96,4 +132,3 @@ def export_reranker(workdir: Path, out: Path) -> dict:
     Path(tmp).unlink(missing_ok=True)
     raise
   atomic_write_json(out.with_suffix(".json"), meta)
-  return meta
