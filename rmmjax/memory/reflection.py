@@ -34,8 +34,8 @@ __all__ = ["ADD", "MAX_SUMMARY_CHARS", "Candidate", "Decision", "Encoder", "Extr
 # A topic list of a long session outgrows the default reply length; a cut reply is unusable.
 EXTRACTION_MAX_TOKENS = 2048
 # The most one memory's summary holds. Offline summaries are the topic's turns verbatim (on the
-# LoCoMo dev file at most 6,167 characters, merges included); a single pasted document must not
-# become a memory that fills every prompt it is shown in.
+# LoCoMo dev file at most 6,992 characters, merges included: none is cut); a pasted document
+# must not become a memory that fills every prompt it is shown in.
 MAX_SUMMARY_CHARS = 8000
 CUT_MARK = " [...]"
 # Reads and recomputations of one reflection when other writers keep changing the user.
