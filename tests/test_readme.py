@@ -1,0 +1,34 @@
+"""The README's Python API section runs as written: its code blocks, in order, in one namespace
+(in a temporary folder, where its export lands)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _api_blocks() -> list[str]:
+  text = README.read_text()
+  section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+  return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+@pytest.mark.slow
+def test_the_python_api_section_runs(tmp_path, monkeypatch, capsys):
+  blocks = _api_blocks()
+  assert len(blocks) >= 3  # training and a sweep, an export, real text
+  monkeypatch.chdir(tmp_path)
+  namespace: dict = {}
+  for block in blocks:
+    exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
+  assert "recall@M" in capsys.readouterr().out
+  assert namespace["out"]["eval_final"]["recall_at_m"].shape == (12,)
+  assert namespace["after"]["recall_at_m"] > namespace["before"]["recall_at_m"]
+  assert (tmp_path / "latent.safetensors").is_file()
+  assert namespace["scorer"].score(namespace["eval_batch"].q_BxD[0],
+                                   namespace["eval_batch"].mem_BxKxD[0]).shape == (20,)
+  assert namespace["chosen"].shape == (2,)
