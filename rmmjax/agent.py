@@ -106,6 +106,10 @@ class Agent:
                query_encoder=None, allow_mismatch: bool = False):
     self.bank, self.encoder, self.settings, self.llm = bank, encoder, settings, llm
     self.query_encoder = query_encoder or encoder
+    # A tuned query encoder's identity; None when queries are embedded by the memories' encoder
+    # (an uncached copy of it included).
+    tuned = encoder_identity(self.query_encoder)
+    self.tuned_query_encoder = None if tuned == encoder_identity(encoder) else tuned
     self.reflector = reflector or OfflineReflector(encoder)
     self.search = BankSearch(bank, encoder_identity(encoder), settings.retriever)
     self.learning = settings.learn and llm is not None
@@ -129,7 +133,7 @@ class Agent:
     if workdir is not None:
       fixed = dataclasses.asdict(settings) | {
           "reranker": reranker.source if reranker else None,
-          "query_encoder": encoder_identity(query_encoder) if query_encoder else None}
+          "query_encoder": self.tuned_query_encoder}
       self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning)
       self._restore()
 
@@ -143,8 +147,7 @@ class Agent:
     wanted = {"units": UNITS, "retriever": self.settings.retriever,
               "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
               "k": self.settings.k,
-              "query_encoder": (encoder_identity(self.query_encoder)
-                                if self.query_encoder is not self.encoder else None)}
+              "query_encoder": self.tuned_query_encoder}
     return check_fit(f"the reranker {reranker.source}", reranker.record, wanted,
                      allow_mismatch, use="this agent's memories", used="served")
 

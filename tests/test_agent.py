@@ -206,6 +206,9 @@ def test_unknown_users_and_unfit_rerankers_are_refused(bank):
   fits = LoadedReranker("topics", state.params, spec, state.hparams,
                         record | {"units": "topic", "retriever": "hybrid"})
   assert Agent(bank, HashEncoder(), SETTINGS, reranker=fits).mismatches == []
+  # Queries embedded by another instance of the memories' encoder are no tuned query encoder.
+  assert Agent(bank, HashEncoder(), SETTINGS, reranker=fits,
+               query_encoder=HashEncoder()).mismatches == []
 
 
 def test_recall_never_returns_another_users_memory(bank):
