@@ -15,8 +15,8 @@ from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, expand, iris_retrieve, merge_by_rank
 from rmmjax.retrieve.judges import (HeuristicJudge, LLMJudge, OracleJudge, SufficiencyJudge,
                                     Verdict, verdict_reward)
-from rmmjax.retrieve.refine import (LLMRefiner, RefineRequest, RuleRefiner, is_temporal,
-                                    named_entities)
+from rmmjax.retrieve.refine import (LLMRefiner, QueryRefiner, RefineRequest, RuleRefiner,
+                                    is_temporal, named_entities)
 
 TURNS = {
     "D1:1": ("S1", "8 May 2023", "Caroline", "I went to an LGBTQ support group yesterday."),
@@ -143,17 +143,42 @@ def test_one_hop_expansion_respects_weight_threshold_and_switch():
   assert expand(loose, [4], IrisSettings()) == [7]
 
 
-def test_oracle_stops_as_soon_as_all_evidence_is_found():
+def test_oracle_verdicts_and_stops_follow_the_evidence_labels():
+  """The oracle's labels, confidences and stop decisions come from the evidence labels, which is
+  what an oracle may know. Its note is not: with a store it is the missing evidence turns'
+  verbatim text, which the refiner copies into the next query. That is label leakage (the gold
+  evidence fed into the retrieval the oracle is meant to bound), so this "ceiling" is not one of
+  what a judge's diagnosis can drive. The note checks below pin the leak, not a feature; they
+  are to change when the oracle is replaced."""
   store = FakeStore()
   question = "Where did Caroline go to the support group?"
-  oracle = OracleJudge(["D1:1", "D2:2"], store)
-  result = iris_retrieve(store, question, judge=oracle)
+  result = iris_retrieve(store, question, judge=OracleJudge(["D1:1", "D2:2"], store))
+  # By hand: iteration 1 shows facts 0 and 1 (searched, both of D1:1) and 3 (an edge from 0, of
+  # D1:3), so 1 of the 2 evidence turns is covered (PARTIAL at 1/2, tiered to 0.5); iteration 2
+  # shows fact 5 of D2:2 as well: EXACT at 1, above the stop bar of 0.7, so the loop stops.
+  assert result.trace[0].shown == (0, 1, 3)
+  assert 5 in result.trace[1].shown
+  assert [(t.verdict.label, t.verdict.confidence, t.confidence) for t in result.trace] == [
+      ("PARTIAL", 0.5, 0.5), ("EXACT", 1.0, 1.0)]
   assert result.iterations == 2 and result.stopped and not result.abstained
-  assert (result.label, result.confidence) == ("EXACT", 1.0)
-  first = result.trace[0]
-  assert first.query is None and first.verdict.confidence == 0.5 and first.confidence == 0.5
-  assert "necklace" in result.trace[1].query  # the note (the missing turn's text) was chased
-  assert {"D1:1", "D2:2"} <= set(result.turn_ids)
+  assert (result.label, result.confidence, result.missing) == ("EXACT", 1.0, "")
+  assert result.trace[0].query is None
+  # LABEL LEAKAGE, pinned so that it stays visible: the second query holds words of D2:2's
+  # gold text ("My grandmother gave me a necklace from Sweden.") that neither the question nor
+  # the evidence shown so far contains; two of them are what reaches fact 5 ("received necklace
+  # from grandmother").
+  leaked = {"grandmother", "gave", "necklace", "sweden"}
+  shown_words = set().union(*(_tokens(f"{FACTS[f][1]} {FACTS[f][2]}")
+                              for f in result.trace[0].shown))
+  assert leaked <= set(result.trace[1].query.split())
+  assert not leaked & (_tokens(question) | shown_words)
+  # The same labels without the gold text (a note of turn ids alone, no store): the verdicts
+  # are the same fractions, the loop never gets to D2:2 and runs all 3 iterations. The gap
+  # between the two runs is what the leak buys.
+  ids_only = iris_retrieve(FakeStore(), question, judge=OracleJudge(["D1:1", "D2:2"]))
+  assert [(t.verdict.label, t.verdict.confidence) for t in ids_only.trace] == [
+      ("PARTIAL", 0.5)] * 3
+  assert not ids_only.stopped and not ids_only.abstained and "D2:2" not in ids_only.turn_ids
   found_at_once = iris_retrieve(FakeStore(), question, judge=OracleJudge(["D1:1"], store))
   assert found_at_once.iterations == 1 and found_at_once.stopped
   anchor_only = iris_retrieve(FakeStore(), question, judge=OracleJudge(["D1:1", "D2:2"], store),
@@ -255,11 +280,19 @@ def test_evidence_is_deduplicated_and_turns_ranked_by_first_appearance():
   settings = IrisSettings(max_iterations=2, refine_from_first=True, use_edges=False)
   result = iris_retrieve(FakeStore(), "support group adoption", judge=FixedJudge(PARTIAL),
                          settings=settings)
-  assert len(set(result.fact_ids)) == len(result.fact_ids)
-  assert result.fact_ids[:4] == (0, 1, 3, 8)  # equal scores: the store's id order
-  assert result.turn_ids[:3] == ("D1:1", "D1:3", "D3:1")  # facts 0 and 1 share D1:1
-  expected = tuple(dict.fromkeys(f.turn_id for f in result.facts))
-  assert result.turn_ids == expected and result.top_turns(2) == ("D1:1", "D1:3")
+  # All four searches (anchor and refinement, twice) return facts 0, 1, 3 and 8: each is kept
+  # once, equal scores in the store's id order.
+  assert result.fact_ids == (0, 1, 3, 8)
+  assert result.turn_ids == ("D1:1", "D1:3", "D3:1")  # facts 0 and 1 share D1:1
+  # Counted by hand: fact 8 shares 3 words with the query (adoption, interview, august), facts
+  # 0 (lgbtq, support) and 3 (adoption, agencies) 2 each, fact 1 (support) 1. Their turns come
+  # D3:1, D1:1, D1:3, then D1:1 again: by first appearance, neither sorted nor by last.
+  interleaved = iris_retrieve(FakeStore(), "adoption interview august lgbtq support agencies",
+                              judge=FixedJudge(PARTIAL),
+                              settings=IrisSettings(max_iterations=1, use_edges=False))
+  assert interleaved.fact_ids == (8, 0, 3, 1)
+  assert interleaved.turn_ids == ("D3:1", "D1:1", "D1:3")
+  assert interleaved.top_turns(2) == ("D3:1", "D1:1")
 
 
 def test_a_reranker_reorders_the_evidence_the_judge_sees():
@@ -273,12 +306,44 @@ def test_a_reranker_reorders_the_evidence_the_judge_sees():
     iris_retrieve(FakeStore(), "support group", judge=judge, reranker=lambda q, facts: [1.0])
 
 
-def test_timing_fields_are_filled():
-  result = iris_retrieve(FakeStore(), "support group", judge=FixedJudge(PARTIAL, sleep_s=0.01),
-                         settings=IrisSettings(max_iterations=2))
-  assert result.judge_s >= 0.02 and result.retrieval_s > 0 and result.refine_s > 0
-  assert result.judge_s == pytest.approx(sum(t.judge_s for t in result.trace))
-  assert all(t.retrieval_s > 0 for t in result.trace)
+@final
+class SlowRefiner(QueryRefiner):
+  """The rule refiner, taking sleep_s per query."""
+
+  def __init__(self, sleep_s: float):
+    self.sleep_s = sleep_s
+
+  def refine(self, request: RefineRequest) -> str:
+    time.sleep(self.sleep_s)
+    return RuleRefiner().refine(request)
+
+
+def test_timing_fields_split_the_call_into_retrieval_refinement_and_judging():
+  store, search_s, refine_s, judge_s = FakeStore(), 0.01, 0.02, 0.03
+  search = store.search
+
+  def slow_search(query: str, k: int) -> list[tuple[int, float]]:
+    time.sleep(search_s)
+    return search(query, k)
+
+  store.search = slow_search
+  start = time.perf_counter()
+  result = iris_retrieve(store, "support group", judge=FixedJudge(PARTIAL, sleep_s=judge_s),
+                         refiner=SlowRefiner(refine_s), settings=IrisSettings(max_iterations=2))
+  wall = time.perf_counter() - start
+  first, second = result.trace
+  # One search per iteration (the anchor at the deepest budget, then the refined query), each
+  # inside that iteration's retrieval time; the refiner runs in iteration 2 alone.
+  assert [k for _, k in store.searches] == [13, 13]
+  assert first.retrieval_s >= search_s and second.retrieval_s >= search_s
+  assert first.refine_s == 0.0 and second.refine_s >= refine_s
+  assert first.judge_s >= judge_s and second.judge_s >= judge_s
+  # The three are disjoint spans of the call: were judging or refining also counted in
+  # retrieval_s, the sum would exceed the wall clock by at least that sleep.
+  assert result.retrieval_s + result.refine_s + result.judge_s <= wall
+  assert result.retrieval_s == pytest.approx(first.retrieval_s + second.retrieval_s)
+  assert result.refine_s == pytest.approx(second.refine_s)
+  assert result.judge_s == pytest.approx(first.judge_s + second.judge_s)
 
 
 def test_verdict_reward_orders_the_labels():
@@ -303,11 +368,30 @@ def test_heuristic_judge_scores_coverage():
   assert judge.judge(question, [], {}).confidence == 0.0
 
 
-def test_oracle_judge_reports_the_missing_turns_text():
+def test_oracle_judge_labels_by_the_evidence_turns_covered():
   store = FakeStore()
-  verdict = OracleJudge(["D1:1", "D2:2", "D3:1"], store).judge("q", [store.fact(0)], {})
-  assert verdict.label == "PARTIAL" and verdict.confidence == pytest.approx(1 / 3)
-  assert "necklace from Sweden" in verdict.missing and "adoption interview" in verdict.missing
+  evidence = ("D1:1", "D2:2", "D3:1")
+  oracle = OracleJudge(evidence, store)
+  # Every subset of the store's facts, against a naive count of the evidence turns it covers.
+  for mask in range(1 << len(FACTS)):
+    shown = [store.fact(i) for i in range(len(FACTS)) if mask >> i & 1]
+    covered = sum(any(FACTS[f.fact_id][3] == turn for f in shown) for turn in evidence)
+    verdict = oracle.judge("q", shown, {})
+    if covered == 3:
+      assert (verdict.label, verdict.confidence, verdict.missing) == ("EXACT", 1.0, ""), mask
+    else:
+      assert verdict.label == "PARTIAL", mask
+      assert verdict.confidence == pytest.approx(covered / 3), mask
+  # Listed twice, an evidence turn counts once: fact 0 covers 1 of 2 turns, not 2 of 3.
+  assert OracleJudge(["D1:1", "D1:1", "D2:2"]).judge("q", [store.fact(0)], {}).confidence == 0.5
+  assert OracleJudge([]).judge("q", [], {}).label == "EXACT"  # nothing to find: vacuously all
+  # LABEL LEAKAGE, pinned so that it stays visible: the note is the missing evidence turns
+  # themselves (ids without a store, verbatim gold text with one), which IRIS's refiner then
+  # searches for. An oracle with this note bounds nothing a real judge could do.
+  partial = oracle.judge("q", [store.fact(0)], {})
+  assert partial.missing == ("Caroline: My grandmother gave me a necklace from Sweden. "
+                             "Caroline: The adoption interview is in August.")
+  assert OracleJudge(evidence).judge("q", [store.fact(0)], {}).missing == "D2:2; D3:1"
   with pytest.raises(ValueError, match="collection"):
     OracleJudge("D1:1")
 
