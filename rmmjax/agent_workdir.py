@@ -84,6 +84,9 @@ class AgentWorkdir:
     self._lock.truncate()
     self._lock.write(str(os.getpid()))
     self._lock.flush()
+    # Files a killed writer left half-written (the lock says no one else writes here).
+    for stale in [*self.path.glob(".pending.*.npz"), *self.path.glob(".agent.json.*.tmp")]:
+      stale.unlink(missing_ok=True)
 
   def restore(self, template: TrainState) -> tuple[TrainState, list[tuple], dict]:
     """(the newest checkpoint's state or the template, the pending rewarded answers that build
