@@ -275,7 +275,7 @@ class Agent:
     parsed = parse_answer(reply, len(shown))
     self.stats["answered"] += 1
     self.stats["invalid_citations"] += parsed.invalid_citations
-    if parsed.malformed:
+    if parsed.malformed or not parsed.answer:  # an empty answer cites nothing it used
       self.stats["malformed"] += 1
       return parsed.answer or None, (), "malformed", f"not a cited answer: {reply[:120]!r}"
     self.stats["shown"] += len(shown)

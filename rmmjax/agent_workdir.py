@@ -46,8 +46,12 @@ class AgentWorkdir:
     if saved is not None:
       self._check_settings(saved.get("settings", {}))
     if learning:
-      self.path.mkdir(parents=True, exist_ok=True)
-      self._take_lock()
+      try:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+      except OSError as err:
+        raise ValueError(f"--workdir {self.path} cannot be written ({err.strerror or err}); "
+                         f"pick a folder this process can write") from None
       if saved is None:
         self.save_stats({}, 0)  # the settings are recorded from the start
 

@@ -64,16 +64,17 @@ def _cmd_delete(args) -> None:
   from rmmjax.memory.texts import embedded_texts
   with bank(args.db, must_exist=True) as memory_bank:
     texts = embedded_texts(memory_bank, args.user)
+    # The cache first: a kill between the two leaves the user in the bank, so the same command
+    # can run again; the other way round their vectors would stay in the cache for good.
+    if not memory_bank.cipher.encrypted and Path(DEFAULT_CACHE).is_file():
+      cache = EmbeddingCache(DEFAULT_CACHE)
+      try:
+        gone = cache.forget(texts)
+      finally:
+        cache.close()
+      print(f"removed {gone} embeddings of their texts from the cache {DEFAULT_CACHE}")
     memory_bank.delete_user(args.user)
-    encrypted = memory_bank.cipher.encrypted
   print(f"deleted user {args.user!r} from {args.db}")
-  if not encrypted and Path(DEFAULT_CACHE).is_file():
-    cache = EmbeddingCache(DEFAULT_CACHE)
-    try:
-      gone = cache.forget(texts)
-    finally:
-      cache.close()
-    print(f"removed {gone} embeddings of their texts from the cache {DEFAULT_CACHE}")
 
 
 def add_parser(sub) -> None:

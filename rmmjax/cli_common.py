@@ -21,8 +21,11 @@ def llm_from_flags(args):
 
 def bank(path: str, must_exist: bool):
   from rmmjax.memory import MemoryBank, key_from_env
-  if must_exist and not Path(path).is_file():
+  if must_exist and not Path(path).exists():
     raise FileNotFoundError(f"--db {path} does not exist (build one with rmmjax ingest)")
+  if must_exist and Path(path).is_file() and Path(path).stat().st_size == 0:
+    raise ValueError(f"--db {path} is an empty file, not a memory bank (build one with rmmjax "
+                     f"ingest)")
   return MemoryBank(path, key=key_from_env())
 
 

@@ -66,6 +66,21 @@ def test_citations_become_rewards_and_every_fourth_answer_updates(bank):
   assert [t.speaker for t in bank.turns("alice", "chat-1")][:2] == ["user", "assistant"]
 
 
+def test_an_empty_answer_earns_nothing(bank):
+  llm = ScriptedLLM([json.dumps({"answer": " ", "citations": [1]})])
+  agent = Agent(bank, HashEncoder(), dataclasses.replace(SETTINGS, batch=1), llm=llm)
+  response = agent.respond("alice", "the cat?")
+  assert (response.rewarded, response.updated, response.failure) == (False, False, "malformed")
+  assert agent.stats["updates"] == 0 and agent.stats["cited"] == 0
+  assert [t.speaker for t in bank.turns("alice", "chat-1")] == ["user"]
+
+
+def test_a_workdir_that_cannot_be_written_is_refused_by_name(bank, tmp_path):
+  (tmp_path / "a file").write_text("x")
+  with pytest.raises(ValueError, match="cannot be written"):
+    Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "a file" / "w")
+
+
 def test_malformed_and_out_of_range_citations_earn_nothing(bank):
   llm = ScriptedLLM(["not json at all", _cite(9, 1), json.dumps({"answer": 3})] + [_cite(1)] * 3)
   agent = Agent(bank, HashEncoder(), SETTINGS, llm=llm)

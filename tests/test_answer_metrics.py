@@ -1,10 +1,15 @@
-"""Answer metrics: token F1, ROUGE-L, the LLM judge, citation agreement and their aggregation."""
+"""Answer metrics: token F1, ROUGE-L, the LLM judge, citation agreement and their aggregation;
+what `answer` does with questions left without an answer."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from rouge_score import rouge_scorer
 
+from rmmjax.eval.answering import Answered, Answerer, BankAnswerer, evaluate_answers
 from rmmjax.eval.answers import (
     JudgeVerdict, aggregate_answers, answer_row, citation_agreement, judge_answer, rouge_l,
     token_f1)
@@ -123,7 +128,7 @@ def test_answer_row_combines_one_questions_numbers():
   with pytest.raises(ValueError, match="never judged"):
     answer_row("", "Boston", verdict=JudgeVerdict(True, False), answer_failed=True)
   flagged = answer_row("x", "y", verdict=JudgeVerdict(False, True))
-  assert flagged["judge"] == 0.0 and flagged["judge_malformed"]
+  assert flagged["judge"] is None and flagged["judge_malformed"]  # no verdict: unjudged
   with pytest.raises(ValueError, match="citation"):
     answer_row("x", "y", citation={"precision": 1.0})
 
@@ -137,20 +142,20 @@ def _row(f1, judge=None, precision=None, recall=None, rate=None, bad_verdict=Fal
 
 def test_aggregation_skips_undefined_values_per_key_and_counts_them():
   rows = [("multi-hop", _row(1.0, judge=1.0, precision=1.0, recall=None, rate=0.5)),
-          ("multi-hop", _row(0.5, judge=0.0, precision=None, recall=0.0, rate=0.0,
+          ("multi-hop", _row(0.5, judge=None, precision=None, recall=0.0, rate=0.0,
                              bad_verdict=True)),
           ("temporal", _row(0.0, judge=None, precision=0.0, recall=1.0, rate=1.0,
                             bad_answer=True)),
           ("temporal", _row(0.5))]
   out = aggregate_answers(rows)
   assert out["overall"] == pytest.approx({
-      "f1": 0.5, "rouge_l": 0.5, "judge": 0.5, "citation_precision": 0.5,
+      "f1": 0.5, "rouge_l": 0.5, "judge": 1.0, "citation_precision": 0.5,
       "citation_precision_skipped": 2, "citation_recall": 0.5, "citation_recall_skipped": 2,
-      "citation_rate": 0.5, "citation_rate_skipped": 1, "questions": 4, "judged": 2,
+      "citation_rate": 0.5, "citation_rate_skipped": 1, "questions": 4, "judged": 1,
       "failed_answers": 0, "malformed_verdicts": 1, "malformed_answers": 1})
   # A failed answer counts against the judge's mean without being one of the judged.
   failed = aggregate_answers(rows + [("temporal", _row(0.0, failed=True))])["overall"]
-  assert failed["judge"] == pytest.approx(1 / 3) and failed["judged"] == 2
+  assert failed["judge"] == pytest.approx(1 / 2) and failed["judged"] == 1
   assert failed["failed_answers"] == 1
   multi, temporal = out["by_category"]["multi-hop"], out["by_category"]["temporal"]
   assert multi["f1"] == 0.75 and multi["citation_precision"] == 1.0
@@ -165,3 +170,62 @@ def test_aggregation_refuses_empty_or_foreign_rows():
     aggregate_answers([])
   with pytest.raises(ValueError, match=r"rows\[0\] lacks"):
     aggregate_answers([("temporal", {"f1": 1.0})])
+
+
+def _locomo_file(tmp_path, questions: int) -> Path:
+  chat = {"speaker_a": "Ann", "speaker_b": "Bob", "session_1_date_time": "1 May 2023",
+          "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "My cat is Pixel."}]}
+  qa = [{"question": f"Question {i}?", "answer": "Pixel", "evidence": ["D1:1"], "category": 4}
+        for i in range(questions)]
+  path = tmp_path / "data.json"
+  path.write_text(json.dumps([{"sample_id": "c1", "conversation": chat, "qa": qa}]))
+  return path
+
+
+class _Scripted(Answerer):
+  """Hands back scripted answers (every one shows the evidence turn, citing it)."""
+
+  def __init__(self, answers):
+    self.answers = list(answers)
+
+  def __call__(self, conv, question):
+    answer, failure = self.answers.pop(0)
+    return Answered(answer, [{"D1:1"}], (0,), ["D1:1"], failure, failure or "")
+
+
+def test_a_question_without_an_answer_is_wrong_and_never_judged(tmp_path):
+  data = _locomo_file(tmp_path, 3)
+  judge = ScriptedLLM([json.dumps({"correct": True})])  # one verdict: a second call would fail
+  report = evaluate_answers("locomo", data, _Scripted(
+      [("Pixel", None), (None, "llm_error"), ("", None)]), judge)
+  overall = report["metrics"]["overall"]
+  assert (overall["judge"], overall["judged"], overall["failed_answers"]) == (
+      pytest.approx(1 / 3), 1, 2)
+  # Without an answer nothing was used: its citations count as none.
+  assert overall["citation_rate"] == pytest.approx(1 / 3)
+  assert [a["correct"] for a in report["answers"]] == [True, False, False]
+  assert report["complete"] and judge.remaining == 0
+
+
+def test_a_server_that_keeps_failing_stops_the_run_with_what_was_answered(tmp_path):
+  data = _locomo_file(tmp_path, 9)
+  answers = [("Pixel", None)] + [(None, "llm_error")] * 8
+  report = evaluate_answers("locomo", data, _Scripted(answers),
+                            ScriptedLLM([json.dumps({"correct": True})]))
+  assert not report["complete"] and "5 questions in a row" in report["stopped"]
+  assert report["metrics"]["overall"]["questions"] == 6
+
+
+def test_a_bank_missing_a_conversation_is_refused_before_the_first_question(tmp_path):
+  class Bank:
+    where = "memory bank b.sqlite"
+
+    def users(self):
+      return ["another"]
+
+  class AgentStub:
+    bank = Bank()
+
+  with pytest.raises(ValueError, match="has no memories of 1 of the 1 conversations \\(c1\\)"):
+    evaluate_answers("locomo", _locomo_file(tmp_path, 2), BankAnswerer(AgentStub()),
+                     ScriptedLLM([]))

@@ -367,6 +367,16 @@ def test_export_import_round_trips_exactly(tmp_path):
     # Sessions of unknown origin are the dataset's (the agent's were named session-<n>).
     assert fresh.export_user("ann") == {**exported, "lace": None, "sessions": [
         {**s, "origin": "ingest"} for s in exported["sessions"]]}
+  bare = json.loads(json.dumps(exported))
+  for memory in bare["memories"]:
+    memory["embeddings"] = []
+  reopened = json.loads(json.dumps(exported))
+  reopened["sessions"] += [{"session_id": f"chat-{n}", "date": "2024-09-01", "ended": False,
+                            "origin": "chat", "turns": []} for n in (1, 2)]
+  for doc, message in ((bare, r"memories\[0\] has no embedding"),
+                       (reopened, r"chat sessions \['chat-1', 'chat-2'\] are all open")):
+    with MemoryBank(tmp_path / "d.sqlite") as fresh, pytest.raises(ValueError, match=message):
+      fresh.import_user(doc)
   broken = json.loads(json.dumps(exported))
   broken["lace"]["links"][0] = [0, 99, 0.5]
   with MemoryBank(tmp_path / "c.sqlite") as fresh, pytest.raises(

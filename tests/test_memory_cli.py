@@ -105,6 +105,10 @@ def test_export_delete_import_through_the_command_line(tmp_path, cache, capsys):
   assert code == 0 and "as user 'ann'" in out
   with MemoryBank(db) as bank:
     assert bank.export_user("ann") == exported
+  empty = tmp_path / "empty.sqlite"
+  empty.write_bytes(b"")
+  code, _, err = _run(capsys, "memory", "list", "--db", empty)
+  assert code == 2 and "is an empty file" in err and empty.stat().st_size == 0
   bad = tmp_path / "bad.json"
   bad.write_text("{not json")
   code, _, err = _run(capsys, "memory", "import", "--db", db, "--in", bad)

@@ -205,7 +205,9 @@ def test_llm_reflector_valid_reply_and_out_of_range_turn_ids(tmp_path):
 
 
 @pytest.mark.parametrize("reply", ['{"topics": [oops', "Sure! Here are the topics: roses.",
-                                   LLMOutputError("reply has no text content", text="")])
+                                   LLMOutputError("reply has no text content", text=""),
+                                   '{"topics": ["a string"]}',
+                                   '{"topics": [{"summary": "Roses.", "turn_ids": ["D9:9"]}]}'])
 def test_an_unusable_topic_list_never_marks_the_session_reflected(tmp_path, reply):
   encoder = HashEncoder()
   bank = _bank_with_session(tmp_path, _turns("D1", ["garden"] * 2))
@@ -217,6 +219,14 @@ def test_an_unusable_topic_list_never_marks_the_session_reflected(tmp_path, repl
   report = reflect_session(bank, "u", "S1", reflector, encoder)
   assert (report.topics, report.fallbacks, report.added) == (1, 1, 1)
   assert bank.sessions("u")[0].ended and len(bank.memories("u")) == 1
+
+
+def test_an_empty_topic_list_is_the_models_answer_that_nothing_is_worth_keeping(tmp_path):
+  bank = _bank_with_session(tmp_path, _turns("D1", ["garden"] * 2))
+  report = reflect_session(bank, "u", "S1", LLMReflector(ScriptedLLM(['{"topics": []}'])),
+                           HashEncoder())
+  assert (report.topics, report.fallbacks, report.uncovered_turns) == (0, 0, 2)
+  assert bank.sessions("u")[0].ended and bank.memories("u") == []
 
 
 def test_llm_reflector_malformed_replies_are_counted_not_raised(tmp_path):

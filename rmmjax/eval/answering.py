@@ -108,8 +108,10 @@ class IrisAnswerer(Answerer):
     except (LLMError, LLMOutputError) as err:
       return Answered(None, shown, (), turns, "llm_error", str(err), bool(prompt.cut))
     parsed = parse_answer(reply, len(raws))
-    return Answered(parsed.answer or None, shown, parsed.cited, turns,
-                    "malformed" if parsed.malformed else None, "", bool(prompt.cut))
+    if parsed.malformed or not parsed.answer:
+      return Answered(parsed.answer or None, shown, (), turns, "malformed",
+                      f"not a cited answer: {reply[:120]!r}", bool(prompt.cut))
+    return Answered(parsed.answer, shown, parsed.cited, turns, None, "", bool(prompt.cut))
 
 
 def agent_answerer(agent) -> BankAnswerer:
@@ -143,14 +145,16 @@ def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
       except (LLMError, LLMOutputError) as err:
         counts["judge_errors"] += 1
         llm_failed, got = True, dataclasses.replace(got, error=f"the judge failed: {err}")
-    citation = citation_agreement(got.shown_turns, list(got.cited), set(question.evidence))
+    # Without an answer nothing was used: its citations (if any) count as none.
+    citation = citation_agreement(got.shown_turns, [] if failed else list(got.cited),
+                                  set(question.evidence))
     rows.append((question.category, answer_row(prediction, str(question.answer), verdict=verdict,
                                                citation=citation,
                                                answer_malformed=got.failure == "malformed",
                                                answer_failed=failed)))
     answers.append({"conversation": conv.conversation_id, "question": question.question,
                     "gold": str(question.answer), "answer": prediction,
-                    "cited": list(got.cited),
+                    "cited": [] if failed else list(got.cited),
                     "correct": None if verdict is None and not failed else
                     (False if failed else verdict.correct),
                     "failure": got.failure, "error": got.error, "shown": got.shown_ids})

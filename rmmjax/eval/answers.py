@@ -18,7 +18,8 @@ from rmmjax.llm.base import LLM
 from rmmjax.llm.parse import Verdict, parse_verdict
 from rmmjax.llm.prompts import answer_judge
 
-# The judge's verdict: `correct` is False whenever `malformed` is True.
+# The judge's verdict: `correct` is False whenever `malformed` is True; a malformed verdict is
+# no verdict (the question is unjudged, and counted among malformed_verdicts).
 JudgeVerdict = Verdict
 
 Gold = str | int | float  # LoCoMo writes some answers as bare numbers
@@ -71,7 +72,8 @@ def rouge_l(prediction: str, gold: Gold) -> float:
 
 
 def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> JudgeVerdict:
-  """The LLM judge's verdict on one answer; a malformed reply is not correct and is flagged.
+  """The LLM judge's verdict on one answer; a malformed reply is flagged (and left out of the
+  judge's mean by answer_row).
 
   LLMError (the call itself failed) propagates: a question whose judging failed must not be
   scored as wrong.
@@ -142,7 +144,9 @@ def answer_row(prediction: str, gold: Gold, *, verdict: JudgeVerdict | None = No
   if unknown:
     raise ValueError(f"citation has keys {sorted(unknown)}; expected those of "
                      "citation_agreement")
-  judge = 0.0 if answer_failed else None if verdict is None else float(verdict.correct)
+  # A verdict the judge could not give (malformed) says nothing either way: unjudged, flagged.
+  judge = (0.0 if answer_failed else
+           None if verdict is None or verdict.malformed else float(verdict.correct))
   return {"f1": token_f1(prediction, gold), "rouge_l": rouge_l(prediction, gold),
           "judge": judge,
           **{key: citation.get(key) for key in CITATION_KEYS},

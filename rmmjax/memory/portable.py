@@ -137,6 +137,13 @@ def parse(data: object) -> Parsed:
       stored[t] = (t, s, d, text)
   memories = [_memory(memory, f"memories[{i}]", stored) for i, memory in
               enumerate(require(doc, "memories", "top level", _SOURCE, LIST))]
+  if bare := [i for i, m in enumerate(memories) if not m[4]]:
+    raise MalformedData(f"{_SOURCE}: memories[{bare[0]}] has no embedding ({len(bare)} such); a "
+                        f"bank finds every memory by an encoder's embedding of it")
+  open_chats = [s for s, _, ended, origin in sessions if origin == "chat" and not ended]
+  if len(open_chats) > 1:
+    raise MalformedData(f"{_SOURCE}: chat sessions {open_chats[:3]} are all open; a user has at "
+                        f"most one open chat session (the others were reflected)")
   lace = doc.get("lace") if doc["version"] > 1 else None
   return Parsed(user, sessions, turns, memories, None if lace is None else _lace(lace))
 

@@ -52,8 +52,9 @@ class ReflectionFailed(LLMError):
 class LLMReflector(Reflector):
   """Asks a chat model for the topics and for each add-or-merge decision.
 
-  A topic list that cannot be read (not JSON, no text at all) is a fallback: `fallback`'s topics
-  replace it, counted in the report; without a fallback ReflectionFailed is raised, so the
+  A topic list that cannot be used (not JSON, no text at all, or topics none of which has a
+  summary and a turn id it was shown) is a fallback: `fallback`'s topics replace it, counted in
+  the report; without a fallback ReflectionFailed is raised, so the
   session is not marked reflected with nothing in it. An unusable decision adds the topic. A
   call that fails (LLMError) propagates, so the reflection is not applied and can be retried.
   Prompts are fitted to the model's context (`llm.prompt_chars`); `cut_prompts` counts those
@@ -84,8 +85,14 @@ class LLMReflector(Reflector):
     else:
       why = f"not a topic list: {reply[:120]!r}"
     parsed = parse_topics(reply, [turn.turn_id for turn in turns])
-    if not parsed.malformed:
+    # A list whose every topic had to be dropped (no summary, no turn shown) is as unusable as
+    # one that is not a list: reflecting it would end the session with nothing in memory. An
+    # empty list is the model's answer that nothing was worth remembering.
+    if not parsed.malformed and (parsed.topics or not parsed.dropped_topics):
       return Extraction(parsed.topics, parsed.dropped_turn_ids, parsed.dropped_topics)
+    if not parsed.malformed:
+      why = (f"none of its {parsed.dropped_topics} topics has a summary and a turn id it was "
+             f"shown: {reply[:120]!r}")
     if self.fallback is None:
       raise ReflectionFailed(f"the model's topic list could not be used ({why}) and no "
                              f"fallback reflector was given; the session stays unreflected")
