@@ -14,9 +14,15 @@ simulated citations from the evidence labels (+1 / -1, as in the replay studies)
 judge's verdict reward on the 5 selected facts (no labels), or their sum. Pretraining is the
 listwise loss on the labels (10 epochs). Hyperparameters are the locomo config's, not tuned here.
 
-    python experiments/iris_reranker.py [--data PATH] [--seeds 2]
+Paired differences get 95% intervals from a cluster bootstrap over conversations (the questions
+of one conversation share its memory and, for the reranker rows, its fold's model, so they are
+not independent): 2000 draws of 8 conversations with replacement, all their questions each.
 
-Writes experiments/results/iris_reranker.md (and .json).
+    python experiments/iris_reranker.py [--data PATH] [--seeds 2]
+    python experiments/iris_reranker.py --rewrite   # the .md again from the saved .json
+
+Writes experiments/results/iris_reranker.md (and .json, which keeps every question's Recall@10,
+category and conversation id per configuration, so the intervals can be recomputed).
 """
 
 from __future__ import annotations
@@ -50,7 +56,10 @@ DEFAULT = IrisSettings()
 WIDE = dataclasses.replace(DEFAULT, base_budget=20, budget_step=10, stop_confidence=1.0,
                            temporal_stop_confidence=1.0)
 K, PASSES, NUM_FOLDS = 64, 3, 4
+BOOTSTRAP_DRAWS = 2000
 CATEGORIES = ("multi-hop", "temporal", "single-hop", "open-domain", "adversarial")
+# Per-question lists every result keeps (in conversation order), for paired comparisons.
+PER_QUESTION = ("per_question", "categories", "conversations")
 # (label, pretrain, online reward mix or None, seeded)
 RERANKERS = [
     ("wide IRIS + reranker, untrained (dense similarity)", False, None, False),
@@ -77,7 +86,8 @@ COMPARISONS = [
 ]
 
 
-def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, dict]]:
+def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]]:
+  """(conversation id, category, metrics) per question of `conv`."""
   rows = []
   for q in conv.questions:
     if settings is None:
@@ -87,7 +97,7 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, dict]]:
                              settings=settings, reranker=reranker)
       turns, seconds = list(result.turn_ids), result.retrieval_s
     metrics = _turn_rows(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
-    rows.append((q.category, metrics | {"latency_ms": 1e3 * seconds}))
+    rows.append((conv.conversation_id, q.category, metrics | {"latency_ms": 1e3 * seconds}))
   return rows
 
 
@@ -102,29 +112,39 @@ def train(spec, cfg, episodes, pretrain, mix, seed):
 
 
 def summary(rows) -> dict:
-  agg = aggregate(rows)
-  lat = np.array([m["latency_ms"] for _, m in rows])
+  agg = aggregate([(c, m) for _, c, m in rows])
+  lat = np.array([m["latency_ms"] for _, _, m in rows])
   return {"all@5": agg["overall"]["recall_all@5"], "all@10": agg["overall"]["recall_all@10"],
           **{c: agg["by_category"][c]["recall_all@10"] for c in CATEGORIES},
           "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
-          # Every question's Recall@10 in conversation order (the folds are contiguous, so the
-          # reranker rows list the questions in the same order), for paired comparisons.
-          "per_question": [m["recall_all@10"] for _, m in rows],
-          "categories": [c for c, _ in rows]}
+          # Every question's Recall@10, category and conversation in conversation order (the
+          # folds are contiguous, so the reranker rows list the questions in the same order).
+          "per_question": [m["recall_all@10"] for _, _, m in rows],
+          "categories": [c for _, c, _ in rows],
+          "conversations": [conv for conv, _, _ in rows]}
 
 
 def _short(result: dict) -> dict:
-  return {k: round(v, 3) for k, v in result.items() if k not in ("per_question", "categories")}
+  return {k: round(v, 3) for k, v in result.items() if k not in PER_QUESTION}
 
 
 def paired(results: dict, a: str, b: str, category: str | None = None) -> str:
-  """Mean Recall@10 difference a - b over the same questions with a 95% paired bootstrap
-  interval (questions resampled)."""
-  cats = np.array(results[a]["categories"])
+  """Mean Recall@10 difference a - b over the same questions with a 95% cluster bootstrap
+  interval: conversations resampled with replacement (as many as there are), all questions of
+  each drawn conversation (of `category`, if given) kept, percentiles of the draws' means."""
+  if any(results[a][key] != results[b][key] for key in ("categories", "conversations")):
+    raise ValueError(f"{a!r} and {b!r} do not list the same questions in the same order")
+  cats, convs = np.array(results[a]["categories"]), np.array(results[a]["conversations"])
   keep = np.ones(len(cats), bool) if category is None else cats == category
   diff = (np.array(results[a]["per_question"]) - np.array(results[b]["per_question"]))[keep]
+  ids, which = np.unique(convs[keep], return_inverse=True)
+  sums, counts = np.bincount(which, diff, len(ids)), np.bincount(which, minlength=len(ids))
   rng = np.random.default_rng(0)
-  means = diff[rng.integers(0, len(diff), (2000, len(diff)))].mean(1)
+  draws = rng.integers(0, len(ids), (BOOTSTRAP_DRAWS, len(ids)))
+  # A draw of only conversations without such questions has no mean (impossible when every
+  # conversation has some, as in LoCoMo).
+  total = counts[draws].sum(1)
+  means = sums[draws].sum(1)[total > 0] / total[total > 0]
   low, high = np.percentile(means, [2.5, 97.5])
   return f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}]"
 
@@ -133,7 +153,12 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--seeds", type=int, default=2)
+  parser.add_argument("--rewrite", action="store_true",
+                      help="write the .md again from the saved .json, without rerunning")
   args = parser.parse_args()
+  if args.rewrite:
+    write(json.loads(OUT.with_suffix(".json").read_text()))
+    return
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
   stores = [LaceMem.from_conversation(c, encoder) for c in conversations]
@@ -168,10 +193,14 @@ def main() -> None:
         per_seed[mode].append(summary(rows[mode]))
     for mode, runs in per_seed.items():
       name = f"{label}, {'fused with IRIS order' if mode == 'fused' else 'alone'}"
+      assert all(r[key] == runs[0][key] for r in runs for key in ("categories", "conversations"))
       results[name] = {key: float(np.mean([r[key] for r in runs])) for key in runs[0]
-                       if key not in ("per_question", "categories")}
-      results[name] |= {"seeds": len(runs), "categories": runs[0]["categories"],
-                        "per_question": np.mean([r["per_question"] for r in runs], 0).tolist()}
+                       if key not in PER_QUESTION}
+      # Per question: Recall@10 averaged over the seeds.
+      results[name] |= {"seeds": len(runs),
+                        "per_question": np.mean([r["per_question"] for r in runs], 0).tolist(),
+                        "categories": runs[0]["categories"],
+                        "conversations": runs[0]["conversations"]}
       print(name, _short(results[name]), f"({time.time() - start:.0f} s)", flush=True)
   write(results)
 
@@ -182,7 +211,9 @@ def write(results: dict) -> None:
            "conversation)", "", "`python experiments/iris_reranker.py`", "",
            "Evidence Recall@10 (all) per category over the first 10 distinct turns of the final "
            "evidence, Recall@5 and @10 over all questions; retrieval latency per question (no "
-           "judge), 2-core CPU. Reranker rows: held-out conversations only, mean over seeds.", "",
+           "judge), 2-core CPU. Reranker rows: held-out conversations only, mean over seeds. "
+           "Intervals of paired differences resample conversations, not questions (cluster "
+           f"bootstrap, {BOOTSTRAP_DRAWS} draws).", "",
            "| configuration | multi-hop | temporal | single-hop | open-domain | adversarial | "
            "all R@5 | all R@10 | p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
   for label, r in results.items():
@@ -194,18 +225,27 @@ def write(results: dict) -> None:
                  f"{r['temporal'] - single['temporal']:+.3f}, "
                  f"{r['p95_ms'] / single['p95_ms']:.1f}x")
   fused = ", fused with IRIS order"
-  lines += ["", "Paired differences in Recall@10 (all), mean and 95% bootstrap interval over "
-            "questions (all / multi-hop / temporal):"]
+  conversations = len(set(single["conversations"]))
+  lines += ["", "Paired differences in Recall@10 (all), mean over questions and 95% cluster "
+            f"bootstrap interval over conversations ({BOOTSTRAP_DRAWS} draws of "
+            f"{conversations} conversations with replacement, all their questions; percentile "
+            "interval; all / multi-hop / temporal):"]
   for a, b in COMPARISONS:
     a, b = a.replace("{fused}", fused), b.replace("{fused}", fused)
     lines.append(f"- {a} minus {b}: " + " / ".join(
         paired(results, a, b, c) for c in (None, "multi-hop", "temporal")))
   OUT.parent.mkdir(parents=True, exist_ok=True)
   OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
-  OUT.with_suffix(".json").write_text(json.dumps(
-      {name: {k: v for k, v in r.items() if k not in ("per_question", "categories")}
-       for name, r in results.items()}, indent=2) + "\n")
+  OUT.with_suffix(".json").write_text(_dumps(results))
   print("\n".join(lines))
+
+
+def _dumps(results: dict) -> str:
+  """JSON of the results, one line per field (the per-question lists each on one line)."""
+  entries = [f"  {json.dumps(name)}: {{\n"
+             + ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in r.items())
+             + "\n  }" for name, r in results.items()]
+  return "{\n" + ",\n".join(entries) + "\n}\n"
 
 
 if __name__ == "__main__":
