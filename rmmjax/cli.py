@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", default=None, help="write the results as JSON")
   p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
   p.add_argument("--large", action="store_true",
-                 help="agent: also a bank of 1,000,000 memories (about 8 GB of memory)")
+                 help="agent: also a bank of 1,000,000 memories (about 6.5 GB of memory, 5 minutes)")
   p.set_defaults(func=_cmd_bench)
   return parser
 
