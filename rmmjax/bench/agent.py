@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings
-from rmmjax.bench.core import median_time, write_result
+from rmmjax.bench.core import write_result
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.search import FUSION_DEPTH
 

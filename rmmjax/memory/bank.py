@@ -27,11 +27,10 @@ from rmmjax.memory import embedding_rows as emb
 from rmmjax.memory import portable, schema_sql
 from rmmjax.memory import user_rows as rows
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
-from rmmjax.memory.embedding_rows import MEMORY
 from rmmjax.memory.records import (
     BankFileError, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded,
-    SessionInfo, StaleRead, UnknownRecord, reflection_items, repeated, select_in, string_arg,
-    text_arg, turn_rows, vector_arg)
+    SessionInfo, UnknownRecord, reflection_items, repeated, select_in, string_arg, text_arg,
+    turn_rows, vector_arg)
 
 # Long enough to outlast another process's largest write (one reflection, one import).
 BUSY_TIMEOUT_S = 60.0
@@ -343,7 +342,7 @@ class MemoryBank:
         raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
                            f"is already applied")
       if expect is not None:
-        self._check_unchanged(db, user, session_id, expect)
+        rows.check_unchanged(db, user, session_id, expect)
       self._own_memories(db, user, [m.memory_id for m in merges])
       emb.require_encoder(db, user, encoder, "this reflection")
       turns = {r[0]: r[1:] for r in select_in(
@@ -352,7 +351,8 @@ class MemoryBank:
       if unknown := [t for t in turn_ids if t not in turns]:
         raise UnknownRecord(f"user {user!r} has no turn {unknown[0]!r} (snippets must name "
                             f"the user's stored turns)")
-      ids = [self._write_memory(db, user, item, turns, encoder, now) for item in [*adds, *merges]]
+      ids = [rows.write_memory(db, self.cipher, user, item, turns, encoder, now)
+             for item in [*adds, *merges]]
       emb.check_dims(db, user, encoder)
       self._bump(db, user)
       if _inside_reflection is not None:
@@ -360,38 +360,6 @@ class MemoryBank:
       db.execute("UPDATE sessions SET ended = 1 WHERE user_id = ? AND session_id = ?",
                  (user, session_id))
     return ids
-
-  @staticmethod
-  def _check_unchanged(db: sqlite3.Connection, user: str, session_id: str,
-                       expect: ReflectionInput) -> None:
-    version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
-    held = rows.turn_count(db, user, session_id)
-    if version != expect.version or held != len(expect.turns):
-      raise StaleRead(f"user {user!r} changed while session {session_id!r} was being reflected "
-                      f"(memory version {expect.version} -> {version}, session turns "
-                      f"{len(expect.turns)} -> {held})")
-
-  def _write_memory(self, db: sqlite3.Connection, user: str, item: NewMemory | Merge,
-                    turns: dict, encoder: str, now: float) -> int:
-    if isinstance(item, NewMemory):
-      memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) "
-                             "VALUES (?, ?, ?, ?)", (user, self.cipher.seal_text(item.summary),
-                                                     now, now)).lastrowid
-    else:
-      memory_id = int(item.memory_id)
-      db.execute("UPDATE memories SET summary = ?, updated = ? WHERE memory_id = ? AND "
-                 "user_id = ?", (self.cipher.seal_text(item.summary), now, memory_id, user))
-      # The old summary's embeddings from other encoders no longer describe it.
-      db.execute("DELETE FROM embeddings WHERE kind = ? AND owner_id = ? AND encoder != ?",
-                 (MEMORY, memory_id, encoder))
-    # A merge keeps every old snippet and appends the new turns it does not have yet.
-    db.executemany(
-        "INSERT OR IGNORE INTO snippets SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(ordinal) + 1, "
-        "0) FROM snippets WHERE memory_id = ?",
-        [(memory_id, user, t, *turns[t], memory_id) for t in dict.fromkeys(item.turn_ids)])
-    emb.put_vector(db, self.cipher, user, memory_id, encoder,
-                   np.asarray(item.embedding, np.float32))
-    return memory_id
 
   # The whole user ---------------------------------------------------------------------------
 

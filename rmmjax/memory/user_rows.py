@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import sqlite3
 
+import numpy as np
+
+from rmmjax.memory import embedding_rows as emb
 from rmmjax.memory.crypto import Cipher
+from rmmjax.memory.embedding_rows import MEMORY
 from rmmjax.memory.records import (
-    ORIGINS, BankTurn, Memory, SessionEnded, SessionInfo, Snippet, UnknownRecord, select_in,
-    text_arg)
+    ORIGINS, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded, SessionInfo,
+    Snippet, StaleRead, UnknownRecord, select_in, text_arg)
 
 CHAT_PREFIX = "chat-"  # chat sessions are chat-1, chat-2, ...; datasets name their own
 
@@ -135,3 +139,39 @@ def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
           for m, summary, c, u in db.execute(
               "SELECT memory_id, summary, created, updated FROM memories WHERE user_id = ? "
               "ORDER BY memory_id", (user,))]
+
+
+def check_unchanged(db: sqlite3.Connection, user: str, session_id: str,
+                    expect: ReflectionInput) -> None:
+  """StaleRead when the user's memories or the session's turns changed since `expect` was
+  read (inside the write transaction that would apply what was computed from it)."""
+  version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+  held = turn_count(db, user, session_id)
+  if version != expect.version or held != len(expect.turns):
+    raise StaleRead(f"user {user!r} changed while session {session_id!r} was being reflected "
+                    f"(memory version {expect.version} -> {version}, session turns "
+                    f"{len(expect.turns)} -> {held})")
+
+
+def write_memory(db: sqlite3.Connection, cipher: Cipher, user: str, item: NewMemory | Merge,
+                 turns: dict, encoder: str, now: float) -> int:
+  """Writes one add (a new memory) or merge (a new summary, more snippets) with its
+  embedding; returns the memory's id. `turns` maps a turn id to (session, date, text)."""
+  if isinstance(item, NewMemory):
+    memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) "
+                           "VALUES (?, ?, ?, ?)", (user, cipher.seal_text(item.summary),
+                                                   now, now)).lastrowid
+  else:
+    memory_id = int(item.memory_id)
+    db.execute("UPDATE memories SET summary = ?, updated = ? WHERE memory_id = ? AND "
+               "user_id = ?", (cipher.seal_text(item.summary), now, memory_id, user))
+    # The old summary's embeddings from other encoders no longer describe it.
+    db.execute("DELETE FROM embeddings WHERE kind = ? AND owner_id = ? AND encoder != ?",
+               (MEMORY, memory_id, encoder))
+  # A merge keeps every old snippet and appends the new turns it does not have yet.
+  db.executemany(
+      "INSERT OR IGNORE INTO snippets SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(ordinal) + 1, "
+      "0) FROM snippets WHERE memory_id = ?",
+      [(memory_id, user, t, *turns[t], memory_id) for t in dict.fromkeys(item.turn_ids)])
+  emb.put_vector(db, cipher, user, memory_id, encoder, np.asarray(item.embedding, np.float32))
+  return memory_id
