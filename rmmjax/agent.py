@@ -139,11 +139,11 @@ class Agent:
 
   def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:
     if reranker.spec.dim != self.encoder.dim or reranker.spec.k != self.settings.k:
-      if not allow_mismatch:
-        raise ValueError(f"the reranker {reranker.source} scores {reranker.spec.k} candidates "
-                         f"of dimension {reranker.spec.dim}; here {self.settings.k} are "
-                         f"retrieved (--candidates) with embeddings of dimension "
-                         f"{self.encoder.dim}")
+      # Weights of other shapes cannot score these candidates at all, mismatch allowed or not.
+      raise ValueError(f"the reranker {reranker.source} scores {reranker.spec.k} candidates "
+                       f"of dimension {reranker.spec.dim}; here {self.settings.k} are "
+                       f"retrieved (--candidates) with embeddings of dimension "
+                       f"{self.encoder.dim}")
     wanted = {"units": UNITS, "retriever": self.settings.retriever,
               "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
               "k": self.settings.k,
@@ -159,6 +159,7 @@ class Agent:
     self.stats.update({k: v for k, v in stats.items() if k in self.stats})
     if len(self._pending) >= self.state.spec.batch and self.learning:
       self._learn()  # killed after the batch's last answer was kept, before its update
+      self.save()
     self.stats["updates"] = int(self.state.step)
 
   def save(self) -> None:
@@ -290,9 +291,8 @@ class Agent:
                        relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32))
     self.state, _ = self._update(self.state, batch, selected, rewards)
     self.stats["updates"] = int(self.state.step)
-    if self.workdir is not None:
+    if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(self.state)
-      self.workdir.save_pending(int(self.state.step), self._pending)
 
   def end_session(self, user: str):
     """Prospective Reflection over the user's open chat session; returns its report."""

@@ -216,6 +216,11 @@ def test_unknown_users_and_unfit_rerankers_are_refused(bank):
   with pytest.raises(ValueError, match="units: trained with 'turn', served with 'topic'; "
                                        "retriever: trained with 'bm25', served with 'hybrid'"):
     Agent(bank, HashEncoder(), SETTINGS, reranker=trained)
+  other_k = dataclasses.replace(spec, k=SETTINGS.k + 1)
+  wrong_shape = LoadedReranker("k7", core.init_state(other_k, core.HParams.create()).params,
+                               other_k, state.hparams, record)
+  with pytest.raises(ValueError, match="scores 7 candidates"):  # cannot score, allowed or not
+    Agent(bank, HashEncoder(), SETTINGS, reranker=wrong_shape, allow_mismatch=True)
   agent = Agent(bank, HashEncoder(), SETTINGS, reranker=trained, allow_mismatch=True)
   assert len(agent.mismatches) == 2 and agent.recall("alice", "cat")[0]
   fits = LoadedReranker("topics", state.params, spec, state.hparams,

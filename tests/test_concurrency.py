@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from hash_encoder import HashEncoder
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.memory import MemoryBank, NewMemory
@@ -180,10 +181,6 @@ def test_ingest_never_appends_to_a_chat_session_and_chat_never_to_a_dataset_one(
     assert [t.turn_id for t in bank.turns("u", "S1")] == ["D1:1"]
     # A dataset whose session id is the chat's is refused, not merged into it.
     conv = Conversation("c", (Session("chat-1", "2024-01-01", (Turn("x:1", "A", "hi"),)),), ())
-    try:
+    with pytest.raises(ValueError, match="was opened by chat"):
       ingest_conversations(bank, [conv], OfflineReflector(encoder), encoder, user="u")
-    except ValueError as err:
-      assert "opened by chat" in str(err)
-    else:
-      raise AssertionError("ingest appended to a chat session")
     assert [t.text for t in bank.turns("u", "chat-1")] == ["hello"]

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 
-def _can_create_in(directory: Path) -> bool:
+def can_create_in(directory: Path) -> bool:
   """Whether a file can really be created in the directory: permission bits are not enough
   (root ignores them; /proc and read-only mounts refuse whatever they say)."""
   try:
@@ -33,7 +33,7 @@ def check_output_file(path: str | Path, flag: str) -> Path:
   base = _nearest_existing(path.parent)
   if not base.is_dir():
     raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
-  if not os.access(base, os.W_OK | os.X_OK) or not _can_create_in(base):
+  if not os.access(base, os.W_OK | os.X_OK) or not can_create_in(base):
     raise ValueError(f"{flag} {path}: {base} is not writable")
   if path.exists() and not os.access(path, os.W_OK):
     raise ValueError(f"{flag} {path} exists and is not writable")
@@ -48,6 +48,6 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
   base = _nearest_existing(path)
   if not base.is_dir():
     raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
-  if not os.access(base, os.W_OK | os.X_OK) or not _can_create_in(base):
+  if not os.access(base, os.W_OK | os.X_OK) or not can_create_in(base):
     raise ValueError(f"{flag} {path}: {base} is not writable")
   return path

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import final
 
 import numpy as np
 
+from rmmjax.io.outputs import can_create_in
 from rmmjax.memory import embedding_rows as emb
 from rmmjax.memory import portable, schema_sql
 from rmmjax.memory import user_rows as rows
@@ -37,16 +37,6 @@ BUSY_TIMEOUT_S = 60.0
 # Called inside apply_reflection's transaction, after its rows are written and before it commits.
 # Only tests set it: they kill the process there to check that nothing of it survives.
 _inside_reflection: Callable[[], None] | None = None
-
-
-def _can_create_in(folder: Path) -> bool:
-  """Whether a file can really be created in folder (root ignores permission bits; read-only
-  mounts and immutable folders refuse whatever they say)."""
-  try:
-    with tempfile.NamedTemporaryFile(dir=folder, prefix=".rmmjax-bank-check-"):
-      return True
-  except OSError:
-    return False
 
 
 @final
@@ -82,7 +72,7 @@ class MemoryBank:
         schema_sql.migrate(db, self.cipher, self.where)
     except sqlite3.Error as err:
       self.close()
-      if not _can_create_in(self.path.parent):
+      if not can_create_in(self.path.parent):
         raise BankFileError(f"{where} cannot be opened: its folder {self.path.parent} is not "
                             f"writable, and SQLite keeps a -wal and a -shm file beside a bank, "
                             f"even to read it; copy the bank to a writable folder") from None

@@ -17,6 +17,7 @@ from typing import final
 import numpy as np
 
 from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM, LLMError
+from rmmjax.llm.fit import fit_texts
 from rmmjax.llm.parse import LLMOutputError, Topic, parse_merge, parse_topics
 from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
 from rmmjax.memory.bank import MemoryBank
@@ -37,7 +38,6 @@ EXTRACTION_MAX_TOKENS = 2048
 # LoCoMo dev file at most 6,992 characters, merges included: none is cut); a pasted document
 # must not become a memory that fills every prompt it is shown in.
 MAX_SUMMARY_CHARS = 8000
-CUT_MARK = " [...]"
 # Reads and recomputations of one reflection when other writers keep changing the user.
 REFLECTION_ATTEMPTS = 5
 
@@ -294,10 +294,8 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
 
 def cap_summary(summary: str, limit: int | None = None) -> tuple[str, bool]:
   """The summary cut to MAX_SUMMARY_CHARS (a marker says so), and whether it was cut."""
-  limit = MAX_SUMMARY_CHARS if limit is None else limit
-  if len(summary) <= limit:
-    return summary, False
-  return summary[:limit - len(CUT_MARK)].rstrip() + CUT_MARK, True
+  (capped,), cut = fit_texts([summary], MAX_SUMMARY_CHARS if limit is None else limit)
+  return capped, bool(cut)
 
 
 def _capped(topics: list[Topic]) -> tuple[list[Topic], int]:
