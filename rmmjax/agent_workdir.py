@@ -43,6 +43,10 @@ class AgentWorkdir:
       raise ValueError(f"--workdir {self.path} is a file; expected a folder for the agent's "
                        f"checkpoints")
     saved = self._read_json()
+    if saved is None and self.path.is_dir() and any(self.path.iterdir()):
+      raise ValueError(f"--workdir {self.path} holds other files and no agent.json: it is not an "
+                       f"agent workdir (a training run's, or any folder); give a new or empty "
+                       f"folder")
     if saved is not None:
       self._check_settings(saved.get("settings", {}))
     if learning:

@@ -79,6 +79,10 @@ def test_a_workdir_that_cannot_be_written_is_refused_by_name(bank, tmp_path):
   (tmp_path / "a file").write_text("x")
   with pytest.raises(ValueError, match="cannot be written"):
     Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "a file" / "w")
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "notes.txt").write_text("not the agent's")
+  with pytest.raises(ValueError, match="not an agent workdir"):
+    Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([]), workdir=tmp_path / "other")
 
 
 def test_malformed_and_out_of_range_citations_earn_nothing(bank):
