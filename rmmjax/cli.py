@@ -41,7 +41,12 @@ def _cmd_train(args) -> None:
   print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
     print(f"{name:58s}{before:10.3f}{after:10.3f}")
-  if "recall_at_k" in summary:
+  if "iris_recall_at_10" in summary:  # learner=iris: held-out Recall@10 over turns
+    for name, key in (("Recall@10, single pass, base encoder", "single_pass_base"),
+                      ("Recall@10, single pass, tuned anchor encoder", "single_pass_tuned")):
+      print(f"{name:58s}{summary['iris_recall_at_10_' + key]:10.3f}")
+    print(f"{'Recall@10, IRIS with the learned models':58s}{summary['iris_recall_at_10']:10.3f}")
+  elif "recall_at_k" in summary:
     print(f"{'ceiling: recall of all K candidates':58s}{summary['recall_at_k']:10.3f}")
   else:
     units = f"--units {cfg.units}" + (f" --iris {cfg.iris}" if cfg.units == "lace" else "")
@@ -94,6 +99,13 @@ def _cmd_export(args) -> None:
   from rmmjax.encode.encoder import SentenceEncoder
   from rmmjax.replay.query_encoder import export_query_encoder
   check_output_dir(out, "--out")
+  if learner == "iris":
+    from rmmjax.replay.iris_model_io import export_iris_model
+    export_iris_model(Path(args.workdir), out, SentenceEncoder())
+    print(f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
+          "the questions) and judge.safetensors (its header says how to score it); use it as "
+          "--iris-model")
+    return
   if out.suffix == ".safetensors":
     raise ValueError(f"--out {out}: {args.workdir} holds a query encoder (learner={learner}); "
                      "it exports as a directory")
@@ -146,7 +158,8 @@ def _cmd_eval(args) -> None:
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
                               progress=not args.quiet, query_encoder=args.encoder,
                               iris=args.iris, judge=args.judge or "heuristic",
-                              llm=_eval_llm(args), rerank_mode=args.rerank_mode or "fused")
+                              llm=_eval_llm(args), rerank_mode=args.rerank_mode or "fused",
+                              iris_model=args.iris_model)
   config = result["config"]
   if args.reranker:
     print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
@@ -305,8 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--reranker", default=None,
                  help="a training workdir or exported .safetensors: rerank the K candidates "
                       "(conversations it trained on are left out)")
+  p.add_argument("--iris-model", default=None,
+                 help="with --units lace --iris: a learner=iris workdir or its export (learned "
+                      "judge, refinement and anchor encoders); --iris learned suits it")
   p.add_argument("--encoder", default=None,
-                 help="a tuned query encoder (a learner=query_encoder workdir or its export) "
+                 help="a tuned query encoder (a learner=query_encoder workdir or its export; with "
+                      "--units lace also a learner=iris workdir, for its anchor encoder) "
                       "for the questions of dense search")
   p.add_argument("--online", action="store_true",
                  help="with --reranker: replay each conversation prequentially, learning online")

@@ -22,7 +22,7 @@ from rmmjax.retrieve.units import GRANULARITIES
 # Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
 # labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
 MODES = ("rl", "pretrain", "pretrain+rl")
-LEARNERS = ("reranker", "query_encoder", "both")
+LEARNERS = ("reranker", "query_encoder", "both", "iris")
 # Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
 # embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
 TUNES = ("query", "both")
@@ -226,9 +226,15 @@ class Config:
     if self.query_encoder and not Path(self.query_encoder).is_dir():
       raise ValueError(f"query_encoder={self.query_encoder!r}: expected a query_encoder "
                        "training workdir")
-    if self.units == "lace" and (self.learner != "reranker" or self.query_encoder):
-      raise ValueError(f"units=lace trains the reranker over IRIS's evidence: set "
-                       f"learner=reranker (not {self.learner!r}) and no query_encoder")
+    if self.learner == "iris" and self.units != "lace":
+      raise ValueError(f"learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set "
+                       f"units=lace (not {self.units!r})")
+    if self.units == "lace" and self.learner not in ("reranker", "iris"):
+      raise ValueError(f"units=lace trains the reranker over IRIS's evidence (learner=reranker) "
+                       f"or IRIS's own models (learner=iris), not learner={self.learner!r}")
+    if self.units == "lace" and self.learner == "reranker" and self.query_encoder:
+      raise ValueError("units=lace with learner=reranker ranks IRIS's evidence by the base "
+                       "encoder: leave query_encoder unset (learner=iris takes one as anchor)")
     if self.citation_reward < 0 or self.verdict_reward < 0 or not (
         self.citation_reward or self.verdict_reward):
       raise ValueError(f"citation_reward={self.citation_reward}, verdict_reward="

@@ -108,3 +108,23 @@ def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.
       logits_BxK, labels_BxK, where=mask_BxK, reduce_fn=None)
   per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
   return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)
+
+
+def grouped_listwise_loss(scores_BxK: jax.Array, covers_BxKxE: jax.Array, mask_BxK: jax.Array,
+                          tau: jax.Array | float = 1.0) -> jax.Array:
+  """Listwise loss over evidence items that several candidates may cover (facts of one turn).
+
+  The softmax over candidates is a distribution over what to retrieve; each evidence item e
+  earns the log of the mass on the candidates that cover it, -log sum_{k covers e} p_k, averaged
+  over the items some valid candidate covers (queries without one contribute nothing). Unlike
+  `listwise_loss`, which spreads the labels over every relevant candidate, one good fact of a
+  turn suffices: the turn's other clauses ("that's great!") are not pushed up with it.
+  """
+  logits_BxK = jnp.where(mask_BxK, scores_BxK / tau, -1e30)
+  log_p_BxK = jax.nn.log_softmax(logits_BxK, -1)
+  covers_BxKxE = covers_BxKxE & mask_BxK[:, :, None]
+  log_p_BxKxE = jnp.where(covers_BxKxE, log_p_BxK[:, :, None], -1e30)
+  item_BxE = jax.nn.logsumexp(log_p_BxKxE, axis=1)
+  has_BxE = jnp.any(covers_BxKxE, axis=1)
+  total = jnp.sum(jnp.where(has_BxE, item_BxE, 0.0))
+  return -total / jnp.maximum(jnp.sum(has_BxE).astype(jnp.float32), 1.0)

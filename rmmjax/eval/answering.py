@@ -99,9 +99,11 @@ class IrisAnswerer(Answerer):
                            judge=HeuristicJudge(), settings=self.settings)
     turns = list(result.top_turns(self.m))
     raws = [store.raw(t) for t in turns]
+    # An abstention (the evidence judged absent) asks for a refusal, not a guess.
     prompt = answer_with_citations(question.question,
                                    [f"[{r.date}] {r.speaker}: {r.text}" for r in raws],
-                                   max_chars=self.llm.prompt_chars())
+                                   max_chars=self.llm.prompt_chars(),
+                                   evidence_missing=result.abstained)
     shown = [{t} for t in turns]
     try:
       reply = self.llm.chat_structured(prompt.messages, prompt.schema)

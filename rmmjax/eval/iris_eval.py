@@ -3,8 +3,9 @@ iterative retrieval, each question's ranked evidence mapped to the turns the fac
 
 Recall@k counts the evidence turns among the first k distinct turns of the final ranked
 evidence. Beside the retrieval metrics every row carries the iterations used, whether IRIS
-abstained, and the time spent retrieving (search, edge expansion, entity buffers, store reads:
-not the judge's or the refiner's LLM time), so single-pass and IRIS compare on the same units.
+abstained, and the time spent retrieving (search, edge expansion, entity buffers, store reads,
+embedding queries, an offline judge and refiner: not an LLM judge's time), so single-pass and
+IRIS compare on the same units.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.iris_learning import FactReranker
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, LLMJudge, OracleJudge
+from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 
 JUDGES = ("heuristic", "oracle", "llm")
 SINGLE_PASS_DEPTH = MRR_DEPTH  # facts retrieved by one search, to rank turns beyond k
@@ -54,23 +56,33 @@ def make_judge(name: str, question, store, llm=None):
 
 def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: str = "heuristic",
               settings: IrisSettings | None = None, llm=None, reranker=None,
-              rerank_mode: str = "fused", retriever: str = "hybrid",
-              progress: bool = False) -> list[tuple[str, dict]]:
+              rerank_mode: str = "fused", retriever: str = "hybrid", progress: bool = False,
+              query_encoder=None, iris_model=None) -> list[tuple[str, dict]]:
   """(category, metrics) of every question, each conversation's LaceMem built from its turns
-  and searched by `retriever`; `reranker` (a LoadedReranker) orders IRIS's evidence."""
+  and searched by `retriever`; `reranker` (a LoadedReranker) orders IRIS's evidence;
+  `query_encoder` embeds the questions (the anchor of `iris_model`, an IrisModel, when given,
+  whose judge and refiner IRIS then uses). Latency counts the refiner's and the judge's time
+  too, but for an LLM judge's."""
   settings = settings or IrisSettings()
+  if iris_model is not None:
+    query_encoder = iris_model.anchor
   rows = []
   for conv in tqdm(conversations, desc="lace" + (" + IRIS" if iris else ""),
                    unit="conversation", disable=not progress):
     store = LaceMem.from_conversation(conv, encoder, settings=LaceSettings(retrieval=retriever))
+    store.query_encoder = query_encoder
     ranker = (FactReranker(reranker.params, reranker.spec, store, rerank_mode) if reranker
               else None)
+    refiner = EmbeddingRefiner(iris_model.refine) if iris_model is not None else None
     for question in conv.questions:
       if iris:
+        chosen = (LearnedJudge(iris_model.judge, store) if iris_model is not None
+                  else make_judge(judge, question, store, llm))
         result = iris_retrieve(store, question.question, category=question.category,
-                               judge=make_judge(judge, question, store, llm), settings=settings,
-                               reranker=ranker)
-        turns, seconds = list(result.turn_ids), result.retrieval_s
+                               judge=chosen, settings=settings, reranker=ranker,
+                               refiner=refiner)
+        turns, seconds = list(result.turn_ids), result.retrieval_s + result.refine_s
+        seconds += result.judge_s if judge != "llm" else 0.0
         extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
       else:
         turns, seconds = _single_pass(store, question.question, SINGLE_PASS_DEPTH)

@@ -22,6 +22,8 @@ from rmmjax.replay.iris_learning import RERANK_MODES
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import encoder_identity
+from rmmjax.io.workdir import read_config
+from rmmjax.replay.iris_model_io import JUDGE_FILE, load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.memory.units import conversation_units
@@ -43,7 +45,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        in_sample: bool = False, allow_mismatch: bool = False,
                        progress: bool = False, query_encoder: Path | None = None,
                        iris: bool | str = False, judge: str = "heuristic", llm=None,
-                       rerank_mode: str = "fused") -> dict:
+                       rerank_mode: str = "fused", iris_model: Path | None = None) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
   `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
@@ -56,7 +58,9 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   prequentially. Units `lace` retrieve atomic facts of a LaceMem built per conversation, in
   one search, or with `iris` iteratively (True or a name of IRIS_PRESETS; `judge`: heuristic,
   oracle or llm), where a reranker trained on units lace orders the evidence IRIS gathers
-  (`rerank_mode`: fused with IRIS's own order, or alone; see `FactReranker`).
+  (`rerank_mode`: fused with IRIS's own order, or alone; see `FactReranker`). `iris_model` (a
+  learner=iris workdir or its export) gives IRIS its learned judge, refiner and anchor encoder;
+  with units lace `query_encoder` may be such a model too (its anchor embeds the questions).
   """
   for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, EVAL_UNITS),
                                ("retriever", retriever, RETRIEVERS)):
@@ -68,9 +72,20 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     raise ValueError(f"--iris {iris!r} is not one of {', '.join(IRIS_PRESETS)}")
   if iris and units != "lace":
     raise ValueError(f"--iris retrieves from LaceMem: pass --units lace (not {units!r})")
-  if units == "lace" and (query_encoder is not None or budget_words):
-    raise ValueError("--units lace evaluates LaceMem's own retrieval: --encoder and "
-                     "--budget-words apply to the other units")
+  if units == "lace" and budget_words:
+    raise ValueError("--units lace evaluates LaceMem's own retrieval: --budget-words applies "
+                     "to the other units")
+  if iris_model is not None and not iris:
+    raise ValueError("--iris-model holds IRIS's learned judge and refiner: pass --units lace "
+                     "--iris [learned|default|wide] as well")
+  if iris_model is not None and (query_encoder is not None or judge != "heuristic"):
+    raise ValueError("--iris-model brings its own anchor encoder and judge: leave out "
+                     "--encoder and --judge")
+  for flag, path in (("--reranker", reranker), ("--encoder", query_encoder)):
+    if path is not None and _is_iris_model(Path(path)) and (flag == "--reranker"
+                                                            or units != "lace"):
+      raise ValueError(f"{flag} {path} holds learned IRIS models (learner=iris): pass it as "
+                       "--iris-model (or, with --units lace, as --encoder for its anchor)")
   if units == "lace" and reranker is not None and (not iris or online):
     raise ValueError("a reranker over LaceMem orders the evidence IRIS gathers: pass --iris "
                      "(and not --online)")
@@ -98,14 +113,23 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                      "for retrieval")
   if (retriever != "bm25" or loaded or units in ("topic", "lace")) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
-  tuned = load_query_encoder(Path(query_encoder), encoder) if query_encoder else None
+  lace_anchor = (query_encoder is not None and units == "lace"
+                 and _is_iris_model(Path(query_encoder)))
+  model = load_iris_model(Path(iris_model), encoder) if iris_model is not None else None
+  if lace_anchor:
+    model = load_iris_model(Path(query_encoder), encoder)
+  tuned = (model.anchor if model is not None else
+           load_query_encoder(Path(query_encoder), encoder) if query_encoder else None)
   config = {"dataset": dataset, "data": str(Path(data).resolve()), "units": units,
             "retriever": retriever, "k": list(ks), "budget_words": budget_words,
             "encoder": encoder_identity(encoder) if encoder is not None else None,
             "query_encoder": str(query_encoder) if query_encoder else None,
             "query_encoder_identity": tuned.identity if tuned else None, "mismatches": []}
   models = []
-  if tuned:
+  if model is not None:
+    config["iris_model"] = model.source
+    models.append((model.source, model.record))
+  elif tuned:
     record = query_encoder_record(Path(query_encoder))
     config["mismatches"] += check_fit(f"the query encoder {query_encoder}", record,
                                       {"encoder": encoder_identity(encoder), "dim": encoder.dim},
@@ -132,7 +156,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if units == "lace":
     rows = lace_rows(conversations, encoder, ks, iris is not None, judge,
                      settings=IRIS_PRESETS[iris] if iris else None, llm=llm, reranker=loaded,
-                     rerank_mode=rerank_mode, retriever=retriever, progress=progress)
+                     rerank_mode=rerank_mode, retriever=retriever, progress=progress,
+                     query_encoder=tuned, iris_model=model if iris_model is not None else None)
     config |= {"iris": iris, "judge": judge if iris else None,
                "rerank_mode": rerank_mode if loaded else None,
                "conversations": [c.conversation_id for c in conversations]}
@@ -151,6 +176,12 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   return {"config": config,
           "load_report": {"counts": dict(report.counts), "examples": report.examples},
           "metrics": aggregate(rows)}
+
+
+def _is_iris_model(path: Path) -> bool:
+  """A learner=iris workdir or its export (a judge beside an anchor encoder)."""
+  return (path / JUDGE_FILE).exists() or (
+      (path / "config.json").exists() and read_config(path).learner == "iris")
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:

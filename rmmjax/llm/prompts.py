@@ -147,9 +147,15 @@ that you did not use; leave the list empty if you used none.
 Reply in JSON: {"answer": "...", "citations": [<numbers>]}."""
 
 
+_MISSING_NOTE = ("Note: the search for this question judged its evidence missing. Unless the "
+                 "memories state the answer, say that the conversations do not tell, instead of "
+                 "guessing.")
+
+
 def answer_with_citations(question: str, memories: Sequence[str], current_session: str = "", *,
-                          max_chars: int | None = None) -> Prompt:
-  """Prompt to answer from numbered memories and cite the ones used (RMM's reward signal)."""
+                          max_chars: int | None = None, evidence_missing: bool = False) -> Prompt:
+  """Prompt to answer from numbered memories and cite the ones used (RMM's reward signal);
+  `evidence_missing` (an iterative search abstained) asks for a refusal over a guess."""
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
   _check_texts(memories, "memories")
@@ -157,13 +163,16 @@ def answer_with_citations(question: str, memories: Sequence[str], current_sessio
   quarter = None if max_chars is None else max_chars // 4
   (question,), cut_question = fit_texts([question.strip()], quarter)
   (current_session,), cut_session = fit_texts([current_session.strip()], quarter)
-  fixed = len(_ANSWER_SYSTEM) + len(question) + len(current_session) + 80
+  fixed = len(_ANSWER_SYSTEM) + len(question) + len(current_session) + 80 + (
+      len(_MISSING_NOTE) if evidence_missing else 0)
   memories, cut = _fitted(memories, max_chars, fixed, 6)
   shown = _numbered(memories) if memories else "(no memories retrieved)"
   user = f"Memories:\n{shown}\n\n"
   if current_session:
     user += f"Current conversation:\n{current_session}\n\n"
   user += f"Question: {question}"
+  if evidence_missing:
+    user += f"\n\n{_MISSING_NOTE}"
   # An empty enum is not a valid schema: with no memories, only the empty list fits.
   citations = ({"type": "array", "items": _numbers(len(memories))} if memories
                else {"type": "array", "items": {"type": "integer"}, "maxItems": 0})

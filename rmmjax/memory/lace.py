@@ -96,6 +96,11 @@ def _text(value: object, name: str, *, empty: bool = False) -> str:
   return value
 
 
+def _check_k(k: object) -> None:
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k must be a positive integer, got {k!r}")
+
+
 RECENT_QUERIES = 4  # query embeddings a LaceMem remembers (an IRIS call asks up to 3 texts)
 
 
@@ -275,26 +280,41 @@ class LaceMem:
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
     """The k facts most relevant to the query: (fact_id, score), best first."""
     _text(query, "query")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-      raise ValueError(f"k must be a positive integer, got {k!r}")
+    _check_k(k)
     if not self._facts:
       return []
+    mode = self.settings.retrieval
+    if mode != "bm25" and self.query_encoder is None and self.encoder is None:
+      raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
+                       f"encoder; pass one, or use retrieval 'bm25'")
+    dense = self._graph.vectors @ self.query_vector(query) if mode != "bm25" else None
+    return self._ranked(query, dense, k)
+
+  def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
+    """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
+    `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
+    _text(bm25_query, "bm25_query")
+    _check_k(k)
+    if not self._facts:
+      return []
+    vector = np.asarray(vector, np.float32)
+    if vector.shape != (self._graph.dim,):
+      raise ValueError(f"the query vector has shape {vector.shape}; expected "
+                       f"({self._graph.dim},) to match the facts' embeddings")
+    dense = self._graph.vectors @ vector if self.settings.retrieval != "bm25" else None
+    return self._ranked(bm25_query, dense, k)
+
+  def _ranked(self, query: str, dense: np.ndarray | None, k: int) -> list[tuple[int, float]]:
     mode, n = self.settings.retrieval, len(self._facts)
-    scores = {}
-    if mode in ("bm25", "hybrid"):
-      scores["bm25"] = self._bm25_scores(query)
-    if mode in ("dense", "hybrid"):
-      if self.query_encoder is None and self.encoder is None:
-        raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
-                         f"encoder; pass one, or use retrieval 'bm25'")
-      scores["dense"] = self._graph.vectors @ self.query_vector(query)
-    if mode == "hybrid":  # BM25 is credited only with facts that share a term with the query
-      bm25 = scores["bm25"]
+    if mode == "dense":
+      final_scores = dense
+    elif mode == "bm25":
+      final_scores = self._bm25_scores(query)
+    else:  # BM25 is credited only with facts that share a term with the query
+      bm25 = self._bm25_scores(query)
       matched = np.flatnonzero(bm25 > 0)
-      scores = {"hybrid": rrf_scores(
-          [matched[np.lexsort((matched, -bm25[matched]))],
-           np.argsort(-scores["dense"], kind="stable")], n, self.settings.fusion_c)}
-    (final_scores,) = scores.values()
+      final_scores = rrf_scores([matched[np.lexsort((matched, -bm25[matched]))],
+                                 np.argsort(-dense, kind="stable")], n, self.settings.fusion_c)
     order = np.argsort(-final_scores, kind="stable")[:min(k, n)]
     return [(int(i), float(final_scores[i])) for i in order]
 
@@ -345,13 +365,8 @@ class LaceMem:
 
   # -- inspection and persistence -------------------------------------------------------
 
-  @property
-  def facts(self) -> list[Fact]:
-    return list(self._facts)
-
-  @property
-  def turns(self) -> list[RawTurn]:
-    return list(self._raw.values())
+  facts = property(lambda self: list(self._facts))
+  turns = property(lambda self: list(self._raw.values()))
 
   @property
   def fallbacks(self) -> int:

@@ -42,6 +42,13 @@ class EvidenceStore(Protocol):
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
     """The k facts most relevant to the query: (fact_id, score), best first."""
 
+  def search_vector(self, vector, k: int, bm25_query: str) -> list[tuple[int, float]]:
+    """The k facts ranked by their embeddings' dot product with `vector` (fused with BM25 over
+    `bm25_query` when the store is hybrid): the search of a `VectorRefiner`'s query."""
+
+  def query_vector(self, query: str):
+    """The query's embedding (D,) as the store's dense search computes it."""
+
   def fact(self, fact_id: int) -> Fact:
     """The fact with this id."""
 

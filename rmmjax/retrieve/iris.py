@@ -31,10 +31,11 @@ from typing import final
 
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict, verdict_reward
-from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, entity_context,
-                                    feedback_terms, is_temporal, named_entities)
+from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, VectorRefiner,
+                                    entity_context, feedback_terms, is_temporal, named_entities)
 
 Reranker = Callable[[str, Sequence[Fact]], Sequence[float]]
+FINAL_ORDERS = ("entry", "fused", "last")
 
 
 @final
@@ -70,7 +71,8 @@ class IrisSettings:
   # anchor hits and their neighbours first); "fused" ranks by reciprocal-rank fusion of every
   # search (the last anchor search and each refinement search once), so facts a refined query
   # found can rise above iteration 1's neighbours; facts reached only along edges or by entity
-  # buffers rank after every searched fact.
+  # buffers rank after every searched fact; "last" puts the last search first (a refinement
+  # search by vector, which ranks the facts knowing the first hop's), the rest fused after it.
   final_order: str = "fused"
   # Pseudo-relevance feedback: the refined query gains the feedback_terms most frequent terms
   # of the best feedback_facts facts so far that the question lacks (0: off).
@@ -78,9 +80,9 @@ class IrisSettings:
   feedback_facts: int = 5
 
   def __post_init__(self):
-    if self.final_order not in ("entry", "fused"):
-      raise ValueError(f"IrisSettings.final_order must be 'entry' or 'fused', got "
-                       f"{self.final_order!r}")
+    if self.final_order not in FINAL_ORDERS:
+      raise ValueError(f"IrisSettings.final_order must be one of {', '.join(FINAL_ORDERS)}, "
+                       f"got {self.final_order!r}")
     for name in ("max_iterations", "base_budget", "min_facts_per_entity", "entity_search_k"):
       if getattr(self, name) < 1:
         raise ValueError(f"IrisSettings.{name} must be at least 1, got {getattr(self, name)}")
@@ -115,10 +117,14 @@ class IrisSettings:
 # that stop only on an EXACT verdict, gathering more of the evidence for a reranker to order
 # (on the LoCoMo dev file 142 facts per question holding 0.58 of the multi-hop evidence turns,
 # against 49 holding 0.39: experiments/results/iris_reranker.md).
+# learned: for a learned refiner and judge (`--iris-model`): two iterations (the second a
+# refinement search by vector, which decides the final order), no edges.
 IRIS_PRESETS = {
     "default": IrisSettings(),
     "wide": IrisSettings(base_budget=20, budget_step=10, stop_confidence=1.0,
                          temporal_stop_confidence=1.0),
+    "learned": IrisSettings(max_iterations=2, budget_step=10, use_edges=False,
+                            final_order="last"),
 }
 
 
@@ -237,6 +243,16 @@ def fused_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fa
                [t.refine_hits for t in trace if t.refine_hits and t.refine_hits != t.anchor_hits])
 
 
+def last_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fact]:
+  """The last iteration's refinement hits (its anchor hits when it had none) in their order,
+  then the other accumulated facts in `fused_order`."""
+  lead = trace[-1].refine_hits or trace[-1].anchor_hits
+  by_id = {f.fact_id: f for f in facts}
+  first = [by_id[f] for f in lead if f in by_id]
+  taken = {f.fact_id for f in first}
+  return first + [f for f in fused_order(facts, trace) if f.fact_id not in taken]
+
+
 def _fuse(facts: list[Fact], anchor: Sequence[int],
           refinements: Sequence[Sequence[int]]) -> list[Fact]:
   lists = [anchor, *refinements]
@@ -296,13 +312,18 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       query = refiner.refine(RefineRequest(
           question, current_query, missing, refinements,
           temporal and settings.use_temporal_schedule, entity_context(question, thin),
-          feedback_terms(question, top, settings.feedback_terms)))
-      refine_s = time.perf_counter() - tick
+          feedback_terms(question, top, settings.feedback_terms), tuple(top)))
+      vector = (refiner.query_vector(query, store.query_vector(question))
+                if isinstance(refiner, VectorRefiner) else None)
+      refine_s = time.perf_counter() - tick  # writing and embedding the query
       refinements += 1
       current_query = query
       # A refinement that adds nothing to the question would only repeat the anchor's search.
       same = " ".join(query.lower().split()) == " ".join(question.lower().split())
-      refined = anchor if same else [f for f, _ in store.search(query, k)]
+      if vector is not None:
+        refined = [f for f, _ in store.search_vector(vector, k, question)]
+      else:
+        refined = anchor if same else [f for f, _ in store.search(query, k)]
       if refined and refined != anchor:
         refine_lists.append(refined)
     seeds = merge_by_rank([anchor, refined])
@@ -317,7 +338,7 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
         raws[fact.turn_id] = store.raw(fact.turn_id)
     ranked = list(facts.values())
     if reranker is not None:  # it refines the order the loop would end with
-      fused = settings.final_order == "fused"
+      fused = settings.final_order != "entry"
       ranked = _rank(question, _fuse(ranked, anchor, refine_lists) if fused else ranked,
                      reranker)
     shown = ranked if settings.max_judged is None else ranked[:settings.max_judged]
@@ -338,8 +359,8 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       stopped = True
       break
     missing = verdict.missing
-  if reranker is None and settings.final_order == "fused":
-    ranked = fused_order(ranked, trace)
+  if reranker is None and settings.final_order != "entry":
+    ranked = (fused_order if settings.final_order == "fused" else last_order)(ranked, trace)
   last = trace[-1]
   abstained = (not stopped and last.verdict.label == "PARTIAL"
                and last.confidence < settings.abstain_below)

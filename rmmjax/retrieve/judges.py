@@ -121,15 +121,18 @@ class OracleJudge(SufficiencyJudge):
 
   EXACT at 1 when every evidence turn is among the evidence facts' turns (vacuously so for a
   question without evidence turns); else PARTIAL at the fraction found, with the missing turns'
-  text (read from `store`, or their ids without one) as the note the next query chases.
+  text (read from `store`, or their ids without one) as the note the next query chases. That
+  note copies the labels' text into the refined query: label leakage, which `note=False`
+  removes (the labels then decide only when to stop, continue and abstain).
   """
 
-  def __init__(self, evidence_turn_ids: Iterable[str], store: EvidenceStore | None = None):
+  def __init__(self, evidence_turn_ids: Iterable[str], store: EvidenceStore | None = None,
+               note: bool = True):
     if isinstance(evidence_turn_ids, str):
       raise ValueError(f"evidence_turn_ids must be a collection of ids, got the string "
                        f"{evidence_turn_ids!r:.80}")
     self.evidence = tuple(dict.fromkeys(evidence_turn_ids))
-    self.store = store
+    self.store, self.note = store, note
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
@@ -138,7 +141,9 @@ class OracleJudge(SufficiencyJudge):
     missing = [t for t in self.evidence if t not in found]
     if not missing:
       return Verdict("EXACT", 1.0, "")
-    if self.store is None:
+    if not self.note:
+      note = ""
+    elif self.store is None:
       note = "; ".join(missing)
     else:
       note = " ".join(f"{self.store.raw(t).speaker}: {self.store.raw(t).text}" for t in missing)

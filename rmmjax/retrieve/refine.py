@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from typing import final
 
+import numpy as np
+
 from rmmjax.llm.base import LLM, LLMError
 from rmmjax.llm.parse import LLMOutputError, extract_json
 
@@ -157,6 +159,7 @@ class RefineRequest:
   temporal: bool  # use the temporal schedule
   entities: tuple[str, ...] = ()  # named in the question, and those covered thinly so far
   feedback: tuple[str, ...] = ()  # salient terms of the best evidence so far (pseudo-relevance)
+  evidence: tuple[str, ...] = ()  # the best facts gathered so far, best first (their clauses)
 
 
 class QueryRefiner(abc.ABC):
@@ -236,6 +239,15 @@ class LLMRefiner(QueryRefiner):
       self.fallbacks += 1
       return self.fallback.refine(request)
     return " ".join(query.split())
+
+
+class VectorRefiner(QueryRefiner):
+  """A refiner whose query is searched by its embedding (multi-hop dense retrieval): `refine`
+  writes the text, `query_vector` embeds it for the store's dense side."""
+
+  @abc.abstractmethod
+  def query_vector(self, text: str, question_vector: np.ndarray) -> np.ndarray:
+    """The vector (D,) the store ranks its facts by, given the question's own embedding."""
 
 
 def entity_context(question: str, thin: Sequence[str]) -> tuple[str, ...]:

@@ -110,7 +110,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   try:
     _check_extendable(cfg, workdir, reader.latest_step() or 0)
     logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
-    task = make_task(task_cfg, encoder, progress)  # replay tasks embed their data here
+    task = make_task(task_cfg, encoder, progress, workdir)  # replay tasks embed data here
     _check_record(workdir, getattr(task, "record", None))
     step, state, unreadable = reader.restore_latest(task.template)
   finally:
@@ -173,8 +173,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   if cfg.config != "latent":
     summary["trained_conversations"] = [c.conversation_id for c in task.train_convs]
     summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
-    for key in ("recall_at_m_prequential", "recall_at_m_alone"):  # where the task has them
-      if key in eval_final:
+    for key in eval_final:  # what only some tasks report
+      if key in ("recall_at_m_prequential", "recall_at_m_alone") or key.startswith("iris_"):
         summary[key] = eval_final[key]
   pretrain_path = workdir / "pretrain.json"
   if pretrain_path.exists():

@@ -24,6 +24,7 @@ from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_recor
                                          retrieval_encoders)
 from rmmjax.replay.record import latent_record, replay_record
 from rmmjax.train.encoder_task import QueryEncoderTask
+from rmmjax.train.iris_learned_task import IrisLearnedTask
 from rmmjax.train.iris_task import IrisTask
 from rmmjax.train.inputs import replay_inputs
 
@@ -118,13 +119,15 @@ class ReplayTask:
             "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
 
 
-def make_task(cfg: Config, encoder=None, progress: bool = False):
+def make_task(cfg: Config, encoder=None, progress: bool = False, workdir=None):
   """What `cfg` learns from. learner=both trains the reranker here (its query encoder, the
   first stage, is trained by the loop before)."""
   if cfg.config == "latent":
     return LatentTask(cfg)
   if cfg.learner == "query_encoder":
     return QueryEncoderTask(cfg, encoder, progress)
+  if cfg.learner == "iris":
+    return IrisLearnedTask(cfg, encoder, progress, workdir)
   if cfg.units == "lace":
     return IrisTask(cfg, encoder, progress)
   return ReplayTask(cfg, encoder, progress)

@@ -1,0 +1,246 @@
+"""IRIS with a learned gap diagnosis (LoCoMo dev file, 8 conversations, 4-fold cross-validation
+by conversation): a tuned anchor query encoder, a refinement encoder that embeds the question
+with the best facts found so far (multi-hop dense retrieval), and a sufficiency judge over the
+embeddings, each fitted on the training conversations' labels (`rmmjax.replay.iris_models`) and
+measured on the held-out ones, pooled over the folds.
+
+Rows: single-pass with the base and the tuned query encoder; IRIS with the heuristic judge and
+the rule refiner (EviMem's loop as rmmjax had it); the learned refinement, the learned judge
+and both (each with the tuned anchor); and three bounds, none of which may feed labels into the
+query: oracle stopping (the labels decide stop / continue / abstain, the note is empty, the
+learned refinement as in the run), perfect ranking of what the learned loop gathered (recall
+of every fact it gathered: the bound on any reranker) and, marked as label leakage, the oracle
+whose note is the missing turns' text. Latency counts everything a question costs (search,
+embedding every query afresh, the refiner, the judge): single-pass embeds the question too.
+
+    python experiments/iris_learned.py [--data PATH] [--folds 4]
+    python experiments/iris_learned.py --rewrite   # the .md again from the saved .json
+
+Writes experiments/results/iris_learned.md and .json (per-question Recall@10 of every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import numpy as np
+
+from iris_reranker import BOOTSTRAP_DRAWS, CATEGORIES, paired
+from replay_common import DEFAULT_DATA, RESULTS
+from rmmjax.data.locomo import load_locomo
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, _single_pass, _turn_rows
+from rmmjax.eval.metrics import aggregate
+from rmmjax.memory.lace import LaceMem
+from rmmjax.replay.candidates import folds
+from rmmjax.replay.iris_models import IrisFit, fit_iris_models
+from rmmjax.replay.query_encoder import TunedQueryEncoder
+from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
+from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
+from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
+
+OUT = RESULTS / "iris_learned.md"
+SP_BASE, SP_TUNED = "single-pass, base encoder", "single-pass, tuned encoder"
+IRIS_RULE = "IRIS, heuristic judge, rule refiner (base encoder)"
+LEARNED_REFINE = "IRIS + learned refinement (heuristic judge)"
+LEARNED_JUDGE = "IRIS + learned judge (rule refiner)"
+BOTH = "IRIS + learned refinement + learned judge"
+NEVER_STOP = "IRIS + learned refinement, never stopping early"
+ORACLE_STOP = "bound: oracle stopping, empty note, learned refinement"
+GATHERED = "bound: perfect ranking of what the learned loop gathered"
+LEAK = "label leakage: oracle note of the missing turns' text"
+COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
+               (SP_TUNED, SP_BASE), (IRIS_RULE, SP_BASE), (BOTH, NEVER_STOP)]
+
+
+class _Never(HeuristicJudge):
+  def judge(self, question, facts, raws, *, category=None):
+    from rmmjax.retrieve.judges import Verdict
+    return Verdict("PARTIAL", 0.5, "")
+
+
+def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
+  """name -> [(conversation, category, metrics)] for one held-out conversation."""
+  fresh = encoder.with_cache(None)
+  tuned = TunedQueryEncoder(encoder, fitted.anchor)
+  refiner = EmbeddingRefiner(TunedQueryEncoder(encoder, fitted.refine))
+  learned = IRIS_PRESETS["learned"]
+  setups = {  # name: (query encoder, settings or None, judge factory, refiner)
+      SP_BASE: (fresh, None, None, None), SP_TUNED: (tuned, None, None, None),
+      IRIS_RULE: (fresh, IRIS_PRESETS["default"], lambda q: HeuristicJudge(), None),
+      LEARNED_REFINE: (tuned, learned, lambda q: HeuristicJudge(), refiner),
+      LEARNED_JUDGE: (tuned, IRIS_PRESETS["default"],
+                      lambda q: LearnedJudge(fitted.judge, store), None),
+      BOTH: (tuned, learned, lambda q: LearnedJudge(fitted.judge, store), refiner),
+      NEVER_STOP: (tuned, learned, lambda q: _Never(), refiner),
+      ORACLE_STOP: (tuned, learned, lambda q: OracleJudge(q.evidence, store, note=False),
+                    refiner),
+      LEAK: (fresh, IRIS_PRESETS["default"], lambda q: OracleJudge(q.evidence, store), None),
+  }
+  rows = {name: [] for name in [*setups, GATHERED]}
+  for name, (query_encoder, settings, judge_for, refine) in setups.items():
+    store.query_encoder = query_encoder
+    for q in conv.questions:
+      extra = {}
+      if settings is None:
+        turns, seconds = _single_pass(store, q.question, SINGLE_PASS_DEPTH)
+        extra = {"iterations": 1.0, "abstained": 0.0}
+      else:
+        start = time.perf_counter()
+        result = iris_retrieve(store, q.question, category=q.category, judge=judge_for(q),
+                               settings=settings, refiner=refine)
+        seconds = time.perf_counter() - start
+        turns = list(result.turn_ids)
+        extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
+        if name == BOTH:
+          all_turns = _turn_rows(store, turns, q.evidence, (len(turns) or 1,),
+                                 len(set(q.evidence)))
+          rows[GATHERED].append((conv.conversation_id, q.category, {
+              "recall_all@10": all_turns[f"recall_all@{len(turns) or 1}"], "latency_ms": 0.0,
+              "iterations": 0.0, "abstained": 0.0}))
+      metrics = _turn_rows(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
+      rows[name].append((conv.conversation_id, q.category,
+                         metrics | extra | {"latency_ms": 1e3 * seconds}))
+  return rows
+
+
+def summary(rows) -> dict:
+  agg = aggregate([(c, {"recall_all@10": m["recall_all@10"]}) for _, c, m in rows])
+  lat = np.array([m["latency_ms"] for _, _, m in rows])
+  cats = [c for _, c, _ in rows]
+  adversarial = [m["abstained"] for _, c, m in rows if c == "adversarial"]
+  answerable = [m["abstained"] for _, c, m in rows if c != "adversarial"]
+  return {"all@10": agg["overall"]["recall_all@10"],
+          **{c: agg["by_category"][c]["recall_all@10"] for c in CATEGORIES},
+          "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+          "iterations": float(np.mean([m["iterations"] for _, _, m in rows])),
+          "abstain_adversarial": float(np.mean(adversarial)) if adversarial else 0.0,
+          "abstain_answerable": float(np.mean(answerable)) if answerable else 0.0,
+          "per_question": [m["recall_all@10"] for _, _, m in rows], "categories": cats,
+          "conversations": [conv for conv, _, _ in rows]}
+
+
+def judge_report(probabilities, labels, bins: int = 10) -> dict:
+  """AUC, expected calibration error and a reliability table of a judge's probabilities."""
+  p, y = np.asarray(probabilities, float), np.asarray(labels, bool)
+  order = np.argsort(p)
+  ranks = np.empty(len(p))
+  ranks[order] = np.arange(1, len(p) + 1)
+  pos, neg = y.sum(), (~y).sum()
+  auc = float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg)) if pos and neg else np.nan
+  edges = np.linspace(0, 1, bins + 1)
+  which = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
+  table, ece = [], 0.0
+  for b in range(bins):
+    sel = which == b
+    if sel.any():
+      table.append((float(edges[b]), float(edges[b + 1]), int(sel.sum()),
+                    float(p[sel].mean()), float(y[sel].mean())))
+      ece += sel.mean() * abs(p[sel].mean() - y[sel].mean())
+  return {"auc": auc, "ece": float(ece), "reliability": table, "positives": int(pos),
+          "examples": int(len(p))}
+
+
+def judge_scores(conv, store, fitted, encoder) -> tuple[list, list, list]:
+  """Learned and heuristic probabilities of sufficiency after iteration 1 of the learned loop,
+  with the label (every evidence turn among the judged facts)."""
+  from rmmjax.retrieve.iris import IRIS_PRESETS as P
+  store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
+  learned, heuristic, labels = [], [], []
+  judge, rule = LearnedJudge(fitted.judge, store), HeuristicJudge()
+  for q in conv.questions:
+    if not q.evidence:
+      continue
+    result = iris_retrieve(store, q.question, category=q.category, judge=_Never(),
+                           settings=dataclasses.replace(P["learned"], max_iterations=1))
+    shown = [store.fact(f) for f in result.trace[0].shown]
+    learned.append(judge.probability(q.question, shown))
+    heuristic.append(rule.judge(q.question, shown, {f.turn_id: store.raw(f.turn_id)
+                                                    for f in shown}).confidence)
+    labels.append(set(q.evidence) <= {f.turn_id for f in shown})
+  return learned, heuristic, labels
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  parser.add_argument("--folds", type=int, default=4)
+  parser.add_argument("--only", type=int, default=None, help="run only this fold (a check)")
+  parser.add_argument("--rewrite", action="store_true")
+  args = parser.parse_args()
+  if args.rewrite:
+    write(json.loads(OUT.with_suffix(".json").read_text()))
+    return
+  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  convs = [c for c in load_locomo(args.data)[0] if c.questions]
+  stores = [LaceMem.from_conversation(c, encoder) for c in convs]
+  pooled: dict[str, list] = {}
+  scores = {"learned": [], "heuristic": [], "label": []}
+  fit_seconds = []
+  for f, held in enumerate(folds(len(convs), args.folds)):
+    if args.only is not None and f != args.only:
+      continue
+    train = [i for i in range(len(convs)) if i not in held]
+    start = time.perf_counter()
+    fitted = fit_iris_models(encoder, [stores[i] for i in train], [convs[i] for i in train],
+                             IrisFit())
+    fit_seconds.append(time.perf_counter() - start)
+    print(f"fold {f}: fitted in {fit_seconds[-1]:.0f} s", flush=True)
+    for i in held:
+      for name, rows in run_rows(convs[i], stores[i], encoder, fitted).items():
+        pooled.setdefault(name, []).extend(rows)
+      for key, values in zip(("learned", "heuristic", "label"),
+                             judge_scores(convs[i], stores[i], fitted, encoder)):
+        scores[key].extend(values)
+  results = {"rows": {name: summary(rows) for name, rows in pooled.items()},
+             "judge": {"learned": judge_report(scores["learned"], scores["label"]),
+                       "heuristic": judge_report(scores["heuristic"], scores["label"])},
+             "fit_seconds": fit_seconds, "folds": args.folds, "only": args.only}
+  OUT.with_suffix(".json").write_text(json.dumps(results))
+  write(results)
+
+
+def write(results: dict) -> None:
+  rows = results["rows"]
+  head = "| configuration | multi-hop | temporal | single-hop | open-domain | adversarial | all " \
+         "| iterations | p50 ms | p95 ms |"
+  lines = ["# IRIS with a learned gap diagnosis", "",
+           f"LoCoMo dev file, {results['folds']}-fold cross-validation by conversation (held-out "
+           "conversations pooled); evidence Recall@10 over the first 10 distinct turns; latency "
+           "per question with every query embedded afresh, 2-core CPU.", "", head,
+           "|" + "---|" * 10]
+  for name, r in rows.items():
+    lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in CATEGORIES)
+                 + f" | {r['all@10']:.3f} | {r['iterations']:.2f} | {r['p50_ms']:.1f} | "
+                 f"{r['p95_ms']:.1f} |")
+  lines += ["", f"Paired differences in Recall@10, mean and 95% cluster bootstrap interval over "
+            f"conversations ({BOOTSTRAP_DRAWS} draws; all / multi-hop / temporal):", ""]
+  for a, b in COMPARISONS:
+    if a in rows and b in rows:
+      parts = [paired(rows, a, b, c) for c in (None, "multi-hop", "temporal")]
+      lines.append(f"- {a} - {b}: " + " / ".join(parts))
+  lines += ["", "Abstention (share of questions IRIS abstained on): "]
+  for name in (BOTH, ORACLE_STOP, IRIS_RULE):
+    if name in rows:
+      lines.append(f"- {name}: adversarial {rows[name]['abstain_adversarial']:.3f}, "
+                   f"answerable {rows[name]['abstain_answerable']:.3f}")
+  lines += ["", "The judges as classifiers after the learned loop's first iteration (label: "
+            "every evidence turn among the judged facts):", "",
+            "| judge | AUC | ECE | positives / examples |", "|---|---|---|---|"]
+  for name, j in results["judge"].items():
+    lines.append(f"| {name} | {j['auc']:.3f} | {j['ece']:.3f} | {j['positives']} / "
+                 f"{j['examples']} |")
+  lines += ["", "Reliability of the learned judge (bin, count, mean probability, observed "
+            "rate):", ""]
+  for lo, hi, n, p, y in results["judge"]["learned"]["reliability"]:
+    lines.append(f"- [{lo:.1f}, {hi:.1f}): {n}, {p:.3f}, {y:.3f}")
+  OUT.write_text("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()

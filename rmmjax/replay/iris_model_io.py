@@ -1,0 +1,148 @@
+"""Saving, loading and exporting the learned IRIS models of a learner=iris workdir.
+
+A workdir holds the anchor query encoder (`anchor_encoder/`, a Hugging Face directory), the
+judge (`judge.safetensors`) and the refinement encoder as the run's Orbax checkpoints (it keeps
+learning online). `rmmjax export` writes all three as files: `anchor_encoder/` and
+`refine_encoder/` (Hugging Face directories) and `judge.safetensors`, whose header says how to
+score it. `load_iris_model` reads either layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.encode.export import save_encoder
+from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.export import read_record
+from rmmjax.io.workdir import read_config
+from rmmjax.replay.query_encoder import TunedQueryEncoder, encoder_spec, encoder_state
+from rmmjax.replay.record import encoder_identity
+
+ANCHOR_DIR, REFINE_DIR, JUDGE_FILE = "anchor_encoder", "refine_encoder", "judge.safetensors"
+JUDGE_FORMAT = "rmmjax-sufficiency-judge-1"
+HOW_TO_SCORE = (
+    "rmmjax.core.judge.judge_logit(params, q_D, facts_NxD, mask_N): q_D the question embedded "
+    "by the anchor encoder, facts_NxD the gathered facts embedded by the base encoder named in "
+    "'encoder'; sigmoid(logit) is the probability that the facts cover every evidence turn. "
+    "Tensors are params flattened with '.' (fact.w, fact.b, attend, head.w, head.b, out.w, out.b).")
+
+
+@dataclasses.dataclass(frozen=True)
+class IrisModel:
+  anchor: TunedQueryEncoder
+  refine: TunedQueryEncoder
+  judge: dict
+  record: dict
+  source: str
+
+
+def save_judge(params: dict, path: Path, metadata: dict) -> None:
+  flat = {}
+  for name, value in params.items():
+    if isinstance(value, dict):
+      flat |= {f"{name}.{k}": np.asarray(v) for k, v in value.items()}
+    else:
+      flat[name] = np.asarray(value)
+  path = Path(path)
+  tmp = path.with_name(f".{path.name}.partial")
+  save_file(flat, str(tmp), metadata={"rmmjax_format": JUDGE_FORMAT, "how_to_score": HOW_TO_SCORE,
+                                      **{k: json.dumps(v) for k, v in metadata.items()}})
+  tmp.replace(path)
+
+
+def load_judge(path: Path) -> tuple[dict, dict]:
+  from safetensors import safe_open  # noqa: PLC0415 (the header only)
+
+  with safe_open(str(path), "numpy") as f:
+    header = f.metadata() or {}
+  if header.get("rmmjax_format") != JUDGE_FORMAT:
+    raise ValueError(f"{path} is not a sufficiency judge written by rmmjax (format "
+                     f"{header.get('rmmjax_format')!r}, expected {JUDGE_FORMAT!r})")
+  params: dict = {}
+  for name, value in load_file(str(path)).items():
+    head, _, leaf = name.partition(".")
+    if leaf:
+      params.setdefault(head, {})[leaf] = value
+    else:
+      params[head] = value
+  meta = {k: json.loads(v) for k, v in header.items() if k not in ("rmmjax_format",
+                                                                   "how_to_score")}
+  return params, meta
+
+
+def _tuned(path: Path, encoder) -> TunedQueryEncoder:
+  loaded = SentenceEncoder(path)
+  if encoder_identity(loaded) and loaded.dim != encoder.dim:
+    raise ValueError(f"{path} embeds in {loaded.dim} dimensions; the facts are embedded in "
+                     f"{encoder.dim}")
+  return TunedQueryEncoder(encoder, loaded.params)
+
+
+def load_iris_model(path: Path, encoder) -> IrisModel:
+  """The learned IRIS of a learner=iris workdir or of its export; `encoder` must be the base
+  encoder that embedded the facts (refused otherwise)."""
+  path = Path(path)
+  if not path.is_dir():
+    raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
+  exported = (path / REFINE_DIR).is_dir()
+  if not exported:
+    if not (path / "config.json").exists():
+      raise ValueError(f"--iris-model {path}: neither a training workdir (config.json) nor an "
+                       f"export ({REFINE_DIR}/)")
+    cfg = read_config(path)
+    if cfg.learner != "iris":
+      raise ValueError(f"--iris-model {path} trained learner={cfg.learner}; expected a workdir "
+                       "of learner=iris (a reranker goes to --reranker, a query encoder to "
+                       "--encoder)")
+  for need in (ANCHOR_DIR, JUDGE_FILE):
+    if not (path / need).exists():
+      raise FileNotFoundError(f"--iris-model {path} has no {need}: its training has not got "
+                              "past fitting the models; run it again to finish")
+  judge, meta = load_judge(path / JUDGE_FILE)
+  record = meta.get("record", {})
+  if record.get("encoder") != encoder_identity(encoder):
+    raise ValueError(f"--iris-model {path} was trained on facts embedded by "
+                     f"{record.get('encoder')!r}; these are embedded by "
+                     f"{encoder_identity(encoder)!r}")
+  dim = (judge["fact"]["w"].shape[0] - 1) // 2
+  if dim != encoder.dim:
+    raise ValueError(f"--iris-model {path}: its judge reads {dim}-dimensional embeddings, the "
+                     f"store's are {encoder.dim}-dimensional")
+  anchor = _tuned(path / ANCHOR_DIR, encoder)
+  if exported:
+    refine = _tuned(path / REFINE_DIR, encoder)
+  else:
+    cfg = read_config(path)
+    template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
+    reader = Checkpointer(path / "checkpoints", read_only=True)
+    try:
+      _, state, _ = reader.restore_latest(template)
+    finally:
+      reader.close()
+    if state is None:
+      raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint yet")
+    refine = TunedQueryEncoder(encoder, state.params)
+  return IrisModel(anchor, refine, judge, record, str(path))
+
+
+def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
+  """Writes a learner=iris workdir's models as files (see the module docstring)."""
+  model = load_iris_model(workdir, encoder)
+  out = Path(out)
+  if out.exists() and any(out.iterdir()) and not (out / JUDGE_FILE).exists():
+    raise ValueError(f"--out {out} is a folder with other files; give a new or empty one")
+  out.mkdir(parents=True, exist_ok=True)
+  record = read_record(workdir)
+  for name, tuned, role in ((ANCHOR_DIR, model.anchor, "embed the question (first search)"),
+                            (REFINE_DIR, model.refine, "embed the question joined with the best "
+                             "facts found (refinement search)")):
+    save_encoder(encoder, tuned.params, out / name,
+                 metadata={"record": record, "identity": tuned.identity, "role": role})
+  save_judge(model.judge, out / JUDGE_FILE, {"record": record})
+  return out

@@ -1,0 +1,289 @@
+"""Training data and supervised fitting of IRIS's learned parts, from labelled questions.
+
+- The anchor query encoder: the question against the conversation's facts.
+- The refinement encoder: the question joined with the best facts the anchor found (after the
+  first 5, 10 and 20 of its hits: the states a second hop starts from) against the facts of the
+  evidence turns *not yet found*; the found facts are neither positives nor negatives.
+- The sufficiency judge: every iteration of IRIS runs, labelled by whether the facts shown to
+  the judge cover every evidence turn.
+
+Both encoders learn with `core.losses.grouped_listwise_loss`: a turn's facts share its label,
+so one fitting fact per evidence turn suffices. Candidates are K facts: positives, then hard
+negatives in the search's order (facts of other turns it ranked high), then random facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import final
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+from rmmjax.core.judge import judge_init, judge_loss
+from rmmjax.core.losses import grouped_listwise_loss
+from rmmjax.replay.query_encoder import TunedQueryEncoder
+from rmmjax.retrieve.iris import IRIS_PRESETS, IrisSettings, iris_retrieve
+from rmmjax.retrieve.judges import SufficiencyJudge, Verdict
+from rmmjax.retrieve.learned import EmbeddingRefiner, refinement_text
+
+HOP_STATES = (5, 10, 20)  # anchor hits a refinement example assumes found
+HARD_DEPTH = 100  # search depth the hard negatives come from
+JUDGED_FACTS = 64  # facts a judge example keeps (the first shown)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class RankingExamples:
+  """N queries with K candidate facts each; covers_NxKxE: candidate k covers evidence item e."""
+
+  texts: tuple[str, ...]
+  mem_NxKxD: np.ndarray
+  covers_NxKxE: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.texts)
+
+
+def _clause(text: str) -> str:
+  return text.split("] ", 1)[-1]
+
+
+def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
+                    hard: Sequence[int], k: int, e: int, rng: np.random.Generator):
+  """(text, mem_KxD, covers_KxE) or None when every evidence turn is found already."""
+  items = [t for t in dict.fromkeys(evidence) if t not in found][:e]
+  if not items:
+    return None
+  facts = store.facts
+  positives = [f.fact_id for f in facts if f.turn_id in items]
+  negatives = [f for f in hard if facts[f].turn_id not in evidence and facts[f].turn_id
+               not in found]
+  pool = [int(i) for i in rng.permutation(len(facts))
+          if facts[i].turn_id not in evidence and facts[i].turn_id not in found]
+  candidates = list(dict.fromkeys(positives[:k // 4] + negatives + pool))[:k]
+  candidates = [candidates[i] for i in rng.permutation(len(candidates))]
+  covers = np.zeros((k, e), bool)
+  for row, fact_id in enumerate(candidates):
+    turn = facts[fact_id].turn_id
+    if turn in items:
+      covers[row, items.index(turn)] = True
+  mem = np.zeros((k, store.fact_vectors([0]).shape[1]), np.float32)
+  mem[:len(candidates)] = store.fact_vectors(candidates)
+  return text, mem, covers
+
+
+def _stack(rows) -> RankingExamples:
+  rows = [r for r in rows if r is not None]
+  if not rows:
+    raise ValueError("no training example: no question has evidence in its conversation")
+  return RankingExamples(tuple(r[0] for r in rows), np.stack([r[1] for r in rows]),
+                         np.stack([r[2] for r in rows]))
+
+
+def anchor_examples(stores, conversations, k: int, e: int, seed: int) -> RankingExamples:
+  """One example per labelled question: the question against its conversation's facts."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for store, conv in zip(stores, conversations):
+    for q in conv.questions:
+      if q.evidence:
+        hard = [f for f, _ in store.search(q.question, HARD_DEPTH)]
+        rows.append(ranking_example(store, q.question, q.evidence, set(), hard, k, e, rng))
+  return _stack(rows)
+
+
+def refinement_examples(stores, conversations, k: int, e: int, seed: int) -> RankingExamples:
+  """Per labelled question and HOP_STATES budget b: the question with the best facts among the
+  store's first b hits (its query encoder is the anchor's), against the evidence not found."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for store, conv in zip(stores, conversations):
+    facts = store.facts
+    for q in conv.questions:
+      if not q.evidence:
+        continue
+      deep = [f for f, _ in store.search(q.question, HARD_DEPTH)]
+      for b in HOP_STATES:
+        found_ids = deep[:b]
+        text = refinement_text(q.question, [_clause(facts[f].text) for f in found_ids])
+        found = {facts[f].turn_id for f in found_ids}
+        rows.append(ranking_example(store, text, q.evidence, found, deep[b:], k, e, rng))
+  return _stack(rows)
+
+
+def _tokens(encoder, texts: Sequence[str], max_tokens: int):
+  ids = [x[:max_tokens] for x in encoder.tokenize(list(texts))]
+  length = encoder.bucket_length(max(len(x) for x in ids))
+  ids_NxT = np.zeros((len(ids), length), np.int32)
+  mask_NxT = np.zeros((len(ids), length), bool)
+  for i, x in enumerate(ids):
+    ids_NxT[i, :len(x)], mask_NxT[i, :len(x)] = x, True
+  return ids_NxT, mask_NxT
+
+
+def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
+                        lr: float, tau: float, seed: int,
+                        max_tokens: int = 128) -> tuple[dict, np.ndarray]:
+  """Fine-tunes a query encoder (from `params`) with the grouped listwise loss: `epochs`
+  passes over batches of `batch` examples in a new order each pass (the tail that does not
+  fill a batch is left out of that pass). Returns the parameters and every step's loss."""
+  if len(examples) < batch:
+    raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
+  ids_NxT, mask_NxT = _tokens(encoder, examples.texts, max_tokens)
+  params = jax.tree.map(jnp.copy, params)
+  state = (params, core.adam_init(params))
+  module = encoder.module
+
+  @jax.jit
+  def step(state, ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE):
+    params, opt = state
+
+    def loss_fn(p):
+      q_BxD = module.apply({"params": p}, ids_BxT, mask_BxT)
+      scores_BxK = jnp.einsum("bkd,bd->bk", mem_BxKxD, q_BxD)
+      return grouped_listwise_loss(scores_BxK, covers_BxKxE, jnp.any(mem_BxKxD != 0, -1), tau)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return core.adam_update(params, opt, grads, jnp.asarray(lr, jnp.float32)), loss
+
+  rng = np.random.default_rng(seed)
+  losses = []
+  usable = len(examples) // batch * batch
+  for _ in range(epochs):
+    order = rng.permutation(len(examples))[:usable]
+    for start in range(0, usable, batch):
+      rows = order[start:start + batch]
+      # Each batch padded to its own longest text's bucket: a few compiles, far less padding.
+      length = encoder.bucket_length(int(mask_NxT[rows].sum(1).max()))
+      state, loss = step(state, ids_NxT[rows, :length], mask_NxT[rows, :length],
+                         examples.mem_NxKxD[rows], examples.covers_NxKxE[rows])
+      losses.append(loss)
+  return state[0], np.asarray(jax.device_get(losses), np.float32)
+
+
+@final
+class _NeverSure(SufficiencyJudge):
+  """Keeps IRIS searching to the last iteration, so every iteration is logged."""
+
+  def judge(self, question, facts, raws, *, category=None) -> Verdict:
+    return Verdict("PARTIAL", 0.5, "")
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class JudgeExamples:
+  q_NxD: np.ndarray
+  facts_NxFxD: np.ndarray
+  mask_NxF: np.ndarray
+  label_N: np.ndarray  # every evidence turn is among the shown facts' turns
+  category: tuple[str, ...]
+  iteration: tuple[int, ...]
+
+
+def judge_examples(stores, conversations, refiner_encoder,
+                   settings: IrisSettings = IRIS_PRESETS["learned"]) -> JudgeExamples:
+  """Every iteration of IRIS (run to its last iteration) on every labelled question, with what
+  the judge would see; the stores' query encoder is the anchor's."""
+  q, facts, mask, labels, cats, its = [], [], [], [], [], []
+  refiner = EmbeddingRefiner(refiner_encoder) if refiner_encoder is not None else None
+  for store, conv in zip(stores, conversations):
+    for question in conv.questions:
+      if not question.evidence:
+        continue
+      result = iris_retrieve(store, question.question, category=question.category,
+                             judge=_NeverSure(), settings=settings, refiner=refiner)
+      q_D = np.asarray(store.query_vector(question.question), np.float32)
+      for trace in result.trace:
+        shown = list(trace.shown[:JUDGED_FACTS])
+        f = np.zeros((JUDGED_FACTS, q_D.shape[0]), np.float32)
+        m = np.zeros(JUDGED_FACTS, bool)
+        if shown:
+          f[:len(shown)], m[:len(shown)] = store.fact_vectors(shown), True
+        turns = {store.fact(i).turn_id for i in shown}
+        q.append(q_D), facts.append(f), mask.append(m)
+        labels.append(set(question.evidence) <= turns)
+        cats.append(question.category), its.append(trace.iteration)
+  return JudgeExamples(np.stack(q), np.stack(facts), np.stack(mask), np.array(labels),
+                       tuple(cats), tuple(its))
+
+
+def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, seed: int,
+              hidden: int = 64) -> tuple[dict, np.ndarray]:
+  """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss."""
+  n, dim = examples.q_NxD.shape
+  params = judge_init(jax.random.PRNGKey(seed), dim, hidden)
+  state = (params, core.adam_init(params))
+
+  @jax.jit
+  def step(state, q, f, m, y, w):
+    loss, grads = jax.value_and_grad(judge_loss)(state[0], q, f, m, y, w)
+    return core.adam_update(state[0], state[1], grads, jnp.asarray(lr, jnp.float32)), loss
+
+  rng = np.random.default_rng(seed)
+  losses = []
+  for _ in range(epochs):
+    order = rng.permutation(n)
+    for start in range(0, n, batch):
+      rows = order[start:start + batch]
+      pad = batch - len(rows)  # the last batch is padded with weight-0 rows: one compile
+      rows_p = np.concatenate([rows, np.zeros(pad, int)])
+      weight = np.concatenate([np.ones(len(rows)), np.zeros(pad)]).astype(np.float32)
+      state, loss = step(state, examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
+                         examples.mask_NxF[rows_p], examples.label_N[rows_p], weight)
+      losses.append(loss)
+  return state[0], np.asarray(jax.device_get(losses), np.float32)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class IrisFit:
+  """How the three models are fitted (the anchor skipped when given)."""
+
+  k: int = 64  # candidate facts per example
+  max_evidence: int = 8  # evidence turns an example scores (LoCoMo questions have at most 8)
+  epochs: int = 2
+  batch: int = 16
+  lr: float = 2e-5
+  tau: float = 0.05
+  judge_epochs: int = 20
+  judge_batch: int = 64
+  judge_lr: float = 1e-3
+  seed: int = 0
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class FittedIris:
+  anchor: dict  # the anchor query encoder's parameters
+  refine: dict  # the refinement encoder's
+  judge: dict
+  losses: dict  # per stage, every step's loss
+
+
+def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
+                    anchor=None) -> FittedIris:
+  """Fits the anchor encoder (unless given), then the refinement encoder from it, then the judge
+  on IRIS runs with both. The stores' query encoder is the anchor's afterwards."""
+  losses = {}
+  for store in stores:
+    store.query_encoder = None
+  if anchor is None:
+    examples = anchor_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed)
+    anchor, losses["anchor"] = fit_ranking_encoder(
+        encoder, examples, encoder.params, epochs=fit.epochs, batch=fit.batch, lr=fit.lr,
+        tau=fit.tau, seed=fit.seed)
+  tuned = TunedQueryEncoder(encoder, anchor)
+  for store in stores:
+    store.query_encoder = tuned
+  examples = refinement_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1)
+  refine, losses["refine"] = fit_ranking_encoder(
+      encoder, examples, anchor, epochs=fit.epochs, batch=fit.batch, lr=fit.lr, tau=fit.tau,
+      seed=fit.seed + 1)
+  logged = judge_examples(stores, conversations, TunedQueryEncoder(encoder, refine))
+  judge, losses["judge"] = fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch,
+                                     lr=fit.judge_lr, seed=fit.seed + 2)
+  return FittedIris(anchor, refine, judge, losses)

@@ -1,0 +1,97 @@
+"""The learned parts of IRIS behind its interfaces: a sufficiency judge over embeddings
+(`rmmjax.core.judge`) and a refiner whose query is the question joined with the best facts
+gathered so far, embedded by a second, fine-tuned query encoder (multi-hop dense retrieval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, final
+
+import jax
+import numpy as np
+
+from rmmjax.core.judge import judge_logit
+from rmmjax.retrieve.evidence import Fact, RawTurn
+from rmmjax.retrieve.judges import Label, SufficiencyJudge, Verdict
+from rmmjax.retrieve.refine import RefineRequest, VectorRefiner
+
+REFINE_FACTS = 3  # gathered facts joined to the question in a refinement query
+REFINE_MIX = 0.5  # weight of the refinement embedding beside the question's own
+JUDGE_PAD = 32  # the judged facts are padded to a multiple of this (few compiled shapes)
+EXACT_AT = 0.8  # a probability of sufficiency at least this reads as EXACT, at least 0.5 INFERRABLE
+
+
+class TextEncoder(Protocol):
+  identity: str
+
+  def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+class VectorStore(Protocol):
+  def query_vector(self, query: str) -> np.ndarray: ...
+
+  def fact_vectors(self, fact_ids: list[int]) -> np.ndarray: ...
+
+
+def refinement_text(question: str, evidence: Sequence[str], facts: int = REFINE_FACTS) -> str:
+  """The refinement query: the question, then the best gathered facts' clauses."""
+  return " ".join([question.strip(), *(e.strip() for e in evidence[:facts])])
+
+
+@final
+class EmbeddingRefiner(VectorRefiner):
+  """Refinement by vector: question vector + mix x the refinement encoder's embedding of
+  `refinement_text` (the store fuses that ranking with BM25 over the question)."""
+
+  def __init__(self, encoder: TextEncoder, facts: int = REFINE_FACTS, mix: float = REFINE_MIX):
+    if facts < 0 or not mix >= 0:
+      raise ValueError(f"facts must be 0 or more and mix non-negative, got {facts}, {mix}")
+    self.encoder, self.facts, self.mix = encoder, facts, mix
+
+  def refine(self, request: RefineRequest) -> str:
+    return refinement_text(request.question, request.evidence, self.facts)
+
+  def query_vector(self, text: str, question_vector: np.ndarray) -> np.ndarray:
+    vector = np.asarray(self.encoder.encode([text]), np.float32)[0]
+    if vector.shape != np.shape(question_vector):
+      raise ValueError(f"the refinement encoder embeds in {vector.shape[0]} dimensions, the "
+                       f"store's questions in {np.shape(question_vector)[0]}")
+    return np.asarray(question_vector, np.float32) + self.mix * vector
+
+
+def verdict_of(probability: float) -> Verdict:
+  """A probability that the evidence suffices as a verdict IRIS's thresholds act on."""
+  p = float(min(max(probability, 0.0), 1.0))
+  label: Label = "EXACT" if p >= EXACT_AT else "INFERRABLE" if p >= 0.5 else "PARTIAL"
+  return Verdict(label, p, "" if label != "PARTIAL" else "evidence judged incomplete")
+
+
+_judge_logit = jax.jit(judge_logit)
+
+
+@final
+class LearnedJudge(SufficiencyJudge):
+  """The learned judge over a store's embeddings: the question as the store embeds it, the
+  facts as they are stored."""
+
+  def __init__(self, params: dict, store: VectorStore):
+    self.params, self.store = params, store
+    self.dim = int(params["fact"]["w"].shape[0] - 1) // 2
+
+  def probability(self, question: str, facts: Sequence[Fact]) -> float:
+    q_D = np.asarray(self.store.query_vector(question), np.float32)
+    if q_D.shape != (self.dim,):
+      raise ValueError(f"the judge was trained on {self.dim}-dimensional embeddings; this "
+                       f"store's are {q_D.shape[0]}-dimensional")
+    n = max(JUDGE_PAD, -(-len(facts) // JUDGE_PAD) * JUDGE_PAD)
+    facts_NxD = np.zeros((n, self.dim), np.float32)
+    mask_N = np.zeros(n, bool)
+    if facts:
+      facts_NxD[:len(facts)] = self.store.fact_vectors([f.fact_id for f in facts])
+      mask_N[:len(facts)] = True
+    return float(jax.nn.sigmoid(_judge_logit(self.params, q_D, facts_NxD, mask_N)))
+
+  def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
+            category: str | None = None) -> Verdict:
+    return verdict_of(self.probability(question, facts))

@@ -1,0 +1,117 @@
+"""learner=iris from the command line: the anchor, refinement and judge models fitted on three
+LoCoMo conversations with the real MiniLM, every output a run has, an extended run equal to an
+uninterrupted one, evaluation and export, and refusals of models given where another kind is
+expected."""
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from rmmjax.cli import main
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
+         "log_every=5", "encoder_pretrain_epochs=1", "retriever=hybrid", "k=32"]
+
+
+def _sets(*items):
+  return [arg for item in items for arg in ("--set", item)]
+
+
+@pytest.fixture(scope="module")
+def three(locomo_path, tmp_path_factory):
+  path = tmp_path_factory.mktemp("data") / "three.json"
+  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
+  return path
+
+
+@pytest.fixture(scope="module")
+def iris_run(three, tmp_path_factory):
+  wd = tmp_path_factory.mktemp("runs") / "iris"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *SMALL)]) == 0
+  return wd
+
+
+def test_an_iris_run_writes_its_models_and_every_output_of_a_run(iris_run):
+  for name in ("config.json", "summary.json", "metrics.jsonl", "curves.png", "record.json",
+               "pretrain.json", "run.json", "judge.safetensors", "anchor_encoder/config.json"):
+    assert (iris_run / name).exists(), name
+  assert sorted(p.name for p in (iris_run / "checkpoints").iterdir() if p.name.isdigit()) == [
+      "5", "10"]
+  summary = json.loads((iris_run / "summary.json").read_text())
+  assert summary["heldout_conversations"] == ["conv-41"]
+  assert len(summary["trained_conversations"]) == 2
+  for key in ("iris_recall_at_10", "iris_recall_at_10_single_pass_base",
+              "iris_recall_at_10_single_pass_tuned"):
+    assert 0.0 <= summary[key] <= 1.0
+  # Before the models exist the first evaluation is the base single pass; after, IRIS's own.
+  assert summary["recall_at_m_first"] == summary["recall_at_m_base"]
+  assert summary["recall_at_m_final"] != summary["recall_at_m_base"]
+  assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
+  with safe_open(str(iris_run / "judge.safetensors"), "numpy") as f:
+    header = f.metadata()
+  assert "judge_logit" in header["how_to_score"]
+
+
+def test_an_extended_iris_run_equals_an_uninterrupted_one(three, iris_run, tmp_path):
+  wd = tmp_path / "extended"
+  short = [s if not s.startswith("steps=") else "steps=5" for s in SMALL]
+  args = ["train", "--config", "locomo", "--workdir", str(wd), "--quiet"]
+  assert main([*args, *_sets(f"data={three}", *short)]) == 0
+  assert main([*args, *_sets(f"data={three}", *SMALL)]) == 0
+  assert (wd / "metrics.jsonl").read_text() == (iris_run / "metrics.jsonl").read_text()
+  assert json.loads((wd / "summary.json").read_text()) == json.loads(
+      (iris_run / "summary.json").read_text())
+
+
+def _eval(three, out, *flags):
+  assert main(["eval", "--data", str(three), "--units", "lace", "--quiet", "--out", str(out),
+               *flags]) == 0
+  return json.loads(out.read_text())
+
+
+def test_eval_with_the_learned_models_and_with_their_export(three, iris_run, tmp_path):
+  learned = _eval(three, tmp_path / "a.json", "--iris", "learned", "--iris-model", str(iris_run))
+  assert learned["config"]["conversations"] == ["conv-41"]  # trained conversations left out
+  assert main(["export", "--workdir", str(iris_run), "--out", str(tmp_path / "x")]) == 0
+  for name in ("anchor_encoder/model.safetensors", "refine_encoder/model.safetensors",
+               "judge.safetensors"):
+    assert (tmp_path / "x" / name).exists(), name
+  exported = _eval(three, tmp_path / "b.json", "--iris", "learned", "--iris-model",
+                   str(tmp_path / "x"))
+  for key in ("recall_all@5", "recall_all@10"):
+    assert exported["metrics"]["overall"][key] == pytest.approx(
+        learned["metrics"]["overall"][key], abs=1e-9)
+  single = _eval(three, tmp_path / "c.json", "--encoder", str(iris_run))
+  assert single["config"]["conversations"] == ["conv-41"]
+  assert single["metrics"]["overall"]["iterations_mean"] == 1.0
+
+
+def test_models_of_another_kind_are_refused(three, iris_run, tmp_path, capsys):
+  assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--reranker",
+               str(iris_run)]) == 2
+  assert "holds learned IRIS models (learner=iris)" in capsys.readouterr().err
+  latent = tmp_path / "latent"
+  assert main(["train", "--config", "latent", "--workdir", str(latent), "--quiet", "--set",
+               "steps=10", "--set", "log_every=5", "--set", "checkpoint_every=10"]) == 0
+  capsys.readouterr()
+  assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--iris-model",
+               str(latent)]) == 2
+  assert "trained learner=reranker; expected a workdir of learner=iris" in (
+      capsys.readouterr().err)
+  assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "t"), "--set",
+               f"data={three}", "--set", "learner=iris"]) == 2
+  assert "learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set units=lace" in (
+      capsys.readouterr().err)
+  assert not (tmp_path / "t").exists()
+
+
+def test_a_model_of_another_encoder_is_refused(iris_run):
+  from hash_encoder import HashEncoder
+
+  from rmmjax.replay.iris_model_io import load_iris_model
+  with pytest.raises(ValueError, match="trained on facts embedded by"):
+    load_iris_model(iris_run, HashEncoder())
