@@ -30,7 +30,7 @@ def judge_init(key: jax.Array, dim: int, hidden: int = 64) -> dict:
 
 
 def _apply(layer: dict, x: jax.Array) -> jax.Array:
-  return x @ layer["w"] + layer["b"]
+  return x @ layer["w"] + jnp.expand_dims(layer["b"], tuple(range(x.ndim - 1)))
 
 
 def judge_logit(params: dict, q_D: jax.Array, facts_NxD: jax.Array,

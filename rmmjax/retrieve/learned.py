@@ -62,7 +62,8 @@ class EmbeddingRefiner(VectorRefiner):
 
 def verdict_of(probability: float) -> Verdict:
   """A probability that the evidence suffices as a verdict IRIS's thresholds act on."""
-  p = float(min(max(probability, 0.0), 1.0))
+  p = float(probability)
+  p = 0.0 if p != p else min(max(p, 0.0), 1.0)  # NaN: nothing known, so not sufficient
   label: Label = "EXACT" if p >= EXACT_AT else "INFERRABLE" if p >= 0.5 else "PARTIAL"
   return Verdict(label, p, "" if label != "PARTIAL" else "evidence judged incomplete")
 
