@@ -39,8 +39,10 @@ def test_an_iris_run_writes_its_models_and_every_output_of_a_run(iris_run):
   for name in ("config.json", "summary.json", "metrics.jsonl", "curves.png", "record.json",
                "pretrain.json", "run.json", "judge.safetensors", "anchor_encoder/config.json"):
     assert (iris_run / name).exists(), name
-  assert sorted(p.name for p in (iris_run / "checkpoints").iterdir() if p.name.isdigit()) == [
-      "5", "10"]
+  assert sorted(int(p.name) for p in (iris_run / "checkpoints").iterdir()
+                if p.name.isdigit()) == [5, 10]
+  assert set(json.loads((iris_run / "fit_losses.json").read_text())) == {"anchor", "refine",
+                                                                          "judge"}
   summary = json.loads((iris_run / "summary.json").read_text())
   assert summary["heldout_conversations"] == ["conv-41"]
   assert len(summary["trained_conversations"]) == 2
