@@ -140,7 +140,9 @@ class IrisLearnedTask:
     anchor encoder; before the models are fitted every entry is the base single pass."""
     if not self.test_data:
       return {}
-    models = self._models()
+    # The template is the run before fitting (the loop's first evaluation): the base single
+    # pass, whether or not a resumed run's models exist already.
+    models = None if state is self.template else self._models()
     rows: dict[str, list] = {"base": [], "tuned": [], "iris": []}
     for store, conv in zip(self.stores[len(self.train_data):], self.test_data):
       for q in conv.questions:
