@@ -230,8 +230,9 @@ class Config:
       raise ValueError(f"learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set "
                        f"units=lace (not {self.units!r})")
     if self.units == "lace" and self.learner not in ("reranker", "iris"):
-      raise ValueError(f"units=lace trains the reranker over IRIS's evidence (learner=reranker) "
-                       f"or IRIS's own models (learner=iris), not learner={self.learner!r}")
+      raise ValueError(f"units=lace trains a model of IRIS: set learner=reranker (it ranks "
+                       f"IRIS's evidence) or learner=iris (IRIS's own models), not "
+                       f"learner={self.learner!r}")
     if self.units == "lace" and self.learner == "reranker" and self.query_encoder:
       raise ValueError("units=lace with learner=reranker ranks IRIS's evidence by the base "
                        "encoder: leave query_encoder unset (learner=iris takes one as anchor)")
