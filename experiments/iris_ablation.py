@@ -25,7 +25,7 @@ from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, _single_pass, _turn_rows, make_judge
+from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics, make_judge
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
@@ -75,13 +75,13 @@ def main() -> None:
     for conv, store in zip(conversations, stores):
       for q in conv.questions:
         if settings is None:
-          turns, seconds = _single_pass(store, q.question, SINGLE_PASS_DEPTH)
+          turns, seconds = single_pass(store, q.question, SINGLE_PASS_DEPTH)
           iterations = 1
         else:
           result = iris_retrieve(store, q.question, category=q.category,
                                  judge=make_judge(judge, q, store), settings=settings)
           turns, seconds, iterations = list(result.turn_ids), result.retrieval_s, result.iterations
-        m = _turn_rows(store, turns, q.evidence, KS, len(set(q.evidence)))
+        m = turn_metrics(store, turns, q.evidence, KS, len(set(q.evidence)))
         rows.append((q.category, m | {"iterations": iterations, "latency_ms": 1e3 * seconds}))
     agg = aggregate(rows)
     lat = np.array([m["latency_ms"] for _, m in rows])

@@ -33,11 +33,11 @@ from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, _single_pass, _turn_rows
+from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
-from rmmjax.replay.iris_models import IrisFit, fit_iris_models
+from rmmjax.replay.iris_models import IrisFit, NeverSure, fit_iris_models
 from rmmjax.replay.query_encoder import TunedQueryEncoder
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
@@ -57,12 +57,6 @@ COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
                (SP_TUNED, SP_BASE), (IRIS_RULE, SP_BASE), (BOTH, NEVER_STOP)]
 
 
-class _Never(HeuristicJudge):
-  def judge(self, question, facts, raws, *, category=None):
-    from rmmjax.retrieve.judges import Verdict
-    return Verdict("PARTIAL", 0.5, "")
-
-
 def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
   """name -> [(conversation, category, metrics)] for one held-out conversation."""
   fresh = encoder.with_cache(None)
@@ -76,7 +70,7 @@ def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
       LEARNED_JUDGE: (tuned, IRIS_PRESETS["default"],
                       lambda q: LearnedJudge(fitted.judge, store), None),
       BOTH: (tuned, learned, lambda q: LearnedJudge(fitted.judge, store), refiner),
-      NEVER_STOP: (tuned, learned, lambda q: _Never(), refiner),
+      NEVER_STOP: (tuned, learned, lambda q: NeverSure(), refiner),
       ORACLE_STOP: (tuned, learned, lambda q: OracleJudge(q.evidence, store, note=False),
                     refiner),
       LEAK: (fresh, IRIS_PRESETS["default"], lambda q: OracleJudge(q.evidence, store), None),
@@ -87,7 +81,7 @@ def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
     for q in conv.questions:
       extra = {}
       if settings is None:
-        turns, seconds = _single_pass(store, q.question, SINGLE_PASS_DEPTH)
+        turns, seconds = single_pass(store, q.question, SINGLE_PASS_DEPTH)
         extra = {"iterations": 1.0, "abstained": 0.0}
       else:
         start = time.perf_counter()
@@ -97,12 +91,12 @@ def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
         turns = list(result.turn_ids)
         extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
         if name == BOTH:
-          all_turns = _turn_rows(store, turns, q.evidence, (len(turns) or 1,),
+          all_turns = turn_metrics(store, turns, q.evidence, (len(turns) or 1,),
                                  len(set(q.evidence)))
           rows[GATHERED].append((conv.conversation_id, q.category, {
               "recall_all@10": all_turns[f"recall_all@{len(turns) or 1}"], "latency_ms": 0.0,
               "iterations": 0.0, "abstained": 0.0}))
-      metrics = _turn_rows(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
+      metrics = turn_metrics(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
       rows[name].append((conv.conversation_id, q.category,
                          metrics | extra | {"latency_ms": 1e3 * seconds}))
   return rows
@@ -148,15 +142,14 @@ def judge_report(probabilities, labels, bins: int = 10) -> dict:
 def judge_scores(conv, store, fitted, encoder) -> tuple[list, list, list]:
   """Learned and heuristic probabilities of sufficiency after iteration 1 of the learned loop,
   with the label (every evidence turn among the judged facts)."""
-  from rmmjax.retrieve.iris import IRIS_PRESETS as P
   store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
   learned, heuristic, labels = [], [], []
   judge, rule = LearnedJudge(fitted.judge, store), HeuristicJudge()
   for q in conv.questions:
     if not q.evidence:
       continue
-    result = iris_retrieve(store, q.question, category=q.category, judge=_Never(),
-                           settings=dataclasses.replace(P["learned"], max_iterations=1))
+    result = iris_retrieve(store, q.question, category=q.category, judge=NeverSure(),
+                           settings=dataclasses.replace(IRIS_PRESETS["learned"], max_iterations=1))
     shown = [store.fact(f) for f in result.trace[0].shown]
     learned.append(judge.probability(q.question, shown))
     heuristic.append(rule.judge(q.question, shown, {f.turn_id: store.raw(f.turn_id)

@@ -41,7 +41,7 @@ from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, _single_pass, _turn_rows
+from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
@@ -91,12 +91,12 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]
   rows = []
   for q in conv.questions:
     if settings is None:
-      turns, seconds = _single_pass(store, q.question, SINGLE_PASS_DEPTH)
+      turns, seconds = single_pass(store, q.question, SINGLE_PASS_DEPTH)
     else:
       result = iris_retrieve(store, q.question, category=q.category, judge=HeuristicJudge(),
                              settings=settings, reranker=reranker)
       turns, seconds = list(result.turn_ids), result.retrieval_s
-    metrics = _turn_rows(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
+    metrics = turn_metrics(store, turns, q.evidence, (5, 10), len(set(q.evidence)))
     rows.append((conv.conversation_id, q.category, metrics | {"latency_ms": 1e3 * seconds}))
   return rows
 

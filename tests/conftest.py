@@ -12,6 +12,7 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # JAX, encoder = sentence-transformers) mean the same on an accelerator as on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
 
+import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -58,3 +59,11 @@ def locomo_path() -> Path:
 def msc_path() -> Path:
   return _shared_file("msc/msc_dialogue/session_3/valid.txt",
                       "ParlAI's msc_v0.1 release, msc_dialogue/session_3/valid.txt")
+
+
+@pytest.fixture(scope="session")
+def three(locomo_path, tmp_path_factory) -> Path:
+  """The dev file's first three conversations: small command-line training runs."""
+  path = tmp_path_factory.mktemp("data") / "three.json"
+  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
+  return path

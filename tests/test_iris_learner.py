@@ -9,23 +9,13 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from cli_args import sets as _sets
 from rmmjax.cli import main
 
 pytestmark = pytest.mark.slow
 
 SMALL = ["learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
          "log_every=5", "encoder_pretrain_epochs=1", "retriever=hybrid", "k=32"]
-
-
-def _sets(*items):
-  return [arg for item in items for arg in ("--set", item)]
-
-
-@pytest.fixture(scope="module")
-def three(locomo_path, tmp_path_factory):
-  path = tmp_path_factory.mktemp("data") / "three.json"
-  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
-  return path
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from cli_args import sets as _sets
 from rmmjax.cli import main
 
 pytestmark = pytest.mark.slow
 
 SMALL = ["holdout=1", "steps=20", "checkpoint_every=10", "log_every=5",
          "encoder_pretrain_epochs=1", "retriever=hybrid", "k=10"]
-
-
-def _sets(*items):
-  return [arg for item in items for arg in ("--set", item)]
-
-
-@pytest.fixture(scope="module")
-def three(locomo_path, tmp_path_factory):
-  path = tmp_path_factory.mktemp("data") / "three.json"
-  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
-  return path
 
 
 @pytest.fixture(scope="module")

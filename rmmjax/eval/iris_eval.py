@@ -26,13 +26,13 @@ JUDGES = ("heuristic", "oracle", "llm")
 SINGLE_PASS_DEPTH = MRR_DEPTH  # facts retrieved by one search, to rank turns beyond k
 
 
-def _turn_rows(store, turn_ids, evidence, ks, num_relevant) -> dict:
+def turn_metrics(store, turn_ids, evidence, ks, num_relevant) -> dict:
   """Metrics of the ranked turns; a turn's words are its verbatim text's."""
   return question_metrics([((t,), len(store.raw(t).text.split())) for t in turn_ids],
                           set(evidence), num_relevant, ks)
 
 
-def _single_pass(store: LaceMem, question: str, depth: int) -> tuple[list[str], float]:
+def single_pass(store: LaceMem, question: str, depth: int) -> tuple[list[str], float]:
   start = time.perf_counter()
   turns = []
   for fact_id, _ in store.search(question, depth):
@@ -85,9 +85,9 @@ def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: st
         seconds += result.judge_s if judge != "llm" else 0.0
         extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
       else:
-        turns, seconds = _single_pass(store, question.question, SINGLE_PASS_DEPTH)
+        turns, seconds = single_pass(store, question.question, SINGLE_PASS_DEPTH)
         extra = {"iterations": 1.0, "abstained": 0.0}
-      metrics = _turn_rows(store, turns, question.evidence, ks, len(set(question.evidence)))
+      metrics = turn_metrics(store, turns, question.evidence, ks, len(set(question.evidence)))
       rows.append((question.category, metrics | extra | {"latency_ms": 1e3 * seconds}))
   return rows
 

@@ -18,10 +18,9 @@ from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
-from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.export import read_record
 from rmmjax.io.workdir import read_config
-from rmmjax.replay.query_encoder import TunedQueryEncoder, encoder_spec, encoder_state
+from rmmjax.replay.query_encoder import TunedQueryEncoder, latest_encoder_params
 from rmmjax.replay.record import encoder_identity
 
 ANCHOR_DIR, REFINE_DIR, JUDGE_FILE = "anchor_encoder", "refine_encoder", "judge.safetensors"
@@ -78,7 +77,7 @@ def load_judge(path: Path) -> tuple[dict, dict]:
 
 def _tuned(path: Path, encoder) -> TunedQueryEncoder:
   loaded = SentenceEncoder(path)
-  if encoder_identity(loaded) and loaded.dim != encoder.dim:
+  if loaded.dim != encoder.dim:
     raise ValueError(f"{path} embeds in {loaded.dim} dimensions; the facts are embedded in "
                      f"{encoder.dim}")
   return TunedQueryEncoder(encoder, loaded.params)
@@ -118,16 +117,8 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   if exported:
     refine = _tuned(path / REFINE_DIR, encoder)
   else:
-    cfg = read_config(path)
-    template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
-    reader = Checkpointer(path / "checkpoints", read_only=True)
-    try:
-      _, state, _ = reader.restore_latest(template)
-    finally:
-      reader.close()
-    if state is None:
-      raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint yet")
-    refine = TunedQueryEncoder(encoder, state.params)
+    refine = TunedQueryEncoder(encoder, latest_encoder_params(
+        path, read_config(path), encoder, "refinement encoder yet"))
   return IrisModel(anchor, refine, judge, record, str(path))
 
 

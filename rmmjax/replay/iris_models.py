@@ -115,7 +115,7 @@ def refinement_examples(stores, conversations, k: int, e: int, seed: int) -> Ran
   return _stack(rows)
 
 
-def _tokens(encoder, texts: Sequence[str], max_tokens: int):
+def pad_tokens(encoder, texts: Sequence[str], max_tokens: int):
   ids = [x[:max_tokens] for x in encoder.tokenize(list(texts))]
   length = encoder.bucket_length(max(len(x) for x in ids))
   ids_NxT = np.zeros((len(ids), length), np.int32)
@@ -133,7 +133,7 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   fill a batch is left out of that pass). Returns the parameters and every step's loss."""
   if len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
-  ids_NxT, mask_NxT = _tokens(encoder, examples.texts, max_tokens)
+  ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
   params = jax.tree.map(jnp.copy, params)
   state = (params, core.adam_init(params))
   module = encoder.module
@@ -166,7 +166,7 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
 
 
 @final
-class _NeverSure(SufficiencyJudge):
+class NeverSure(SufficiencyJudge):
   """Keeps IRIS searching to the last iteration, so every iteration is logged."""
 
   def judge(self, question, facts, raws, *, category=None) -> Verdict:
@@ -195,7 +195,7 @@ def judge_examples(stores, conversations, refiner_encoder,
       if not question.evidence:
         continue
       result = iris_retrieve(store, question.question, category=question.category,
-                             judge=_NeverSure(), settings=settings, refiner=refiner)
+                             judge=NeverSure(), settings=settings, refiner=refiner)
       q_D = np.asarray(store.query_vector(question.question), np.float32)
       for trace in result.trace:
         shown = list(trace.shown[:JUDGED_FACTS])

@@ -210,6 +210,13 @@ def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
   if cfg.dim != encoder.dim:
     raise ValueError(f"{path} tuned an encoder of dimension {cfg.dim}; the memories are "
                      f"embedded in {encoder.dim}")
+  return TunedQueryEncoder(encoder, latest_encoder_params(path, cfg, encoder,
+                                                         "tuned query encoder"))
+
+
+def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
+  """The encoder parameters of a workdir's newest readable checkpoint (`what` names them in
+  the error when there is none)."""
   template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
   checkpointer = Checkpointer(path / "checkpoints", read_only=True)
   try:
@@ -218,8 +225,8 @@ def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
     checkpointer.close()
   if state is None:
     raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint: {path} holds no "
-                            "tuned query encoder")
-  return TunedQueryEncoder(encoder, state.params)
+                            f"{what}")
+  return state.params
 
 
 def query_encoder_record(path: Path) -> dict:

@@ -23,12 +23,13 @@ from rmmjax import core
 from rmmjax.config import Config
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
+from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, _single_pass, _turn_rows
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.replay.iris_model_io import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.replay.iris_models import IrisFit, fit_iris_models, refinement_examples, _tokens
+from rmmjax.replay.iris_models import (IrisFit, fit_iris_models, pad_tokens,
+                                       refinement_examples)
 from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
                                          encoder_state, load_query_encoder)
 from rmmjax.replay.record import replay_record
@@ -117,7 +118,7 @@ class IrisLearnedTask:
       n = len(examples) // b * b
       if n == 0:
         raise ValueError(f"{len(examples)} refinement examples do not fill a batch of {b}")
-      ids, mask = _tokens(self.encoder, examples.texts[:n], 128)
+      ids, mask = pad_tokens(self.encoder, examples.texts[:n], 128)
       covers = examples.covers_NxKxE[:n]
       shape = lambda x: x.reshape(n // b, b, *x.shape[1:])  # noqa: E731
       mem = examples.mem_NxKxD[:n]
@@ -147,12 +148,12 @@ class IrisLearnedTask:
     for store, conv in zip(self.stores[len(self.train_data):], self.test_data):
       for q in conv.questions:
         store.query_encoder = None
-        rows["base"].append(self._recall(store, _single_pass(store, q.question,
+        rows["base"].append(self._recall(store, single_pass(store, q.question,
                                                              SINGLE_PASS_DEPTH)[0], q))
         if models is None:
           continue
         store.query_encoder = models[0]
-        rows["tuned"].append(self._recall(store, _single_pass(store, q.question,
+        rows["tuned"].append(self._recall(store, single_pass(store, q.question,
                                                               SINGLE_PASS_DEPTH)[0], q))
         refiner = EmbeddingRefiner(TunedQueryEncoder(self.encoder, state.params))
         result = iris_retrieve(store, q.question, category=q.category,
@@ -168,5 +169,5 @@ class IrisLearnedTask:
 
   def _recall(self, store, turns, q) -> tuple[float, float]:
     cut = (self.cfg.m, EVAL_AT)
-    metrics = _turn_rows(store, turns, q.evidence, cut, len(set(q.evidence)))
+    metrics = turn_metrics(store, turns, q.evidence, cut, len(set(q.evidence)))
     return metrics[f"recall_all@{cut[0]}"], metrics[f"recall_all@{cut[1]}"]
