@@ -103,6 +103,16 @@ def test_models_of_another_kind_are_refused(three, iris_run, tmp_path, capsys):
   assert not (tmp_path / "t").exists()
 
 
+def test_an_export_is_refused_over_the_workdir_or_as_one_file(iris_run, tmp_path, capsys):
+  before = sorted(p.name for p in iris_run.iterdir())
+  assert main(["export", "--workdir", str(iris_run), "--out", str(iris_run)]) == 2
+  assert "is a training workdir" in capsys.readouterr().err
+  assert main(["export", "--workdir", str(iris_run), "--out", str(tmp_path / "m.safetensors")]) == 2
+  assert "export as a directory" in capsys.readouterr().err
+  assert sorted(p.name for p in iris_run.iterdir()) == before
+  assert not (tmp_path / "m.safetensors").exists()
+
+
 def test_a_model_of_another_encoder_is_refused(iris_run):
   from hash_encoder import HashEncoder
 

@@ -89,7 +89,7 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   path = Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
-  exported = (path / REFINE_DIR).is_dir()
+  exported = not (path / "config.json").exists() and (path / REFINE_DIR).is_dir()
   if not exported:
     if not (path / "config.json").exists():
       raise ValueError(f"--iris-model {path}: neither a training workdir (config.json) nor an "
@@ -126,7 +126,12 @@ def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
   """Writes a learner=iris workdir's models as files (see the module docstring)."""
   model = load_iris_model(workdir, encoder)
   out = Path(out)
-  if out.exists() and any(out.iterdir()) and not (out / JUDGE_FILE).exists():
+  if out.suffix == ".safetensors":
+    raise ValueError(f"--out {out}: learned IRIS models export as a directory (two encoders "
+                     "and a judge), not one .safetensors file")
+  if out.resolve() == Path(workdir).resolve() or (out / "config.json").exists():
+    raise ValueError(f"--out {out} is a training workdir; give a new or empty folder")
+  if out.exists() and any(out.iterdir()) and not (out / REFINE_DIR).is_dir():
     raise ValueError(f"--out {out} is a folder with other files; give a new or empty one")
   out.mkdir(parents=True, exist_ok=True)
   record = read_record(workdir)
