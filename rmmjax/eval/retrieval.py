@@ -22,7 +22,7 @@ from rmmjax.replay.iris_learning import RERANK_MODES
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import encoder_identity
-from rmmjax.io.workdir import read_config
+from rmmjax.io.workdir import RUN_FILE, read_config
 from rmmjax.replay.iris_model_io import JUDGE_FILE, load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
@@ -181,7 +181,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
 def _is_iris_model(path: Path) -> bool:
   """A learner=iris workdir or its export (a judge beside an anchor encoder)."""
   return (path / JUDGE_FILE).exists() or (
-      (path / "config.json").exists() and read_config(path).learner == "iris")
+      (path / RUN_FILE).exists() and read_config(path).learner == "iris")
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
 from rmmjax.io.export import read_record
-from rmmjax.io.workdir import read_config
+from rmmjax.io.workdir import RUN_FILE, read_config
 from rmmjax.replay.query_encoder import TunedQueryEncoder, latest_encoder_params
 from rmmjax.replay.record import encoder_identity
 
@@ -89,10 +89,11 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   path = Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
-  exported = not (path / "config.json").exists() and (path / REFINE_DIR).is_dir()
+  # A training workdir has run.json (a Hugging Face directory has a config.json of its own).
+  exported = not (path / RUN_FILE).exists() and (path / REFINE_DIR).is_dir()
   if not exported:
-    if not (path / "config.json").exists():
-      raise ValueError(f"--iris-model {path}: neither a training workdir (config.json) nor an "
+    if not (path / RUN_FILE).exists():
+      raise ValueError(f"--iris-model {path}: neither a training workdir ({RUN_FILE}) nor an "
                        f"export ({REFINE_DIR}/)")
     cfg = read_config(path)
     if cfg.learner != "iris":
@@ -129,7 +130,7 @@ def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
   if out.suffix == ".safetensors":
     raise ValueError(f"--out {out}: learned IRIS models export as a directory (two encoders "
                      "and a judge), not one .safetensors file")
-  if out.resolve() == Path(workdir).resolve() or (out / "config.json").exists():
+  if out.resolve() == Path(workdir).resolve() or (out / RUN_FILE).exists():
     raise ValueError(f"--out {out} is a training workdir; give a new or empty folder")
   if out.exists() and any(out.iterdir()) and not (out / REFINE_DIR).is_dir():
     raise ValueError(f"--out {out} is a folder with other files; give a new or empty one")
