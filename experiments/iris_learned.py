@@ -30,6 +30,8 @@ import numpy as np
 
 from iris_reranker import BOOTSTRAP_DRAWS, CATEGORIES, paired
 from replay_common import DEFAULT_DATA, RESULTS
+from rmmjax import core
+from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
@@ -37,11 +39,13 @@ from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
+from rmmjax.replay.iris_learning import FactReranker, collect_episodes, pretrain_on_episodes
 from rmmjax.replay.iris_models import IrisFit, NeverSure, fit_iris_models
 from rmmjax.replay.query_encoder import TunedQueryEncoder
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
+from rmmjax.retrieve.refine import is_temporal
 
 OUT = RESULTS / "iris_learned.md"
 SP_BASE, SP_TUNED = "single-pass, base encoder", "single-pass, tuned encoder"
@@ -49,34 +53,62 @@ IRIS_RULE = "IRIS, heuristic judge, rule refiner (base encoder)"
 LEARNED_REFINE = "IRIS + learned refinement (heuristic judge)"
 LEARNED_JUDGE = "IRIS + learned judge (rule refiner)"
 BOTH = "IRIS + learned refinement + learned judge"
+RERANKED = "IRIS + learned refinement + learned judge + reranker inside (fused)"
 NEVER_STOP = "IRIS + learned refinement, never stopping early"
 ORACLE_STOP = "bound: oracle stopping, empty note, learned refinement"
 GATHERED = "bound: perfect ranking of what the learned loop gathered"
 LEAK = "label leakage: oracle note of the missing turns' text"
 COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
-               (SP_TUNED, SP_BASE), (IRIS_RULE, SP_BASE), (BOTH, NEVER_STOP)]
+               (SP_TUNED, SP_BASE), (IRIS_RULE, SP_BASE), (BOTH, NEVER_STOP),
+               (RERANKED, BOTH)]
+# The reranker inside the learned loop: the locomo config's linear reranker over the first
+# RERANK_K facts the loop gathers, pretrained on the training conversations' labels (logged
+# from the learned loop run to its end), fused with the loop's own order.
+RERANK_K = 64
 
 
-def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
-  """name -> [(conversation, category, metrics)] for one held-out conversation."""
+def fit_reranker(stores, convs, encoder, fitted):
+  """The locomo config's reranker pretrained on the learned loop's episodes of the training
+  conversations; (params, spec)."""
+  cfg = get_config("locomo")
+  spec = dataclasses.replace(cfg, k=RERANK_K).core_spec()
+  refiner = EmbeddingRefiner(TunedQueryEncoder(encoder, fitted.refine))
+  max_evidence = max(len(set(q.evidence)) for c in convs for q in c.questions)
+  episodes = []
+  for store, conv in zip(stores, convs):
+    store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
+    episodes += collect_episodes(store, conv.questions, lambda q: NeverSure(),
+                                 IRIS_PRESETS["learned"], RERANK_K, max_evidence, refiner)
+  state = core.init_state(spec, cfg.hparams())
+  state, _ = pretrain_on_episodes(state, episodes, cfg.pretrain_epochs, cfg.pretrain_lr,
+                                  cfg.pretrain_tau)
+  return state.params, spec
+
+
+def run_rows(conv, store, encoder, fitted, reranker) -> dict[str, list]:
+  """name -> [(conversation, category, metrics)] for one held-out conversation; `reranker`
+  is (params, spec) of the reranker inside."""
   fresh = encoder.with_cache(None)
   tuned = TunedQueryEncoder(encoder, fitted.anchor)
   refiner = EmbeddingRefiner(TunedQueryEncoder(encoder, fitted.refine))
   learned = IRIS_PRESETS["learned"]
-  setups = {  # name: (query encoder, settings or None, judge factory, refiner)
-      SP_BASE: (fresh, None, None, None), SP_TUNED: (tuned, None, None, None),
-      IRIS_RULE: (fresh, IRIS_PRESETS["default"], lambda q: HeuristicJudge(), None),
-      LEARNED_REFINE: (tuned, learned, lambda q: HeuristicJudge(), refiner),
+  inside = FactReranker(*reranker, store, "fused")
+  setups = {  # name: (query encoder, settings or None, judge factory, refiner, reranker)
+      SP_BASE: (fresh, None, None, None, None), SP_TUNED: (tuned, None, None, None, None),
+      IRIS_RULE: (fresh, IRIS_PRESETS["default"], lambda q: HeuristicJudge(), None, None),
+      LEARNED_REFINE: (tuned, learned, lambda q: HeuristicJudge(), refiner, None),
       LEARNED_JUDGE: (tuned, IRIS_PRESETS["default"],
-                      lambda q: LearnedJudge(fitted.judge, store), None),
-      BOTH: (tuned, learned, lambda q: LearnedJudge(fitted.judge, store), refiner),
-      NEVER_STOP: (tuned, learned, lambda q: NeverSure(), refiner),
+                      lambda q: LearnedJudge(fitted.judge, store), None, None),
+      BOTH: (tuned, learned, lambda q: LearnedJudge(fitted.judge, store), refiner, None),
+      RERANKED: (tuned, learned, lambda q: LearnedJudge(fitted.judge, store), refiner, inside),
+      NEVER_STOP: (tuned, learned, lambda q: NeverSure(), refiner, None),
       ORACLE_STOP: (tuned, learned, lambda q: OracleJudge(q.evidence, store, note=False),
-                    refiner),
-      LEAK: (fresh, IRIS_PRESETS["default"], lambda q: OracleJudge(q.evidence, store), None),
+                    refiner, None),
+      LEAK: (fresh, IRIS_PRESETS["default"], lambda q: OracleJudge(q.evidence, store), None,
+             None),
   }
   rows = {name: [] for name in [*setups, GATHERED]}
-  for name, (query_encoder, settings, judge_for, refine) in setups.items():
+  for name, (query_encoder, settings, judge_for, refine, rerank) in setups.items():
     store.query_encoder = query_encoder
     for q in conv.questions:
       extra = {}
@@ -86,7 +118,7 @@ def run_rows(conv, store, encoder, fitted) -> dict[str, list]:
       else:
         start = time.perf_counter()
         result = iris_retrieve(store, q.question, category=q.category, judge=judge_for(q),
-                               settings=settings, refiner=refine)
+                               settings=settings, refiner=refine, reranker=rerank)
         seconds = time.perf_counter() - start
         turns = list(result.turn_ids)
         extra = {"iterations": float(result.iterations), "abstained": float(result.abstained)}
@@ -118,9 +150,13 @@ def summary(rows) -> dict:
           "conversations": [conv for conv, _, _ in rows]}
 
 
-def judge_report(probabilities, labels, bins: int = 10) -> dict:
-  """AUC, expected calibration error and a reliability table of a judge's probabilities."""
+def judge_report(probabilities, labels, stopped, bins: int = 10) -> dict:
+  """AUC, expected calibration error and a reliability table of a judge's probabilities, and
+  the precision and recall of its decisions to stop."""
   p, y = np.asarray(probabilities, float), np.asarray(labels, bool)
+  stop = np.asarray(stopped, bool)
+  stop_precision = float(y[stop].mean()) if stop.any() else float("nan")
+  stop_recall = float(stop[y].mean()) if y.any() else float("nan")
   order = np.argsort(p)
   ranks = np.empty(len(p))
   ranks[order] = np.arange(1, len(p) + 1)
@@ -136,26 +172,39 @@ def judge_report(probabilities, labels, bins: int = 10) -> dict:
                     float(p[sel].mean()), float(y[sel].mean())))
       ece += sel.mean() * abs(p[sel].mean() - y[sel].mean())
   return {"auc": auc, "ece": float(ece), "reliability": table, "positives": int(pos),
-          "examples": int(len(p))}
+          "examples": int(len(p)), "stop_precision": stop_precision, "stop_recall": stop_recall,
+          "stops": int(stop.sum())}
 
 
-def judge_scores(conv, store, fitted, encoder) -> tuple[list, list, list]:
-  """Learned and heuristic probabilities of sufficiency after iteration 1 of the learned loop,
-  with the label (every evidence turn among the judged facts)."""
+def stops(settings, verdict, question, category) -> bool:
+  """Whether the loop stops on this verdict (its tiered confidence against the threshold)."""
+  threshold = (settings.temporal_stop_confidence if is_temporal(question, category)
+               else settings.stop_confidence)
+  return verdict.label != "PARTIAL" and settings.calibrate(verdict) >= threshold
+
+
+def judge_scores(conv, store, fitted, encoder) -> dict[str, list]:
+  """Learned and heuristic probabilities of sufficiency after iteration 1 of the learned loop
+  and whether each would stop there, with the label (every evidence turn among the judged
+  facts)."""
   store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
-  learned, heuristic, labels = [], [], []
+  out = {key: [] for key in ("learned", "heuristic", "label", "learned_stop", "heuristic_stop")}
   judge, rule = LearnedJudge(fitted.judge, store), HeuristicJudge()
+  settings = IRIS_PRESETS["learned"]
   for q in conv.questions:
     if not q.evidence:
       continue
     result = iris_retrieve(store, q.question, category=q.category, judge=NeverSure(),
                            settings=dataclasses.replace(IRIS_PRESETS["learned"], max_iterations=1))
     shown = [store.fact(f) for f in result.trace[0].shown]
-    learned.append(judge.probability(q.question, shown))
-    heuristic.append(rule.judge(q.question, shown, {f.turn_id: store.raw(f.turn_id)
-                                                    for f in shown}).confidence)
-    labels.append(set(q.evidence) <= {f.turn_id for f in shown})
-  return learned, heuristic, labels
+    mine = judge.judge(q.question, shown, {})
+    theirs = rule.judge(q.question, shown, {f.turn_id: store.raw(f.turn_id) for f in shown})
+    out["learned"].append(judge.probability(q.question, shown))
+    out["heuristic"].append(theirs.confidence)
+    out["learned_stop"].append(stops(settings, mine, q.question, q.category))
+    out["heuristic_stop"].append(stops(settings, theirs, q.question, q.category))
+    out["label"].append(set(q.evidence) <= {f.turn_id for f in shown})
+  return out
 
 
 def main() -> None:
@@ -172,7 +221,7 @@ def main() -> None:
   convs = [c for c in load_locomo(args.data)[0] if c.questions]
   stores = [LaceMem.from_conversation(c, encoder) for c in convs]
   pooled: dict[str, list] = {}
-  scores = {"learned": [], "heuristic": [], "label": []}
+  scores: dict[str, list] = {}
   fit_seconds = []
   for f, held in enumerate(folds(len(convs), args.folds)):
     if args.only is not None and f != args.only:
@@ -182,16 +231,17 @@ def main() -> None:
     fitted = fit_iris_models(encoder, [stores[i] for i in train], [convs[i] for i in train],
                              IrisFit())
     fit_seconds.append(time.perf_counter() - start)
+    reranker = fit_reranker([stores[i] for i in train], [convs[i] for i in train], encoder,
+                            fitted)
     print(f"fold {f}: fitted in {fit_seconds[-1]:.0f} s", flush=True)
     for i in held:
-      for name, rows in run_rows(convs[i], stores[i], encoder, fitted).items():
+      for name, rows in run_rows(convs[i], stores[i], encoder, fitted, reranker).items():
         pooled.setdefault(name, []).extend(rows)
-      for key, values in zip(("learned", "heuristic", "label"),
-                             judge_scores(convs[i], stores[i], fitted, encoder)):
-        scores[key].extend(values)
+      for key, values in judge_scores(convs[i], stores[i], fitted, encoder).items():
+        scores.setdefault(key, []).extend(values)
   results = {"rows": {name: summary(rows) for name, rows in pooled.items()},
-             "judge": {"learned": judge_report(scores["learned"], scores["label"]),
-                       "heuristic": judge_report(scores["heuristic"], scores["label"])},
+             "judge": {name: judge_report(scores[name], scores["label"], scores[name + "_stop"])
+                       for name in ("learned", "heuristic")},
              "fit_seconds": fit_seconds, "folds": args.folds, "only": args.only}
   OUT.with_suffix(".json").write_text(json.dumps(results))
   write(results)
@@ -223,10 +273,13 @@ def write(results: dict) -> None:
                    f"answerable {rows[name]['abstain_answerable']:.3f}")
   lines += ["", "The judges as classifiers after the learned loop's first iteration (label: "
             "every evidence turn among the judged facts):", "",
-            "| judge | AUC | ECE | positives / examples |", "|---|---|---|---|"]
+            "| judge | AUC | ECE | stop precision | stop recall | stops | positives / "
+            "examples |", "|---|---|---|---|---|---|---|"]
   for name, j in results["judge"].items():
-    lines.append(f"| {name} | {j['auc']:.3f} | {j['ece']:.3f} | {j['positives']} / "
-                 f"{j['examples']} |")
+    lines.append(f"| {name} | {j['auc']:.3f} | {j['ece']:.3f} | "
+                 f"{j.get('stop_precision', float('nan')):.3f} | "
+                 f"{j.get('stop_recall', float('nan')):.3f} | {j.get('stops', '-')} | "
+                 f"{j['positives']} / {j['examples']} |")
   lines += ["", "Reliability of the learned judge (bin, count, mean probability, observed "
             "rate):", ""]
   for lo, hi, n, p, y in results["judge"]["learned"]["reliability"]:

@@ -29,6 +29,7 @@ from rmmjax import core
 from rmmjax.core import replay as core_replay
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.refine import QueryRefiner
 from rmmjax.retrieve.judges import SufficiencyJudge, verdict_reward
 
 # The key stream of learning from episodes, after core.replay's pretraining (3), replay (4)
@@ -62,9 +63,11 @@ class IrisEpisode:
 
 
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
-                     settings: IrisSettings, k: int, max_evidence: int) -> list[IrisEpisode]:
+                     settings: IrisSettings, k: int, max_evidence: int,
+                     refiner: QueryRefiner | None = None) -> list[IrisEpisode]:
   """Runs IRIS on every question (objects with question, category, evidence) without a
-  reranker and logs its first k facts; `judge_for(question)` gives that question's judge."""
+  reranker and logs its first k facts; `judge_for(question)` gives that question's judge and
+  `refiner` writes the refinement queries (default: the rule-based one)."""
   if k < 1 or max_evidence < 1:
     raise ValueError(f"k and max_evidence must be at least 1, got {k} and {max_evidence}")
   episodes = []
@@ -74,7 +77,7 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
       raise ValueError(f"question {q.question!r:.80} has {len(evidence)} evidence turns; "
                        f"max_evidence={max_evidence} would undercount its recall")
     result = iris_retrieve(store, q.question, category=q.category, judge=judge_for(q),
-                           settings=settings)
+                           settings=settings, refiner=refiner)
     facts = result.facts[:k]
     query = np.asarray(store.query_vector(q.question), np.float32)
     mem = np.zeros((k, query.shape[0]), np.float32)
