@@ -84,6 +84,11 @@ class Response:
   failure: str | None = None  # "llm_error" or "malformed" when the LLM gave no usable answer
   error: str = ""  # what the failure was
   session_id: str | None = None  # where respond recorded the exchange
+  abstained = False  # only a search through IRIS abstains (rmmjax.agent_iris)
+
+  @property
+  def shown_texts(self) -> list[str]:
+    return [memory.summary for memory in self.memories]
 
 
 def _check_query(query) -> None:
@@ -297,13 +302,18 @@ class Agent:
   def end_session(self, user: str):
     """Prospective Reflection over the user's open chat session; returns its report."""
     self._require_user(user)
-    info = self.bank.open_session(user, "chat")
-    if info is None:
-      raise ValueError(f"user {user!r} has no open chat session to end")
-    try:
-      report = reflect_session(self.bank, user, info.session_id, self.reflector, self.encoder)
-    except SessionEnded:
-      raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
-                       f"process meanwhile") from None
+    report = end_chat_session(self.bank, user, self.reflector, self.encoder)
     self.save()
     return report
+
+
+def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder):
+  """Prospective Reflection over the user's open chat session; returns its report."""
+  info = bank.open_session(user, "chat")
+  if info is None:
+    raise ValueError(f"user {user!r} has no open chat session to end")
+  try:
+    return reflect_session(bank, user, info.session_id, reflector, encoder)
+  except SessionEnded:
+    raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
+                     f"process meanwhile") from None

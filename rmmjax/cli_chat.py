@@ -8,6 +8,8 @@ import sys
 
 
 def _print_response(response) -> None:
+  if response.abstained:
+    print("(IRIS judged the evidence for this question missing: the answer was asked to say so)")
   if response.failure == "llm_error":
     print(f"(the LLM failed: {response.error}; the memories it would have been shown:)")
   if response.answer is not None:
@@ -19,8 +21,8 @@ def _print_response(response) -> None:
     return
   if response.failure == "malformed":
     print(f"(the LLM's reply held no answer: {response.error}; the memories it was shown:)")
-  for i, memory in enumerate(response.memories, 1):
-    line = " ".join(memory.summary.split())
+  for i, text in enumerate(response.shown_texts, 1):
+    line = " ".join(text.split())
     print(f"[{i}] {line[:300]}{' [...]' if len(line) > 300 else ''}")
 
 
@@ -28,7 +30,8 @@ def _kept(agent, turns_before: int) -> str:
   written = agent.stats["turns_written"] - turns_before
   if agent.workdir is None or not agent.learning:
     learnt = ("the reranker's updates of this run are not kept (no --workdir)"
-              if agent.learning else "serving: the reranker was not updated")
+              if agent.learning else getattr(agent, "serving_note",
+                                             "serving: the reranker was not updated"))
   else:
     learnt = (f"the reranker at update {agent.stats['updates']} (checkpointed in "
               f"{agent.workdir.path}) and {agent.pending} rewarded answers waiting for the next "
@@ -67,4 +70,6 @@ def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
   print(f"reranker updates: {stats['updates']}; queries {stats['queries']}, cited "
         f"{stats['cited']} of {stats['shown']} shown, malformed replies {stats['malformed']}, "
         f"invalid citations {stats['invalid_citations']}, LLM errors {stats['llm_errors']}, "
-        f"prompts cut to fit {stats['cut_prompts']}; {_kept(agent, turns_before)}")
+        f"prompts cut to fit {stats['cut_prompts']}"
+        + (f", IRIS abstentions {stats['abstained']}" if "abstained" in stats else "")
+        + f"; {_kept(agent, turns_before)}")

@@ -41,6 +41,31 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   return agent
 
 
+def _iris_agent(args, memory_bank, encoder, m: int, llm=None):
+  """The agent answering through IRIS over the user's LaceMem (recall --iris, chat --iris)."""
+  from rmmjax.agent_iris import IrisAgent
+  from rmmjax.replay.iris_model_io import load_iris_model
+  from rmmjax.retrieve.iris import IRIS_PRESETS
+  for flag, value in (("--reranker", args.reranker), ("--encoder", args.encoder),
+                      ("--workdir", getattr(args, "workdir", None))):
+    if value:
+      raise ValueError(f"{flag} {value}: {args.command} --iris retrieves through IRIS over the "
+                       f"user's LaceMem, which takes its models from --iris-model (a "
+                       f"learner=iris workdir or its export); drop {flag}")
+  model = load_iris_model(Path(args.iris_model), encoder) if args.iris_model else None
+  preset = args.iris_settings or ("learned" if model is not None else "default")
+  return IrisAgent(memory_bank, encoder, m=m, llm=llm, settings=IRIS_PRESETS[preset],
+                   model=model, progress=True, rebuild=args.rebuild_lace)
+
+
+def _check_iris_flags(args) -> None:
+  if not args.iris:
+    for flag, value in (("--iris-model", args.iris_model), ("--iris-settings", args.iris_settings),
+                        ("--rebuild-lace", args.rebuild_lace)):
+      if value:
+        raise ValueError(f"{flag} applies to IRIS over the user's LaceMem: pass --iris as well")
+
+
 def cmd_ingest(args) -> None:
   from rmmjax.data.locomo import load_locomo
   from rmmjax.data.msc import load_msc
@@ -64,6 +89,13 @@ def cmd_ingest(args) -> None:
     except IngestStopped as err:
       print(json.dumps(err.counts, indent=2), file=sys.stderr)
       raise
+    if args.lace:  # each user's layered memory, for recall --iris and chat --iris
+      from rmmjax.memory.lace_sync import synced_lace
+      users = ([c.conversation_id for c in conversations] if args.user_per_conversation
+               else [args.user])
+      counts["lace_turns_added"] = sum(
+          synced_lace(memory_bank, user, encoder, progress=not args.quiet)[1]
+          for user in dict.fromkeys(users))
   if llm is not None:
     counts["cut_prompts"] = reflector.cut_prompts
   print(json.dumps(counts, indent=2, default=str))
@@ -81,9 +113,14 @@ def cmd_ingest(args) -> None:
 def cmd_recall(args) -> None:
   if args.k < 1:
     raise ValueError(f"--k {args.k}: expected a positive number of memories")
+  _check_iris_flags(args)
   with bank(args.db, must_exist=True) as memory_bank:
     if not memory_bank.has_user(args.user):
       raise ValueError(f"--user {args.user!r} has no memories in {args.db}")
+    if args.iris:
+      agent = _iris_agent(args, memory_bank, encoder_for(memory_bank), args.k)
+      _print_iris_recall(*agent.recall(args.user, args.query), args.k, args.json)
+      return
     agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=False, m=args.k)
     memories, scores = agent.recall(args.user, args.query)
   out = [{"memory_id": m.id, "score": s, "summary": m.summary,
@@ -98,8 +135,29 @@ def cmd_recall(args) -> None:
       print(f"      {p['turn_id']} [{p['date']}] {p['text']}")
 
 
+def _print_iris_recall(result, store, k: int, as_json: bool) -> None:
+  if result is None:
+    print("(the user has no turns to search yet)")
+    return
+  out = {"label": result.label, "confidence": result.confidence,
+         "iterations": result.iterations, "abstained": result.abstained,
+         "turns": [{"turn_id": r.turn_id, "session": r.session_id, "date": r.date,
+                    "speaker": r.speaker, "text": r.text, "facts": [
+                        f.text for f in result.facts if f.turn_id == r.turn_id]}
+                   for r in (store.raw(t) for t in result.top_turns(k))]}
+  if as_json:
+    print(json.dumps(out, indent=2))
+    return
+  print(f"IRIS: {result.label} (confidence {result.confidence:.2f}) after {result.iterations} "
+        f"iteration(s)" + ("; abstained: the evidence was judged missing" if result.abstained
+                           else ""))
+  for i, turn in enumerate(out["turns"], 1):
+    print(f"[{i}] {turn['turn_id']} [{turn['date']}] {turn['speaker']}: {turn['text']}")
+
+
 def cmd_chat(args) -> None:
   from rmmjax.cli_chat import chat_loop
+  _check_iris_flags(args)
   llm = _llm(args)
   if not args.new_user and not Path(args.db).is_file():
     raise FileNotFoundError(f"--db {args.db} does not exist: build one with rmmjax ingest, or "
@@ -112,8 +170,12 @@ def cmd_chat(args) -> None:
                          f"{', '.join(users[:8]) or 'none'}{'...' if len(users) > 8 else ''}); "
                          f"pass --new-user to start a new user")
       memory_bank.add_user(args.user, exist_ok=True)
-    agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=not args.serve, m=args.m,
-                   llm=llm, workdir=Path(args.workdir) if args.workdir else None)
+    if args.iris:
+      agent = _iris_agent(args, memory_bank, encoder_for(memory_bank), args.m, llm)
+      agent.store(args.user)  # built or brought up to date before the first question
+    else:
+      agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=not args.serve,
+                     m=args.m, llm=llm, workdir=Path(args.workdir) if args.workdir else None)
     chat_loop(agent, args.user, sys.stdin, llm is not None)
 
 
@@ -169,6 +231,20 @@ def add_parsers(sub) -> None:
     p.add_argument("--context-tokens", type=int, default=8192,
                    help="the server's context window: prompts are cut to fit it (default 8192)")
 
+  def iris_flags(p):
+    from rmmjax.retrieve.iris import IRIS_PRESETS
+    p.add_argument("--iris", action="store_true",
+                   help="retrieve through IRIS over the user's LaceMem (built from the user's "
+                        "turns in the bank when missing, then kept up to date)")
+    p.add_argument("--iris-settings", default=None, choices=tuple(IRIS_PRESETS),
+                   help="with --iris: IRIS's settings (default: learned with --iris-model, "
+                        "else default)")
+    p.add_argument("--iris-model", default=None,
+                   help="with --iris: a learner=iris workdir or its export (anchor and "
+                        "refinement encoders, learned judge)")
+    p.add_argument("--rebuild-lace", action="store_true",
+                   help="with --iris: build the user's LaceMem afresh from their turns")
+
   def retrieval_flags(p):
     p.add_argument("--retriever", default="hybrid", choices=RETRIEVERS)
     p.add_argument("--candidates", type=int, default=20, help="K memories retrieved")
@@ -187,6 +263,8 @@ def add_parsers(sub) -> None:
   p.add_argument("--fallback", default="offline", choices=("offline", "none"),
                  help="with --llm-url: what reflects a session whose LLM topic list is unusable "
                       "(offline: the offline reflector, counted; none: stop, leaving it open)")
+  p.add_argument("--lace", action="store_true",
+                 help="also build each user's LaceMem (IRIS's layered memory) from their turns")
   p.add_argument("--quiet", action="store_true")
   llm_flags(p)
   p.set_defaults(func=cmd_ingest)
@@ -197,6 +275,7 @@ def add_parsers(sub) -> None:
   p.add_argument("--k", type=int, default=5, help="memories handed to the LLM")
   p.add_argument("--json", action="store_true")
   retrieval_flags(p)
+  iris_flags(p)
   p.add_argument("query")
   p.set_defaults(func=cmd_recall)
 
@@ -213,6 +292,7 @@ def add_parsers(sub) -> None:
                  help="where the reranker is checkpointed (every update) and resumed from")
   p.add_argument("--serve", action="store_true", help="never update the reranker")
   retrieval_flags(p)
+  iris_flags(p)
   llm_flags(p)
   p.set_defaults(func=cmd_chat)
 

@@ -1,0 +1,153 @@
+"""The agent answering through IRIS over a user's LaceMem in the bank (`chat --iris`,
+`recall --iris`).
+
+Each question is retrieved iteratively (rmmjax.retrieve.iris) over the user's layered memory,
+kept in step with the user's turns in the bank (`lace_sync`): the first M distinct turns of the
+final evidence are numbered for the LLM, verbatim with their dates and speakers. When IRIS
+abstains (its judge found the evidence missing) the prompt says so and asks for a refusal
+instead of a guess. With a learned model (`--iris-model`, a learner=iris workdir or its export)
+the anchor encoder embeds the questions, the refinement encoder writes the second search and the
+learned judge decides; without one, the rule refiner and the heuristic judge do. The exchange is
+recorded in the user's open chat session and added to the LaceMem at once, so the next question
+can retrieve it. Nothing learns here: IRIS's models train offline (`learner=iris`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+from rmmjax.agent import STATS, end_chat_session
+from rmmjax.llm.base import LLM, LLMError
+from rmmjax.llm.parse import LLMOutputError, parse_answer
+from rmmjax.llm.prompts import answer_with_citations
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.lace import LaceMem
+from rmmjax.memory.lace_sync import add_missing_turns, synced_lace
+from rmmjax.memory.records import UnknownRecord
+from rmmjax.memory.reflection import OfflineReflector, Reflector
+from rmmjax.retrieve.evidence import RawTurn
+from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve
+from rmmjax.retrieve.judges import HeuristicJudge
+from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
+
+
+def turn_prompt_text(raw: RawTurn) -> str:
+  """A turn as the generator sees it: "[date] speaker: text"."""
+  return f"[{raw.date}] {raw.speaker}: {raw.text}" if raw.date else f"{raw.speaker}: {raw.text}"
+
+
+@dataclasses.dataclass(frozen=True)
+class IrisResponse:
+  """One answer through IRIS."""
+
+  answer: str | None  # None without an LLM, or when the LLM failed
+  turns: tuple[RawTurn, ...]  # the M turns shown, in the order they were numbered
+  cited: tuple[int, ...]  # positions in `turns` the answer cited
+  result: IrisResult | None  # None when the user had no turns to search
+  failure: str | None = None  # "llm_error" or "malformed"
+  error: str = ""
+  session_id: str | None = None
+
+  @property
+  def abstained(self) -> bool:
+    return self.result is not None and self.result.abstained
+
+  @property
+  def shown_texts(self) -> list[str]:
+    return [turn_prompt_text(t) for t in self.turns]
+
+
+class IrisAgent:
+  """Serves questions of any user of one bank through IRIS over the user's LaceMem."""
+
+  learning = False  # IRIS's models learn offline; chat keeps no reranker state
+  serving_note = "IRIS serves: its models learn offline (rmmjax train --set learner=iris)"
+  workdir = None
+  pending = 0
+
+  def __init__(self, bank: MemoryBank, encoder, *, m: int = 5, llm: LLM | None = None,
+               settings: IrisSettings = IrisSettings(), model=None,
+               reflector: Reflector | None = None, progress: bool = True,
+               rebuild: bool = False):
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+      raise ValueError(f"m={m!r}: expected a positive number of turns to show")
+    self.bank, self.encoder, self.m, self.llm = bank, encoder, m, llm
+    self.settings, self.model, self.progress = settings, model, progress
+    self.reflector = reflector or OfflineReflector(encoder)
+    self._rebuild = rebuild
+    self._stores: dict[str, LaceMem] = {}
+    self.stats = dict.fromkeys(STATS, 0) | {"abstained": 0, "lace_turns_added": 0}
+
+  def store(self, user: str) -> LaceMem:
+    """The user's LaceMem with every turn of theirs in the bank (built or extended here)."""
+    if user not in self._stores:
+      lace, added = synced_lace(self.bank, user, self.encoder, progress=self.progress,
+                                rebuild=self._rebuild)
+      self._stores[user] = lace
+    else:
+      lace = self._stores[user]
+      added = add_missing_turns(lace, self.bank, user)
+    self.stats["lace_turns_added"] += added
+    # Questions are embedded afresh (never cached): by the model's anchor when there is one.
+    lace.query_encoder = (self.model.anchor if self.model is not None
+                          else self.encoder.with_cache(None))
+    return lace
+
+  def recall(self, user: str, query: str) -> tuple[IrisResult | None, LaceMem]:
+    """IRIS's result for the query over the user's LaceMem (None when it holds no facts)."""
+    if not isinstance(query, str) or not query.strip():
+      raise ValueError(f"query must be a non-empty string, got {query!r:.100}")
+    if not self.bank.has_user(user):
+      raise UnknownRecord(f"user {user!r} is not in {self.bank.where}")
+    store = self.store(user)
+    if not len(store):
+      return None, store
+    if self.model is not None:
+      judge, refiner = LearnedJudge(self.model.judge, store), EmbeddingRefiner(self.model.refine)
+    else:
+      judge, refiner = HeuristicJudge(), None
+    return iris_retrieve(store, query, judge=judge, settings=self.settings,
+                         refiner=refiner), store
+
+  def respond(self, user: str, query: str) -> IrisResponse:
+    """Answers one query through IRIS and records the exchange in the user's chat session."""
+    result, store = self.recall(user, query)
+    turns = tuple(store.raw(t) for t in result.top_turns(self.m)) if result else ()
+    self.stats["queries"] += 1
+    self.stats["abstained"] += bool(result is not None and result.abstained)
+    answer, cited, failure, error = None, (), None, ""
+    if self.llm is not None:
+      answer, cited, failure, error = self._answer(query, turns,
+                                                   result is not None and result.abstained)
+    exchange = [("user", query)] + ([("assistant", answer)] if answer else [])
+    session_id, ids = self.bank.append_chat(user, exchange, datetime.date.today().isoformat())
+    self.stats["turns_written"] += len(ids)
+    self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
+    return IrisResponse(answer, turns, cited, result, failure, error, session_id)
+
+  def _answer(self, query: str, turns: tuple[RawTurn, ...], missing: bool) -> tuple:
+    prompt = answer_with_citations(query, [turn_prompt_text(t) for t in turns],
+                                   max_chars=self.llm.prompt_chars(), evidence_missing=missing)
+    self.stats["cut_prompts"] += bool(prompt.cut)
+    try:
+      reply = self.llm.chat_structured(prompt.messages, prompt.schema)
+    except (LLMError, LLMOutputError) as err:
+      self.stats["llm_errors"] += 1
+      return None, (), "llm_error", str(err)
+    parsed = parse_answer(reply, len(turns))
+    self.stats["answered"] += 1
+    self.stats["invalid_citations"] += parsed.invalid_citations
+    if parsed.malformed or not parsed.answer:
+      self.stats["malformed"] += 1
+      return parsed.answer or None, (), "malformed", f"not a cited answer: {reply[:120]!r}"
+    self.stats["shown"] += len(turns)
+    self.stats["cited"] += len(parsed.cited)
+    return parsed.answer, parsed.cited, None, ""
+
+  def end_session(self, user: str):
+    """Prospective Reflection over the user's open chat session (the topic memories)."""
+    return end_chat_session(self.bank, user, self.reflector, self.encoder)
+
+  def close(self) -> None:
+    """Nothing to save: every exchange is in the bank, and the LaceMem saved with it."""

@@ -1,0 +1,59 @@
+"""A user's LaceMem kept in step with the user's turns in the bank.
+
+The bank's turns are the record; a saved LaceMem is derived from them (facts cut from each turn,
+embedded, linked). `synced_lace` loads the saved one (or starts an empty one), adds every turn
+of the bank it does not hold yet, in the bank's order, through `LaceMem.add_turn` (streaming:
+the same layers as a batch build), and saves it when it grew. A save replaces the user's whole
+LaceMem in one transaction, so two processes that both add turns can overwrite each other's
+additions, but never lose a turn: the bank keeps it, and the next sync adds it back.
+"""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.lace import LaceMem, LaceSettings
+from rmmjax.memory.records import EncoderMismatch, UnknownRecord
+
+# Building from scratch shows a progress bar from this many missing turns on.
+PROGRESS_FROM = 20
+
+
+def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings | None = None,
+                progress: bool = True, rebuild: bool = False) -> tuple[LaceMem, int]:
+  """The user's LaceMem holding every turn of theirs in the bank, and how many turns this call
+  added (0: it was up to date, and nothing was written). `settings` apply to a LaceMem built
+  here; a saved one keeps its own. `rebuild` builds it afresh from the bank's turns (a saved
+  one embedded by another encoder is refused without it)."""
+  if not bank.has_user(user):
+    raise UnknownRecord(f"user {user!r} is not in {bank.where}")
+  lace = None
+  if not rebuild:
+    try:
+      lace = LaceMem.load(bank, user, encoder)
+    except UnknownRecord:
+      pass
+    except EncoderMismatch as err:
+      raise EncoderMismatch(f"{err} (--rebuild-lace rebuilds it from the user's turns with "
+                            f"this encoder)") from None
+  lace = lace if lace is not None else LaceMem(encoder, settings=settings)
+  added = add_missing_turns(lace, bank, user, progress=progress)
+  if rebuild and not added:
+    lace.save(bank, user)  # replaces the saved one even when the user has no turns
+  return lace, added
+
+
+def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *,
+                      progress: bool = False) -> int:
+  """Adds the user's bank turns that `lace` lacks, in the bank's order, and saves it when any
+  were; returns how many."""
+  have = {t.turn_id for t in lace.turns}
+  missing = [t for t in bank.turns(user) if t.turn_id not in have]
+  if not missing:
+    return 0
+  for turn in tqdm(missing, desc=f"LaceMem of {user}", unit="turn",
+                   disable=not progress or len(missing) < PROGRESS_FROM):
+    lace.add_turn(turn.turn_id, turn.session_id, turn.date, turn.speaker, turn.text)
+  lace.save(bank, user)
+  return len(missing)

@@ -1,0 +1,214 @@
+"""IRIS in the agent: a user's LaceMem in the bank kept in step with their turns (built when
+missing, extended as they chat, never losing a turn to a concurrent writer), answers through
+IRIS from a real HTTP server on 127.0.0.1 (an abstention asks the LLM for a refusal), and
+`recall --iris` / `chat --iris` from the command line, with their refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from rmmjax.agent_iris import IrisAgent
+from rmmjax.data.schema import Conversation, Session, Turn
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
+from rmmjax.llm.prompts import _MISSING_NOTE
+from rmmjax.memory import MemoryBank
+from rmmjax.memory.lace import LaceMem
+from rmmjax.memory.lace_sync import add_missing_turns, synced_lace
+from rmmjax.memory.records import EncoderMismatch
+from rmmjax.retrieve.iris import IrisSettings
+
+SESSIONS = {
+    "s1": ("8 May 2023", ["Alice adopted a grey cat named Pixel last week.",
+                          "Bob said his brother lives in Lisbon and teaches maths.",
+                          "Alice is training for the spring marathon in Boston."]),
+    "s2": ("20 June 2023", ["Alice started cello lessons on Sundays.",
+                            "Bob moved to a flat near the river with his dog Rex.",
+                            "Alice said Pixel likes to sleep on the piano."]),
+}
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return SentenceEncoder()
+
+
+def _fill(bank: MemoryBank, sessions=SESSIONS) -> None:
+  bank.add_user("alice", exist_ok=True)
+  for sid, (date, texts) in sessions.items():
+    bank.start_session("alice", sid, date)
+    bank.add_turns("alice", sid, [(f"{sid}:{i}", "Alice" if i % 2 == 0 else "Bob", t)
+                                  for i, t in enumerate(texts)])
+
+
+@pytest.fixture
+def db(tmp_path):
+  path = tmp_path / "bank.sqlite"
+  with MemoryBank(path) as bank:
+    _fill(bank)
+  return path
+
+
+def test_a_built_lace_has_every_turn_with_the_facts_of_a_batch_build(db, encoder):
+  with MemoryBank(db) as bank:
+    lace, added = synced_lace(bank, "alice", encoder, progress=False)
+    assert added == 6
+    conv = Conversation("c", tuple(Session(sid, date, tuple(
+        Turn(f"{sid}:{i}", "Alice" if i % 2 == 0 else "Bob", t) for i, t in enumerate(texts)))
+        for sid, (date, texts) in SESSIONS.items()), ())
+    batch = LaceMem.from_conversation(conv, encoder)
+    assert [f.text for f in lace.facts] == [f.text for f in batch.facts]
+    assert [(f.turn_id, f.session_id) for f in lace.facts] == [
+        (f.turn_id, f.session_id) for f in batch.facts]
+    np.testing.assert_allclose(lace.fact_vectors(list(range(len(lace)))),
+                               batch.fact_vectors(list(range(len(batch)))), atol=1e-5)
+    # Saved: a fresh load holds the same facts, and a second sync adds nothing.
+    again, added = synced_lace(bank, "alice", encoder, progress=False)
+    assert added == 0 and [f.text for f in again.facts] == [f.text for f in lace.facts]
+
+
+def test_turns_added_later_reach_the_lace_and_a_concurrent_writer_loses_none(db, encoder):
+  with MemoryBank(db) as one, MemoryBank(db) as two:
+    a, _ = synced_lace(one, "alice", encoder, progress=False)
+    b, _ = synced_lace(two, "alice", encoder, progress=False)
+    # Each process appends a turn and saves its own LaceMem: the later save replaces the other.
+    _, first = one.append_chat("alice", [("user", "Where does Bob's brother live?")], "1 July")
+    assert add_missing_turns(a, one, "alice") == 1
+    _, second = two.append_chat("alice", [("user", "What is the dog called?")], "1 July")
+    assert add_missing_turns(b, two, "alice") == 2  # its own turn and the other's
+    turns = {t.turn_id for t in one.turns("alice")}
+    assert turns == {t.turn_id for t in LaceMem.load(one, "alice", encoder).turns}
+    assert set(first + second) <= turns
+
+
+def test_a_lace_of_another_encoder_is_refused_until_rebuilt(db, encoder):
+  @dataclasses.dataclass
+  class Other:
+    identity: str = "another-encoder"
+    dim: int = encoder.dim
+
+    def encode(self, texts):
+      return np.eye(len(texts), self.dim, dtype=np.float32)
+
+  with MemoryBank(db) as bank:
+    synced_lace(bank, "alice", Other(), progress=False)
+    with pytest.raises(EncoderMismatch, match="another-encoder.*--rebuild-lace"):
+      synced_lace(bank, "alice", encoder, progress=False)
+    lace, added = synced_lace(bank, "alice", encoder, progress=False, rebuild=True)
+    assert added == 6
+    assert LaceMem.load(bank, "alice", encoder).encoder.identity == encoder.identity
+
+
+class _Server(http.server.ThreadingHTTPServer):
+  daemon_threads = True
+  prompts: list
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+  def do_POST(self):  # noqa: N802
+    request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+    self.server.prompts.append(request["messages"][-1]["content"])
+    content = json.dumps({"answer": "Pixel", "citations": [1]})
+    body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content}}]})
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body.encode())
+
+
+@pytest.fixture(scope="module")
+def server():
+  srv = _Server(("127.0.0.1", 0), _Handler)
+  srv.prompts = []
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  yield srv
+  srv.shutdown()
+
+
+def _llm(server):
+  return OpenAICompatibleLLM(LLMSettings(f"http://127.0.0.1:{server.server_port}", "m",
+                                         timeout_s=10.0))
+
+
+def test_respond_answers_from_the_lace_records_the_exchange_and_adds_it(db, encoder, server):
+  with MemoryBank(db) as bank:
+    agent = IrisAgent(bank, encoder, m=3, llm=_llm(server), progress=False)
+    response = agent.respond("alice", "What is the name of Alice's cat?")
+    assert response.answer == "Pixel" and response.cited == (0,)
+    assert not response.abstained and _MISSING_NOTE not in server.prompts[-1]
+    assert "Pixel" in " ".join(response.shown_texts)
+    assert response.shown_texts[0] in server.prompts[-1]
+    recorded = bank.turns("alice", response.session_id)
+    assert [t.text for t in recorded] == ["What is the name of Alice's cat?", "Pixel"]
+    # The exchange is in the LaceMem already, and saved.
+    ids = {t.turn_id for t in agent.store("alice").turns}
+    assert {t.turn_id for t in recorded} <= ids
+    assert ids == {t.turn_id for t in LaceMem.load(bank, "alice", encoder).turns}
+
+
+def test_an_abstention_asks_the_llm_to_say_the_evidence_is_missing(db, encoder, server):
+  # One iteration that abstains on any PARTIAL verdict below certainty (the goldfish is nowhere).
+  settings = IrisSettings(max_iterations=1, abstain_below=1.0)
+  with MemoryBank(db) as bank:
+    agent = IrisAgent(bank, encoder, m=3, llm=_llm(server), settings=settings, progress=False)
+    response = agent.respond("alice", "What is the name of Alice's goldfish?")
+    assert response.abstained and agent.stats["abstained"] == 1
+    assert _MISSING_NOTE in server.prompts[-1]
+
+
+def _cli(*args, cwd) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "rmmjax.cli", *args], capture_output=True,
+                        text=True, env=env, cwd=cwd, timeout=300)
+
+
+@pytest.mark.slow
+def test_recall_iris_builds_the_lace_then_answers_and_refuses_bad_flags(db, tmp_path):
+  run = _cli("recall", "--db", str(db), "--user", "alice", "--iris", "--json", "--k", "2",
+             "Where does Bob's brother live?", cwd=tmp_path)
+  assert run.returncode == 0, run.stderr[-2000:]
+  out = json.loads(run.stdout)
+  assert len(out["turns"]) == 2 and out["turns"][0]["turn_id"] == "s1:1"
+  assert out["iterations"] >= 1 and out["label"] in ("EXACT", "INFERRABLE", "PARTIAL")
+  with MemoryBank(db) as bank:  # built and saved by the first run
+    assert len(LaceMem.load(bank, "alice", None).turns) == 6
+  for flags, message in [
+      (("--iris-model", str(tmp_path)), "pass --iris as well"),
+      (("--iris", "--reranker", str(tmp_path)), "drop --reranker"),
+      (("--iris", "--iris-model", str(tmp_path / "none")), "expected a learner=iris workdir"),
+  ]:
+    run = _cli("recall", "--db", str(db), "--user", "alice", *flags, "a question", cwd=tmp_path)
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-1500:]
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_chat_iris_answers_records_and_reflects(db, tmp_path, server):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+      [sys.executable, "-m", "rmmjax.cli", "chat", "--db", str(db), "--user", "alice", "--iris",
+       "--llm-url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "--m", "3"],
+      input="What is the cat called?\nWhere does Bob's brother live?\n/end\n",
+      capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.count("Pixel") >= 2 and "cited: [1]" in run.stdout
+  assert "session chat-1 reflected" in run.stdout
+  assert "IRIS abstentions" in run.stdout and "IRIS serves" in run.stdout
+  with MemoryBank(db) as bank:
+    assert len(bank.turns("alice", "chat-1")) == 4
+    assert {t.turn_id for t in bank.turns("alice")} == {
+        t.turn_id for t in LaceMem.load(bank, "alice", None).turns}
