@@ -173,6 +173,35 @@ def test_streaming_a_conversation_equals_the_batch_build(locomo_path):
     assert len(semantic) > 0.2 * len(batch)  # the semantic layer is really exercised
 
 
+def test_adding_turns_in_chunks_equals_the_batch_build(locomo_path):
+  conv = load_locomo(locomo_path)[0][0]
+  turns = [(t.turn_id, s.session_id, s.date, t.speaker,
+            f"{t.text} [shares an image: {t.caption}]" if t.caption else t.text)
+           for s in conv.sessions for t in s.turns]
+  batch = LaceMem.from_conversation(conv, HashEncoder())
+  chunked = LaceMem(HashEncoder())
+  for lo in range(0, len(turns), 37):  # chunks that cut sessions anywhere
+    chunked.add_turns(turns[lo:lo + 37])
+  assert chunked.facts == batch.facts and chunked.turns == batch.turns
+  edges, got = batch.edges(), chunked.edges()
+  assert edges.keys() == got.keys() and max(abs(edges[e] - got[e]) for e in edges) <= 1e-6
+
+
+def test_a_failed_chunk_of_turns_adds_none_of_them():
+  lace = _stream(TALK[:2])
+  n, edges = len(lace), lace.edges()
+  for chunk, message in [
+      ([("D5", "S3", "1 July", "Ana", "one"), ("D5", "S3", "1 July", "Ben", "two")],
+       "turn 'D5' repeats a turn id"),
+      ([("D5", "S3", "1 July", "Ana", "one"), ("D6", "S3", "2 July", "Ben", "two")],
+       "gives session 'S3' another date"),
+      ([("D5", "S3", "1 July", "Ana", "one"), ("D0", "S1", "9 May 2023", "Ben", "two")],
+       "turn 'D0' is already")]:
+    with pytest.raises(ValueError, match=message):
+      lace.add_turns(chunk)
+    assert len(lace) == n and lace.edges() == edges and len(lace.turns) == 2
+
+
 def test_neighbours_respect_min_weight():
   lace = _stream(TALK)
   for i in range(len(lace)):

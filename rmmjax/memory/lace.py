@@ -156,8 +156,8 @@ class LaceMem:
     self._session_pos.append(len(in_session))
     in_session.append(fact.fact_id)
 
-  def _new_facts(self, raw: RawTurn, drafts: list[Draft]) -> list[Fact]:
-    start = len(self._facts)
+  def _new_facts(self, raw: RawTurn, drafts: list[Draft], before: int = 0) -> list[Fact]:
+    start = len(self._facts) + before  # `before` facts are still to be added ahead of these
     return [Fact(start + n, d.subject, d.predicate, d.object, raw.date, raw.turn_id,
                  raw.session_id, fact_text(raw.date, raw.speaker, d.clause))
             for n, d in enumerate(drafts)]
@@ -178,42 +178,46 @@ class LaceMem:
 
   def add_turn(self, turn_id: str, session_id: str, date: str, speaker: str,
                text: str) -> list[int]:
-    """Adds one turn to every layer at once; returns the ids of its new facts. Nothing is
-    added when it fails (a repeated turn id, an encoder error)."""
-    raw = self._check_raw(turn_id, session_id, date, speaker, text)
-    facts = self._new_facts(raw, turn_drafts(self.extractor, raw.speaker, raw.text, raw.date))
+    """Adds one turn to every layer at once (`add_turns`); returns its new facts' ids."""
+    return self.add_turns([(turn_id, session_id, date, speaker, text)])
+
+  def add_turns(self, turns: list[tuple[str, str, str, str, str]]) -> list[int]:
+    """Adds turns (turn_id, session_id, date, speaker, text), in order, with one encoder call:
+    the layers of adding them one by one. Returns their new facts' ids; nothing is added when
+    any fails (a repeated turn id, an encoder error)."""
+    raws, facts, dates = {}, [], {}
+    for turn in turns:
+      raw = self._check_raw(*turn)
+      if raw.turn_id in raws or dates.setdefault(raw.session_id, raw.date) != raw.date:
+        raise ValueError(f"turn {raw.turn_id!r} repeats a turn id, or gives session "
+                         f"{raw.session_id!r} another date, among the turns added together")
+      raws[raw.turn_id] = raw
+      facts += self._new_facts(raw, turn_drafts(self.extractor, raw.speaker, raw.text, raw.date),
+                               len(facts))
     vectors = self._vectors([f.text for f in facts]) if facts else None
-    if vectors is not None:  # checked before anything changes
+    if vectors is not None:  # checked (snapped to the grid) before anything changes
       vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
-    self._add_raw(raw)
+    for raw in raws.values():
+      self._add_raw(raw)
     for fact in facts:
       self._add_fact(fact)
-    if vectors is not None:
-      if self._graph is None:
-        self._graph = self._new_graph(vectors)
-      else:
-        self._graph.add(vectors)
+    if vectors is not None and self._graph is None:
+      self._graph = self._new_graph(vectors)
+    elif vectors is not None:
+      self._graph.add(vectors)
     return [f.fact_id for f in facts]
 
   @classmethod
   def from_conversation(cls, conversation: Conversation, encoder: Encoder, *,
                         settings: LaceSettings | None = None,
                         extractor: FactExtractor | None = None) -> LaceMem:
-    """All turns at once: facts of every turn, one encoder call, one blocked linking pass."""
+    """All turns at once (`add_turns`): one encoder call, one blocked linking pass."""
     if not isinstance(conversation, Conversation):
       raise TypeError(f"expected a rmmjax.data.schema.Conversation, got "
                       f"{type(conversation).__name__}")
     lace = cls(encoder, settings=settings, extractor=extractor)
-    for session in conversation.sessions:
-      for turn in session.turns:
-        raw = lace._check_raw(turn.turn_id, session.session_id, session.date, turn.speaker,
-                              turn_text(turn))
-        lace._add_raw(raw)
-        for fact in lace._new_facts(raw, turn_drafts(lace.extractor, raw.speaker, raw.text,
-                                                     raw.date)):
-          lace._add_fact(fact)
-    if lace._facts:
-      lace._graph = lace._new_graph(lace._vectors([f.text for f in lace._facts]))
+    lace.add_turns([(t.turn_id, s.session_id, s.date, t.speaker, turn_text(t))
+                    for s in conversation.sessions for t in s.turns])
     return lace
 
   @classmethod

@@ -2,8 +2,8 @@
 
 The bank's turns are the record; a saved LaceMem is derived from them (facts cut from each turn,
 embedded, linked). `synced_lace` loads the saved one (or starts an empty one), adds every turn
-of the bank it does not hold yet, in the bank's order, through `LaceMem.add_turn` (streaming:
-the same layers as a batch build), and saves it when it grew. A save replaces the user's whole
+of the bank it does not hold yet, in the bank's order, through `LaceMem.add_turns` (streaming,
+CHUNK turns per encoder call: the same layers as a batch build), and saves it when it grew. A save replaces the user's whole
 LaceMem in one transaction, so two processes that both add turns can overwrite each other's
 additions, but never lose a turn: the bank keeps it, and the next sync adds it back.
 """
@@ -16,8 +16,9 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.memory.records import EncoderMismatch, UnknownRecord
 
-# Building from scratch shows a progress bar from this many missing turns on.
+# A progress bar from this many missing turns on; turns are embedded this many at a time.
 PROGRESS_FROM = 20
+CHUNK = 64
 
 
 def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings | None = None,
@@ -52,8 +53,11 @@ def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *,
   missing = [t for t in bank.turns(user) if t.turn_id not in have]
   if not missing:
     return 0
-  for turn in tqdm(missing, desc=f"LaceMem of {user}", unit="turn",
-                   disable=not progress or len(missing) < PROGRESS_FROM):
-    lace.add_turn(turn.turn_id, turn.session_id, turn.date, turn.speaker, turn.text)
+  with tqdm(total=len(missing), desc=f"LaceMem of {user}", unit="turn",
+            disable=not progress or len(missing) < PROGRESS_FROM) as bar:
+    for lo in range(0, len(missing), CHUNK):
+      chunk = missing[lo:lo + CHUNK]
+      lace.add_turns([(t.turn_id, t.session_id, t.date, t.speaker, t.text) for t in chunk])
+      bar.update(len(chunk))
   lace.save(bank, user)
   return len(missing)
