@@ -67,6 +67,10 @@ def _cmd_sweep(args) -> None:
     cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
   grid = sweeps.parse_grid(args.grid or [], cfg)
   result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
+  from rmmjax.train import distributed
+  if not distributed.is_writer():
+    print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
+    return
   keys = list(grid)
   print(f"\n{'configuration':36s}{'seeds':>6s}{'recall base':>12s}{'recall final':>13s}"
         f"{'reward first':>13s}{'reward last':>12s}")
@@ -259,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "rmmjax/config.py")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="several processes (hosts): process 0's address; with --num-processes "
+                        "and --process-id (none of them: this machine, or what SLURM, Open MPI "
+                        "or a Cloud TPU slice says)")
+    p.add_argument("--num-processes", type=int, default=None)
+    p.add_argument("--process-id", type=int, default=None)
+    p.add_argument("--distributed-timeout", type=int, default=60, metavar="S",
+                   help="seconds to wait for every process to join (default 60)")
 
   p = sub.add_parser("train", help="train a reranker (resumes from the workdir)",
                      description=TRAIN_HELP)
@@ -362,8 +374,30 @@ INTERRUPTED = {"train": "rerun the same command to resume",
                "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
 
 
+def _start_runtime(argv: list[str]) -> None:
+  """Starts jax.distributed for train and sweep before anything asks JAX for a device: the
+  parser's imports do (bm25s runs a JAX op when imported)."""
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("command", nargs="?")
+  pre.add_argument("--coordinator", default=None)
+  pre.add_argument("--num-processes", type=int, default=None)
+  pre.add_argument("--process-id", type=int, default=None)
+  pre.add_argument("--distributed-timeout", type=int, default=60)
+  known, _ = pre.parse_known_args(argv)
+  if known.command in ("train", "sweep"):
+    from rmmjax.train import distributed
+    distributed.initialize(known.coordinator, known.num_processes, known.process_id,
+                           known.distributed_timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
   from rmmjax.llm.base import LLMError
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    _start_runtime(argv)
+  except ValueError as err:
+    print(f"rmmjax: error: {err}", file=sys.stderr)
+    return 2
   args = build_parser().parse_args(argv)
   try:
     args.func(args)

@@ -2,18 +2,20 @@
 
 Configurations go through `core.make_sweep` (jit(vmap(run))) in chunks of `sweep_chunk`; the
 last chunk is padded with copies so every chunk has one shape and nothing recompiles. With several
-devices the sweep axis of each chunk is sharded across them (results equal the one-device run).
+devices, of one process or of several (`rmmjax.train.distributed`), the sweep axis of each chunk
+is sharded across all of them (results equal the one-device run); process 0 writes the outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rmmjax import core
@@ -21,6 +23,7 @@ from rmmjax.config import SWEEPABLE, Config, parse_value
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable,
                                sweep_record, write_run_record)
+from rmmjax.train import distributed
 from rmmjax.train.loop import first_last, window_means
 
 
@@ -83,16 +86,16 @@ def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size
   chunk = min(chunk_size, c)
   mesh = None
   if len(devices) > 1:
-    mesh = Mesh(np.array(devices), ("sweep",))
+    mesh = Mesh(np.array(devices), (distributed.DATA_AXIS,))
     chunk = -(-chunk // len(devices)) * len(devices)  # every device gets the same share
-    world = jax.device_put(world, NamedSharding(mesh, PartitionSpec()))
+    world = distributed.replicate(world, mesh)
   padded = -(-c // chunk) * chunk
   index = np.minimum(np.arange(padded), c - 1)
 
   def dispatch(start: int):
-    hp = jax.tree.map(lambda x, i=index[start:start + chunk]: x[i], hparams_C)
-    if mesh is not None:
-      hp = jax.device_put(hp, NamedSharding(mesh, PartitionSpec("sweep")))
+    hp = jax.tree.map(lambda x, i=index[start:start + chunk]: np.asarray(x)[i], hparams_C)
+    if mesh is not None:  # each process places the configurations its devices run
+      hp = distributed.shard_leading(hp, mesh)
     return run_chunk(hp, world)
 
   starts = list(range(0, padded, chunk))
@@ -103,7 +106,7 @@ def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size
       # The next chunk is dispatched before this one is fetched: the device always has work
       # queued, and the bar moves as each chunk finishes (also where dispatch runs the chunk).
       following = dispatch(starts[i + 1]) if i + 1 < len(starts) else None
-      host.append(jax.device_get(pending))
+      host.append(distributed.gather(pending))
       bar.update(1)
       pending = following
   return jax.tree.map(lambda *xs: np.concatenate(xs)[:c], *host)
@@ -124,19 +127,27 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
   workdir = Path(workdir)
   check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
 
+  distributed.check_same("configs or grids", distributed.digest(
+      cfg.to_json(), json.dumps(grid, sort_keys=True, default=str), str(seeds)))
+
   world = core.make_world(sim, spec.dim)
   hparams_C = core.stack_hparams([c.hparams() for c in configs])
   run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
   out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
-                   progress=progress)
-  workdir.mkdir(parents=True, exist_ok=True)
-  write_run_record(workdir, sweep_record(grid, seeds))
-  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+                   progress=progress and distributed.is_writer())
+  result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
+            "runs": _runs(configs, list(grid), out, cfg.log_every)[0]}
+  if not distributed.is_writer():  # process 0 writes; every process returns the result
+    return result
+  _write(workdir, cfg, grid, seeds, configs, out, result)
+  return result
 
-  keys = list(grid)
+
+def _runs(configs, keys, out, log_every) -> tuple[list[dict], dict]:
+  """Each configuration's summary, and its logged rows grouped by grid point."""
   runs, by_label = [], {}
   for i, c in enumerate(configs):
-    rows = window_means({k: v[i] for k, v in out["metrics"].items()}, 0, cfg.log_every)
+    rows = window_means({k: v[i] for k, v in out["metrics"].items()}, 0, log_every)
     run = {k: getattr(c, k) for k in keys}
     run.update(seed=c.seed, recall_at_m_base=float(out["eval_first"]["recall_at_m_base"][i]),
                recall_at_m_final=float(out["eval_final"]["recall_at_m"][i]),
@@ -144,7 +155,15 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
     run["reward_first"], run["reward_last"] = first_last(rows, "reward")
     runs.append(run)
     by_label.setdefault(_label(c, keys), []).append(rows)
+  return runs, by_label
 
+
+def _write(workdir, cfg, grid, seeds, configs, out, result) -> None:
+  workdir.mkdir(parents=True, exist_ok=True)
+  write_run_record(workdir, sweep_record(grid, seeds))
+  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+
+  _, by_label = _runs(configs, list(grid), out, cfg.log_every)
   steps_T = np.array([r["step"] for r in next(iter(by_label.values()))[0]])
   curves, tb_runs = {}, {}
   for label, seed_rows in by_label.items():
@@ -158,7 +177,4 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
   plots.plot_curves(workdir / "curves.png", steps_T, curves,
                     title=f"sweep: {len(by_label)} configurations x {seeds} seeds, "
                           f"{cfg.steps} steps")
-  result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
-            "runs": runs}
   atomic_write_json(workdir / "sweep.json", result)
-  return result

@@ -1,0 +1,156 @@
+"""More than one device, more than one host, on JAX's own runtime (`jax.distributed`,
+`jax.sharding`): nothing here reduces a gradient or moves a shard by hand.
+
+- `initialize` starts the multi-controller runtime from `--coordinator HOST:PORT --num-processes
+  N --process-id I`, or, with no flags, lets `jax.distributed.initialize()` detect SLURM, Open
+  MPI or a Cloud TPU slice when the environment says it runs in one; on a single machine
+  nothing changes. On CPUs the collectives go through gloo.
+- `data_mesh` is a one-axis mesh ("data") over the devices of every process.
+- `shard_leading` places arrays with their batch axis split over the mesh (each process giving
+  the rows its own devices hold) and `replicate` places parameters whole on every device; a
+  jitted step fed both is partitioned by the compiler, which inserts the gradient all-reduce.
+- `gather` brings a (possibly multi-process) result back to every process as numpy.
+- `check_same` compares a digest of what each process was started with (the config, the data
+  file) and refuses, on every process, a run whose processes disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+# Environment variables that say a cluster launched this process with others.
+_CLUSTER_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
+
+
+def _launched_by_cluster() -> bool:
+  for name in _CLUSTER_ENV:
+    value = os.environ.get(name, "")
+    if name == "TPU_WORKER_HOSTNAMES" and "," in value:
+      return True
+    if value.isdigit() and int(value) > 1:
+      return True
+  return False
+
+
+def check_flags(coordinator: str | None, num_processes: int | None,
+                process_id: int | None) -> None:
+  """Refuses flags that cannot start a run, before anything is compiled or written."""
+  given = [x is not None for x in (coordinator, num_processes, process_id)]
+  if any(given) and not all(given):
+    raise ValueError("--coordinator, --num-processes and --process-id go together: give all "
+                     "three (or none, to run on this machine or let the cluster's environment "
+                     "say)")
+  if not any(given):
+    return
+  if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator) or not 0 < int(
+      coordinator.rsplit(":", 1)[1]) < 65536:
+    raise ValueError(f"--coordinator {coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:8476")
+  if num_processes < 1:
+    raise ValueError(f"--num-processes {num_processes}: expected at least 1")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"--process-id {process_id}: expected 0 to {num_processes - 1} for "
+                     f"--num-processes {num_processes}")
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, timeout_s: int = 60) -> bool:
+  """Starts jax.distributed when asked (or when a cluster launched this process); True if it
+  did. A coordinator that cannot be reached fails within timeout_s with the address."""
+  check_flags(coordinator, num_processes, process_id)
+  if coordinator is None and not _launched_by_cluster():
+    return False
+  # CPU devices need a collectives library to talk across processes (it leaves accelerators'
+  # own alone); asking for the backend here would start it before the runtime, so always set.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(coordinator, num_processes, process_id,
+                               initialization_timeout=timeout_s)
+  except Exception as err:  # the runtime raises several kinds (XlaRuntimeError, RuntimeError)
+    where = coordinator or "the cluster's coordinator"
+    raise ValueError(f"could not start the distributed runtime with {where} (process "
+                     f"{process_id} of {num_processes}, waiting at most {timeout_s} s): "
+                     f"{str(err).splitlines()[0][:300]}") from None
+  return True
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run's files (process 0 does; the others compute)."""
+  return jax.process_index() == 0
+
+
+def data_mesh(num_devices: int = 0) -> Mesh:
+  """A one-axis mesh over the first num_devices devices of every process (0: all of them)."""
+  devices = jax.devices()
+  if num_devices < 0 or num_devices > len(devices):
+    raise ValueError(f"devices={num_devices}: this run sees {len(devices)} devices "
+                     f"({jax.process_count()} processes); expected 0 (all) to {len(devices)}")
+  if num_devices and num_devices < len(devices) and jax.process_count() > 1:
+    raise ValueError(f"devices={num_devices}: a run over {jax.process_count()} processes uses "
+                     f"every device ({len(devices)}); set devices=0")
+  return Mesh(np.array(devices[:num_devices or len(devices)]), (DATA_AXIS,))
+
+
+def check_divisible(size: int, mesh: Mesh, what: str) -> None:
+  n = mesh.devices.size
+  if size % n:
+    raise ValueError(f"{what} of {size} does not divide over {n} devices: choose a multiple of "
+                     f"{n} (or devices=1)")
+
+
+def shard_leading(tree, mesh: Mesh, axis: int = 0):
+  """Every array of tree split along `axis` over the mesh, the rest of it replicated; each
+  process supplies the slices its own devices hold (all processes pass the same full data)."""
+  def place(x):
+    x = np.asarray(x)
+    check_divisible(x.shape[axis], mesh, f"axis {axis} of an array of shape {x.shape}")
+    spec = PartitionSpec(*([None] * axis), DATA_AXIS)
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
+  return jax.tree.map(place, tree)
+
+
+def replicate(tree, mesh: Mesh):
+  """Every array of tree whole on every device of the mesh."""
+  sharding = NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(
+      lambda x: jax.make_array_from_callback(np.shape(x), sharding,
+                                             lambda i, x=np.asarray(x): x[i]), tree)
+
+
+def gather(tree):
+  """numpy copies of tree on every process (arrays spread over processes are all-gathered)."""
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+  return jax.tree.map(get, tree)
+
+
+def digest(*parts: str | bytes) -> str:
+  h = hashlib.sha256()
+  for part in parts:
+    h.update(part.encode() if isinstance(part, str) else part)
+    h.update(b"\0")
+  return h.hexdigest()
+
+
+def check_same(what: str, value: str) -> None:
+  """Refuses, on every process, a run whose processes were given different `what`."""
+  if jax.process_count() == 1:
+    return
+  mine = np.frombuffer(bytes.fromhex(value), np.uint8)
+  first = np.asarray(multihost_utils.broadcast_one_to_all(mine))
+  agree = np.asarray(multihost_utils.process_allgather(np.array(
+      [bool((first == mine).all())])))
+  if not agree.all():
+    bad = [int(i) for i in np.flatnonzero(~agree.reshape(-1))]
+    raise ValueError(f"the processes were started with different {what} (process(es) "
+                     f"{bad} differ from process 0): start every process with the same "
+                     f"command and files")
