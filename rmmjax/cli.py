@@ -20,8 +20,12 @@ def _config(args) -> "object":
 
 def _cmd_train(args) -> None:
   from rmmjax.train.loop import train
+  from rmmjax import distributed
   cfg = _config(args)
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
+  if not distributed.is_writer():
+    print(f"process {args.process_id}: trained its share; process 0 wrote {args.workdir}")
+    return
   rows = []
   if "recall_at_m_final" in summary:
     where = ("eval queries" if cfg.config == "latent" else
@@ -67,7 +71,7 @@ def _cmd_sweep(args) -> None:
     cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
   grid = sweeps.parse_grid(args.grid or [], cfg)
   result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
-  from rmmjax.train import distributed
+  from rmmjax import distributed
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
     return
@@ -385,7 +389,7 @@ def _start_runtime(argv: list[str]) -> None:
   pre.add_argument("--distributed-timeout", type=int, default=60)
   known, _ = pre.parse_known_args(argv)
   if known.command in ("train", "sweep"):
-    from rmmjax.train import distributed
+    from rmmjax import distributed
     distributed.initialize(known.coordinator, known.num_processes, known.process_id,
                            known.distributed_timeout)
 

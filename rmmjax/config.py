@@ -100,6 +100,10 @@ class Config:
   # rounds float32 matmuls through TF32) and TPUs (bfloat16 passes); "default" is the
   # accelerator's fastest.
   precision: str = "highest"
+  # Data parallelism: the training batch is split over this many devices (0: every device of
+  # every process), parameters replicated; the compiler reduces the gradients. A resume may
+  # change it (the state is re-placed); metrics agree with one device to float tolerance.
+  devices: int = 0
   encoder: str = "latent"  # the embedding space the reranker was trained in, for serving
   # Replay of a labelled dataset (configs other than latent).
   data: str = ""  # the dataset file
@@ -182,6 +186,8 @@ class Config:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}: expected a positive integer")
+    if self.devices < 0:
+      raise ValueError(f"devices={self.devices}: expected 0 (every device) or a positive count")
     if self.sweep_chunk < 0:
       raise ValueError(f"sweep_chunk={self.sweep_chunk}: expected 0 (automatic) or a positive "
                        "integer")

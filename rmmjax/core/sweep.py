@@ -16,11 +16,13 @@ _DATA_STREAM, _STEP_STREAM = 1, 2
 
 
 def run_steps(state: TrainState, world: simulate.World, sim: simulate.SimSpec,
-              num_steps: int) -> tuple[TrainState, dict]:
+              num_steps: int, batch_sharding=None) -> tuple[TrainState, dict]:
   """Advances a run by num_steps simulated steps; returns the state and per-step metrics.
 
   Step t always sees the batch and noise of step t, however the run is cut into segments, so a
-  resumed run repeats an uninterrupted one exactly.
+  resumed run repeats an uninterrupted one exactly. `batch_sharding` (a jax.sharding.Sharding,
+  static) splits each drawn batch over devices: data parallelism, the gradient reduced by the
+  compiler.
   """
   data_key = jax.random.fold_in(state.key, _DATA_STREAM)
   step_key = jax.random.fold_in(state.key, _STEP_STREAM)
@@ -28,6 +30,8 @@ def run_steps(state: TrainState, world: simulate.World, sim: simulate.SimSpec,
   def body(state, _):
     batch = simulate.sample_batch(world, jax.random.fold_in(data_key, state.step), sim,
                                   state.spec)
+    if batch_sharding is not None:
+      batch = jax.lax.with_sharding_constraint(batch, batch_sharding)
     return train_step(state, batch, step_key)
 
   return jax.lax.scan(body, state, None, length=num_steps)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from rmmjax.config import Config, from_json
 
-# Keys a resumed run may change: more steps extend a run without changing its first steps.
-EXTENDABLE_KEYS = ("steps",)
+# Keys a resumed run may change: more steps extend a run without changing its first steps, and
+# the devices it runs on re-place the same state (equal to float tolerance).
+EXTENDABLE_KEYS = ("steps", "devices")
 RUN_FILE = "run.json"
 KINDS = ("train", "sweep")
 

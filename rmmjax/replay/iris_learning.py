@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
@@ -189,27 +189,37 @@ def step_episodes(episodes: Sequence[IrisEpisode], batch: int, seed: int,
 
 def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
                     judge_for: Callable, mix: RewardMix, num_steps: int,
-                    ) -> tuple[core.TrainState, dict]:
+                    mesh=None) -> tuple[core.TrainState, dict]:
   """num_steps REINFORCE updates, update t on `step_episodes(..., state.step)`; `judge_for(
   episode)` judges its selected facts when mix.verdict > 0. Returns the state and per-step
   metrics: the core's (reward, loss, entropy, ...), the mean verdict reward, the citation rate
-  and the recall of the sampled selection."""
+  and the recall of the sampled selection. With a mesh of several devices each batch is split
+  over them (data parallel; the state replicated)."""
+  parallel = mesh is not None and mesh.devices.size > 1
+  if parallel:
+    distributed.check_divisible(state.spec.batch, mesh, "batch")
+    state = distributed.replicate(state, mesh)
   root = jax.random.fold_in(state.key, _EPISODE_STREAM)
   seed = int(state.hparams.seed)
   logs: dict[str, list[float]] = {}
   for _ in range(num_steps):
     chunk = step_episodes(episodes, state.spec.batch, seed, int(state.step))
     batch = episodes_batch(chunk)
+    if parallel:
+      batch = distributed.shard_leading(batch, mesh)
     selected, cited, recall = _sample(state, batch, jax.random.fold_in(root, state.step))
-    selected_np = np.asarray(selected)
+    selected_np = distributed.gather(selected)
     verdicts = np.array([judge_selection(judge_for(e), e, s) if mix.verdict > 0 else 0.0
                          for e, s in zip(chunk, selected_np)], np.float32)
-    state, metrics = _update(state, batch, selected, mixed_rewards(cited, selected,
-                                                                   jnp.asarray(verdicts), mix))
+    verdicts_B = jnp.asarray(verdicts)
+    if parallel:
+      verdicts_B = distributed.shard_leading(verdicts, mesh)
+    state, metrics = _update(state, batch, selected, mixed_rewards(cited, selected, verdicts_B,
+                                                                   mix))
     taken = max(int(np.sum(selected_np >= 0)), 1)
-    metrics = {name: float(v) for name, v in metrics.items()} | {
-        "verdict_reward": float(verdicts.mean()), "recall_at_m": float(recall),
-        "citation_rate": float(np.sum(np.asarray(cited))) / taken}
+    metrics = {name: float(v) for name, v in distributed.gather(metrics).items()} | {
+        "verdict_reward": float(verdicts.mean()), "recall_at_m": float(distributed.gather(recall)),
+        "citation_rate": float(np.sum(distributed.gather(cited))) / taken}
     for name, value in metrics.items():
       logs.setdefault(name, []).append(value)
   return state, {name: np.array(values) for name, values in logs.items()}

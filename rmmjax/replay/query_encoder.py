@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.data.schema import Conversation
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import EXPORT_RECORD, save_encoder
@@ -71,13 +71,18 @@ def _encoder_state(encoder, spec: core.CoreSpec, hparams: core.HParams, params):
 
 
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
-                           hparams: core.HParams, epochs: int,
-                           params=None) -> tuple[dict, np.ndarray]:
+                           hparams: core.HParams, epochs: int, params=None,
+                           mesh=None) -> tuple[dict, np.ndarray]:
   """Supervised listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes
-  over batches of spec.batch consecutive questions, the batches in a new order each pass."""
+  over batches of spec.batch consecutive questions, the batches in a new order each pass. With
+  a mesh of several devices each batch is split over them (data parallel)."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
   state = _encoder_state(encoder, spec, hparams, params)
+  parallel = mesh is not None and mesh.devices.size > 1
+  if parallel:
+    distributed.check_divisible(spec.batch, mesh, "encoder_pretrain_batch")
+    state = distributed.replicate(state, mesh)
 
   def body(state, xs):
     batch, ids_BxT, mask_BxT = xs
@@ -88,10 +93,13 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
   losses = []
   for _ in range(epochs):
     order = rng.permutation(stream_SxB.mask_BxK.shape[0])
-    shuffled = jax.tree.map(lambda x, o=order: x[o], stream_SxB)
-    state, metrics = run(state, (shuffled, ids_SxBxT[order], mask_SxBxT[order]))
-    losses.append(np.asarray(metrics["loss"]))
-  return state.params, np.concatenate(losses)
+    shuffled = (jax.tree.map(lambda x, o=order: np.asarray(x)[o], stream_SxB),
+                np.asarray(ids_SxBxT)[order], np.asarray(mask_SxBxT)[order])
+    if parallel:
+      shuffled = distributed.shard_leading(shuffled, mesh, axis=1)
+    state, metrics = run(state, shuffled)
+    losses.append(distributed.gather(metrics["loss"]))
+  return (distributed.gather(state.params) if parallel else state.params), np.concatenate(losses)
 
 
 def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,

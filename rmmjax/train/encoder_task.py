@@ -16,7 +16,7 @@ import functools
 import jax
 import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.memory.units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
@@ -50,6 +50,14 @@ class QueryEncoderTask:
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     self.pretrain_loss: np.ndarray | None = None
     self._base: dict | None = None
+    # Data parallel over the mesh: each step's questions (axis 1 of the streams) split over it.
+    self.mesh = distributed.data_mesh(cfg.devices)
+    self._parallel = self.mesh.devices.size > 1
+    if self._parallel:
+      distributed.check_divisible(cfg.batch, self.mesh, "batch")
+      self.train_seq, self.ids_SxBxT, self.mask_SxBxT = distributed.shard_leading(
+          (self.train_seq, np.asarray(self.ids_SxBxT), np.asarray(self.mask_SxBxT)), self.mesh,
+          axis=1)
     self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
                             static_argnums=4, donate_argnums=0)
 
@@ -62,11 +70,15 @@ class QueryEncoderTask:
       hp = core.HParams.create(lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau,
                                seed=cfg.seed)
       params, self.pretrain_loss = pretrain_query_encoder(self.encoder, self.train_convs, spec,
-                                                          hp, cfg.encoder_pretrain_epochs)
+                                                          hp, cfg.encoder_pretrain_epochs,
+                                                          mesh=self.mesh)
     return encoder_state(self.encoder, self.spec, self.hp, params)
 
   def advance(self, state: core.TrainState, n: int):
-    return self._advance(state, self.train_seq, self.ids_SxBxT, self.mask_SxBxT, n)
+    if self._parallel:
+      state = distributed.replicate(state, self.mesh)
+    state, metrics = self._advance(state, self.train_seq, self.ids_SxBxT, self.mask_SxBxT, n)
+    return state, distributed.gather(metrics)
 
   def _recall(self, tuned, m: int) -> float:
     cfg = self.cfg
@@ -83,6 +95,7 @@ class QueryEncoderTask:
       return {}
     if self._base is None:
       self._base = {"recall_at_m_base": self._recall(None, self.cfg.m)}
-    tuned = TunedQueryEncoder(self.encoder, state.params)
+    tuned = TunedQueryEncoder(self.encoder, distributed.gather(state.params)
+                              if self._parallel else state.params)
     return self._base | {"recall_at_m": self._recall(tuned, self.cfg.m),
                          "recall_at_k": self._recall(tuned, self.cfg.k)}

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
@@ -76,6 +76,11 @@ class IrisLearnedTask:
     self.eval_queries = sum(len(c.questions) for c in self.test_data)
     self.pretrain_loss: np.ndarray | None = None
     self._stream = None
+    # Data parallel over the mesh: each step's refinement queries split over its devices.
+    self.mesh = distributed.data_mesh(cfg.devices)
+    self._parallel = self.mesh.devices.size > 1
+    if self._parallel:
+      distributed.check_divisible(cfg.batch, self.mesh, "batch")
     self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
                             static_argnums=4, donate_argnums=0)
 
@@ -89,13 +94,15 @@ class IrisLearnedTask:
       anchor = load_query_encoder(Path(self.cfg.query_encoder), self.encoder).params
     fitted = fit_iris_models(self.encoder, self._train_stores(), self.train_data, self.fit,
                              anchor)
-    save_encoder(self.encoder, fitted.anchor, self.workdir / ANCHOR_DIR,
-                 metadata={"record": self.record, "role": "anchor query encoder"})
-    save_judge(fitted.judge, self.workdir / JUDGE_FILE, {"record": self.record})
-    # pretrain.json: the refinement encoder's (the state's) supervised loss; every stage's here.
+    if distributed.is_writer():  # the others read them from the workdir after the barrier
+      save_encoder(self.encoder, fitted.anchor, self.workdir / ANCHOR_DIR,
+                   metadata={"record": self.record, "role": "anchor query encoder"})
+      save_judge(fitted.judge, self.workdir / JUDGE_FILE, {"record": self.record})
+      # pretrain.json: the refinement encoder's (the state's) supervised loss; all stages here.
+      atomic_write_json(self.workdir / "fit_losses.json",
+                        {stage: loss.tolist() for stage, loss in fitted.losses.items()})
+    distributed.barrier("learned IRIS models written")
     self.pretrain_loss = fitted.losses["refine"]
-    atomic_write_json(self.workdir / "fit_losses.json",
-                      {stage: loss.tolist() for stage, loss in fitted.losses.items()})
     return encoder_state(self.encoder, self.spec, self.hp, fitted.refine)
 
   def _models(self):
@@ -129,11 +136,16 @@ class IrisLearnedTask:
           num_relevant_B=jnp.asarray(shape(covers.any(1).sum(-1)), jnp.int32),
           evidence_BxKxE=jnp.asarray(shape(covers)))
       self._stream = (batch, jnp.asarray(shape(ids)), jnp.asarray(shape(mask)))
+      if self._parallel:
+        self._stream = distributed.shard_leading(self._stream, self.mesh, axis=1)
     return self._stream
 
   def advance(self, state: core.TrainState, n: int):
     stream, ids, mask = self._online_stream()
-    return self._advance(state, stream, ids, mask, n)
+    if self._parallel:
+      state = distributed.replicate(state, self.mesh)
+    state, metrics = self._advance(state, stream, ids, mask, n)
+    return state, distributed.gather(metrics)
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out Recall@M (and @10, `iris_*` keys) over turns: single-pass with the base encoder
@@ -144,6 +156,7 @@ class IrisLearnedTask:
     # The template is the run before fitting (the loop's first evaluation): the base single
     # pass, whether or not a resumed run's models exist already.
     models = None if state is self.template else self._models()
+    params = distributed.gather(state.params) if self._parallel else state.params
     rows: dict[str, list] = {"base": [], "tuned": [], "iris": []}
     for store, conv in zip(self.stores[len(self.train_data):], self.test_data):
       for q in conv.questions:
@@ -155,7 +168,7 @@ class IrisLearnedTask:
         store.query_encoder = models[0]
         rows["tuned"].append(self._recall(store, single_pass(store, q.question,
                                                               SINGLE_PASS_DEPTH)[0], q))
-        refiner = EmbeddingRefiner(TunedQueryEncoder(self.encoder, state.params))
+        refiner = EmbeddingRefiner(TunedQueryEncoder(self.encoder, params))
         result = iris_retrieve(store, q.question, category=q.category,
                                judge=LearnedJudge(models[1], store),
                                settings=IRIS_PRESETS["learned"], refiner=refiner)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
@@ -68,6 +68,7 @@ class IrisTask:
     self.eval_queries = len(self.test_episodes)
     self.pretrain_loss: np.ndarray | None = None
     self._scores = jax.jit(core.batch_scores, static_argnums=3)
+    self.mesh = distributed.data_mesh(cfg.devices)  # each update's batch split over it
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
@@ -78,7 +79,8 @@ class IrisTask:
     return state
 
   def advance(self, state: core.TrainState, n: int):
-    return reinforce_steps(state, self.train_episodes, lambda e: self.judge, self.mix, n)
+    return reinforce_steps(state, self.train_episodes, lambda e: self.judge, self.mix, n,
+                           self.mesh)
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out Recall@M over the episodes' candidates: in IRIS's order, the reranker's order
@@ -88,7 +90,8 @@ class IrisTask:
       return {}
     batch = episodes_batch(self.test_episodes)
     m, mask = self.spec.m, np.asarray(batch.mask_BxK)
-    scores = np.asarray(self._scores(state.params, batch.q_BxD, batch.mem_BxKxD, self.spec))
+    scores = np.asarray(self._scores(distributed.gather(state.params), batch.q_BxD,
+                                     batch.mem_BxKxD, self.spec))
     fused = np.full(scores.shape, -np.inf)
     for i, row in enumerate(mask):  # the valid candidates are a prefix of each row
       fused[i, :row.sum()] = fuse_with_order(scores[i, :row.sum()])

@@ -18,7 +18,6 @@ import math
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -28,6 +27,7 @@ from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.export import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable,
                                write_run_record)
+from rmmjax import distributed
 from rmmjax.train.tasks import make_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
@@ -116,29 +116,37 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   finally:
     reader.close()
   rows = _kept_rows(log_path, logged, step, cfg.log_every)
+  # Over several processes every one computes; process 0 writes the files (checkpoints go
+  # through Orbax, which every process takes part in). Each checks it was given the same run.
+  writes = distributed.is_writer()
+  distributed.check_same("configs or data", distributed.digest(
+      cfg.to_json(), json.dumps(getattr(task, "record", None), sort_keys=True, default=str)))
+  progress = progress and writes
 
   # Nothing was written up to here; what follows makes the workdir this run's.
   if step and progress:
     print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
-  workdir.mkdir(parents=True, exist_ok=True)
-  write_run_record(workdir, {"kind": "train"})
-  atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
-  if getattr(task, "record", None) is not None:  # what the reranker trains on, for evaluation
-    atomic_write_json(workdir / RECORD_FILE, task.record)
+  if writes:
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_run_record(workdir, {"kind": "train"})
+    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+    if getattr(task, "record", None) is not None:  # what the reranker trains on, for eval
+      atomic_write_json(workdir / RECORD_FILE, task.record)
   eval_first = task.evaluate(task.template)
   if state is None:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
-    if getattr(task, "pretrain_loss", None) is not None:
+    if writes and getattr(task, "pretrain_loss", None) is not None:
       atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
-  metrics_log.rewind(log_path, step, rows)
-  # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
-  tensorboard.rewrite(workdir / "tb", {"": rows}, "train", cfg.to_json())
+  if writes:
+    metrics_log.rewind(log_path, step, rows)
+    # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
+    tensorboard.rewrite(workdir / "tb", {"": rows}, "train", cfg.to_json())
   checkpointer = Checkpointer(workdir / "checkpoints")
   writer = None
   try:
     for bad in unreadable:
       checkpointer.delete(bad)  # redone below; a save of the same step would be refused
-    writer = tensorboard.appender(workdir / "tb")
+    writer = tensorboard.appender(workdir / "tb") if writes else None
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress) as bar:
       while step < cfg.steps:
@@ -146,11 +154,12 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         # extended from any step saves the same checkpoints.
         n = min(cfg.checkpoint_every - step % cfg.checkpoint_every, cfg.steps - step)
         state, metrics_T = task.advance(state, n)
-        metrics_T = jax.device_get(metrics_T)
+        metrics_T = distributed.gather(metrics_T)
         _check_finite(metrics_T, step)
         new_rows = window_means(metrics_T, step, cfg.log_every)
-        metrics_log.append_rows(log_path, new_rows)  # rows first: a checkpoint implies its rows
-        writer.write_rows(new_rows)
+        if writes:  # rows first: a checkpoint implies its rows
+          metrics_log.append_rows(log_path, new_rows)
+          writer.write_rows(new_rows)
         rows += new_rows
         step += n
         checkpointer.save(step, state)
@@ -182,6 +191,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
   for metric in ("reward", "citation_rate"):
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
+  if not writes:
+    return summary
   atomic_write_json(workdir / "summary.json", summary)
   steps_T = np.array([r["step"] for r in rows])
   curves = {cfg.config: {m: np.array([[r[m] for r in rows]]) for m in plots.CURVE_METRICS}}

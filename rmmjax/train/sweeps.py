@@ -2,7 +2,7 @@
 
 Configurations go through `core.make_sweep` (jit(vmap(run))) in chunks of `sweep_chunk`; the
 last chunk is padded with copies so every chunk has one shape and nothing recompiles. With several
-devices, of one process or of several (`rmmjax.train.distributed`), the sweep axis of each chunk
+devices, of one process or of several (`rmmjax.distributed`), the sweep axis of each chunk
 is sharded across all of them (results equal the one-device run); process 0 writes the outputs.
 """
 
@@ -23,7 +23,7 @@ from rmmjax.config import SWEEPABLE, Config, parse_value
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable,
                                sweep_record, write_run_record)
-from rmmjax.train import distributed
+from rmmjax import distributed
 from rmmjax.train.loop import first_last, window_means
 
 

@@ -23,6 +23,7 @@ from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, str
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import latent_record, replay_record
+from rmmjax import distributed
 from rmmjax.train.encoder_task import QueryEncoderTask
 from rmmjax.train.iris_learned_task import IrisLearnedTask
 from rmmjax.train.iris_task import IrisTask
@@ -39,18 +40,29 @@ class LatentTask:
     self.template = core.init_state(self.spec, hp)
     self.eval_queries = cfg.eval_sessions * cfg.batch
     self.record = latent_record(cfg)
+    # Data parallel over the mesh: each drawn batch split over its devices, the rest replicated.
+    self.mesh = distributed.data_mesh(cfg.devices)
+    self._sharding = None
+    if self.mesh.devices.size > 1:
+      distributed.check_divisible(cfg.batch, self.mesh, "batch")
+      self._sharding = distributed.batch_sharding(self.mesh)
+      self.world = distributed.replicate(self.world, self.mesh)
+      self.eval_batch = distributed.replicate(self.eval_batch, self.mesh)
     self._evaluate = jax.jit(core.evaluate, static_argnums=2)
-    self._advance = jax.jit(core.run_steps, static_argnums=(2, 3), donate_argnums=0)
+    self._advance = jax.jit(core.run_steps, static_argnums=(2, 3, 4), donate_argnums=0)
+
+  def _placed(self, state: core.TrainState) -> core.TrainState:
+    return state if self._sharding is None else distributed.replicate(state, self.mesh)
 
   def initial_state(self) -> core.TrainState:
     return self.template
 
   def advance(self, state: core.TrainState, n: int):
-    return self._advance(state, self.world, self.sim, n)
+    return self._advance(self._placed(state), self.world, self.sim, n, self._sharding)
 
   def evaluate(self, state: core.TrainState) -> dict:
-    return {k: float(v) for k, v in jax.device_get(
-        self._evaluate(state.params, self.eval_batch, self.spec)).items()}
+    return {k: float(v) for k, v in distributed.gather(
+        self._evaluate(self._placed(state).params, self.eval_batch, self.spec)).items()}
 
 
 class ReplayTask:
@@ -80,6 +92,12 @@ class ReplayTask:
     self.template = core.init_state(self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     self.pretrain_loss: np.ndarray | None = None
+    # Data parallel over the mesh: each step's batch (axis 1 of the stream) split over it.
+    self.mesh = distributed.data_mesh(cfg.devices)
+    self._parallel = self.mesh.devices.size > 1
+    if self._parallel:
+      distributed.check_divisible(cfg.batch, self.mesh, "batch")
+      self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)
     self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
     self._replay = jax.jit(heldout_replay, static_argnums=3)
 
@@ -97,7 +115,10 @@ class ReplayTask:
     return state
 
   def advance(self, state: core.TrainState, n: int):
+    if self._parallel:
+      state = distributed.replicate(state, self.mesh)
     state, metrics = self._advance(state, self.train_seq, n)
+    metrics = distributed.gather(metrics)
     # Prequential recall of the training stream: each batch scored before its update.
     metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
         metrics.pop("present"), 1.0)
@@ -109,6 +130,7 @@ class ReplayTask:
     held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
     if not self.test_convs:  # holdout=0: every conversation was trained on
       return {}
+    state = distributed.gather(state) if self._parallel else state
     m = self.spec.m
     frozen = self._replay(state, self.test_streams, self.test_ids, False)["recall_SxB"]
     adapting = self._replay(state, self.test_streams, self.test_ids, True)["recall_SxB"]

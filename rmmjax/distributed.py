@@ -19,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
+import sys
+import time
 
 import jax
 import numpy as np
@@ -67,6 +70,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   check_flags(coordinator, num_processes, process_id)
   if coordinator is None and not _launched_by_cluster():
     return False
+  if coordinator is not None:
+    if process_id != 0:
+      _wait_for(coordinator, timeout_s)
+    # The runtime ends the process itself (SIGABRT, a stack trace) when the processes do not
+    # all join in time; this line says what it was waiting for.
+    print(f"process {process_id} of {num_processes}: joining {coordinator} (waiting at most "
+          f"{timeout_s} s for every process)", file=sys.stderr, flush=True)
   # CPU devices need a collectives library to talk across processes (it leaves accelerators'
   # own alone); asking for the backend here would start it before the runtime, so always set.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -79,6 +89,22 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                      f"{process_id} of {num_processes}, waiting at most {timeout_s} s): "
                      f"{str(err).splitlines()[0][:300]}") from None
   return True
+
+
+def _wait_for(coordinator: str, timeout_s: int) -> None:
+  """Refuses, within timeout_s, a coordinator nothing listens at (process 0 starts it)."""
+  host, port = coordinator.rsplit(":", 1)
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      socket.create_connection((host, int(port)), timeout=2).close()
+      return
+    except OSError as err:
+      if time.monotonic() > deadline:
+        raise ValueError(f"--coordinator {coordinator}: nothing answered within {timeout_s} s "
+                         f"({err}); start process 0 with the same --coordinator, or check the "
+                         f"address and port") from None
+      time.sleep(0.5)
 
 
 def is_writer() -> bool:
@@ -117,20 +143,38 @@ def shard_leading(tree, mesh: Mesh, axis: int = 0):
 
 
 def replicate(tree, mesh: Mesh):
-  """Every array of tree whole on every device of the mesh."""
+  """Every array of tree whole on every device of the mesh (left as it is where it already
+  is: a state that comes back from a step on the mesh is not copied again)."""
   sharding = NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(
-      lambda x: jax.make_array_from_callback(np.shape(x), sharding,
-                                             lambda i, x=np.asarray(x): x[i]), tree)
+
+  def place(x):
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+      return x
+    host = np.asarray(gather(x))
+    return jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+  return jax.tree.map(place, tree)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) axis split over the mesh."""
+  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
 def gather(tree):
   """numpy copies of tree on every process (arrays spread over processes are all-gathered)."""
   def get(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(get, tree)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process gets here (a no-op in one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
 
 
 def digest(*parts: str | bytes) -> str:
