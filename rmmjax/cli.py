@@ -225,6 +225,9 @@ def _cmd_bench(args) -> None:
   if args.what == "core":
     from rmmjax.bench import core as bench
     bench.bench_core(out, quick=args.quick)
+  elif args.what == "scaling":
+    from rmmjax.bench import scaling as bench_scaling
+    bench_scaling.bench_scaling(out, quick=args.quick)
   elif args.what == "iris":
     from rmmjax.bench import iris as bench_iris
     bench_iris.bench_iris(out, Path(args.data) if args.data else None, quick=args.quick)
@@ -250,6 +253,7 @@ the outputs. Running the same command again resumes the workdir."""
 
 def build_parser() -> argparse.ArgumentParser:
   from rmmjax.cli_bank import add_parser as add_bank_parser
+  from rmmjax.cli_distributed import add_flags as add_distributed_flags
   from rmmjax.cli_memory import add_parsers as add_memory_parsers
   from rmmjax.config import CONFIGS, EVALUABLE_DATASETS, PRECISIONS, UNITS
   from rmmjax.eval.iris_eval import JUDGES
@@ -267,14 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "rmmjax/config.py")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="several processes (hosts): process 0's address; with --num-processes "
-                        "and --process-id (none of them: this machine, or what SLURM, Open MPI "
-                        "or a Cloud TPU slice says)")
-    p.add_argument("--num-processes", type=int, default=None)
-    p.add_argument("--process-id", type=int, default=None)
-    p.add_argument("--distributed-timeout", type=int, default=60, metavar="S",
-                   help="seconds to wait for every process to join (default 60)")
+    add_distributed_flags(p)
 
   p = sub.add_parser("train", help="train a reranker (resumes from the workdir)",
                      description=TRAIN_HELP)
@@ -358,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
   add_bank_parser(sub)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
-  p.add_argument("what", choices=["core", "search", "encode", "agent", "iris"])
+  p.add_argument("what", choices=["core", "search", "encode", "agent", "iris", "scaling"])
   p.add_argument("--data", default=None,
                  help="encode: the LoCoMo file whose turns are encoded; agent: whose sessions "
                       "are ingested")
@@ -378,27 +375,12 @@ INTERRUPTED = {"train": "rerun the same command to resume",
                "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
 
 
-def _start_runtime(argv: list[str]) -> None:
-  """Starts jax.distributed for train and sweep before anything asks JAX for a device: the
-  parser's imports do (bm25s runs a JAX op when imported)."""
-  pre = argparse.ArgumentParser(add_help=False)
-  pre.add_argument("command", nargs="?")
-  pre.add_argument("--coordinator", default=None)
-  pre.add_argument("--num-processes", type=int, default=None)
-  pre.add_argument("--process-id", type=int, default=None)
-  pre.add_argument("--distributed-timeout", type=int, default=60)
-  known, _ = pre.parse_known_args(argv)
-  if known.command in ("train", "sweep"):
-    from rmmjax import distributed
-    distributed.initialize(known.coordinator, known.num_processes, known.process_id,
-                           known.distributed_timeout)
-
-
 def main(argv: list[str] | None = None) -> int:
+  from rmmjax.cli_distributed import start_runtime
   from rmmjax.llm.base import LLMError
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
-    _start_runtime(argv)
+    start_runtime(argv)
   except ValueError as err:
     print(f"rmmjax: error: {err}", file=sys.stderr)
     return 2

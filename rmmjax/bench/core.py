@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core
+from rmmjax.bench.machine import describe, machine_info
 from rmmjax.train.sweeps import run_chunks  # the chunk driver `rmmjax sweep` uses
 
 D, K, M = 384, 20, 5
@@ -39,7 +40,10 @@ def median_time(fn, repeats: int) -> float:
 
 
 def write_result(result: dict, out: Path | None) -> None:
-  """The benchmark's numbers as JSON at `out` (when given)."""
+  """Names the machine under the table and in the result; the numbers as JSON at `out` (when
+  given)."""
+  result["machine"] = result.get("machine", {}) | machine_info()
+  print(f"\nmachine: {describe(result['machine'])}")
   if out is not None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -161,10 +165,7 @@ def bench_core(out: Path | None, quick: bool = False, progress: bool = True) -> 
                         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
             "shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}
   print_table(result)
-  if out is not None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+  write_result(result, out)
   return result
 
 

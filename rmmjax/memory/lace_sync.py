@@ -3,9 +3,10 @@
 The bank's turns are the record; a saved LaceMem is derived from them (facts cut from each turn,
 embedded, linked). `synced_lace` loads the saved one (or starts an empty one), adds every turn
 of the bank it does not hold yet, in the bank's order, through `LaceMem.add_turns` (streaming,
-CHUNK turns per encoder call: the same layers as a batch build), and saves it when it grew. A save replaces the user's whole
-LaceMem in one transaction, so two processes that both add turns can overwrite each other's
-additions, but never lose a turn: the bank keeps it, and the next sync adds it back.
+CHUNK turns per encoder call: the same layers as a batch build), and saves it when it grew.
+A save replaces the user's whole LaceMem in one transaction, so two processes that both add
+turns can overwrite each other's additions, but never lose a turn: the bank keeps it, and the
+next sync adds it back.
 """
 
 from __future__ import annotations

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One prepared check of rmmjax on an accelerator (at most about 10 minutes): the parity tests
+# at precision=highest (fast scorer = naive formula, export = JAX to 1e-5, encoder =
+# sentence-transformers), `rmmjax bench core`, `bench encode` and `bench scaling`, and one
+# `train --config locomo`; every number is written under OUT with the device named.
+#
+#   pip install -e '.[parity]' && pip install -U "jax[cuda12]"   # or "jax[tpu]" on a TPU VM
+#   OUT=results/accelerator DATA=../shared/data/locomo/locomo_dev8.json \
+#     bash experiments/accelerator_check.sh
+set -euo pipefail
+OUT=${OUT:-accelerator_check}
+DATA=${DATA:-../shared/data/locomo/locomo_dev8.json}
+mkdir -p "$OUT"
+python - <<'EOF' | tee "$OUT/device.txt"
+import jax
+from rmmjax.bench.machine import describe, machine_info
+info = machine_info()
+print(describe(info))
+if info["backend"] == "cpu":
+  print("warning: JAX sees no accelerator here; the numbers below are the CPU's")
+EOF
+# The parity tests (they compare against independent computations at full float32).
+timeout 300 python -m pytest -q -p no:cacheprovider \
+  tests/test_reranker.py tests/test_step.py tests/test_selection.py tests/test_cli.py \
+  tests/test_encode.py -k "naive or equals or matches or export or sentence" \
+  2>&1 | tail -5 | tee "$OUT/parity.txt"
+timeout 120 rmmjax bench core --quick --out "$OUT/bench_core.json" | tee "$OUT/bench_core.txt"
+timeout 120 rmmjax bench encode --quick --data "$DATA" --out "$OUT/bench_encode.json" \
+  | tee "$OUT/bench_encode.txt"
+timeout 150 rmmjax bench scaling --quick --out "$OUT/bench_scaling.json" \
+  | tee "$OUT/bench_scaling.txt"
+rm -rf "$OUT/train"
+timeout 150 rmmjax train --config locomo --set data="$DATA" --set steps=100 \
+  --set checkpoint_every=50 --workdir "$OUT/train" --quiet | tee "$OUT/train.txt"
+echo "wrote $OUT"

@@ -1,0 +1,70 @@
+"""Trains each training path twice in one process, on devices=1 and on every device, exports
+both and writes the largest differences of their metrics and weights as JSON.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/parallel_runs.py OUT DATA ROOT
+
+(run by tests/test_distributed.py: a process's device count is fixed when JAX starts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from rmmjax.cli import main
+
+SMALL = ["holdout=1", "steps=20", "checkpoint_every=10", "log_every=5"]
+PATHS = {
+    "latent": ["--config", "latent", "--set", "steps=100", "--set", "checkpoint_every=50"],
+    "reranker": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
+                 "--set", "learner=reranker"],
+    "query_encoder": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
+                      "--set", "learner=query_encoder", "--set", "encoder_pretrain_epochs=1",
+                      "--set", "k=10"],
+    "reranker_in_iris": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
+                         "--set", "learner=reranker", "--set", "units=lace"],
+}
+
+
+def _weights(out: Path) -> dict[str, np.ndarray]:
+  files = [out] if out.suffix == ".safetensors" else sorted(out.rglob("*.safetensors"))
+  return {f"{f.relative_to(out) if f != out else ''}:{k}": v
+          for f in files for k, v in load_file(f).items()}
+
+
+def _rows(workdir: Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def main_(out: str, data: str, root: str) -> None:
+  root_path, report = Path(root), {}
+  for name, args in PATHS.items():
+    if "--config" in args and args[args.index("--config") + 1] == "locomo":
+      args = [*args, "--set", f"data={data}"]
+    runs = {}
+    for devices in (1, 0):
+      wd = root_path / f"{name}-{devices}"
+      assert main(["train", *args, "--set", f"devices={devices}", "--workdir", str(wd),
+                   "--quiet"]) == 0, name
+      target = root_path / f"{name}-{devices}-export"
+      target = target.with_suffix(".safetensors") if name != "query_encoder" else target
+      assert main(["export", "--workdir", str(wd), "--out", str(target)]) == 0, name
+      runs[devices] = (wd, _weights(target))
+    (one, w1), (every, w4) = runs[1], runs[0]
+    rows1, rows4 = _rows(one), _rows(every)
+    s1, s4 = (json.loads((wd / "summary.json").read_text()) for wd in (one, every))
+    report[name] = {
+        "rows": [len(rows1), len(rows4)],
+        "metrics": max(abs(a[k] - b[k]) for a, b in zip(rows1, rows4) for k in a),
+        "summary": max(abs(s1[k] - s4[k]) for k in s1 if isinstance(s1[k], float)),
+        "weights": max(float(np.max(np.abs(w1[k] - w4[k]))) for k in w1),
+        "tensors": [len(w1), len(w4)]}
+  Path(out).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+  main_(*sys.argv[1:])

@@ -1,0 +1,144 @@
+"""More than one device and more than one process, on fake CPU devices and JAX's CPU
+collectives (gloo) over 127.0.0.1: data-parallel training equals one device, a two-process
+sweep and train equal the one-process runs, and bad flags, a missing coordinator and processes
+started differently end in one clear line each, within a bound, leaving nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rmmjax.distributed import check_flags
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+
+
+def _env(devices: int) -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu",
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _processes(argv: list[list[str]], devices: int, timeout: float) -> list[tuple[int, str]]:
+  """Starts one `rmmjax` process per argument list at once; (returncode, stderr) of each. Every
+  process is ended before this returns, whatever happens."""
+  procs = [subprocess.Popen([sys.executable, "-m", "rmmjax.cli", *a], env=_env(devices),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for a in argv]
+  try:
+    deadline = time.monotonic() + timeout
+    errs = [p.communicate(timeout=max(1.0, deadline - time.monotonic()))[1] for p in procs]
+    return [(p.returncode, err) for p, err in zip(procs, errs)]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def _two(args: list[str], workdir: Path, timeout: float = 300) -> list[tuple[int, str]]:
+  port = _free_port()
+  return _processes([[*args, "--workdir", str(workdir), "--quiet", "--coordinator",
+                      f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
+                     for i in range(2)], devices=2, timeout=timeout)
+
+
+def _one(args: list[str], workdir: Path) -> None:
+  [(rc, err)] = _processes([[*args, "--workdir", str(workdir), "--quiet"]], devices=4,
+                           timeout=300)
+  assert rc == 0, err[-2000:]
+
+
+def test_flags_are_checked_before_anything_starts():
+  check_flags(None, None, None)
+  check_flags("10.0.0.1:8476", 4, 3)
+  for flags, message in [(("h:1", 2, None), "go together"), (("h", 2, 0), "expected HOST:PORT"),
+                         (("h:99999", 2, 0), "expected HOST:PORT"),
+                         (("h:1", 2, 2), "expected 0 to 1"), (("h:1", 0, 0), "at least 1")]:
+    with pytest.raises(ValueError, match=message):
+      check_flags(*flags)
+
+
+def test_data_parallel_training_equals_one_device(three, tmp_path):
+  """Every training path on 4 devices against devices=1 in the same process: the metrics to
+  float tolerance, and the exported weights (the encoder's through Adam, whose normalised steps
+  carry reduction-order differences further)."""
+  out = tmp_path / "report.json"
+  run = subprocess.run([sys.executable, str(TESTS / "parallel_runs.py"), str(out), str(three),
+                        str(tmp_path)], env=_env(4), capture_output=True, text=True,
+                       timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads(out.read_text())
+  assert set(report) == {"latent", "reranker", "query_encoder", "reranker_in_iris"}
+  for name, r in report.items():
+    assert r["rows"][0] == r["rows"][1] > 0 and r["tensors"][0] == r["tensors"][1] > 0, name
+    assert r["metrics"] < 1e-5 and r["summary"] < 1e-5, (name, r)
+    assert r["weights"] < (5e-4 if name == "query_encoder" else 1e-5), (name, r)
+
+
+def test_a_two_process_sweep_equals_one_process_on_four_devices(tmp_path):
+  args = ["sweep", "--config", "latent", "--grid", "tau=0.1,0.5,1.0,2.0", "--seeds", "2",
+          "--steps", "40"]
+  _one(args, tmp_path / "one")
+  for rc, err in _two(args, tmp_path / "two"):
+    assert rc == 0, err[-2000:]
+  one, two = (json.loads((tmp_path / w / "sweep.json").read_text())["runs"]
+              for w in ("one", "two"))
+  assert len(one) == len(two) == 8
+  for a, b in zip(one, two):
+    assert (a["tau"], a["seed"]) == (b["tau"], b["seed"])
+    for key in ("recall_at_m_final", "recall_at_m_base", "reward_last"):
+      assert abs(a[key] - b[key]) <= 1e-5, (key, a, b)
+
+
+def test_a_two_process_replay_train_equals_one_process(three, tmp_path):
+  args = ["train", "--config", "locomo", *[x for s in (
+      f"data={three}", "learner=reranker", "holdout=1", "steps=40", "checkpoint_every=20",
+      "log_every=10") for x in ("--set", s)]]
+  _one(args, tmp_path / "one")
+  results = _two(args, tmp_path / "two")
+  for rc, err in results:
+    assert rc == 0, err[-2000:]
+  rows = [[json.loads(line) for line in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
+          for w in ("one", "two")]
+  assert len(rows[0]) == len(rows[1]) == 4
+  assert max(abs(a[k] - b[k]) for a, b in zip(*rows) for k in a) <= 1e-5
+  one, two = (json.loads((tmp_path / w / "summary.json").read_text()) for w in ("one", "two"))
+  assert all(abs(one[k] - two[k]) <= 1e-5 for k in one if isinstance(one[k], float))
+  assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()
+                if p.name.isdigit()) == ["20", "40"]
+
+
+def test_processes_started_differently_are_refused_and_write_nothing(tmp_path):
+  port = _free_port()
+  base = ["train", "--config", "latent", "--set", "checkpoint_every=50", "--workdir",
+          str(tmp_path / "w"), "--quiet", "--coordinator", f"127.0.0.1:{port}",
+          "--num-processes", "2"]
+  out = _processes([[*base, "--process-id", "0", "--set", "steps=100"],
+                    [*base, "--process-id", "1", "--set", "steps=50"]], devices=2, timeout=240)
+  for rc, err in out:
+    assert rc == 2 and "started with different configs" in err, err[-1500:]
+  assert not (tmp_path / "w").exists()
+
+
+def test_a_coordinator_nothing_listens_at_is_refused_within_the_timeout(tmp_path):
+  start = time.monotonic()
+  [(rc, err)] = _processes([["train", "--config", "latent", "--workdir", str(tmp_path / "w"),
+                             "--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes",
+                             "2", "--process-id", "1", "--distributed-timeout", "3"]],
+                           devices=1, timeout=120)
+  assert rc == 2 and "nothing answered within 3 s" in err, err[-1500:]
+  assert time.monotonic() - start < 60 and not (tmp_path / "w").exists()
