@@ -142,3 +142,18 @@ def test_a_coordinator_nothing_listens_at_is_refused_within_the_timeout(tmp_path
                            devices=1, timeout=120)
   assert rc == 2 and "nothing answered within 3 s" in err, err[-1500:]
   assert time.monotonic() - start < 60 and not (tmp_path / "w").exists()
+
+
+def test_a_run_resumed_on_other_devices_continues_it(tmp_path):
+  """Half a run on one device, resumed on four: the state is placed on the mesh again and the
+  run ends as one on one device does, to float tolerance."""
+  args = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
+  _one([*args, "--set", "steps=100", "--set", "devices=1"], tmp_path / "one")
+  _one([*args, "--set", "steps=50", "--set", "devices=1"], tmp_path / "moved")
+  _one([*args, "--set", "steps=100", "--set", "devices=4"], tmp_path / "moved")
+  rows = [[json.loads(line) for line in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
+          for w in ("one", "moved")]
+  assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] and len(rows[0]) == 10
+  assert max(abs(a[k] - b[k]) for a, b in zip(*rows) for k in a) <= 1e-5
+  config = json.loads((tmp_path / "moved" / "config.json").read_text())
+  assert config["devices"] == 4
