@@ -9,7 +9,8 @@ import sys
 
 def _print_response(response) -> None:
   if response.abstained:
-    print("(IRIS judged the evidence for this question missing: the answer was asked to say so)")
+    print("(IRIS judged the evidence for this question missing"
+          + (": the LLM was asked to say so)" if response.answer is not None else ")"))
   if response.failure == "llm_error":
     print(f"(the LLM failed: {response.error}; the memories it would have been shown:)")
   if response.answer is not None:
@@ -21,6 +22,8 @@ def _print_response(response) -> None:
     return
   if response.failure == "malformed":
     print(f"(the LLM's reply held no answer: {response.error}; the memories it was shown:)")
+  if not response.shown_texts:
+    print("(no memories to show yet)")
   for i, text in enumerate(response.shown_texts, 1):
     line = " ".join(text.split())
     print(f"[{i}] {line[:300]}{' [...]' if len(line) > 300 else ''}")
@@ -57,6 +60,9 @@ def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
           print(agent.end_session(user).describe())
         except ValueError as err:
           print(f"/end: {err}")
+        continue
+      if text.startswith("/") and " " not in text:  # a mistyped command is not a question
+        print(f"{text}: not a command (/end ends the session, /quit leaves)")
         continue
       _print_response(agent.respond(user, text))
       sys.stdout.flush()

@@ -19,6 +19,8 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   from rmmjax.agent import Agent, AgentSettings
   from rmmjax.io.reranker_load import load_reranker
   from rmmjax.replay.query_encoder import load_query_encoder
+  args.retriever = args.retriever or "hybrid"
+  args.candidates = 20 if args.candidates is None else args.candidates
   if args.candidates < 1:
     raise ValueError(f"--candidates {args.candidates}: expected a positive number of memories "
                      f"to retrieve")
@@ -47,11 +49,14 @@ def _iris_agent(args, memory_bank, encoder, m: int, llm=None):
   from rmmjax.replay.iris_model_io import load_iris_model
   from rmmjax.retrieve.iris import IRIS_PRESETS
   for flag, value in (("--reranker", args.reranker), ("--encoder", args.encoder),
-                      ("--workdir", getattr(args, "workdir", None))):
+                      ("--workdir", getattr(args, "workdir", None)),
+                      ("--retriever", args.retriever), ("--candidates", args.candidates),
+                      ("--allow-mismatch", args.allow_mismatch)):
     if value:
       raise ValueError(f"{flag} {value}: {args.command} --iris retrieves through IRIS over the "
-                       f"user's LaceMem, which takes its models from --iris-model (a "
-                       f"learner=iris workdir or its export); drop {flag}")
+                       f"user's LaceMem (hybrid search, budgets from --iris-settings), which "
+                       f"takes its models from --iris-model (a learner=iris workdir or its "
+                       f"export); drop {flag}")
   model = load_iris_model(Path(args.iris_model), encoder) if args.iris_model else None
   preset = args.iris_settings or ("learned" if model is not None else "default")
   return IrisAgent(memory_bank, encoder, m=m, llm=llm, settings=IRIS_PRESETS[preset],
@@ -246,8 +251,8 @@ def add_parsers(sub) -> None:
                    help="with --iris: build the user's LaceMem afresh from their turns")
 
   def retrieval_flags(p):
-    p.add_argument("--retriever", default="hybrid", choices=RETRIEVERS)
-    p.add_argument("--candidates", type=int, default=20, help="K memories retrieved")
+    p.add_argument("--retriever", default=None, choices=RETRIEVERS, help="default hybrid")
+    p.add_argument("--candidates", type=int, default=None, help="K memories retrieved (20)")
     p.add_argument("--reranker", default=None, help="a training workdir or exported reranker")
     p.add_argument("--encoder", default=None, help="a tuned query encoder (workdir or export)")
     p.add_argument("--allow-mismatch", action="store_true",

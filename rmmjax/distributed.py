@@ -44,8 +44,10 @@ def _launched_by_cluster() -> bool:
 
 
 def check_flags(coordinator: str | None, num_processes: int | None,
-                process_id: int | None) -> None:
+                process_id: int | None, timeout_s: int = 60) -> None:
   """Refuses flags that cannot start a run, before anything is compiled or written."""
+  if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s < 1:
+    raise ValueError(f"--distributed-timeout {timeout_s}: expected a positive number of seconds")
   given = [x is not None for x in (coordinator, num_processes, process_id)]
   if any(given) and not all(given):
     raise ValueError("--coordinator, --num-processes and --process-id go together: give all "
@@ -53,9 +55,11 @@ def check_flags(coordinator: str | None, num_processes: int | None,
                      "say)")
   if not any(given):
     return
-  if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator) or not 0 < int(
-      coordinator.rsplit(":", 1)[1]) < 65536:
-    raise ValueError(f"--coordinator {coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:8476")
+  if not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):\d+", coordinator):
+    raise ValueError(f"--coordinator {coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:8476 "
+                     f"or [::1]:8476")
+  if not 0 < int(coordinator.rsplit(":", 1)[1]) < 65536:
+    raise ValueError(f"--coordinator {coordinator!r}: the port must be 1 to 65535")
   if num_processes < 1:
     raise ValueError(f"--num-processes {num_processes}: expected at least 1")
   if not 0 <= process_id < num_processes:
@@ -67,7 +71,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, timeout_s: int = 60) -> bool:
   """Starts jax.distributed when asked (or when a cluster launched this process); True if it
   did. A coordinator that cannot be reached fails within timeout_s with the address."""
-  check_flags(coordinator, num_processes, process_id)
+  check_flags(coordinator, num_processes, process_id, timeout_s)
   if coordinator is None and not _launched_by_cluster():
     return False
   if coordinator is not None:
@@ -94,6 +98,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 def _wait_for(coordinator: str, timeout_s: int) -> None:
   """Refuses, within timeout_s, a coordinator nothing listens at (process 0 starts it)."""
   host, port = coordinator.rsplit(":", 1)
+  host = host.strip("[]")
   deadline = time.monotonic() + timeout_s
   while True:
     try:

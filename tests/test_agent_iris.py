@@ -81,9 +81,9 @@ def test_turns_added_later_reach_the_lace_and_a_concurrent_writer_loses_none(db,
     a, _ = synced_lace(one, "alice", encoder, progress=False)
     b, _ = synced_lace(two, "alice", encoder, progress=False)
     # Each process appends a turn and saves its own LaceMem: the later save replaces the other.
-    _, first = one.append_chat("alice", [("user", "Where does Bob's brother live?")], "1 July")
+    _, first = one.append_chat("alice", [("user", "Bob's brother moved to Porto.")], "1 July")
     assert add_missing_turns(a, one, "alice") == 1
-    _, second = two.append_chat("alice", [("user", "What is the dog called?")], "1 July")
+    _, second = two.append_chat("alice", [("user", "The dog learnt to swim.")], "1 July")
     assert add_missing_turns(b, two, "alice") == 2  # its own turn and the other's
     turns = {t.turn_id for t in one.turns("alice")}
     assert turns == {t.turn_id for t in LaceMem.load(one, "alice", encoder).turns}
@@ -154,10 +154,16 @@ def test_respond_answers_from_the_lace_records_the_exchange_and_adds_it(db, enco
     assert response.shown_texts[0] in server.prompts[-1]
     recorded = bank.turns("alice", response.session_id)
     assert [t.text for t in recorded] == ["What is the name of Alice's cat?", "Pixel"]
-    # The exchange is in the LaceMem already, and saved.
+    # Neither the question nor the answer is evidence: asked again, the question does not
+    # find itself. A statement of the user's is, at once, and saved.
+    assert not {t.turn_id for t in recorded} & {t.turn_id for t in agent.store("alice").turns}
+    again = agent.respond("alice", "What is the name of Alice's cat?")
+    assert all("What is the name" not in text for text in again.shown_texts)
+    said = agent.respond("alice", "Alice bought a red kayak in July.")
     ids = {t.turn_id for t in agent.store("alice").turns}
-    assert {t.turn_id for t in recorded} <= ids
+    assert bank.turns("alice", said.session_id)[-2].turn_id in ids
     assert ids == {t.turn_id for t in LaceMem.load(bank, "alice", encoder).turns}
+    assert "kayak" in agent.respond("alice", "What did Alice buy in July?").shown_texts[0]
 
 
 def test_an_abstention_asks_the_llm_to_say_the_evidence_is_missing(db, encoder, server):
@@ -189,6 +195,7 @@ def test_recall_iris_builds_the_lace_then_answers_and_refuses_bad_flags(db, tmp_
   for flags, message in [
       (("--iris-model", str(tmp_path)), "pass --iris as well"),
       (("--iris", "--reranker", str(tmp_path)), "drop --reranker"),
+      (("--iris", "--retriever", "bm25"), "drop --retriever"),
       (("--iris", "--iris-model", str(tmp_path / "none")), "expected a learner=iris workdir"),
   ]:
     run = _cli("recall", "--db", str(db), "--user", "alice", *flags, "a question", cwd=tmp_path)
@@ -202,13 +209,15 @@ def test_chat_iris_answers_records_and_reflects(db, tmp_path, server):
   run = subprocess.run(
       [sys.executable, "-m", "rmmjax.cli", "chat", "--db", str(db), "--user", "alice", "--iris",
        "--llm-url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "--m", "3"],
-      input="What is the cat called?\nWhere does Bob's brother live?\n/end\n",
+      input="What is the cat called?\n/qiut\nWhere does Bob's brother live?\n/end\n",
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
   assert run.returncode == 0, run.stderr[-2000:]
   assert run.stdout.count("Pixel") >= 2 and "cited: [1]" in run.stdout
   assert "session chat-1 reflected" in run.stdout
+  assert "/qiut: not a command" in run.stdout  # and not a question: 4 turns, not 6
   assert "IRIS abstentions" in run.stdout and "IRIS serves" in run.stdout
   with MemoryBank(db) as bank:
     assert len(bank.turns("alice", "chat-1")) == 4
-    assert {t.turn_id for t in bank.turns("alice")} == {
+    # The chat's questions and answers are in the bank, not among the evidence.
+    assert {t.turn_id for t in bank.turns("alice") if not t.session_id.startswith("chat")} == {
         t.turn_id for t in LaceMem.load(bank, "alice", None).turns}

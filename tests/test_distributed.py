@@ -65,9 +65,11 @@ def _one(args: list[str], workdir: Path) -> None:
 def test_flags_are_checked_before_anything_starts():
   check_flags(None, None, None)
   check_flags("10.0.0.1:8476", 4, 3)
+  check_flags("[::1]:8476", 2, 1)
   for flags, message in [(("h:1", 2, None), "go together"), (("h", 2, 0), "expected HOST:PORT"),
-                         (("h:99999", 2, 0), "expected HOST:PORT"),
-                         (("h:1", 2, 2), "expected 0 to 1"), (("h:1", 0, 0), "at least 1")]:
+                         (("h:99999", 2, 0), "port must be 1 to 65535"),
+                         (("h:1", 2, 2), "expected 0 to 1"), (("h:1", 0, 0), "at least 1"),
+                         (("h:1", 2, 0, 0), "positive number of seconds")]:
     with pytest.raises(ValueError, match=message):
       check_flags(*flags)
 
@@ -157,3 +159,11 @@ def test_a_run_resumed_on_other_devices_continues_it(tmp_path):
   assert max(abs(a[k] - b[k]) for a, b in zip(*rows) for k in a) <= 1e-5
   config = json.loads((tmp_path / "moved" / "config.json").read_text())
   assert config["devices"] == 4
+
+
+def test_a_sweep_on_more_devices_than_there_are_is_refused(tmp_path, capsys):
+  from rmmjax.cli import main  # noqa: PLC0415
+  assert main(["sweep", "--config", "latent", "--grid", "tau=0.1,0.5", "--steps", "10",
+               "--set", "devices=9", "--workdir", str(tmp_path / "w"), "--quiet"]) == 2
+  assert "devices=9: this run sees 1 devices" in capsys.readouterr().err
+  assert not (tmp_path / "w").exists()

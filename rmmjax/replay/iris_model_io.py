@@ -102,8 +102,10 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
                        "--encoder)")
   for need in (ANCHOR_DIR, JUDGE_FILE):
     if not (path / need).exists():
-      raise FileNotFoundError(f"--iris-model {path} has no {need}: its training has not got "
-                              "past fitting the models; run it again to finish")
+      raise FileNotFoundError(
+          f"--iris-model {path} has no {need}: " + (
+              "an incomplete export; export the workdir again" if exported else
+              "its training has not got past fitting the models; run it again to finish"))
   judge, meta = load_judge(path / JUDGE_FILE)
   record = meta.get("record", {})
   if record.get("encoder") != encoder_identity(encoder):

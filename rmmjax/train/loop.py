@@ -119,8 +119,9 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   # Over several processes every one computes; process 0 writes the files (checkpoints go
   # through Orbax, which every process takes part in). Each checks it was given the same run.
   writes = distributed.is_writer()
-  distributed.check_same("configs or data", distributed.digest(
-      cfg.to_json(), json.dumps(getattr(task, "record", None), sort_keys=True, default=str)))
+  distributed.check_same("configs, data or workdirs", distributed.digest(
+      cfg.to_json(), json.dumps(getattr(task, "record", None), sort_keys=True, default=str),
+      str(workdir.resolve())))
   progress = progress and writes
 
   # Nothing was written up to here; what follows makes the workdir this run's.

@@ -127,14 +127,16 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
   workdir = Path(workdir)
   check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
 
-  distributed.check_same("configs or grids", distributed.digest(
-      cfg.to_json(), json.dumps(grid, sort_keys=True, default=str), str(seeds)))
+  distributed.check_same("configs, grids or workdirs", distributed.digest(
+      cfg.to_json(), json.dumps(grid, sort_keys=True, default=str), str(seeds),
+      str(workdir.resolve())))
+  devices = list(distributed.data_mesh(cfg.devices).devices.flat)  # devices=N: the first N
 
   world = core.make_world(sim, spec.dim)
   hparams_C = core.stack_hparams([c.hparams() for c in configs])
   run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
   out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
-                   progress=progress and distributed.is_writer())
+                   devices=devices, progress=progress and distributed.is_writer())
   result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
             "runs": _runs(configs, list(grid), out, cfg.log_every)[0]}
   if not distributed.is_writer():  # process 0 writes; every process returns the result
