@@ -160,9 +160,11 @@ def replicate(tree, mesh: Mesh):
   return jax.tree.map(place, tree)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) axis split over the mesh."""
-  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+def batch_sharding(mesh: Mesh, axis: int = 0) -> NamedSharding | None:
+  """Axis `axis` (the batch's) split over the mesh; None on one device."""
+  if mesh.devices.size == 1:
+    return None
+  return NamedSharding(mesh, PartitionSpec(*([None] * axis), DATA_AXIS))
 
 
 def gather(tree):

@@ -40,6 +40,15 @@ def _rows(workdir: Path) -> list[dict]:
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _pretrain_diff(one: Path, every: Path) -> float | None:
+  """The largest difference of the supervised pretraining losses (None: no pretraining)."""
+  if not (one / "pretrain.json").exists():
+    return None
+  a, b = (json.loads((wd / "pretrain.json").read_text())["loss"] for wd in (one, every))
+  assert len(a) == len(b) > 0
+  return max(abs(x - y) for x, y in zip(a, b))
+
+
 def main_(out: str, data: str, root: str) -> None:
   root_path, report = Path(root), {}
   for name, args in PATHS.items():
@@ -62,7 +71,8 @@ def main_(out: str, data: str, root: str) -> None:
         "metrics": max(abs(a[k] - b[k]) for a, b in zip(rows1, rows4) for k in a),
         "summary": max(abs(s1[k] - s4[k]) for k in s1 if isinstance(s1[k], float)),
         "weights": max(float(np.max(np.abs(w1[k] - w4[k]))) for k in w1),
-        "tensors": [len(w1), len(w4)]}
+        "tensors": [len(w1), len(w4)],
+        "pretrain": _pretrain_diff(one, every)}
   Path(out).write_text(json.dumps(report))
 
 

@@ -79,10 +79,16 @@ def bank_file(tmp_path_factory):
   return path
 
 
+# A suite started in the background of a shell inherits SIGINT ignored, and so would the chat
+# (Python then installs no handler): it is given Python's own, as a terminal's user has it.
+_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "from rmmjax.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def _chat(server, db, workdir, tmp_path, *extra) -> subprocess.Popen:
   env = dict(os.environ, RMMJAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
   return subprocess.Popen(
-      [sys.executable, "-m", "rmmjax.cli", "chat", "--db", str(db), "--user", "alice",
+      [sys.executable, "-c", _WITH_CTRL_C, "chat", "--db", str(db), "--user", "alice",
        "--llm-url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "--batch", "2",
        "--candidates", "6", "--m", "3", "--lr", "0.05", "--workdir", str(workdir), *extra],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

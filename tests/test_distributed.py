@@ -75,9 +75,9 @@ def test_flags_are_checked_before_anything_starts():
 
 
 def test_data_parallel_training_equals_one_device(three, tmp_path):
-  """Every training path on 4 devices against devices=1 in the same process: the metrics to
-  float tolerance, and the exported weights (the encoder's through Adam, whose normalised steps
-  carry reduction-order differences further)."""
+  """Every training path on 4 devices against devices=1 in the same process: the supervised
+  pretraining's losses and the online metrics to float tolerance, and the exported weights (the
+  encoder's through Adam, whose normalised steps carry reduction-order differences further)."""
   out = tmp_path / "report.json"
   run = subprocess.run([sys.executable, str(TESTS / "parallel_runs.py"), str(out), str(three),
                         str(tmp_path)], env=_env(4), capture_output=True, text=True,
@@ -89,6 +89,8 @@ def test_data_parallel_training_equals_one_device(three, tmp_path):
     assert r["rows"][0] == r["rows"][1] > 0 and r["tensors"][0] == r["tensors"][1] > 0, name
     assert r["metrics"] < 1e-5 and r["summary"] < 1e-5, (name, r)
     assert r["weights"] < (5e-4 if name == "query_encoder" else 1e-5), (name, r)
+    assert (r["pretrain"] is None) == (name == "latent"), (name, r)  # the others pretrain
+    assert name == "latent" or r["pretrain"] < 1e-5, (name, r)
 
 
 def test_a_two_process_sweep_equals_one_process_on_four_devices(tmp_path):

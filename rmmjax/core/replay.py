@@ -74,11 +74,13 @@ def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,
   return {"recall_SxB": out["recall_B"], "scores_SxBxK": out["scores_BxK"]}
 
 
-def pretrain(state: TrainState, questions_N: Batch, epochs: int) -> tuple[TrainState, jax.Array]:
+def pretrain(state: TrainState, questions_N: Batch, epochs: int,
+             batch_sharding=None) -> tuple[TrainState, jax.Array]:
   """Supervised listwise pretraining on labelled relevance: `epochs` shuffled passes over N
   questions in batches of spec.batch (the last partial batch of each pass is dropped).
 
   Uses the state's hyperparameters (lr, tau); returns the state and the loss of every step.
+  `batch_sharding` (static) places each pass's batches, (steps, batch, ...), over devices.
   """
   b = state.spec.batch
   num = questions_N.mask_BxK.shape[0]
@@ -91,6 +93,8 @@ def pretrain(state: TrainState, questions_N: Batch, epochs: int) -> tuple[TrainS
     order = jax.random.permutation(jax.random.fold_in(key, e), num)[:per_epoch * b]
     batches = jax.tree.map(lambda x: jnp.asarray(x)[order].reshape((per_epoch, b) + x.shape[1:]),
                            questions_N)
+    if batch_sharding is not None:
+      batches = jax.lax.with_sharding_constraint(batches, batch_sharding)
     return jax.lax.scan(lambda s, batch: supervised_step(s, batch), state, batches)
 
   state, metrics = jax.lax.scan(epoch, state, jnp.arange(epochs))

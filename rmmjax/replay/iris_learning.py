@@ -110,19 +110,21 @@ def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
       evidence_BxKxE=jnp.asarray(evidence))
 
 
-_pretrain = jax.jit(core_replay.pretrain, static_argnums=2)
+_pretrain = jax.jit(core_replay.pretrain, static_argnums=(2, 3))
 
 
 def pretrain_on_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode], epochs: int,
-                         lr: float, tau: float) -> tuple[core.TrainState, np.ndarray]:
+                         lr: float, tau: float,
+                         mesh=None) -> tuple[core.TrainState, np.ndarray]:
   """Supervised listwise pretraining on the episodes' labels at (lr, tau); returns the state
   under its own hyperparameters again with a fresh optimizer (ready to learn online), and the
-  loss of every step."""
+  loss of every step. With a mesh of several devices each batch is split over them."""
   hp = state.hparams
   state = state.replace(hparams=hp.replace(lr=jnp.asarray(lr, jnp.float32),
                                            tau=jnp.asarray(tau, jnp.float32)))
-  state, loss = _pretrain(state, episodes_batch(episodes), epochs)
-  return core_replay.restart_optimizer(state, hp), np.asarray(loss)
+  sharding = None if mesh is None else distributed.batch_sharding(mesh, axis=1)
+  state, loss = _pretrain(state, episodes_batch(episodes), epochs, sharding)
+  return core_replay.restart_optimizer(state, hp), distributed.gather(loss)
 
 
 @final

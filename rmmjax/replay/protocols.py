@@ -58,12 +58,14 @@ class Protocol:
 
 def train_reranker(spec: core.CoreSpec, hparams: core.HParams, pretrain_hparams: core.HParams,
                    train_qs: core.Batch, train_seq: core.Batch, protocol: Protocol,
-                   online_steps: int) -> tuple[core.TrainState, dict]:
-  """Pretraining then online REINFORCE on the training conversations (pure, jittable)."""
+                   online_steps: int, batch_sharding=None) -> tuple[core.TrainState, dict]:
+  """Pretraining then online REINFORCE on the training conversations (pure, jittable;
+  `batch_sharding` splits the pretraining batches over devices)."""
   state = core.init_state(spec, pretrain_hparams)
   logs = {}
   if protocol.pretrains:
-    state, logs["pretrain_loss"] = core_replay.pretrain(state, train_qs, protocol.pretrain_epochs)
+    state, logs["pretrain_loss"] = core_replay.pretrain(state, train_qs, protocol.pretrain_epochs,
+                                                        batch_sharding)
   state = core_replay.restart_optimizer(state, hparams)
   if protocol.learns_online and online_steps:
     state, logs["online"] = core_replay.replay_steps(state, train_seq, online_steps)

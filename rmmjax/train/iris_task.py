@@ -75,7 +75,8 @@ class IrisTask:
     cfg, state = self.cfg, self.template
     if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(
-          state, self.train_episodes, cfg.pretrain_epochs, cfg.pretrain_lr, cfg.pretrain_tau)
+          state, self.train_episodes, cfg.pretrain_epochs, cfg.pretrain_lr, cfg.pretrain_tau,
+          self.mesh)
     return state
 
   def advance(self, state: core.TrainState, n: int):

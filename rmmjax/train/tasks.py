@@ -108,10 +108,11 @@ class ReplayTask:
                                   tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
     protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs)
     # No online steps here: the training loop takes them, in checkpointed segments.
-    state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6))(
-        self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0)
+    state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6, 7))(
+        self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0,
+        distributed.batch_sharding(self.mesh, axis=1))
     if "pretrain_loss" in logs:
-      self.pretrain_loss = np.asarray(logs["pretrain_loss"])
+      self.pretrain_loss = distributed.gather(logs["pretrain_loss"])
     return state
 
   def advance(self, state: core.TrainState, n: int):
