@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 from safetensors.numpy import load_file
 
@@ -49,8 +50,40 @@ def _pretrain_diff(one: Path, every: Path) -> float | None:
   return max(abs(x - y) for x, y in zip(a, b))
 
 
+def _fits() -> dict:
+  """The learned IRIS models' offline fits (ranking encoder, judge) on synthetic examples, on
+  one device and on every one: the largest differences of their losses and parameters."""
+  from rmmjax import distributed  # noqa: PLC0415
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
+  from rmmjax.replay.iris_models import (JudgeExamples, RankingExamples,  # noqa: PLC0415
+                                         fit_judge, fit_ranking_encoder)
+  rng = np.random.default_rng(0)
+  encoder = SentenceEncoder()
+  n, k, d = 32, 8, encoder.dim
+  mem = rng.standard_normal((n, k, d)).astype(np.float32)
+  covers = np.zeros((n, k, 2), bool)
+  covers[:, 0, 0] = covers[:, 3, 1] = True
+  ranking = RankingExamples(tuple(f"question {i} about the trip to Lisbon" for i in range(n)),
+                            mem, covers)
+  judging = JudgeExamples(rng.standard_normal((70, d)).astype(np.float32),
+                          rng.standard_normal((70, 16, d)).astype(np.float32),
+                          rng.random((70, 16)) < 0.7, rng.random(70) < 0.5, ("x",) * 70,
+                          (1,) * 70)
+  out = {}
+  for name, fit in (("ranking_encoder", lambda mesh: fit_ranking_encoder(
+      encoder, ranking, encoder.params, epochs=1, batch=8, lr=2e-5, tau=0.05, seed=0,
+      mesh=mesh)), ("judge", lambda mesh: fit_judge(judging, epochs=3, batch=16, lr=1e-3,
+                                                     seed=0, mesh=mesh))):
+    (p1, l1), (p4, l4) = fit(None), fit(distributed.data_mesh(0))
+    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+             for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4))]
+    out[name] = {"losses": float(np.max(np.abs(l1 - l4))), "steps": len(l1),
+                 "params": max(diffs)}
+  return out
+
+
 def main_(out: str, data: str, root: str) -> None:
-  root_path, report = Path(root), {}
+  root_path, report = Path(root), {"fits": _fits()}
   for name, args in PATHS.items():
     if "--config" in args and args[args.index("--config") + 1] == "locomo":
       args = [*args, "--set", f"data={data}"]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.core.judge import judge_init, judge_loss
 from rmmjax.core.losses import grouped_listwise_loss
 from rmmjax.replay.query_encoder import TunedQueryEncoder
@@ -125,17 +125,28 @@ def pad_tokens(encoder, texts: Sequence[str], max_tokens: int):
   return ids_NxT, mask_NxT
 
 
+def _placer(mesh, batch: int):
+  """(state placement, batch placement) for data parallelism over `mesh` (identity without)."""
+  if mesh is None or mesh.devices.size == 1:
+    return (lambda tree: tree), (lambda tree: tree)
+  distributed.check_divisible(batch, mesh, "batch")
+  return (lambda tree: distributed.replicate(tree, mesh),
+          lambda tree: distributed.shard_leading(tree, mesh))
+
+
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
-                        lr: float, tau: float, seed: int,
-                        max_tokens: int = 128) -> tuple[dict, np.ndarray]:
+                        lr: float, tau: float, seed: int, max_tokens: int = 128,
+                        mesh=None) -> tuple[dict, np.ndarray]:
   """Fine-tunes a query encoder (from `params`) with the grouped listwise loss: `epochs`
   passes over batches of `batch` examples in a new order each pass (the tail that does not
-  fill a batch is left out of that pass). Returns the parameters and every step's loss."""
+  fill a batch is left out of that pass). Returns the parameters and every step's loss. With a
+  mesh of several devices each batch is split over them."""
   if len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
   params = jax.tree.map(jnp.copy, params)
-  state = (params, core.adam_init(params))
+  replicated, split = _placer(mesh, batch)
+  state = replicated((params, core.adam_init(params)))
   module = encoder.module
 
   @jax.jit
@@ -159,10 +170,10 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
       rows = order[start:start + batch]
       # Each batch padded to its own longest text's bucket: a few compiles, far less padding.
       length = encoder.bucket_length(int(mask_NxT[rows].sum(1).max()))
-      state, loss = step(state, ids_NxT[rows, :length], mask_NxT[rows, :length],
-                         examples.mem_NxKxD[rows], examples.covers_NxKxE[rows])
+      state, loss = step(state, *split((ids_NxT[rows, :length], mask_NxT[rows, :length],
+                                        examples.mem_NxKxD[rows], examples.covers_NxKxE[rows])))
       losses.append(loss)
-  return state[0], np.asarray(jax.device_get(losses), np.float32)
+  return distributed.gather(state[0]), np.asarray(distributed.gather(losses), np.float32)
 
 
 @final
@@ -212,11 +223,13 @@ def judge_examples(stores, conversations, refiner_encoder,
 
 
 def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, seed: int,
-              hidden: int = 64) -> tuple[dict, np.ndarray]:
-  """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss."""
+              hidden: int = 64, mesh=None) -> tuple[dict, np.ndarray]:
+  """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss
+  (each batch split over the mesh's devices, when given several)."""
   n, dim = examples.q_NxD.shape
   params = judge_init(jax.random.PRNGKey(seed), dim, hidden)
-  state = (params, core.adam_init(params))
+  replicated, split = _placer(mesh, batch)
+  state = replicated((params, core.adam_init(params)))
 
   @jax.jit
   def step(state, q, f, m, y, w):
@@ -232,10 +245,11 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
       pad = batch - len(rows)  # the last batch is padded with weight-0 rows: one compile
       rows_p = np.concatenate([rows, np.zeros(pad, int)])
       weight = np.concatenate([np.ones(len(rows)), np.zeros(pad)]).astype(np.float32)
-      state, loss = step(state, examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
-                         examples.mask_NxF[rows_p], examples.label_N[rows_p], weight)
+      state, loss = step(state, *split((examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
+                                        examples.mask_NxF[rows_p], examples.label_N[rows_p],
+                                        weight)))
       losses.append(loss)
-  return state[0], np.asarray(jax.device_get(losses), np.float32)
+  return distributed.gather(state[0]), np.asarray(distributed.gather(losses), np.float32)
 
 
 @final
@@ -265,9 +279,10 @@ class FittedIris:
 
 
 def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
-                    anchor=None) -> FittedIris:
+                    anchor=None, mesh=None) -> FittedIris:
   """Fits the anchor encoder (unless given), then the refinement encoder from it, then the judge
-  on IRIS runs with both. The stores' query encoder is the anchor's afterwards."""
+  on IRIS runs with both (data parallel over `mesh`, when given). The stores' query encoder is
+  the anchor's afterwards."""
   losses = {}
   for store in stores:
     store.query_encoder = None
@@ -275,15 +290,15 @@ def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
     examples = anchor_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed)
     anchor, losses["anchor"] = fit_ranking_encoder(
         encoder, examples, encoder.params, epochs=fit.epochs, batch=fit.batch, lr=fit.lr,
-        tau=fit.tau, seed=fit.seed)
+        tau=fit.tau, seed=fit.seed, mesh=mesh)
   tuned = TunedQueryEncoder(encoder, anchor)
   for store in stores:
     store.query_encoder = tuned
   examples = refinement_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1)
   refine, losses["refine"] = fit_ranking_encoder(
       encoder, examples, anchor, epochs=fit.epochs, batch=fit.batch, lr=fit.lr, tau=fit.tau,
-      seed=fit.seed + 1)
+      seed=fit.seed + 1, mesh=mesh)
   logged = judge_examples(stores, conversations, TunedQueryEncoder(encoder, refine))
   judge, losses["judge"] = fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch,
-                                     lr=fit.judge_lr, seed=fit.seed + 2)
+                                     lr=fit.judge_lr, seed=fit.seed + 2, mesh=mesh)
   return FittedIris(anchor, refine, judge, losses)

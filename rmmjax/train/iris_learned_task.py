@@ -93,7 +93,7 @@ class IrisLearnedTask:
     if self.cfg.query_encoder:
       anchor = load_query_encoder(Path(self.cfg.query_encoder), self.encoder).params
     fitted = fit_iris_models(self.encoder, self._train_stores(), self.train_data, self.fit,
-                             anchor)
+                             anchor, self.mesh)
     if distributed.is_writer():  # the others read them from the workdir after the barrier
       save_encoder(self.encoder, fitted.anchor, self.workdir / ANCHOR_DIR,
                    metadata={"record": self.record, "role": "anchor query encoder"})
