@@ -6,16 +6,15 @@ IRIS from a real HTTP server on 127.0.0.1 (an abstention asks the LLM for a refu
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
+from chat_server import ChatServer
 from rmmjax.agent_iris import IrisAgent
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.encode.encoder import SentenceEncoder
@@ -108,40 +107,15 @@ def test_a_lace_of_another_encoder_is_refused_until_rebuilt(db, encoder):
     assert LaceMem.load(bank, "alice", encoder).encoder.identity == encoder.identity
 
 
-class _Server(http.server.ThreadingHTTPServer):
-  daemon_threads = True
-  prompts: list
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-  def log_message(self, *args):
-    pass
-
-  def do_POST(self):  # noqa: N802
-    request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-    self.server.prompts.append(request["messages"][-1]["content"])
-    content = json.dumps({"answer": "Pixel", "citations": [1]})
-    body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": content}}]})
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body.encode())
-
-
 @pytest.fixture(scope="module")
 def server():
-  srv = _Server(("127.0.0.1", 0), _Handler)
-  srv.prompts = []
-  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  srv = ChatServer(lambda request: json.dumps({"answer": "Pixel", "citations": [1]}))
   yield srv
-  srv.shutdown()
+  srv.close()
 
 
 def _llm(server):
-  return OpenAICompatibleLLM(LLMSettings(f"http://127.0.0.1:{server.server_port}", "m",
-                                         timeout_s=10.0))
+  return OpenAICompatibleLLM(LLMSettings(server.url, "m", timeout_s=10.0))
 
 
 def test_respond_answers_from_the_lace_records_the_exchange_and_adds_it(db, encoder, server):
@@ -208,7 +182,7 @@ def test_chat_iris_answers_records_and_reflects(db, tmp_path, server):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run(
       [sys.executable, "-m", "rmmjax.cli", "chat", "--db", str(db), "--user", "alice", "--iris",
-       "--llm-url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "--m", "3"],
+       "--llm-url", server.url, "--model", "m", "--m", "3"],
       input="What is the cat called?\n/qiut\nWhere does Bob's brother live?\n/end\n",
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
   assert run.returncode == 0, run.stderr[-2000:]

@@ -5,19 +5,18 @@ with no text at all never stops it."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from chat_server import ChatServer
 from rmmjax.memory import MemoryBank, NewMemory
 
 pytestmark = pytest.mark.slow
@@ -29,39 +28,17 @@ QUESTIONS = ["what is the cat called?", "where does her sister live?", "what doe
              "what is her job?", "which language is she learning?", "when does she run?"]
 
 
-class _Server(http.server.ThreadingHTTPServer):
-  daemon_threads = True
-  mode = "cite"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-  def log_message(self, *args):
-    pass
-
-  def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    mode = self.server.mode
-    if mode == "fail":
-      self.send_response(500)
-      self.end_headers()
-      return
-    content = {"cite": json.dumps({"answer": "an answer", "citations": [1, 2]}),
-               "plain": "I think it is Pixel.", "null": None}[mode]
-    body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": content}}]})
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body.encode())
+# What the server replies, by its mode: a cited answer, a failure, plain text, no text.
+REPLIES = {"cite": json.dumps({"answer": "an answer", "citations": [1, 2]}), "fail": 500,
+           "plain": "I think it is Pixel.", "null": None}
 
 
 @pytest.fixture(scope="module")
 def server():
-  srv = _Server(("127.0.0.1", 0), _Handler)
-  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  srv = ChatServer(lambda request: REPLIES[srv.mode])
+  srv.mode = "cite"
   yield srv
-  srv.shutdown()
+  srv.close()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +66,7 @@ def _chat(server, db, workdir, tmp_path, *extra) -> subprocess.Popen:
   env = dict(os.environ, RMMJAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
   return subprocess.Popen(
       [sys.executable, "-c", _WITH_CTRL_C, "chat", "--db", str(db), "--user", "alice",
-       "--llm-url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "--batch", "2",
+       "--llm-url", server.url, "--model", "m", "--batch", "2",
        "--candidates", "6", "--m", "3", "--lr", "0.05", "--workdir", str(workdir), *extra],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

@@ -9,7 +9,6 @@ reported as a fraction of the memory-bandwidth limit measured on this machine in
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ def median_time(fn, repeats: int) -> float:
 def write_result(result: dict, out: Path | None) -> None:
   """Names the machine under the table and in the result; the numbers as JSON at `out` (when
   given)."""
-  result["machine"] = result.get("machine", {}) | machine_info()
+  result["machine"] = machine_info()
   print(f"\nmachine: {describe(result['machine'])}")
   if out is not None:
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,9 +160,7 @@ def bench_core(out: Path | None, quick: bool = False, progress: bool = True) -> 
     bar.update()
     train = bench_train(repeats=repeats, min_seconds=0.2 if quick else 1.0, bar=bar)
     sweep = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth, bar=bar)
-  result = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                        "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
-            "shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}
+  result = {"shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}
   print_table(result)
   write_result(result, out)
   return result
