@@ -15,7 +15,7 @@ from rmmjax.cli import main
 pytestmark = pytest.mark.slow
 
 SMALL = ["learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
-         "log_every=5", "encoder_pretrain_epochs=1", "retriever=hybrid", "k=32"]
+         "log_every=5", "encoder_pretrain_epochs=1", "retriever=hybrid", "iris_k=32"]
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +94,21 @@ def test_models_of_another_kind_are_refused(three, iris_run, tmp_path, capsys):
   capsys.readouterr()
   assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--iris-model",
                str(latent)]) == 2
-  assert "trained learner=reranker; expected a workdir of learner=iris" in (
+  assert "is a reranker's training workdir; it is used through --reranker" in (
       capsys.readouterr().err)
+  # The agent's --reranker names what an IRIS workdir or export is, and which flag takes it.
+  from rmmjax.memory import MemoryBank
+  db = tmp_path / "bank.sqlite"
+  with MemoryBank(db) as bank:
+    bank.add_user("u")
+  assert main(["export", "--workdir", str(iris_run), "--out", str(tmp_path / "exported")]) == 0
+  capsys.readouterr()
+  for model in (iris_run, tmp_path / "exported"):
+    assert main(["recall", "--db", str(db), "--user", "u", "--reranker", str(model), "q"]) == 2
+    err = capsys.readouterr().err
+    assert "learner=iris" in err and "--iris-model, with --iris" in err, err
+    assert main(["recall", "--db", str(db), "--user", "u", "--encoder", str(model), "q"]) == 2
+    assert "--iris-model, with --iris" in capsys.readouterr().err
   assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "t"), "--set",
                f"data={three}", "--set", "learner=iris"]) == 2
   assert "learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set units=lace" in (
@@ -119,3 +132,39 @@ def test_a_model_of_another_encoder_is_refused(iris_run):
   from rmmjax.replay.iris_model_io import load_iris_model
   with pytest.raises(ValueError, match="trained on facts embedded by"):
     load_iris_model(iris_run, HashEncoder())
+
+
+def test_eval_through_the_learned_models_says_what_it_left_out_and_can_be_in_sample(
+    three, iris_run, capsys):
+  capsys.readouterr()
+  args = ["eval", "--data", str(three), "--units", "lace", "--quiet", "--iris", "learned",
+          "--iris-model", str(iris_run)]
+  assert main(args) == 0
+  out = capsys.readouterr().out
+  assert "left out 2 conversations trained on: conv-26, conv-30" in out
+  assert main([*args, "--in-sample"]) == 0
+  assert "IN-SAMPLE: 2 of them were trained on (conv-26, conv-30)" in capsys.readouterr().out
+  assert main(["eval", "--data", str(three), "--units", "lace", "--quiet", "--encoder",
+               str(iris_run)]) == 0
+  assert "left out 2 conversations trained on" in capsys.readouterr().out
+
+
+def test_a_run_on_every_conversation_checks_its_fit_on_a_validation_split(three, tmp_path,
+                                                                          capsys):
+  wd = tmp_path / "all"
+  small = [s for s in SMALL if not s.startswith("holdout=")]
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "holdout=0", *small)]) == 0
+  out = capsys.readouterr().out
+  summary = json.loads((wd / "summary.json").read_text())
+  assert summary["validation_conversations"] == ["conv-41"]
+  assert summary["heldout_conversations"] == [] and len(summary["trained_conversations"]) == 2
+  assert "Recall@10 (validation), single pass, tuned anchor" in out
+  assert summary["iris_validation"] and ("iris_warning" in summary) == (
+      summary["iris_recall_at_10_single_pass_tuned"]
+      < summary["iris_recall_at_10_single_pass_base"])
+  # The printed hint is a command eval takes (it used to suggest --reranker for this workdir).
+  hint = next(line.strip() for line in out.splitlines() if line.strip().startswith("rmmjax eval"))
+  argv = [str(three) if a == "FILE" else a for a in hint.split()[1:]]
+  assert main([*argv, "--quiet"]) == 0
+  assert "left out 2 conversations trained on" in capsys.readouterr().out

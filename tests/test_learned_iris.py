@@ -444,3 +444,30 @@ def test_hybrid_iris_fuses_the_vector_with_bm25_over_the_question():
   by_question = [f for f, _ in lace.search_vector(vector, k, question)]
   assert by_question != [f for f, _ in lace.search_vector(vector, k, "where is the thing")]
   assert list(result.trace[1].refine_hits) == by_question
+
+
+def test_ranking_examples_mix_the_searchs_top_hits_with_facts_from_the_whole_store():
+  """A fit that ranks the evidence only against the question's nearest hits never sees the
+  rest of the store (with K = 20 that drove the anchor below the base encoder)."""
+  from rmmjax.replay.iris_models import ranking_example
+  store = LaceMem(HashEncoder())
+  store.add_turns([(f"t{i}", "s", "1 May", "Ann", f"Ann said thing number {i} today.")
+                   for i in range(60)])
+  facts = store.facts
+  evidence = ["t0", "t1"]
+  hard = [f.fact_id for f in facts if f.turn_id not in evidence][:40]  # the search's top hits
+  asked = []
+  vectors = store.fact_vectors
+  store.fact_vectors = lambda ids: asked.append(list(ids)) or vectors(ids)
+  for share, hard_wanted in ((0.5, 9), (1.0, 18), (0.0, 0)):
+    rng = np.random.default_rng(0)
+    _, mem, covers = ranking_example(store, "q", evidence, set(), hard, 20, 2, rng, share)
+    chosen = asked[-1]
+    positives = [f for f in chosen if facts[f].turn_id in evidence]
+    assert len(set(chosen)) == 20 and covers.any(-1).sum() == len(positives) <= 5
+    n_hard = round((20 - len(positives)) * share)
+    assert set(hard[:n_hard]) <= set(chosen) and n_hard == hard_wanted
+    # The rest are drawn from the store at large, never from the evidence turns.
+    rest = set(chosen) - set(positives) - set(hard[:n_hard])
+    assert len(rest) == 20 - len(positives) - n_hard
+    assert all(facts[f].turn_id not in evidence for f in rest)

@@ -53,18 +53,30 @@ def _clause(text: str) -> str:
 
 
 def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
-                    hard: Sequence[int], k: int, e: int, rng: np.random.Generator):
-  """(text, mem_KxD, covers_KxE) or None when every evidence turn is found already."""
+                    hard: Sequence[int], k: int, e: int, rng: np.random.Generator,
+                    hard_share: float = 0.5):
+  """(text, mem_KxD, covers_KxE) or None when every evidence turn is found already.
+
+  The K candidates: up to K/4 facts of the evidence turns not yet found, then `hard_share` of
+  the rest from `hard` (the search's own ranking: facts of other turns it placed high), then
+  facts drawn at random from the whole store. The random ones are what keeps the fit honest:
+  a loss that ranks the positives only against the question's nearest neighbours never sees
+  the thousands of other facts, and a query moved away from its neighbours may then rank those
+  far above the evidence (with K = 20 and hard negatives only, a tuned anchor fell from
+  Recall@10 0.51 to 0.13 on a conversation it trained on).
+  """
   items = [t for t in dict.fromkeys(evidence) if t not in found][:e]
   if not items:
     return None
   facts = store.facts
-  positives = [f.fact_id for f in facts if f.turn_id in items]
-  negatives = [f for f in hard if facts[f].turn_id not in evidence and facts[f].turn_id
-               not in found]
-  pool = [int(i) for i in rng.permutation(len(facts))
-          if facts[i].turn_id not in evidence and facts[i].turn_id not in found]
-  candidates = list(dict.fromkeys(positives[:k // 4] + negatives + pool))[:k]
+  positives = [f.fact_id for f in facts if f.turn_id in items][:k // 4]
+  excluded = set(evidence) | found
+  negatives = [f for f in hard if facts[f].turn_id not in excluded]
+  chosen = list(dict.fromkeys(positives + negatives[:round((k - len(positives)) * hard_share)]))
+  taken = set(chosen)
+  pool = (int(i) for i in rng.permutation(len(facts))
+          if facts[i].turn_id not in excluded and int(i) not in taken)
+  candidates = chosen + [f for _, f in zip(range(k - len(chosen)), pool)]
   candidates = [candidates[i] for i in rng.permutation(len(candidates))]
   covers = np.zeros((k, e), bool)
   for row, fact_id in enumerate(candidates):
@@ -84,7 +96,8 @@ def _stack(rows) -> RankingExamples:
                          np.stack([r[2] for r in rows]))
 
 
-def anchor_examples(stores, conversations, k: int, e: int, seed: int) -> RankingExamples:
+def anchor_examples(stores, conversations, k: int, e: int, seed: int,
+                    hard_share: float = 0.5) -> RankingExamples:
   """One example per labelled question: the question against its conversation's facts."""
   rng = np.random.default_rng(seed)
   rows = []
@@ -92,11 +105,13 @@ def anchor_examples(stores, conversations, k: int, e: int, seed: int) -> Ranking
     for q in conv.questions:
       if q.evidence:
         hard = [f for f, _ in store.search(q.question, HARD_DEPTH)]
-        rows.append(ranking_example(store, q.question, q.evidence, set(), hard, k, e, rng))
+        rows.append(ranking_example(store, q.question, q.evidence, set(), hard, k, e, rng,
+                                    hard_share))
   return _stack(rows)
 
 
-def refinement_examples(stores, conversations, k: int, e: int, seed: int) -> RankingExamples:
+def refinement_examples(stores, conversations, k: int, e: int, seed: int,
+                        hard_share: float = 0.5) -> RankingExamples:
   """Per labelled question and HOP_STATES budget b: the question with the best facts among the
   store's first b hits (its query encoder is the anchor's), against the evidence not found."""
   rng = np.random.default_rng(seed)
@@ -111,7 +126,8 @@ def refinement_examples(stores, conversations, k: int, e: int, seed: int) -> Ran
         found_ids = deep[:b]
         text = refinement_text(q.question, [_clause(facts[f].text) for f in found_ids])
         found = {facts[f].turn_id for f in found_ids}
-        rows.append(ranking_example(store, text, q.evidence, found, deep[b:], k, e, rng))
+        rows.append(ranking_example(store, text, q.evidence, found, deep[b:], k, e, rng,
+                                    hard_share))
   return _stack(rows)
 
 
@@ -258,6 +274,7 @@ class IrisFit:
   """How the three models are fitted (the anchor skipped when given)."""
 
   k: int = 64  # candidate facts per example
+  hard_share: float = 0.5  # of an example's negatives, the search's own top hits (the rest random)
   max_evidence: int = 8  # evidence turns an example scores (LoCoMo questions have at most 8)
   epochs: int = 2
   batch: int = 16
@@ -278,27 +295,43 @@ class FittedIris:
   losses: dict  # per stage, every step's loss
 
 
-def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
-                    anchor=None, mesh=None) -> FittedIris:
-  """Fits the anchor encoder (unless given), then the refinement encoder from it, then the judge
-  on IRIS runs with both (data parallel over `mesh`, when given). The stores' query encoder is
-  the anchor's afterwards."""
+def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
+                      anchor=None, mesh=None) -> tuple[dict, dict, dict]:
+  """(anchor, refine, losses): the anchor encoder fitted (unless given), then the refinement
+  encoder from it (data parallel over `mesh`, when given). The stores' query encoder is the
+  anchor's afterwards."""
   losses = {}
   for store in stores:
     store.query_encoder = None
   if anchor is None:
-    examples = anchor_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed)
+    examples = anchor_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed,
+                               fit.hard_share)
     anchor, losses["anchor"] = fit_ranking_encoder(
         encoder, examples, encoder.params, epochs=fit.epochs, batch=fit.batch, lr=fit.lr,
         tau=fit.tau, seed=fit.seed, mesh=mesh)
   tuned = TunedQueryEncoder(encoder, anchor)
   for store in stores:
     store.query_encoder = tuned
-  examples = refinement_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1)
+  examples = refinement_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1,
+                                 fit.hard_share)
   refine, losses["refine"] = fit_ranking_encoder(
       encoder, examples, anchor, epochs=fit.epochs, batch=fit.batch, lr=fit.lr, tau=fit.tau,
       seed=fit.seed + 1, mesh=mesh)
+  return anchor, refine, losses
+
+
+def fit_iris_judge(encoder, stores, conversations, refine, fit: IrisFit = IrisFit(),
+                   mesh=None) -> tuple[dict, np.ndarray]:
+  """The judge fitted on IRIS runs with the refinement encoder `refine` (the stores' query
+  encoder must be the anchor's): the iterations it will judge."""
   logged = judge_examples(stores, conversations, TunedQueryEncoder(encoder, refine))
-  judge, losses["judge"] = fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch,
-                                     lr=fit.judge_lr, seed=fit.seed + 2, mesh=mesh)
+  return fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch, lr=fit.judge_lr,
+                   seed=fit.seed + 2, mesh=mesh)
+
+
+def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
+                    anchor=None, mesh=None) -> FittedIris:
+  """The three models fitted in turn (`fit_iris_encoders`, then `fit_iris_judge`)."""
+  anchor, refine, losses = fit_iris_encoders(encoder, stores, conversations, fit, anchor, mesh)
+  judge, losses["judge"] = fit_iris_judge(encoder, stores, conversations, refine, fit, mesh)
   return FittedIris(anchor, refine, judge, losses)

@@ -25,9 +25,10 @@ from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps
                                          retrieval_encoders, retrieval_recall)
 from rmmjax.replay.record import replay_record
 from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.task import Task
 
 
-class QueryEncoderTask:
+class QueryEncoderTask(Task):
   """Pretraining then online REINFORCE of the query encoder; held-out retrieval recall."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
@@ -48,13 +49,14 @@ class QueryEncoderTask:
     self.ids_SxBxT, self.mask_SxBxT = question_tokens(encoder, self.train_convs, cfg.batch)
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
-    self.pretrain_loss: np.ndarray | None = None
     self._base: dict | None = None
-    # Data parallel over the mesh: each step's questions (axis 1 of the streams) split over it.
-    self.mesh = distributed.data_mesh(cfg.devices)
-    self._parallel = self.mesh.devices.size > 1
+    # Data parallel over the mesh: each step's questions (axis 1 of the streams) split over it;
+    # the pretraining's batches too.
+    batches = {"batch": cfg.batch}
+    if cfg.mode != "rl" and cfg.encoder_pretrain_epochs:
+      batches["encoder_pretrain_batch"] = cfg.encoder_pretrain_batch
+    self._data_parallel(cfg.devices, batches)
     if self._parallel:
-      distributed.check_divisible(cfg.batch, self.mesh, "batch")
       self.train_seq, self.ids_SxBxT, self.mask_SxBxT = distributed.shard_leading(
           (self.train_seq, np.asarray(self.ids_SxBxT), np.asarray(self.mask_SxBxT)), self.mesh,
           axis=1)
@@ -75,9 +77,7 @@ class QueryEncoderTask:
     return encoder_state(self.encoder, self.spec, self.hp, params)
 
   def advance(self, state: core.TrainState, n: int):
-    if self._parallel:
-      state = distributed.replicate(state, self.mesh)
-    state, metrics = self._advance(state, self.train_seq, self.ids_SxBxT, self.mask_SxBxT, n)
+    state, metrics = self._advance(self._replicated(state), self.train_seq, self.ids_SxBxT, self.mask_SxBxT, n)
     return state, distributed.gather(metrics)
 
   def _recall(self, tuned, m: int) -> float:
@@ -95,7 +95,6 @@ class QueryEncoderTask:
       return {}
     if self._base is None:
       self._base = {"recall_at_m_base": self._recall(None, self.cfg.m)}
-    tuned = TunedQueryEncoder(self.encoder, distributed.gather(state.params)
-                              if self._parallel else state.params)
+    tuned = TunedQueryEncoder(self.encoder, self._host(state.params))
     return self._base | {"recall_at_m": self._recall(tuned, self.cfg.m),
                          "recall_at_k": self._recall(tuned, self.cfg.k)}

@@ -1,18 +1,24 @@
 """learner=iris: IRIS's gap diagnosis learned from a replayed dataset's labels (units lace).
 
-Each conversation becomes a LaceMem; the last `holdout` conversations are held out. Before the
-online steps (`initial_state`) the anchor query encoder (or `query_encoder=WORKDIR`'s), the
-refinement encoder and the sufficiency judge are fitted on the training conversations'
-labels (`rmmjax.replay.iris_models`); the anchor and the judge are written to the workdir
-then, and the refinement encoder is the run's state: online REINFORCE from simulated citations
-over its training examples (the K candidate facts of each), checkpointed and resumed by the
-training loop like every run. Held-out evaluation runs IRIS with the learned models.
+Each conversation becomes a LaceMem; the last `holdout` conversations are held out (with
+holdout=0, the last `validation` ones are kept out of the fits to check them). Before the online
+steps (`initial_state`) the anchor query encoder (or `query_encoder=WORKDIR`'s) and the
+refinement encoder are fitted on the training conversations' labels
+(`rmmjax.replay.iris_models`); the anchor is written to the workdir then, and the refinement
+encoder is the run's state: online REINFORCE from simulated citations over its training
+examples (the `iris_k` candidate facts of each), checkpointed and resumed by the training loop
+like every run. At the end (`finish`) the sufficiency judge is fitted on IRIS runs with the
+final refinement encoder, the one it will judge the iterations of. Evaluation runs single
+passes with the base and the tuned anchor encoder, and IRIS with the learned models, on the
+held-out (or validation) conversations, and warns when the anchor is worse than the base.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import sys
 from pathlib import Path
 
 import jax
@@ -28,14 +34,15 @@ from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.replay.iris_model_io import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.replay.iris_models import (IrisFit, fit_iris_models, pad_tokens,
+from rmmjax.replay.iris_models import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
                                        refinement_examples)
 from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
-                                         encoder_state, load_query_encoder)
-from rmmjax.replay.record import replay_record
+                                         encoder_state, load_query_encoder, query_encoder_record)
+from rmmjax.replay.record import replay_record, with_ancestors
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.task import Task
 
 EVAL_AT = 10  # held-out Recall@10 over turns, as every IRIS table reports
 
@@ -46,7 +53,7 @@ class _Conv:
   fingerprint: str
 
 
-class IrisLearnedTask:
+class IrisLearnedTask(Task):
   """The training loop's task (see tasks.py) for learner=iris."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False,
@@ -59,28 +66,38 @@ class IrisLearnedTask:
     self.stores = [LaceMem.from_conversation(c, encoder,
                                              settings=LaceSettings(retrieval=cfg.retriever))
                    for c in conversations]
-    split = len(conversations) - cfg.holdout
+    held = cfg.holdout or cfg.validation
+    if len(conversations) - held < 1:
+      raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
+                       f"validation={cfg.validation} would leave none to fit (set validation=0)")
+    split = len(conversations) - held
     self.train_data, self.test_data = conversations[:split], conversations[split:]
+    # With holdout=0 the evaluated conversations are the validation split: not trained on, but
+    # not a test either (the run is meant to be evaluated on another file).
+    self.validating = cfg.holdout == 0 and bool(self.test_data)
     self.train_convs = [_Conv(c.conversation_id, conversation_fingerprint(c))
                         for c in self.train_data]
     self.test_convs = [_Conv(c.conversation_id, conversation_fingerprint(c))
                        for c in self.test_data]
-    self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
-        "learner": "iris", "iris": "learned", "query_encoder_path": cfg.query_encoder or None}
-    self.fit = IrisFit(k=cfg.k, epochs=cfg.encoder_pretrain_epochs,
-                       batch=cfg.encoder_pretrain_batch, lr=cfg.encoder_pretrain_lr,
-                       tau=cfg.encoder_pretrain_tau, seed=cfg.seed)
-    self.spec = encoder_spec(cfg)
+    record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
+        "learner": "iris", "iris": "learned", "query_encoder_path": cfg.query_encoder or None,
+        "validation": self.validating}
+    ancestors = ([(cfg.query_encoder, query_encoder_record(Path(cfg.query_encoder)))]
+                 if cfg.query_encoder else [])
+    self.record = with_ancestors(record, ancestors)
+    self.fit = IrisFit(k=cfg.iris_k, hard_share=cfg.iris_hard_share,
+                       epochs=cfg.encoder_pretrain_epochs, batch=cfg.encoder_pretrain_batch,
+                       lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau, seed=cfg.seed)
+    self.spec = iris_spec(cfg)
     self.hp = dataclasses.replace(cfg, lr=cfg.encoder_lr).hparams()
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_data)
-    self.pretrain_loss: np.ndarray | None = None
     self._stream = None
-    # Data parallel over the mesh: each step's refinement queries split over its devices.
-    self.mesh = distributed.data_mesh(cfg.devices)
-    self._parallel = self.mesh.devices.size > 1
-    if self._parallel:
-      distributed.check_divisible(cfg.batch, self.mesh, "batch")
+    # Data parallel over the mesh: each step's refinement queries split over its devices, and
+    # the fits' batches (the judge's is padded to its size).
+    self._data_parallel(cfg.devices, {"batch": cfg.batch,
+                                      "encoder_pretrain_batch": cfg.encoder_pretrain_batch,
+                                      "the judge's batch": self.fit.judge_batch})
     self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
                             static_argnums=4, donate_argnums=0)
 
@@ -88,39 +105,60 @@ class IrisLearnedTask:
     return self.stores[:len(self.train_data)]
 
   def initial_state(self) -> core.TrainState:
-    """Fits the three models, writes the anchor and the judge, returns the refinement state."""
+    """Fits the two encoders, writes the anchor, returns the refinement encoder's state."""
     anchor = None
     if self.cfg.query_encoder:
       anchor = load_query_encoder(Path(self.cfg.query_encoder), self.encoder).params
-    fitted = fit_iris_models(self.encoder, self._train_stores(), self.train_data, self.fit,
-                             anchor, self.mesh)
-    if distributed.is_writer():  # the others read them from the workdir after the barrier
-      save_encoder(self.encoder, fitted.anchor, self.workdir / ANCHOR_DIR,
+    anchor, refine, losses = fit_iris_encoders(self.encoder, self._train_stores(),
+                                               self.train_data, self.fit, anchor, self.mesh)
+    if distributed.is_writer():  # the others read it from the workdir after the barrier
+      save_encoder(self.encoder, anchor, self.workdir / ANCHOR_DIR,
                    metadata={"record": self.record, "role": "anchor query encoder"})
-      save_judge(fitted.judge, self.workdir / JUDGE_FILE, {"record": self.record})
       # pretrain.json: the refinement encoder's (the state's) supervised loss; all stages here.
       atomic_write_json(self.workdir / "fit_losses.json",
-                        {stage: loss.tolist() for stage, loss in fitted.losses.items()})
-    distributed.barrier("learned IRIS models written")
-    self.pretrain_loss = fitted.losses["refine"]
-    return encoder_state(self.encoder, self.spec, self.hp, fitted.refine)
+                        {stage: loss.tolist() for stage, loss in losses.items()})
+    distributed.barrier("anchor encoder written")
+    self.pretrain_loss = losses["refine"]
+    return encoder_state(self.encoder, self.spec, self.hp, refine)
+
+  def finish(self, state: core.TrainState) -> None:
+    """Fits the judge on IRIS runs with the final refinement encoder and writes it (a rerun of
+    a finished run keeps the judge it wrote)."""
+    path = self.workdir / JUDGE_FILE
+    if path.exists() and load_judge(path)[1].get("step") == int(state.step):
+      return
+    anchor = self._anchor()
+    for store in self._train_stores():
+      store.query_encoder = anchor
+    params = self._host(state.params)
+    judge, loss = fit_iris_judge(self.encoder, self._train_stores(), self.train_data, params,
+                                 self.fit, self.mesh)
+    if distributed.is_writer():
+      save_judge(judge, self.workdir / JUDGE_FILE,
+                 {"record": self.record, "step": int(state.step)})
+      losses_file = self.workdir / "fit_losses.json"
+      atomic_write_json(losses_file, json.loads(losses_file.read_text()) | {
+          "judge": loss.tolist()})
+    distributed.barrier("judge written")
+
+  def _anchor(self) -> TunedQueryEncoder:
+    return TunedQueryEncoder(self.encoder, SentenceEncoder(self.workdir / ANCHOR_DIR).params)
 
   def _models(self):
-    """(anchor encoder, judge params) as written by initial_state, or None before."""
+    """(anchor encoder, judge params) once `finish` wrote the judge, or None before."""
     if not (self.workdir / JUDGE_FILE).exists():
       return None
-    anchor = TunedQueryEncoder(self.encoder,
-                               SentenceEncoder(self.workdir / ANCHOR_DIR).params)
-    return anchor, load_judge(self.workdir / JUDGE_FILE)[0]
+    return self._anchor(), load_judge(self.workdir / JUDGE_FILE)[0]
 
   def _online_stream(self):
     """The refinement examples as a stream of batches (rebuilt alike on a resume)."""
     if self._stream is None:
-      anchor, _ = self._models()
+      anchor = self._anchor()
       for store in self._train_stores():
         store.query_encoder = anchor
       examples = refinement_examples(self._train_stores(), self.train_data, self.fit.k,
-                                     self.fit.max_evidence, self.fit.seed + 1)
+                                     self.fit.max_evidence, self.fit.seed + 1,
+                                     self.fit.hard_share)
       b = self.cfg.batch
       n = len(examples) // b * b
       if n == 0:
@@ -142,21 +180,20 @@ class IrisLearnedTask:
 
   def advance(self, state: core.TrainState, n: int):
     stream, ids, mask = self._online_stream()
-    if self._parallel:
-      state = distributed.replicate(state, self.mesh)
-    state, metrics = self._advance(state, stream, ids, mask, n)
+    state, metrics = self._advance(self._replicated(state), stream, ids, mask, n)
     return state, distributed.gather(metrics)
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M (and @10, `iris_*` keys) over turns: single-pass with the base encoder
-    (recall_at_m_base), IRIS with the learned models (recall_at_m), single-pass with the
-    anchor encoder; before the models are fitted every entry is the base single pass."""
+    """Recall@M (and @10, `iris_*` keys) over turns of the held-out (or validation)
+    conversations: single-pass with the base encoder (recall_at_m_base), IRIS with the learned
+    models (recall_at_m), single-pass with the anchor encoder; before the models are fitted
+    every entry is the base single pass. Warns when the anchor is worse than the base."""
     if not self.test_data:
       return {}
     # The template is the run before fitting (the loop's first evaluation): the base single
     # pass, whether or not a resumed run's models exist already.
     models = None if state is self.template else self._models()
-    params = distributed.gather(state.params) if self._parallel else state.params
+    params = self._host(state.params)
     rows: dict[str, list] = {"base": [], "tuned": [], "iris": []}
     for store, conv in zip(self.stores[len(self.train_data):], self.test_data):
       for q in conv.questions:
@@ -174,13 +211,29 @@ class IrisLearnedTask:
                                settings=IRIS_PRESETS["learned"], refiner=refiner)
         rows["iris"].append(self._recall(store, list(result.turn_ids), q))
     mean = {name: np.mean(r, 0) if r else np.mean(rows["base"], 0) for name, r in rows.items()}
-    return {"recall_at_m_base": float(mean["base"][0]), "recall_at_m": float(mean["iris"][0]),
-            "recall_at_k": float(mean["iris"][1]),
-            "iris_recall_at_10_single_pass_base": float(mean["base"][1]),
-            "iris_recall_at_10_single_pass_tuned": float(mean["tuned"][1]),
-            "iris_recall_at_10": float(mean["iris"][1])}
+    out = {"recall_at_m_base": float(mean["base"][0]), "recall_at_m": float(mean["iris"][0]),
+           "recall_at_k": float(mean["iris"][1]),
+           "iris_recall_at_10_single_pass_base": float(mean["base"][1]),
+           "iris_recall_at_10_single_pass_tuned": float(mean["tuned"][1]),
+           "iris_recall_at_10": float(mean["iris"][1]), "iris_validation": self.validating}
+    if models is not None and mean["tuned"][1] < mean["base"][1]:
+      where = "validation" if self.validating else "held-out"
+      out["iris_warning"] = (
+          f"the tuned anchor encoder retrieves worse than the base encoder on the {where} "
+          f"conversations ({', '.join(c.conversation_id for c in self.test_data)}): single-pass "
+          f"Recall@{EVAL_AT} {mean['tuned'][1]:.3f} against {mean['base'][1]:.3f}; the fit did "
+          "not generalise (fewer encoder_pretrain_epochs, a lower encoder_pretrain_lr, or more "
+          "training conversations)")
+      if distributed.is_writer():
+        print(f"warning: {out['iris_warning']}", file=sys.stderr)
+    return out
 
   def _recall(self, store, turns, q) -> tuple[float, float]:
     cut = (self.cfg.m, EVAL_AT)
     metrics = turn_metrics(store, turns, q.evidence, cut, len(set(q.evidence)))
     return metrics[f"recall_all@{cut[0]}"], metrics[f"recall_all@{cut[1]}"]
+
+
+def iris_spec(cfg: Config) -> core.CoreSpec:
+  """The core spec of the refinement encoder's online phase: iris_k candidates per example."""
+  return dataclasses.replace(encoder_spec(cfg), k=cfg.iris_k)

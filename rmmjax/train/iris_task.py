@@ -28,6 +28,7 @@ from rmmjax.replay.record import replay_record
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.task import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class LoggedConversation:
   episodes: tuple[IrisEpisode, ...]
 
 
-class IrisTask:
+class IrisTask(Task):
   """The training loop's task (see tasks.py) for units `lace`."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
@@ -66,9 +67,8 @@ class IrisTask:
     self.judge = judge
     self.template = core.init_state(self.spec, self.hp)
     self.eval_queries = len(self.test_episodes)
-    self.pretrain_loss: np.ndarray | None = None
     self._scores = jax.jit(core.batch_scores, static_argnums=3)
-    self.mesh = distributed.data_mesh(cfg.devices)  # each update's batch split over it
+    self._data_parallel(cfg.devices, {"batch": cfg.batch})  # each update's batch split over it
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""

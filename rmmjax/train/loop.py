@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rmmjax.config import Config, apply_precision
 from rmmjax.io import metrics_log, plots, tensorboard
-from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.export import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable,
                                write_run_record)
@@ -94,10 +94,13 @@ def _check_record(workdir: Path, record: dict | None) -> None:
 
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
   """Trains (or resumes) a reranker on the config's task; returns the summary it writes."""
-  cfg = cfg.validate().resolved()  # paths absolute: a resume from elsewhere reads the same file
-  apply_precision(cfg.precision)
-  workdir = Path(workdir)
-  check_resumable(workdir, cfg)  # before anything is created or compiled
+  # Every check before anything is written runs on every process, and a refusal on one reaches
+  # all of them (rather than leaving the others waiting in the first collective).
+  with distributed.preflight("configs"):
+    cfg = cfg.validate().resolved()  # paths absolute: a resume from elsewhere reads the same file
+    apply_precision(cfg.precision)
+    workdir = Path(workdir)
+    check_resumable(workdir, cfg)  # before anything is created or compiled
   if cfg.learner == "both":
     # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any run);
     # then the reranker trains on the candidates the tuned encoder retrieves.
@@ -106,22 +109,26 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   task_cfg = (dataclasses.replace(cfg, query_encoder=str(workdir.resolve() / "query_encoder"))
               if cfg.learner == "both" else cfg)
   log_path = workdir / "metrics.jsonl"
-  reader = Checkpointer(workdir / "checkpoints", read_only=True)
-  try:
-    _check_extendable(cfg, workdir, reader.latest_step() or 0)
+  with distributed.preflight("configs, data or workdirs") as found:
+    saved = saved_steps(workdir / "checkpoints")
+    _check_extendable(cfg, workdir, saved[-1] if saved else 0)
     logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
     task = make_task(task_cfg, encoder, progress, workdir)  # replay tasks embed data here
-    _check_record(workdir, getattr(task, "record", None))
+    _check_record(workdir, task.record)
+    # Over several processes every one computes; process 0 writes the files (checkpoints go
+    # through Orbax, which every process takes part in). They must agree on the run and on
+    # where it resumes, before any of them restores (a collective).
+    found.digest = distributed.digest(cfg.to_json(), json.dumps(task.record, sort_keys=True,
+                                                                default=str),
+                                      str(workdir.resolve()))
+    found.step = saved[-1] if saved else 0
+  reader = Checkpointer(workdir / "checkpoints", read_only=True)
+  try:
     step, state, unreadable = reader.restore_latest(task.template)
   finally:
     reader.close()
   rows = _kept_rows(log_path, logged, step, cfg.log_every)
-  # Over several processes every one computes; process 0 writes the files (checkpoints go
-  # through Orbax, which every process takes part in). Each checks it was given the same run.
   writes = distributed.is_writer()
-  distributed.check_same("configs, data or workdirs", distributed.digest(
-      cfg.to_json(), json.dumps(getattr(task, "record", None), sort_keys=True, default=str),
-      str(workdir.resolve())))
   progress = progress and writes
 
   # Nothing was written up to here; what follows makes the workdir this run's.
@@ -131,12 +138,11 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, {"kind": "train"})
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
-    if getattr(task, "record", None) is not None:  # what the reranker trains on, for eval
-      atomic_write_json(workdir / RECORD_FILE, task.record)
+    atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
   eval_first = task.evaluate(task.template)
   if state is None:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
-    if writes and getattr(task, "pretrain_loss", None) is not None:
+    if writes and task.pretrain_loss is not None:
       atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
   if writes:
     metrics_log.rewind(log_path, step, rows)
@@ -172,6 +178,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       writer.close()
     checkpointer.close()
 
+  task.finish(state)
   eval_final = task.evaluate(state)
   summary = {"config": cfg.config, "steps": cfg.steps, "eval_queries": task.eval_queries,
              "k": cfg.k, "m": cfg.m}
@@ -182,13 +189,19 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
                 "recall_at_k": eval_final["recall_at_k"]}
   if cfg.config != "latent":
     summary["trained_conversations"] = [c.conversation_id for c in task.train_convs]
-    summary["heldout_conversations"] = [c.conversation_id for c in task.test_convs]
+    # learner=iris with holdout=0 evaluates on a validation split: held out of the fit only.
+    evaluated = [c.conversation_id for c in task.test_convs]
+    validating = bool(eval_final.get("iris_validation"))
+    summary["heldout_conversations"] = [] if validating else evaluated
+    if validating:
+      summary["validation_conversations"] = evaluated
     for key in eval_final:  # what only some tasks report
       if key in ("recall_at_m_prequential", "recall_at_m_alone") or key.startswith("iris_"):
         summary[key] = eval_final[key]
   pretrain_path = workdir / "pretrain.json"
-  if pretrain_path.exists():
-    loss = [{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
+  loss = ([{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
+          if pretrain_path.exists() else [])
+  if loss:  # (a fit of 0 epochs has none)
     summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
   for metric in ("reward", "citation_rate"):
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)

@@ -22,15 +22,16 @@ from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, str
                                      train_reranker)
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
-from rmmjax.replay.record import latent_record, replay_record
+from rmmjax.replay.record import latent_record, replay_record, with_ancestors
 from rmmjax import distributed
 from rmmjax.train.encoder_task import QueryEncoderTask
 from rmmjax.train.iris_learned_task import IrisLearnedTask
 from rmmjax.train.iris_task import IrisTask
 from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.task import Task
 
 
-class LatentTask:
+class LatentTask(Task):
   """Sessions drawn from the latent simulator; evaluation on held-out simulated sessions."""
 
   def __init__(self, cfg: Config):
@@ -41,31 +42,27 @@ class LatentTask:
     self.eval_queries = cfg.eval_sessions * cfg.batch
     self.record = latent_record(cfg)
     # Data parallel over the mesh: each drawn batch split over its devices, the rest replicated.
-    self.mesh = distributed.data_mesh(cfg.devices)
+    self._data_parallel(cfg.devices, {"batch": cfg.batch})
     self._sharding = None
-    if self.mesh.devices.size > 1:
-      distributed.check_divisible(cfg.batch, self.mesh, "batch")
+    if self._parallel:
       self._sharding = distributed.batch_sharding(self.mesh)
       self.world = distributed.replicate(self.world, self.mesh)
       self.eval_batch = distributed.replicate(self.eval_batch, self.mesh)
     self._evaluate = jax.jit(core.evaluate, static_argnums=2)
     self._advance = jax.jit(core.run_steps, static_argnums=(2, 3, 4), donate_argnums=0)
 
-  def _placed(self, state: core.TrainState) -> core.TrainState:
-    return state if self._sharding is None else distributed.replicate(state, self.mesh)
-
   def initial_state(self) -> core.TrainState:
     return self.template
 
   def advance(self, state: core.TrainState, n: int):
-    return self._advance(self._placed(state), self.world, self.sim, n, self._sharding)
+    return self._advance(self._replicated(state), self.world, self.sim, n, self._sharding)
 
   def evaluate(self, state: core.TrainState) -> dict:
     return {k: float(v) for k, v in distributed.gather(
-        self._evaluate(self._placed(state).params, self.eval_batch, self.spec)).items()}
+        self._evaluate(self._replicated(state).params, self.eval_batch, self.spec)).items()}
 
 
-class ReplayTask:
+class ReplayTask(Task):
   """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
   rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
@@ -82,21 +79,21 @@ class ReplayTask:
                            unit_builder=functools.partial(conversation_units, encoder=encoder))
     split = len(replays) - cfg.holdout
     self.train_convs, self.test_convs = replays[:split], replays[split:]
-    self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
+    record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "reranker", "query_encoder": tuned.identity if tuned else None,
         "query_encoder_path": cfg.query_encoder or None}
+    # The candidates come from the tuned encoder: what it trained on is this model's too.
+    self.record = with_ancestors(record, [(cfg.query_encoder, query_encoder_record(
+        cfg.query_encoder))] if tuned else [])
     self.train_qs = to_questions(self.train_convs)
     self.train_seq = to_sequence(self.train_convs, cfg.batch)
     self.test_streams = to_streams(self.test_convs, cfg.batch) if self.test_convs else None
     self.test_ids = stream_ids(self.test_convs)
     self.template = core.init_state(self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
-    self.pretrain_loss: np.ndarray | None = None
     # Data parallel over the mesh: each step's batch (axis 1 of the stream) split over it.
-    self.mesh = distributed.data_mesh(cfg.devices)
-    self._parallel = self.mesh.devices.size > 1
+    self._data_parallel(cfg.devices, {"batch": cfg.batch})
     if self._parallel:
-      distributed.check_divisible(cfg.batch, self.mesh, "batch")
       self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)
     self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
     self._replay = jax.jit(heldout_replay, static_argnums=3)
@@ -116,9 +113,7 @@ class ReplayTask:
     return state
 
   def advance(self, state: core.TrainState, n: int):
-    if self._parallel:
-      state = distributed.replicate(state, self.mesh)
-    state, metrics = self._advance(state, self.train_seq, n)
+    state, metrics = self._advance(self._replicated(state), self.train_seq, n)
     metrics = distributed.gather(metrics)
     # Prequential recall of the training stream: each batch scored before its update.
     metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
@@ -131,7 +126,7 @@ class ReplayTask:
     held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
     if not self.test_convs:  # holdout=0: every conversation was trained on
       return {}
-    state = distributed.gather(state) if self._parallel else state
+    state = self._host(state)
     m = self.spec.m
     frozen = self._replay(state, self.test_streams, self.test_ids, False)["recall_SxB"]
     adapting = self._replay(state, self.test_streams, self.test_ids, True)["recall_SxB"]

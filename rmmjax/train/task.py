@@ -1,0 +1,62 @@
+"""What the training loop asks of every task (the latent simulator, reranker replay, the query
+encoder, the reranker inside IRIS, IRIS's learned models).
+
+A task is built from a config (embedding its data there, before the loop writes anything), gives
+the loop its template and first state, advances a state by n online steps (one compiled scan),
+evaluates a state, and may finish a run after its last step. Every task splits its batches over
+the same data mesh (`distributed.data_mesh`), set up once here.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from rmmjax import core, distributed
+
+
+class Task(abc.ABC):
+  """A source of training steps and an evaluation, for `rmmjax.train.loop.train`."""
+
+  template: core.TrainState  # the state before any training (restores go into its structure)
+  record: dict  # what the run trains on (record.json), checked on every resume
+  eval_queries: int
+  train_convs: list = []  # the conversations trained on (replay tasks)
+  test_convs: list = []  # those held out
+  # The supervised pretraining's per-step loss (pretrain.json), for the tasks that pretrain.
+  pretrain_loss: np.ndarray | None = None
+
+  def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
+    """The mesh every batch of this task is split over; each named batch size must divide
+    over its devices (checked here, before the loop writes anything)."""
+    self.mesh = distributed.data_mesh(devices)
+    self._parallel = self.mesh.devices.size > 1
+    if self._parallel:
+      for name, size in batches.items():
+        distributed.check_divisible(size, self.mesh, name)
+
+  def _replicated(self, state: core.TrainState) -> core.TrainState:
+    """The state placed whole on every device of the mesh (as it is on one device)."""
+    return distributed.replicate(state, self.mesh) if self._parallel else state
+
+  def _host(self, tree):
+    """A (possibly mesh-placed) tree as numpy on this process."""
+    return distributed.gather(tree) if self._parallel else tree
+
+  @abc.abstractmethod
+  def initial_state(self) -> core.TrainState:
+    """The state online training starts from (after pretraining or fitting, where the task
+    has them)."""
+
+  @abc.abstractmethod
+  def advance(self, state: core.TrainState, n: int) -> tuple[core.TrainState, dict]:
+    """n online steps: the new state and each step's metrics, (n,) arrays."""
+
+  @abc.abstractmethod
+  def evaluate(self, state: core.TrainState) -> dict:
+    """Held-out metrics of a state ({} when nothing is held out)."""
+
+  def finish(self, state: core.TrainState) -> None:
+    """Work after the last step (the learned judge of learner=iris fits here); none by
+    default."""
