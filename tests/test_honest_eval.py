@@ -271,3 +271,32 @@ def test_a_broken_export_is_refused_on_load(trained, tmp_path):
   save_file(weights, str(bare))
   with pytest.raises(ValueError, match="has no 'rmmjax' entry"):
     read_reranker(bare)
+
+
+def _entries(*ids):
+  return [{"id": i, "fingerprint": f"fp-{i}"} for i in ids]
+
+
+def test_a_model_built_from_another_carries_what_that_one_trained_on():
+  from rmmjax.eval.fit import unseen
+  from rmmjax.replay.record import with_ancestors
+  anchor = {"trained_conversations": _entries("a", "b"), "heldout_conversations": _entries("c")}
+  own = {"trained_conversations": _entries("b", "d"), "heldout_conversations": _entries("e")}
+  record = with_ancestors(own, [("W2", anchor)])
+  assert [e["id"] for e in record["trained_conversations"]] == ["b", "d", "a"]
+  assert record["ancestors"] == [{"source": "W2", "trained_conversations": _entries("a", "b")}]
+
+  from rmmjax.data.schema import Conversation, Session, Turn
+  convs = [Conversation(c, (Session("s", "1 May", (Turn("t", "A", f"said {c}"),)),), ())
+           for c in "abcde"]
+  kept, account = unseen(convs, [("W", record)], in_sample=False)
+  assert [c.conversation_id for c in kept] == ["c", "e"]  # "a": the anchor's, left out too
+  assert account["excluded_conversations"] == ["a", "b", "d"]
+
+
+def test_a_run_whose_ancestor_trained_on_its_held_out_conversations_is_refused():
+  from rmmjax.replay.record import with_ancestors
+  anchor = {"trained_conversations": _entries("a", "e")}
+  own = {"trained_conversations": _entries("b"), "heldout_conversations": _entries("e")}
+  with pytest.raises(ValueError, match="W2 trained on e, which this run would hold out"):
+    with_ancestors(own, [("W2", anchor)])

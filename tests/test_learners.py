@@ -82,8 +82,8 @@ def test_models_given_where_another_kind_is_expected_are_refused(three, encoder_
                                                                  capsys):
   args = ["eval", "--data", str(three), "--retriever", "hybrid", "--quiet"]
   assert main([*args, "--reranker", str(encoder_run)]) == 2
-  assert "is a query-encoder workdir (learner=query_encoder); pass it as --encoder" in (
-      capsys.readouterr().err)
+  assert ("is a tuned query encoder's training workdir (learner=query_encoder); it is used "
+          "through --encoder") in capsys.readouterr().err
   broken = tmp_path / "broken"
   assert main(["export", "--workdir", str(encoder_run), "--out", str(broken)]) == 0
   (broken / "tokenizer.json").unlink()
@@ -133,3 +133,28 @@ def test_training_steps_never_free_the_encoders_own_weights():
   state = encoder_state(encoder, core.CoreSpec(dim=encoder.dim), core.HParams.create())
   jax.jit(lambda s: jax.tree.map(lambda x: x * 1, s), donate_argnums=0)(state)
   assert encoder.encode(["still here"], params=encoder.params).shape == (1, encoder.dim)
+
+
+def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
+    three, encoder_run, tmp_path, capsys):
+  """encoder_run trained on conv-26 and conv-30; conv-41 was held out."""
+  wd = tmp_path / "reranker"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "learner=reranker", f"query_encoder={encoder_run}",
+                      "holdout=1", "steps=10", "log_every=5", "checkpoint_every=10",
+                      "pretrain_epochs=1", "retriever=hybrid", "k=10")]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  assert [a["source"] for a in record["ancestors"]] == [str(encoder_run.resolve())]
+  assert {e["id"] for e in record["trained_conversations"]} == {"conv-26", "conv-30"}
+  # Holding out a conversation the encoder trained on would report in-sample numbers.
+  for learner, units in (("reranker", "turn"), ("iris", "lace")):
+    bad = tmp_path / f"bad-{learner}"
+    assert main(["train", "--config", "locomo", "--workdir", str(bad), "--quiet",
+                 *_sets(f"data={three}", f"learner={learner}", f"units={units}",
+                        f"query_encoder={encoder_run}", "holdout=2")]) == 2
+    assert "trained on conv-30, which this run would hold out" in capsys.readouterr().err
+    assert not bad.exists()
+  # eval --encoder says what it left out, on the console as in the JSON.
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--quiet", "--encoder",
+               str(encoder_run)]) == 0
+  assert "left out 2 conversations trained on: conv-26, conv-30" in capsys.readouterr().out

@@ -22,8 +22,8 @@ from rmmjax.replay.iris_learning import RERANK_MODES
 from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
                                          retrieval_encoders)
 from rmmjax.replay.record import encoder_identity
-from rmmjax.io.workdir import RUN_FILE, read_config
-from rmmjax.replay.iris_model_io import JUDGE_FILE, load_iris_model
+from rmmjax.io.kinds import model_kind
+from rmmjax.replay.iris_model_io import load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.memory.units import conversation_units
@@ -97,9 +97,12 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
   if online and reranker is None:
     raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
-  if (in_sample or allow_mismatch) and reranker is None and query_encoder is None:
-    raise ValueError("--in-sample and --allow-mismatch apply to a trained model: pass "
-                     "--reranker or --encoder as well")
+  if in_sample and reranker is None and query_encoder is None and iris_model is None:
+    raise ValueError("--in-sample applies to a trained model: pass --reranker, --encoder or "
+                     "--iris-model as well")
+  if allow_mismatch and reranker is None and query_encoder is None:
+    raise ValueError("--allow-mismatch applies to a reranker or a tuned query encoder trained "
+                     "with other settings: pass --reranker or --encoder as well")
   if query_encoder is not None and retriever == "bm25":
     raise ValueError("--encoder tunes dense search, which --retriever bm25 does not use: pass "
                      "--retriever dense or hybrid")
@@ -179,9 +182,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
 
 
 def _is_iris_model(path: Path) -> bool:
-  """A learner=iris workdir or its export (a judge beside an anchor encoder)."""
-  return (path / JUDGE_FILE).exists() or (
-      (path / RUN_FILE).exists() and read_config(path).learner == "iris")
+  """A learner=iris workdir or its export."""
+  return model_kind(path) in ("iris", "iris export")
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:

@@ -40,6 +40,31 @@ def replay_record(cfg, data: Path, encoder, train_convs, heldout_convs) -> dict:
           "heldout_conversations": conversation_entries(heldout_convs)}
 
 
+def with_ancestors(record: dict, ancestors: list[tuple[str, dict]]) -> dict:
+  """The record of a model built from others (`ancestors`: (source, record) of a tuned query
+  encoder that gives its candidates or starts its anchor): its trained_conversations gain every
+  conversation they trained on, so no evaluation through it sees one as held out, and the
+  ancestors are listed. Refuses a record whose held-out conversations an ancestor trained on."""
+  leaked = [(e["id"], source) for e in record.get("heldout_conversations", [])
+            for source, anc in ancestors if trained_on(anc, e["id"], e["fingerprint"])]
+  if leaked:
+    names = ", ".join(dict.fromkeys(c for c, _ in leaked))
+    raise ValueError(f"{leaked[0][1]} trained on {names}, which this run would hold out: its "
+                     "held-out numbers would be in-sample; hold out other conversations "
+                     "(holdout, or a data file in another order) or start from a model that "
+                     "did not train on them")
+  entries = list(record["trained_conversations"])
+  seen = {(e["id"], e["fingerprint"]) for e in entries}
+  for _, anc in ancestors:
+    for e in anc.get("trained_conversations", []):
+      if (e["id"], e["fingerprint"]) not in seen:
+        seen.add((e["id"], e["fingerprint"]))
+        entries.append(e)
+  return record | {"trained_conversations": entries, "ancestors": [
+      {"source": source, "trained_conversations": anc.get("trained_conversations", [])}
+      for source, anc in ancestors]}
+
+
 def latent_record(cfg) -> dict:
   """The record of a latent-simulator run: it never saw a real conversation or encoder."""
   return {"kind": "latent", "dataset": None, "units": None, "retriever": None,
