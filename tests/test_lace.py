@@ -351,3 +351,60 @@ def test_query_vector_is_the_search_embedding_and_remembers_the_last_query():
                              HashEncoder().encode([f.text for f in facts]), atol=2.0**-11)
   with pytest.raises(UnknownRecord):
     lace.fact_vectors([len(lace)])
+
+
+def _lace_rows(path, user="ana") -> dict:
+  with sqlite3.connect(path) as db:
+    return {"subjects": [r[0] for r in db.execute(
+                "SELECT subject FROM lace_facts WHERE user_id = ? ORDER BY fact_id", (user,))],
+            "links": db.execute("SELECT fact_id, rank, neighbour_id, typeof(cosine) FROM "
+                                "lace_links WHERE user_id = ? ORDER BY fact_id, rank",
+                                (user,)).fetchall()}
+
+
+def test_a_save_writes_only_what_is_new_unless_another_saved_in_between(tmp_path):
+  path = tmp_path / "bank.sqlite"
+  bank = MemoryBank(path)
+  bank.add_user("ana")
+  lace = _stream(TALK[:3])
+  lace.save(bank, "ana")
+  # A marker on an old row: a save that rewrites everything would put the true subject back.
+  with sqlite3.connect(path) as db:
+    db.execute("UPDATE lace_facts SET subject = 'marker' WHERE user_id = 'ana' AND fact_id = 0")
+  new = lace.add_turns([(f"D{n}", *turn) for n, turn in enumerate(TALK[3:], 3)])
+  lace.save(bank, "ana")
+  assert _lace_rows(path)["subjects"][0] == "marker" and new
+  loaded = LaceMem.load(bank, "ana", HashEncoder())
+  assert loaded.facts[1:] == lace.facts[1:] and loaded.edges() == lace.edges()
+  # The semantic lists an insert changed were rewritten: a reload keeps growing alike.
+  for store in (lace, loaded):
+    store.add_turn("D8", "S3", "1 July", "Ben", "Biscuit the puppy chewed the pottery bowls.")
+  assert loaded.edges() == lace.edges()
+  # Another process saved in between: this one's save replaces the whole (marker gone).
+  loaded.save(bank, "ana")
+  with sqlite3.connect(path) as db:
+    db.execute("UPDATE lace_facts SET subject = 'marker' WHERE user_id = 'ana' AND fact_id = 0")
+  lace.add_turn("D9", "S3", "1 July", "Ana", "The whales came back in July.")
+  lace.save(bank, "ana")
+  assert _lace_rows(path)["subjects"][0] == lace.facts[0].subject
+  again = LaceMem.load(bank, "ana", HashEncoder())
+  assert again.facts == lace.facts and again.edges() == lace.edges()
+  bank.close()
+
+
+def test_an_encrypted_bank_seals_the_links_cosines_and_the_foreign_keys_are_indexed(tmp_path):
+  path = tmp_path / "bank.sqlite"
+  with MemoryBank(path, key=generate_key()) as bank:
+    bank.add_user("ana")
+    lace = _stream(TALK)
+    lace.save(bank, "ana")
+    lace.add_turn("D9", "S3", "1 July", "Ben", "Biscuit the puppy chewed the pottery bowls.")
+    lace.save(bank, "ana")  # the appended rows too
+    assert LaceMem.load(bank, "ana", HashEncoder()).edges() == lace.edges()
+  links = _lace_rows(path)["links"]
+  assert links and {kind for *_, kind in links} == {"blob"}
+  with sqlite3.connect(path) as db:
+    indexed = {(table, row[2]) for table in ("lace_facts", "lace_links")
+               for idx in db.execute(f"PRAGMA index_list({table})")
+               for row in db.execute(f"PRAGMA index_info({idx[1]})")}
+  assert ("lace_facts", "turn_id") in indexed and ("lace_links", "neighbour_id") in indexed

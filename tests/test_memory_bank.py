@@ -442,3 +442,86 @@ def test_files_that_are_not_a_bank_are_refused(tmp_path):
   with pytest.raises(BankFileError, match="is closed"):
     bank.users()
   assert os.path.exists(tmp_path / "closed.sqlite")
+
+
+def _bank_of_version_3(path: Path, key: bytes | None) -> None:
+  """A bank file as rmmjax wrote it before turns had a kind: a chat's question, its answer, a
+  question left without one, and a LaceMem link."""
+  from rmmjax.memory import crypto, schema_sql
+  cipher = crypto.PlainCipher() if key is None else crypto.FernetCipher(key, "test")
+  with sqlite3.connect(path) as db:
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (3)")
+    for statements in schema_sql.MIGRATIONS[:3]:
+      for statement in statements:
+        db.execute(statement)
+    db.executemany("INSERT INTO bank_meta VALUES (?, ?)", [
+        ("encryption", "fernet" if key else "none"),
+        ("key_check", cipher.seal_bytes(crypto.KEY_CHECK).decode())])
+    db.execute("INSERT INTO users (user_id, version) VALUES ('ann', 1)")
+    db.executemany("INSERT INTO sessions VALUES ('ann', ?, '2024-01-01', ?, 0, ?)",
+                   [("s1", 0, "ingest"), ("chat-1", 1, "chat")])
+    db.executemany("INSERT INTO turns VALUES ('ann', ?, ?, ?, ?, '2024-01-01', ?)", [
+        (s, t, cipher.seal_text(speaker), cipher.seal_text(text), o)
+        for o, (s, t, speaker, text) in enumerate([
+            ("s1", "t1", "ann", "I moved to Oslo"), ("chat-1", "c1", "user", "where do I live"),
+            ("chat-1", "c2", "assistant", "In Oslo."), ("chat-1", "c3", "user", "and my cat")])])
+    db.execute("INSERT INTO lace_meta VALUES ('ann', '{}', 'e', 2, 0)")
+    db.execute("INSERT INTO lace_turns VALUES ('ann', 't1', 0, 's1', '2024-01-01', ?, ?)",
+               (cipher.seal_text("ann"), cipher.seal_text("I moved to Oslo")))
+    for f in (0, 1):
+      db.execute("INSERT INTO lace_facts VALUES ('ann', ?, 't1', ?, ?, ?, '', ?, ?)",
+                 (f, *(cipher.seal_text(x) for x in ("ann", "moved", "Oslo", "fact")),
+                  cipher.seal_bytes(np.float32([0.6, 0.8]).tobytes())))
+    db.execute("INSERT INTO lace_links VALUES ('ann', 0, 0, 1, 0.75)")
+
+
+@pytest.mark.parametrize("key", [None, generate_key()])
+def test_a_bank_from_before_turn_kinds_is_brought_up_to_date(tmp_path, key):
+  path = tmp_path / "old.sqlite"
+  _bank_of_version_3(path, key)
+  with MemoryBank(path, key=key) as bank:
+    assert [(t.turn_id, t.kind) for t in bank.turns("ann")] == [
+        ("t1", "statement"), ("c1", "question"), ("c2", "answer"), ("c3", "question")]
+    assert bank.load_lace("ann").links == [(0, 1, 0.75)]
+  with sqlite3.connect(path) as db:
+    assert db.execute("SELECT typeof(cosine) FROM lace_links").fetchone()[0] == (
+        "real" if key is None else "blob")
+    assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 4
+
+
+def test_turn_kinds_survive_export_and_import_and_older_documents_get_them(tmp_path):
+  with MemoryBank(tmp_path / "a.sqlite") as bank:
+    bank.add_user("ann")
+    bank.append_chat("ann", [("user", "where do I live", "question"),
+                             ("assistant", "In Oslo.", "answer")], "2024-01-01")
+    bank.append_chat("ann", [("user", "my cat is called Pixel", "statement")], "2024-01-01")
+    with pytest.raises(ValueError, match="kind 'remark' is not one of"):
+      bank.append_chat("ann", [("user", "hm", "remark")], "2024-01-01")
+    exported = bank.export_user("ann")
+  kinds = [t["kind"] for s in exported["sessions"] for t in s["turns"]]
+  assert kinds == ["question", "answer", "statement"]
+  older = json.loads(json.dumps(exported)) | {"version": 2}
+  for session in older["sessions"]:
+    for turn in session["turns"]:
+      del turn["kind"]
+  with MemoryBank(tmp_path / "b.sqlite") as fresh:
+    fresh.import_user(exported, user="now")
+    fresh.import_user(older, user="then")
+    assert [t.kind for t in fresh.turns("now")] == kinds
+    # Before kinds were kept a chat held its questions and answers only.
+    assert [t.kind for t in fresh.turns("then")] == ["question", "answer", "question"]
+
+
+def test_a_search_index_is_read_from_one_snapshot(tmp_path, monkeypatch):
+  from rmmjax.memory.search import BankSearch
+  with MemoryBank(tmp_path / "a.sqlite") as bank:
+    bank.add_user("ann")
+    _fill(bank, "ann")
+    expected = [m.id for m in bank.memories("ann")]
+    # The version lookup says whether a kept index is current; the index itself is one read.
+    for name in ("memories", "memory_embeddings"):
+      monkeypatch.setattr(bank, name, lambda *a, name=name: pytest.fail(f"{name} read apart"))
+    index = BankSearch(bank, "enc-a", "hybrid").index("ann")
+    assert [m.id for m in index.memories] == expected
+    assert index.emb_NxD.shape == (len(expected), 8)

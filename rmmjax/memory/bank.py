@@ -24,11 +24,11 @@ import numpy as np
 
 from rmmjax.io.outputs import can_create_in
 from rmmjax.memory import embedding_rows as emb
-from rmmjax.memory import portable, schema_sql
+from rmmjax.memory import lace_rows, portable, schema_sql
 from rmmjax.memory import user_rows as rows
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
 from rmmjax.memory.records import (
-    BankFileError, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded,
+    KINDS, BankFileError, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded,
     SessionInfo, UnknownRecord, reflection_items, repeated, select_in, string_arg, text_arg,
     turn_rows, vector_arg)
 
@@ -198,22 +198,32 @@ class MemoryBank:
       raise ValueError(f"session {info.session_id!r} of user {user!r} was opened by {info.origin}"
                        f"; a writer ({origin}) never appends to a session it did not open")
 
-  def append_chat(self, user: str, turns: Sequence[tuple[str, str]],
+  def append_chat(self, user: str, turns: Sequence[tuple[str, ...]],
                   date: str) -> tuple[str, list[str]]:
-    """Appends (speaker, text) turns to the user's open chat session, opening one (dated
-    `date`) when there is none; returns (session id, turn ids). The ids are chosen inside the
-    write, so concurrent chats of one user never collide, and a session that another process
-    ended meanwhile is never written to."""
+    """Appends (speaker, text) or (speaker, text, kind) turns (KINDS: statements by default)
+    to the user's open chat session, opening one (dated `date`) when there is none; returns
+    (session id, turn ids). The ids are chosen inside the write, so concurrent chats of one
+    user never collide, and a session that another process ended meanwhile is never written
+    to."""
     string_arg(date, "date")
-    texts = [(string_arg(s, f"turns[{i}] speaker"), string_arg(t, f"turns[{i}] text"))
-             for i, (s, t) in enumerate(turns)]
+    texts, kinds = [], []
+    for i, turn in enumerate(turns):
+      if not isinstance(turn, (tuple, list)) or len(turn) not in (2, 3):
+        raise ValueError(f"turns[{i}] must be (speaker, text) or (speaker, text, kind), got "
+                         f"{turn!r:.100}")
+      kind = turn[2] if len(turn) == 3 else "statement"
+      if kind not in KINDS:
+        raise ValueError(f"turns[{i}] kind {kind!r} is not one of {', '.join(KINDS)}")
+      texts.append((string_arg(turn[0], f"turns[{i}] speaker"),
+                    string_arg(turn[1], f"turns[{i}] text")))
+      kinds.append(kind)
     with self.writing() as db:
       self.require_user(db, user)
       info = rows.newest_open(db, user, "chat") or rows.insert_session(
           db, user, rows.new_chat_session_id(db, user), date, "chat")
       ids = rows.next_turn_ids(db, user, info.session_id, len(texts))
       rows.insert_turns(db, self.cipher, user, info,
-                        [(t, s, x) for t, (s, x) in zip(ids, texts, strict=True)])
+                        [(t, s, x) for t, (s, x) in zip(ids, texts, strict=True)], kinds)
     return info.session_id, ids
 
   def open_session(self, user: str, origin: str) -> SessionInfo | None:
@@ -254,6 +264,12 @@ class MemoryBank:
         rows.require_session(db, user, session_id)
       return rows.turns(db, self.cipher, user, session_id)
 
+  def turns_not_in(self, user: str, have: set[str], kind: str = "statement") -> list[BankTurn]:
+    """The user's turns of this kind (KINDS) whose ids are not in `have`, in session then turn
+    order, read in one snapshot: what a derived layer (LaceMem) still lacks."""
+    with self.reading() as db:
+      return rows.turns_not_in(db, self.cipher, self.require_user(db, user), set(have), kind)
+
   def sessions(self, user: str) -> list[SessionInfo]:
     with self.reading() as db:
       return rows.sessions(db, self.require_user(db, user))
@@ -270,6 +286,21 @@ class MemoryBank:
     text_arg(encoder, "encoder")
     with self.reading() as db:
       return emb.matrix(db, self.cipher, self.require_user(db, user), encoder, self.where)
+
+  def memory_snapshot(self, user: str, encoder: str) -> tuple[int, list[Memory], np.ndarray]:
+    """(memory_version, memories oldest first, their encoder embeddings in that order, N x D)
+    from one snapshot: what a search index is built from (three reads could mix two writes)."""
+    text_arg(encoder, "encoder")
+    with self.reading() as db:
+      self.require_user(db, user)
+      version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+      memories = rows.memories(db, self.cipher, user)
+      if not memories:
+        return version, memories, np.zeros((0, 0), np.float32)
+      # Refuses a bank embedded by another encoder (the bank names both).
+      ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
+    row = {memory_id: i for i, memory_id in enumerate(ids)}
+    return version, memories, vectors[[row[m.id] for m in memories]]
 
   def put_embeddings(self, user: str, encoder: str, memory_ids: Sequence[int],
                      vectors: np.ndarray) -> None:
@@ -350,6 +381,28 @@ class MemoryBank:
       db.execute("UPDATE sessions SET ended = 1 WHERE user_id = ? AND session_id = ?",
                  (user, session_id))
     return ids
+
+  # LaceMem's layers --------------------------------------------------------------------------
+
+  def load_lace(self, user: str) -> lace_rows.Snapshot | None:
+    """The user's saved LaceMem (None when there is none), read in one snapshot."""
+    with self.reading() as db:
+      return lace_rows.read_rows(db, self.cipher, self.require_user(db, user), self.where)
+
+  def save_lace(self, user: str, snap: lace_rows.Snapshot,
+                since: lace_rows.Saved | None = None,
+                lists: dict[int, list[tuple[int, float]]] | None = None) -> int:
+    """Stores snap as the user's LaceMem in one transaction; returns its revision. With
+    `since` (what the LaceMem last saved or loaded) and `lists` (the neighbour lists of new
+    facts and of old ones that changed) only what is new is written, unless another save came
+    in between: then snap replaces the whole."""
+    with self.writing() as db:
+      self.require_user(db, user)
+      if since is not None:
+        revision = lace_rows.append_rows(db, self.cipher, user, snap, since, lists or {})
+        if revision is not None:
+          return revision
+      return lace_rows.write_rows(db, self.cipher, user, snap)
 
   # The whole user ---------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ def check_dims(db: sqlite3.Connection, user: str, encoder: str) -> None:
       "SELECT DISTINCT dim FROM embeddings WHERE user_id = ? AND kind = ? AND encoder = ? "
       "ORDER BY dim", (user, MEMORY, encoder))]
   if len(dims) > 1:
-    raise ValueError(f"encoder {encoder!r} would give user {user!r}'s memories embeddings of "
+    raise ValueError(f"encoder {encoder!r} would give the memories of user {user!r} embeddings of "
                      f"sizes {dims}; one encoder gives one size")
 
 
@@ -77,7 +77,7 @@ def matrix(db: sqlite3.Connection, cipher: Cipher, user: str, encoder: str,
   vectors = [open_vector(cipher, d, b, f"{where}: the embedding of memory {m}")
              for m, d, b in rows]
   if len({v.size for v in vectors}) != 1:
-    raise BankFileError(f"{where}: user {user!r}'s memories have embeddings of sizes "
+    raise BankFileError(f"{where}: the memories of user {user!r} have embeddings of sizes "
                         f"{sorted({v.size for v in vectors})} from encoder {encoder!r}; "
                         f"re-embed them (put_embeddings)")
   return [r[0] for r in rows], np.stack(vectors)

@@ -122,6 +122,7 @@ class LaceMem:
     self._bm25: bm25s.BM25 | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
     self._saved_fallbacks = 0
+    self._saved: lace_rows.Saved | None = None  # what the bank holds of it, if it came from one
     # The last few queries embedded, text -> vector, with the encoder that embedded them: IRIS
     # asks again for the question between searches of refined queries (its reranker does).
     self._recent_queries: dict[str, np.ndarray] = {}
@@ -372,6 +373,9 @@ class LaceMem:
   facts = property(lambda self: list(self._facts))
   turns = property(lambda self: list(self._raw.values()))
 
+  def turn_ids(self) -> set[str]:
+    return set(self._raw)
+
   @property
   def fallbacks(self) -> int:
     """Turns the LLM extractor handed to the offline one (saved ones included)."""
@@ -384,26 +388,34 @@ class LaceMem:
             for j, w in self.neighbours(i, -np.inf) if i < j}
 
   def save(self, bank: MemoryBank, user: str) -> None:
-    """Stores the three layers as the user's LaceMem in the bank, replacing any saved one."""
+    """Stores the three layers as the user's LaceMem in the bank: only what was added since
+    this LaceMem last saved or loaded, unless another process saved in between (then the whole,
+    replacing theirs)."""
     graph = self._graph
     snap = lace_rows.Snapshot(
         dataclasses.asdict(self.settings), getattr(self.encoder, "identity", ""),
         self.fallbacks, self.turns, self.facts,
         graph.vectors if graph is not None else np.zeros((0, 0), np.float32),
-        list(graph.lists()) if graph is not None else [])
-    with bank.writing() as db:
-      lace_rows.write_rows(db, bank.cipher, bank.require_user(db, user), snap)
+        graph.lists() if graph is not None else ())
+    since = self._saved
+    lists = {}
+    if since is not None and graph is not None:
+      lists = {i: graph.list_of(i) for i in sorted(
+          {i for i in graph.changed if i < since.facts} | set(range(since.facts, len(graph))))}
+    revision = bank.save_lace(user, snap, since, lists)
+    self._saved = lace_rows.Saved(revision, len(self._raw), len(self._facts))
+    if graph is not None:
+      graph.changed.clear()
 
   @classmethod
   def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None, *,
            extractor: FactExtractor | None = None) -> LaceMem:
     """The user's saved LaceMem; `encoder` must be the one its facts were embedded with."""
-    with bank.reading() as db:
-      snap = lace_rows.read_rows(db, bank.cipher, bank.require_user(db, user), bank.where)
+    snap = bank.load_lace(user)
     if snap is None:
       raise UnknownRecord(f"user {user!r} has no saved LaceMem in {bank.where}; save one first")
     if encoder is not None and snap.encoder and encoder.identity != snap.encoder:
-      raise EncoderMismatch(f"user {user!r}'s LaceMem was embedded with encoder "
+      raise EncoderMismatch(f"the LaceMem of user {user!r} was embedded with encoder "
                             f"{snap.encoder!r}, not {encoder.identity!r}; load it with that "
                             f"encoder or rebuild it")
     lace = cls(encoder, settings=LaceSettings(**snap.settings), extractor=extractor)
@@ -416,5 +428,5 @@ class LaceMem:
       s = lace.settings
       lace._graph = SemanticGraph.restore(snap.vectors, snap.links, min_cosine=s.min_cosine,
                                           max_neighbours=s.max_semantic, chunk=s.chunk)
+    lace._saved = lace_rows.Saved(snap.revision, len(snap.turns), len(snap.facts))
     return lace
-

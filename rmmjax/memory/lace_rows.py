@@ -1,11 +1,15 @@
 """LaceMem's three layers as rows of the memory bank file, per user (tables of schema version 2).
 
-The functions run inside the caller's transaction (LaceMem.save and load, a user's export and
-import); a save replaces the user's whole layered memory. The Raw layer is its own
+The functions run inside the caller's transaction (the bank's save_lace and load_lace, a user's
+export and import). A save either replaces the user's whole layered memory or, when the bank
+still holds the revision the LaceMem last saved or loaded, appends what is new since (turns,
+facts, and the neighbour lists that changed): a turn added to a LaceMem of 10,000 facts writes
+a few rows, not all of them. The Raw layer is its own
 table rather than the bank's turns: a layered memory is rebuilt and replaced as a unit, apart
 from the sessions that Prospective Reflection ends. The Edge layer is stored as each fact's
 ranked semantic neighbour list; same-turn and same-session links follow from the facts' order
-and the saved settings. Text and vectors go through the bank's cipher, as its other rows do.
+and the saved settings. Text, vectors and the links' cosines (a cosine says how alike two facts
+are) go through the bank's cipher, as its other rows do.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+from collections.abc import Iterable
 from typing import final
 
 import numpy as np
@@ -34,43 +39,103 @@ class Snapshot:
   turns: list[RawTurn]  # in the order they were added
   facts: list[Fact]  # by fact id, from 0
   vectors: np.ndarray  # N x D float32, row i embedding fact i
-  links: list[tuple[int, int, float]]  # (fact, neighbour, cosine), each fact's list in rank order
+  # (fact, neighbour, cosine), each fact's list in rank order (an iterator is read only by a
+  # full write, so a save that appends never walks every fact's list)
+  links: Iterable[tuple[int, int, float]]
+  revision: int = 0  # the bank's count of writes when this was saved (0: not from a bank)
 
 
-def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot) -> None:
-  """Replaces the user's layered memory with snap, inside the caller's write transaction."""
-  seal, seal_bytes = cipher.seal_text, cipher.seal_bytes
+@final
+@dataclasses.dataclass(frozen=True)
+class Saved:
+  """What a LaceMem knows the bank holds of it, since its last load or save."""
+
+  revision: int
+  turns: int
+  facts: int
+
+
+def seal_cosine(cipher: Cipher, cosine: float) -> float | bytes:
+  """A link's cosine as stored: a float, or a sealed float32 in an encrypted bank."""
+  return cipher.seal_bytes(np.float32(cosine).tobytes()) if cipher.encrypted else cosine
+
+
+def _open_cosine(cipher: Cipher, stored: float | bytes) -> float:
+  if isinstance(stored, (bytes, memoryview)):
+    return float(np.frombuffer(cipher.open_bytes(stored), np.float32)[0])
+  return float(np.float32(stored))
+
+
+def _next_revision(db: sqlite3.Connection) -> int:
+  """The bank-wide write counter, advanced (it never repeats, not even after a deletion)."""
+  db.execute("UPDATE bank_writes SET n = n + 1")
+  return db.execute("SELECT n FROM bank_writes").fetchone()[0]
+
+
+def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot) -> int:
+  """Replaces the user's layered memory with snap, inside the caller's write transaction;
+  returns its revision."""
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
   if vectors.shape[0] != len(snap.facts):
     raise ValueError(f"{len(snap.facts)} facts but {vectors.shape[0]} vectors")
+  revision = _next_revision(db)
   db.execute("DELETE FROM lace_meta WHERE user_id = ?", (user,))  # cascades to the layers
-  db.execute("INSERT INTO lace_meta VALUES (?, ?, ?, ?, ?)",
+  db.execute("INSERT INTO lace_meta (user_id, settings, encoder, dim, fallbacks, revision) "
+             "VALUES (?, ?, ?, ?, ?, ?)",
              (user, json.dumps(snap.settings, sort_keys=True), snap.encoder,
-              vectors.shape[1] if vectors.ndim == 2 else 0, snap.fallbacks))
+              vectors.shape[1] if vectors.ndim == 2 else 0, snap.fallbacks, revision))
+  lists: dict[int, list[tuple[int, float]]] = {}
+  for i, j, cos in snap.links:
+    lists.setdefault(i, []).append((j, cos))
+  _insert(db, cipher, user, snap, Saved(revision, 0, 0), lists)
+  return revision
+
+
+def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot,
+                since: Saved, lists: dict[int, list[tuple[int, float]]]) -> int | None:
+  """Writes what snap added since `since` (its turns and facts beyond those counts, and the
+  neighbour lists in `lists`, old facts' whose lists changed included), inside the caller's
+  write transaction; returns the new revision, or None (nothing written) when the bank no
+  longer holds revision `since.revision`: another process saved in between."""
+  row = db.execute("SELECT revision, dim FROM lace_meta WHERE user_id = ?", (user,)).fetchone()
+  if row is None or row[0] != since.revision or (row[1] == 0 and len(snap.facts)):
+    return None  # (a LaceMem saved before it had facts has no dimension yet: write it whole)
+  revision = _next_revision(db)
+  db.execute("UPDATE lace_meta SET fallbacks = ?, revision = ? WHERE user_id = ?",
+             (snap.fallbacks, revision, user))
+  old = [i for i in lists if i < since.facts]
+  db.executemany("DELETE FROM lace_links WHERE user_id = ? AND fact_id = ?",
+                 [(user, i) for i in old])
+  _insert(db, cipher, user, snap, since, lists)
+  return revision
+
+
+def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot, since: Saved,
+            lists: dict[int, list[tuple[int, float]]]) -> None:
+  """Inserts snap's turns and facts beyond `since`'s counts and the given neighbour lists."""
+  seal, seal_bytes = cipher.seal_text, cipher.seal_bytes
+  vectors = np.ascontiguousarray(snap.vectors, np.float32)
   db.executemany("INSERT INTO lace_turns VALUES (?, ?, ?, ?, ?, ?, ?)", [
       (user, t.turn_id, o, t.session_id, t.date, seal(t.speaker), seal(t.text))
-      for o, t in enumerate(snap.turns)])
+      for o, t in enumerate(snap.turns) if o >= since.turns])
   db.executemany("INSERT INTO lace_facts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
       (user, f.fact_id, f.turn_id, seal(f.subject), seal(f.predicate), seal(f.object),
-       f.time, seal(f.text), seal_bytes(v.tobytes()))
-      for f, v in zip(snap.facts, vectors, strict=True)])
-  rank = {}
-  rows = []
-  for i, j, cos in snap.links:
-    rank[i] = rank.get(i, -1) + 1
-    rows.append((user, i, rank[i], j, cos))
-  db.executemany("INSERT INTO lace_links VALUES (?, ?, ?, ?, ?)", rows)
+       f.time, seal(f.text), seal_bytes(vectors[f.fact_id].tobytes()))
+      for f in snap.facts[since.facts:]])
+  db.executemany("INSERT INTO lace_links VALUES (?, ?, ?, ?, ?)", [
+      (user, i, rank, j, seal_cosine(cipher, cos))
+      for i in sorted(lists) for rank, (j, cos) in enumerate(lists[i])])
 
 
 def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> Snapshot | None:
   """The user's layered memory as stored, or None when none is; inside the caller's
   transaction."""
   opened = cipher.open_text
-  meta = db.execute("SELECT settings, encoder, dim, fallbacks FROM lace_meta WHERE "
+  meta = db.execute("SELECT settings, encoder, dim, fallbacks, revision FROM lace_meta WHERE "
                     "user_id = ?", (user,)).fetchone()
   if meta is None:
     return None
-  settings, encoder, dim, fallbacks = meta
+  settings, encoder, dim, fallbacks, revision = meta
   turns = [RawTurn(t, s, d, opened(speaker), opened(text)) for t, s, d, speaker, text in
            db.execute("SELECT turn_id, session_id, date, speaker, text FROM lace_turns "
                       "WHERE user_id = ? ORDER BY ordinal", (user,))]
@@ -80,17 +145,14 @@ def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> 
                         "vector FROM lace_facts WHERE user_id = ? ORDER BY fact_id", (user,)):
     fact_id, turn_id, subject, predicate, obj, time, text, blob = row
     if fact_id != len(facts):
-      raise BankFileError(f"{where}: user {user!r}'s LaceMem facts skip from id "
+      raise BankFileError(f"{where}: the LaceMem facts of user {user!r} skip from id "
                           f"{len(facts) - 1} to {fact_id}: the file is corrupt")
     facts.append(Fact(fact_id, opened(subject), opened(predicate), opened(obj), time,
                       turn_id, sessions[turn_id], opened(text)))
     vectors.append(open_vector(cipher, dim, blob, f"{where}: LaceMem fact {fact_id}"))
-  links = _links(db, user)
-  matrix = np.stack(vectors) if vectors else np.zeros((0, dim), np.float32)
-  return Snapshot(json.loads(settings), encoder, fallbacks, turns, facts, matrix, links)
-
-
-def _links(db: sqlite3.Connection, user: str) -> list[tuple[int, int, float]]:
-  return [(i, j, float(np.float32(c))) for i, j, c in db.execute(
+  links = [(i, j, _open_cosine(cipher, c)) for i, j, c in db.execute(
       "SELECT fact_id, neighbour_id, cosine FROM lace_links WHERE user_id = ? "
       "ORDER BY fact_id, rank", (user,))]
+  matrix = np.stack(vectors) if vectors else np.zeros((0, dim), np.float32)
+  return Snapshot(json.loads(settings), encoder, fallbacks, turns, facts, matrix, links,
+                  revision)

@@ -8,9 +8,10 @@ A save replaces the user's whole LaceMem in one transaction, so two processes th
 turns can overwrite each other's additions, but never lose a turn: the bank keeps it, and the
 next sync adds it back.
 
-Of a chat session only the user's statements become evidence: a question the user asked would
-be found again as the best evidence for itself, and the agent's answers came from the memory
-(a wrong one would be cited back as proof).
+Only statements become evidence (a turn's kind, set by its writer: every dataset turn, and what
+a user tells the agent with chat's /tell), never a question put to the agent, which asked again
+would find itself as its best evidence, nor the agent's answers, which came from the memory (a
+wrong one would be cited back as proof). The turns are read in one snapshot.
 """
 
 from __future__ import annotations
@@ -50,21 +51,14 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
   return lace, added
 
 
-def is_evidence(turn, chat_sessions: set[str]) -> bool:
-  """Whether a bank turn goes into the LaceMem: every dataset turn; of a chat, the user's
-  turns that are not questions."""
-  if turn.session_id not in chat_sessions:
-    return True
-  return turn.speaker == "user" and not turn.text.rstrip().endswith("?")
+EVIDENCE = "statement"  # the kind of turn a LaceMem takes (see the module's text)
 
 
 def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *,
                       progress: bool = False) -> int:
   """Adds the user's bank turns that `lace` lacks, in the bank's order, and saves it when any
   were; returns how many."""
-  have = {t.turn_id for t in lace.turns}
-  chats = {s.session_id for s in bank.sessions(user) if s.origin == "chat"}
-  missing = [t for t in bank.turns(user) if t.turn_id not in have and is_evidence(t, chats)]
+  missing = bank.turns_not_in(user, lace.turn_ids(), EVIDENCE)
   if not missing:
     return 0
   with tqdm(total=len(missing), desc=f"LaceMem of {user}", unit="turn",

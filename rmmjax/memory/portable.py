@@ -4,7 +4,8 @@ An export holds everything the bank keeps of the user: sessions (with who opened
 turns, topic memories with their snippets and every encoder's embedding, and the user's saved
 LaceMem (atomic facts with their vectors, semantic links, its own raw turns). Import fills a new
 user with exactly that; documents of version 1 (before sessions had an origin and before
-LaceMem was exported) still import.
+LaceMem was exported) and 2 (before turns had a kind: a chat's were its questions and answers)
+still import.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, optio
 from rmmjax.memory import embedding_rows as emb
 from rmmjax.memory import lace_rows, user_rows
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.records import ORIGINS, BankTurn, Memory, SessionInfo
+from rmmjax.memory.records import KINDS, ORIGINS, BankTurn, Memory, SessionInfo
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 FORMAT = "rmmjax-memory-bank-user"
-VERSION = 2
+VERSION = 3
 _SOURCE = "import_user data"  # what a message names in place of a file
 _NUMBER = ((int, float), "a number")
 _INT = ((int,), "an integer")
@@ -39,7 +40,8 @@ class Parsed:
 
   user: str
   sessions: list[tuple[str, str, bool, str]]  # (session_id, date, ended, origin)
-  turns: list[tuple[str, str, int, str, str, str]]  # (session, date, ordinal, turn, speaker, text)
+  # (session, date, ordinal, turn, speaker, text, kind)
+  turns: list[tuple[str, str, int, str, str, str, str]]
   # (summary, created, updated, [(turn_id, session_id, date, text)], {encoder: vector})
   memories: list[tuple[str, float, float, list[tuple[str, str, str, str]], dict]]
   lace: lace_rows.Snapshot | None
@@ -54,7 +56,8 @@ def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dic
   embeddings = emb.by_memory(db, cipher, user, where)
   by_session: dict[str, list[dict]] = {s.session_id: [] for s in sessions}
   for t in turns:
-    by_session[t.session_id].append({"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text})
+    by_session[t.session_id].append({"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text,
+                                     "kind": t.kind})
   return {
       "format": FORMAT, "version": VERSION, "user": user,
       "sessions": [{"session_id": s.session_id, "date": s.date, "ended": s.ended,
@@ -88,9 +91,10 @@ def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> 
                  "VALUES (?, ?, ?, ?, ?, ?)",
                  [(user, s, d, o, int(e), origin)
                   for o, (s, d, e, origin) in enumerate(parsed.sessions)])
-  db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)",
-                 [(user, s, t, seal(speaker), seal(text), d, o)
-                  for s, d, o, t, speaker, text in parsed.turns])
+  db.executemany("INSERT INTO turns (user_id, session_id, turn_id, speaker, text, date, "
+                 "ordinal, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 [(user, s, t, seal(speaker), seal(text), d, o, kind)
+                  for s, d, o, t, speaker, text, kind in parsed.turns])
   for summary, created, updated, snippets, embeddings in parsed.memories:
     memory_id = db.execute("INSERT INTO memories (user_id, summary, created, updated) VALUES "
                            "(?, ?, ?, ?)", (user, seal(summary), created, updated)).lastrowid
@@ -107,9 +111,9 @@ def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> 
 def parse(data: object) -> Parsed:
   """The rows of an export_user document, or a MalformedData naming the field and the value."""
   doc = check(data, OBJECT, "the document", "top level", _SOURCE)
-  if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
+  if doc.get("format") != FORMAT or doc.get("version") not in (1, 2, VERSION):
     raise MalformedData(f"{_SOURCE}: format {doc.get('format')!r} version "
-                        f"{doc.get('version')!r}; expected {FORMAT!r} version 1 or {VERSION} "
+                        f"{doc.get('version')!r}; expected {FORMAT!r} version 1 to {VERSION} "
                         f"(what export_user gives)")
   user = _text(doc, "user", "top level")
   sessions, turns, stored = [], [], {}
@@ -133,7 +137,15 @@ def parse(data: object) -> Parsed:
         raise MalformedData(f"{_SOURCE}: {at}: turn id {t!r} appears twice (turn ids are "
                             f"unique per user)")
       text = require(turn, "text", at, _SOURCE, STRING)
-      turns.append((s, d, j, t, require(turn, "speaker", at, _SOURCE, STRING), text))
+      speaker = require(turn, "speaker", at, _SOURCE, STRING)
+      # Before kinds were kept (version 2 and older) a chat held its questions and answers.
+      kind = ("statement" if origin != "chat" else
+              "answer" if speaker == "assistant" else "question")
+      if doc["version"] >= 3:
+        kind = require(turn, "kind", at, _SOURCE, STRING)
+      if kind not in KINDS:
+        raise MalformedData(f"{_SOURCE}: {at}: kind {kind!r} is not one of {', '.join(KINDS)}")
+      turns.append((s, d, j, t, speaker, text, kind))
       stored[t] = (t, s, d, text)
   memories = [_memory(memory, f"memories[{i}]", stored) for i, memory in
               enumerate(require(doc, "memories", "top level", _SOURCE, LIST))]

@@ -46,6 +46,11 @@ class StaleRead(BankError):
 # Who opened a session: only that kind of writer appends to it. "chat" sessions hold the
 # agent's exchanges, "ingest" sessions a dataset's, "api" those opened through start_session.
 ORIGINS = ("api", "chat", "ingest")
+# What a turn is, set by its writer: something said (a dataset's turns, a user telling the
+# agent something), a question put to the agent, or the agent's answer. Only statements are
+# evidence of what happened: a question asked again would find itself, and an answer came from
+# the memory (a wrong one would be cited back as proof).
+KINDS = ("statement", "question", "answer")
 
 
 @final
@@ -66,6 +71,7 @@ class BankTurn:
   speaker: str
   text: str
   date: str  # its session's date
+  kind: str = "statement"  # KINDS
 
 
 @final

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from rmmjax.memory.crypto import KEY_CHECK, KEY_ENV, BankKeyError, Cipher
+from rmmjax.memory.lace_rows import seal_cosine
 from rmmjax.memory.records import BankFileError
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -106,9 +107,40 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE bank_writes (n INTEGER NOT NULL)",
         "INSERT INTO bank_writes VALUES (0)",
     ),
+    # 4: what each turn is (a statement, a question put to the agent, the agent's answer), set
+    # by the writer: only statements are evidence for IRIS; indexes on LaceMem's foreign keys
+    # (a cascaded delete scanned the child tables); a revision per saved LaceMem, so a save
+    # writes only what is new when nobody else saved in between. Chat turns written before
+    # kinds were kept are set by _kinds_of_chat_turns (the speaker may be encrypted).
+    (
+        "ALTER TABLE turns ADD COLUMN kind TEXT NOT NULL DEFAULT 'statement' "
+        "CHECK (kind IN ('statement', 'question', 'answer'))",
+        "CREATE INDEX lace_facts_by_turn ON lace_facts (user_id, turn_id)",
+        "CREATE INDEX lace_links_by_neighbour ON lace_links (user_id, neighbour_id)",
+        "ALTER TABLE lace_meta ADD COLUMN revision INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 LATEST = len(MIGRATIONS)
+
+
+def _kinds_of_chat_turns(db: sqlite3.Connection, cipher: Cipher) -> None:
+  """Before version 4 the agent wrote every chat line as a question and its reply after it."""
+  rows = db.execute("SELECT t.user_id, t.turn_id, t.speaker FROM turns t JOIN sessions s USING "
+                    "(user_id, session_id) WHERE s.origin = 'chat'").fetchall()
+  db.executemany("UPDATE turns SET kind = ? WHERE user_id = ? AND turn_id = ?", [
+      ("answer" if cipher.open_text(speaker) == "assistant" else "question", user, turn)
+      for user, turn, speaker in rows])
+
+
+def _seal_lace_cosines(db: sqlite3.Connection, cipher: Cipher) -> None:
+  """An encrypted bank stored its LaceMem's link cosines in the clear before version 4."""
+  if not cipher.encrypted:
+    return
+  rows = db.execute("SELECT user_id, fact_id, rank, cosine FROM lace_links WHERE "
+                    "typeof(cosine) = 'real'").fetchall()
+  db.executemany("UPDATE lace_links SET cosine = ? WHERE user_id = ? AND fact_id = ? AND "
+                 "rank = ?", [(seal_cosine(cipher, c), u, f, r) for u, f, r, c in rows])
 
 
 def migrate(db: sqlite3.Connection, cipher: Cipher, where: str) -> None:
@@ -125,9 +157,12 @@ def migrate(db: sqlite3.Connection, cipher: Cipher, where: str) -> None:
   if version > LATEST:
     raise BankFileError(f"{where} has schema version {version}; this rmmjax reads versions up "
                         f"to {LATEST}: upgrade rmmjax")
-  for statements in MIGRATIONS[version:]:
+  for to, statements in enumerate(MIGRATIONS[version:], version + 1):
     for statement in statements:
       db.execute(statement)
+    if to == 4 and version > 0:
+      _kinds_of_chat_turns(db, cipher)
+      _seal_lace_cosines(db, cipher)
   db.execute("UPDATE schema_version SET version = ?", (LATEST,))
   if version == 0:
     check = cipher.seal_bytes(KEY_CHECK).decode("ascii", "replace")

@@ -72,14 +72,8 @@ class BankSearch:
     cached = self._indexes.get(user)
     if cached is not None and cached.version == version:
       return cached
-    memories = tuple(self.bank.memories(user))
-    if memories:
-      # Refuses a bank embedded by another encoder (the bank names both).
-      ids, emb = self.bank.memory_embeddings(user, self.encoder_identity)
-      row = {memory_id: i for i, memory_id in enumerate(ids)}
-      emb = emb[[row[m.id] for m in memories]]
-    else:
-      emb = np.zeros((0, 0), np.float32)
+    version, memories, emb = self.bank.memory_snapshot(user, self.encoder_identity)
+    memories = tuple(memories)
     bm25 = (BM25Retriever([memory_text(m) for m in memories])
             if memories and self.retriever != "dense" else None)
     self._indexes[user] = UserIndex(memories, emb, bm25, version)

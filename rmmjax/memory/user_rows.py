@@ -99,8 +99,9 @@ def next_turn_ids(db: sqlite3.Connection, user: str, session_id: str, n: int) ->
 
 
 def insert_turns(db: sqlite3.Connection, cipher: Cipher, user: str, info: SessionInfo,
-                 rows: list[tuple[str, str, str]]) -> None:
-  """Appends (turn_id, speaker, text) rows to a session that has not ended."""
+                 rows: list[tuple[str, str, str]], kinds: list[str] | None = None) -> None:
+  """Appends (turn_id, speaker, text) rows to a session that has not ended, each of its kind
+  (KINDS; statements by default)."""
   if info.ended:
     raise SessionEnded(f"session {info.session_id!r} of user {user!r} has ended (its "
                        f"reflection is applied); start a new session for more turns")
@@ -112,20 +113,40 @@ def insert_turns(db: sqlite3.Connection, cipher: Cipher, user: str, info: Sessio
   start = db.execute("SELECT COALESCE(MAX(ordinal) + 1, 0) FROM turns WHERE user_id = ? AND "
                      "session_id = ?", (user, info.session_id)).fetchone()[0]
   seal = cipher.seal_text
-  db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", [
-      (user, info.session_id, t, seal(speaker), seal(text), info.date, start + i)
-      for i, (t, speaker, text) in enumerate(rows)])
+  kinds = kinds or ["statement"] * len(rows)
+  db.executemany("INSERT INTO turns (user_id, session_id, turn_id, speaker, text, date, ordinal, "
+                 "kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
+                     (user, info.session_id, t, seal(speaker), seal(text), info.date, start + i,
+                      kind)
+                     for i, ((t, speaker, text), kind) in enumerate(zip(rows, kinds,
+                                                                        strict=True))])
 
 
 def turns(db: sqlite3.Connection, cipher: Cipher, user: str,
           session_id: str | None) -> list[BankTurn]:
   """The user's turns (of one session where given), in session then turn order."""
   rows = db.execute(
-      "SELECT t.turn_id, t.session_id, t.speaker, t.text, t.date FROM turns t JOIN sessions s "
-      "USING (user_id, session_id) WHERE t.user_id = ? AND (? IS NULL OR t.session_id = ?) "
-      "ORDER BY s.ordinal, t.ordinal", (user, session_id, session_id))
-  return [BankTurn(t, s, cipher.open_text(speaker), cipher.open_text(text), d)
-          for t, s, speaker, text, d in rows]
+      "SELECT t.turn_id, t.session_id, t.speaker, t.text, t.date, t.kind FROM turns t JOIN "
+      "sessions s USING (user_id, session_id) WHERE t.user_id = ? AND (? IS NULL OR "
+      "t.session_id = ?) ORDER BY s.ordinal, t.ordinal", (user, session_id, session_id))
+  return [BankTurn(t, s, cipher.open_text(speaker), cipher.open_text(text), d, kind)
+          for t, s, speaker, text, d, kind in rows]
+
+
+def turns_not_in(db: sqlite3.Connection, cipher: Cipher, user: str, have: set[str],
+                 kind: str) -> list[BankTurn]:
+  """The user's turns of this kind whose ids are not in `have`, in session then turn order:
+  the ids are listed first (no text is opened), then only the missing rows are read."""
+  ids = [t for t, k in db.execute(
+      "SELECT t.turn_id, t.kind FROM turns t JOIN sessions s USING (user_id, session_id) WHERE "
+      "t.user_id = ? ORDER BY s.ordinal, t.ordinal", (user,)) if k == kind and t not in have]
+  if not ids:
+    return []
+  rows = {r[0]: r for r in select_in(
+      db, "SELECT turn_id, session_id, speaker, text, date, kind FROM turns WHERE user_id = ? "
+      "AND turn_id IN ({})", (user,), ids)}
+  return [BankTurn(t, rows[t][1], cipher.open_text(rows[t][2]), cipher.open_text(rows[t][3]),
+                   rows[t][4], rows[t][5]) for t in ids]
 
 
 def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
