@@ -27,17 +27,15 @@ import numpy as np
 from rmmjax import core
 from rmmjax.agent_workdir import AgentWorkdir
 from rmmjax.io.reranker_load import LoadedReranker
-from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import LLMOutputError, parse_answer
-from rmmjax.llm.prompts import answer_with_citations
+from rmmjax.llm.base import LLM
+from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, SessionEnded, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector, reflect_session
 from rmmjax.memory.search import BankSearch
 from rmmjax.replay.record import check_fit, encoder_identity
 
-STATS = ("queries", "answered", "updates", "shown", "cited", "malformed", "invalid_citations",
-         "llm_errors", "cut_prompts", "turns_written")
+STATS = ("queries", "updates", *COUNTERS, "turns_written")
 # What the agent's memories are, for the fit check of a trained reranker.
 UNITS = "topic"
 
@@ -138,8 +136,9 @@ class Agent:
     if workdir is not None:
       fixed = dataclasses.asdict(settings) | {
           "reranker": reranker.source if reranker else None,
-          "query_encoder": self.tuned_query_encoder}
-      self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning)
+          "query_encoder": self.tuned_query_encoder, "encrypted": bank.cipher.encrypted}
+      self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning,
+                                  cipher=bank.cipher)
       self._restore()
 
   def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:
@@ -172,6 +171,10 @@ class Agent:
     checkpointed when they happen."""
     if self.workdir is not None and self.learning:
       self.workdir.save_pending(int(self.state.step), self._pending)
+      self._save_stats()
+
+  def _save_stats(self) -> None:
+    if self.workdir is not None and self.learning:
       self.workdir.save_stats(self.stats, int(self.state.step))
 
   def close(self) -> None:
@@ -237,6 +240,18 @@ class Agent:
     when there is none), then learns from it."""
     return self._exchange(user, query, record=True)
 
+  def tell(self, user: str, text: str) -> str:
+    """Records something the user says (a statement: nothing is retrieved or answered) in
+    their open chat session, where reflection takes it into the topic memories; returns the
+    session's id."""
+    _check_query(text)
+    self._require_user(user)
+    session_id, ids = self.bank.append_chat(user, [("user", text, "statement")],
+                                            datetime.date.today().isoformat())
+    self.stats["turns_written"] += len(ids)
+    self.save()
+    return session_id
+
   def _exchange(self, user: str, query: str, record: bool) -> Response:
     _check_query(query)
     self._require_user(user)
@@ -250,7 +265,8 @@ class Agent:
       answer, cited, failure, error = self._answer(query, shown)
     session_id = None
     if record:
-      turns = [("user", query)] + ([("assistant", answer)] if answer else [])
+      turns = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
+                                                else [])
       session_id, ids = self.bank.append_chat(user, turns, datetime.date.today().isoformat())
       self.stats["turns_written"] += len(ids)
     rewarded = self.llm is not None and failure is None and bool(shown)
@@ -262,6 +278,10 @@ class Agent:
       self._pending.append((q_D, mem_KxD, mask_K.astype(bool), selected_M.astype(np.int32),
                             rewards_M))
       if len(self._pending) >= self.state.spec.batch:
+        # The counters first: a kill between the update's checkpoint and save() must not leave
+        # a restored agent with fewer queries than its updates learnt from (the next query's
+        # Gumbel noise is keyed by that count).
+        self._save_stats()
         self._learn()
         updated = True
     self.save()
@@ -270,34 +290,22 @@ class Agent:
 
   def _answer(self, query: str, shown: tuple[Memory, ...]) -> tuple:
     """(answer, cited positions, failure, error) of the LLM for the shown memories."""
-    prompt = answer_with_citations(query, [memory_prompt_text(m) for m in shown],
-                                   max_chars=self.llm.prompt_chars())
-    self.stats["cut_prompts"] += bool(prompt.cut)
-    try:
-      reply = self.llm.chat_structured(prompt.messages, prompt.schema)
-    except (LLMError, LLMOutputError) as err:  # failed, or a reply with no text at all
-      self.stats["llm_errors"] += 1
-      return None, (), "llm_error", str(err)
-    parsed = parse_answer(reply, len(shown))
-    self.stats["answered"] += 1
-    self.stats["invalid_citations"] += parsed.invalid_citations
-    if parsed.malformed or not parsed.answer:  # an empty answer cites nothing it used
-      self.stats["malformed"] += 1
-      return parsed.answer or None, (), "malformed", f"not a cited answer: {reply[:120]!r}"
-    self.stats["shown"] += len(shown)
-    self.stats["cited"] += len(parsed.cited)
-    return parsed.answer, parsed.cited, None, ""
+    got = ask_cited(self.llm, query, [memory_prompt_text(m) for m in shown])
+    got.count(self.stats)
+    return got.answer, got.cited, got.failure, got.error
 
   def _learn(self) -> None:
     batch_size = self.state.spec.batch
     q, mem, mask, selected, rewards = (np.stack(x) for x in zip(*self._pending[:batch_size]))
-    self._pending = self._pending[batch_size:]
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,
                        relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32))
-    self.state, _ = self._update(self.state, batch, selected, rewards)
-    self.stats["updates"] = int(self.state.step)
+    state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
-      self.workdir.save_checkpoint(self.state)
+      self.workdir.save_checkpoint(state)
+    # Only now is the batch dropped: an interrupt before this line (the first update compiles,
+    # which takes a while) leaves it pending on the old state, to be applied on restore.
+    self.state, self._pending = state, self._pending[batch_size:]
+    self.stats["updates"] = int(self.state.step)
 
   def end_session(self, user: str):
     """Prospective Reflection over the user's open chat session; returns its report."""

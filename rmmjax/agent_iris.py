@@ -18,23 +18,17 @@ import dataclasses
 import datetime
 
 from rmmjax.agent import STATS, end_chat_session
-from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import LLMOutputError, parse_answer
-from rmmjax.llm.prompts import answer_with_citations
+from rmmjax.llm.base import LLM
+from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem
 from rmmjax.memory.lace_sync import add_missing_turns, synced_lace
 from rmmjax.memory.records import UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
-from rmmjax.retrieve.evidence import RawTurn
+from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
 from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
-
-
-def turn_prompt_text(raw: RawTurn) -> str:
-  """A turn as the generator sees it: "[date] speaker: text"."""
-  return f"[{raw.date}] {raw.speaker}: {raw.text}" if raw.date else f"{raw.speaker}: {raw.text}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,30 +114,30 @@ class IrisAgent:
     if self.llm is not None:
       answer, cited, failure, error = self._answer(query, turns,
                                                    result is not None and result.abstained)
-    exchange = [("user", query)] + ([("assistant", answer)] if answer else [])
+    exchange = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
+                                                 else [])
     session_id, ids = self.bank.append_chat(user, exchange, datetime.date.today().isoformat())
     self.stats["turns_written"] += len(ids)
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return IrisResponse(answer, turns, cited, result, failure, error, session_id)
 
+  def tell(self, user: str, text: str) -> str:
+    """Records something the user says (a statement) in their chat session and adds it to
+    their LaceMem at once, as evidence for later questions; returns the session's id."""
+    if not isinstance(text, str) or not text.strip():
+      raise ValueError(f"text must be a non-empty string, got {text!r:.100}")
+    store = self.store(user)
+    session_id, ids = self.bank.append_chat(user, [("user", text, "statement")],
+                                            datetime.date.today().isoformat())
+    self.stats["turns_written"] += len(ids)
+    self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
+    return session_id
+
   def _answer(self, query: str, turns: tuple[RawTurn, ...], missing: bool) -> tuple:
-    prompt = answer_with_citations(query, [turn_prompt_text(t) for t in turns],
-                                   max_chars=self.llm.prompt_chars(), evidence_missing=missing)
-    self.stats["cut_prompts"] += bool(prompt.cut)
-    try:
-      reply = self.llm.chat_structured(prompt.messages, prompt.schema)
-    except (LLMError, LLMOutputError) as err:
-      self.stats["llm_errors"] += 1
-      return None, (), "llm_error", str(err)
-    parsed = parse_answer(reply, len(turns))
-    self.stats["answered"] += 1
-    self.stats["invalid_citations"] += parsed.invalid_citations
-    if parsed.malformed or not parsed.answer:
-      self.stats["malformed"] += 1
-      return parsed.answer or None, (), "malformed", f"not a cited answer: {reply[:120]!r}"
-    self.stats["shown"] += len(turns)
-    self.stats["cited"] += len(parsed.cited)
-    return parsed.answer, parsed.cited, None, ""
+    got = ask_cited(self.llm, query, [turn_prompt_text(t) for t in turns],
+                    evidence_missing=missing)
+    got.count(self.stats)
+    return got.answer, got.cited, got.failure, got.error
 
   def end_session(self, user: str):
     """Prospective Reflection over the user's open chat session (the topic memories)."""

@@ -1,8 +1,10 @@
 """Where the online agent's learning lives, so that a kill loses no answer that was shown.
 
 `W/checkpoints/` holds an Orbax checkpoint of the reranker after every update; `W/pending.npz`
-the rewarded answers of the batch not yet complete, with the step they build on; `W/agent.json`
-the counters and the settings the agent learns with. Each file is replaced whole (written
+the rewarded answers of the batch not yet complete (their query and candidate memory vectors),
+with the step they build on; `W/agent.json` the counters and the settings the agent learns with.
+The agent of an encrypted bank seals `pending.npz` with the bank's key (vectors can be inverted
+back to text), so the workdir holds nothing of the bank in the clear. Each file is replaced whole (written
 aside, then renamed), and the agent writes them before it returns an answer, so after SIGKILL
 or Ctrl-C at most the answer being computed is lost. A pending batch whose step a newer
 checkpoint has passed was applied already and is dropped; a full one (killed between its last
@@ -13,6 +15,7 @@ exclusive lock); a restart with other settings is refused with the differences.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import sys
@@ -24,6 +27,7 @@ import numpy as np
 from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.workdir import atomic_write_json
+from rmmjax.memory.crypto import Cipher, PlainCipher
 
 # The settings a workdir's reranker learnt with: a restart that learns must keep them; one that
 # only serves must keep what the weights score (the candidates and where they come from).
@@ -36,8 +40,9 @@ PENDING_FIELDS = ("q", "mem", "mask", "selected", "rewards")
 class AgentWorkdir:
   """The agent's files in one folder; `learning=False` reads them and never writes."""
 
-  def __init__(self, path: Path, settings: dict, *, learning: bool):
+  def __init__(self, path: Path, settings: dict, *, learning: bool, cipher: Cipher = PlainCipher()):
     self.path, self.settings, self.learning = Path(path), settings, learning
+    self.cipher = cipher
     self._lock = self._checkpointer = None
     if self.path.exists() and not self.path.is_dir():
       raise ValueError(f"--workdir {self.path} is a file; expected a folder for the agent's "
@@ -73,6 +78,12 @@ class AgentWorkdir:
     keys = FIXED_SETTINGS if self.learning else SERVING_SETTINGS
     diff = [f"{key}: {saved[key]!r} -> {self.settings.get(key)!r}" for key in keys
             if key in saved and saved[key] != self.settings.get(key)]
+    if saved.get("encrypted", False) != self.settings.get("encrypted", False):
+      raise ValueError(f"--workdir {self.path} belongs to an agent of an "
+                       f"{'encrypted' if saved.get('encrypted') else 'unencrypted'} bank and this "
+                       f"bank is {'encrypted' if self.settings.get('encrypted') else 'not'}: "
+                       f"its pending answers hold memory vectors, which must not change "
+                       f"protection; use the bank it was made with, or a new workdir")
     if diff:
       raise ValueError(f"--workdir {self.path} holds a reranker that learnt with other settings "
                        f"({'; '.join(diff)}); rerun with the same ones, or start a new workdir")
@@ -112,7 +123,12 @@ class AgentWorkdir:
     file = self.path / "pending.npz"
     if not file.is_file():
       return []
-    with np.load(file) as data:
+    try:
+      sealed = self.cipher.open_bytes(file.read_bytes())
+    except ValueError:
+      raise ValueError(f"{file} does not open with this bank's key (written with another "
+                       f"one, or damaged); use that key, or a new --workdir") from None
+    with np.load(io.BytesIO(sealed)) as data:
       base = int(data["base_step"])
       items = list(zip(*(data[name] for name in PENDING_FIELDS)))
     if base == step:
@@ -126,10 +142,12 @@ class AgentWorkdir:
     """The rewarded answers of the unfinished batch, building on checkpoint `step`."""
     arrays = {name: np.stack([item[i] for item in pending]) if pending else np.zeros((0,))
               for i, name in enumerate(PENDING_FIELDS)}
+    buffer = io.BytesIO()
+    np.savez(buffer, base_step=np.int64(step), **arrays)
     fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pending.", suffix=".npz")
     try:
       with os.fdopen(fd, "wb") as f:
-        np.savez(f, base_step=np.int64(step), **arrays)
+        f.write(self.cipher.seal_bytes(buffer.getvalue()))
       os.replace(tmp, self.path / "pending.npz")
     except BaseException:
       Path(tmp).unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""`rmmjax chat`: the agent on stdin, one line a question; /end reflects the session, /quit
+"""`rmmjax chat`: the agent on stdin, one line a question; /tell TEXT records a statement (what
+the user tells the agent: evidence for later questions), /end reflects the session, /quit
 leaves. Everything an answer earned is kept before the answer is printed, so SIGKILL loses at
 most the answer being computed, and Ctrl-C saves and says what was kept."""
 
@@ -45,7 +46,8 @@ def _kept(agent, turns_before: int) -> str:
 def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
   """Serves each line of `lines` as a question of `user` until /quit or the end."""
   turns_before = agent.stats["turns_written"]
-  print(f"chatting as {user}; /end ends the session (reflection), /quit leaves"
+  print(f"chatting as {user}; /tell TEXT tells the agent something, /end ends the session "
+        f"(reflection), /quit leaves"
         + ("" if has_llm else "; no LLM: showing the memories that would be handed to one"),
         file=sys.stderr)
   try:
@@ -61,8 +63,17 @@ def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
         except ValueError as err:
           print(f"/end: {err}")
         continue
+      if text.split(maxsplit=1)[0] == "/tell":
+        said = text[len("/tell"):].strip()
+        if not said:
+          print("/tell: say what, as in /tell my sister lives in Lisbon")
+          continue
+        agent.tell(user, said)
+        print("(noted)")
+        sys.stdout.flush()
+        continue
       if text.startswith("/") and " " not in text:  # a mistyped command is not a question
-        print(f"{text}: not a command (/end ends the session, /quit leaves)")
+        print(f"{text}: not a command (/tell TEXT, /end ends the session, /quit leaves)")
         continue
       _print_response(agent.respond(user, text))
       sys.stdout.flush()

@@ -27,8 +27,8 @@ TOPICS = {
 }
 
 
-def _bank(path, encoder):
-  bank = MemoryBank(path)
+def _bank(path, encoder, key=None):
+  bank = MemoryBank(path, key=key)
   for user, topics in TOPICS.items():
     bank.add_user(user)
     bank.start_session(user, "s1", "2023-05-08")
@@ -252,3 +252,84 @@ def test_a_bank_embedded_by_another_encoder_is_refused(bank):
   agent = Agent(bank, Other(), AgentSettings(k=6, m=3, learn=False))
   with pytest.raises(ValueError, match="another encoder"):
     agent.recall("alice", "cat")
+
+
+def test_an_update_interrupted_before_its_checkpoint_loses_no_rewarded_answer(bank, tmp_path):
+  settings = dataclasses.replace(SETTINGS, batch=2)
+  whole = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1), _cite(2)] * 4))
+  _learn(whole, QUESTIONS[:4])
+  first = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1), _cite(2)] * 4),
+                workdir=tmp_path / "agent")
+  _learn(first, QUESTIONS[:3])
+  real_update = first._update
+
+  def interrupted(*args):  # Ctrl-C while the update (the first one compiles) is running
+    raise KeyboardInterrupt
+
+  first._update = interrupted
+  with pytest.raises(KeyboardInterrupt):
+    first.respond("alice", QUESTIONS[3])
+  first._update = real_update
+  first.close()  # what chat does on Ctrl-C: the batch must still be pending, on step 1
+  again = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  assert again.stats["updates"] == 2 and again.pending == 0  # applied on restore
+  for a, b in zip(_params(again), _params(whole)):
+    np.testing.assert_array_equal(a, b)
+  again.close()
+
+
+def test_a_kill_after_an_updates_checkpoint_keeps_the_counters_consistent(bank, tmp_path):
+  settings = dataclasses.replace(SETTINGS, batch=2)
+  agent = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([_cite(1)] * 4),
+                workdir=tmp_path / "agent")
+  _learn(agent, QUESTIONS[:1])
+
+  def killed(*args):  # the process dies between the update's checkpoint and the save after it
+    raise SystemExit(137)
+
+  agent.workdir.save_pending = killed
+  with pytest.raises(SystemExit):
+    agent.respond("alice", QUESTIONS[1])
+  agent.workdir.close()
+  again = Agent(bank, HashEncoder(), settings, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  # Two questions asked, one update from both: never fewer queries than the updates used (the
+  # next query's sampling noise is keyed by the count, so a repeat would reuse a key).
+  assert again.stats["updates"] == 1 and again.stats["queries"] == 2
+  again.close()
+
+
+def test_an_encrypted_banks_workdir_holds_no_vector_in_the_clear(tmp_path):
+  from rmmjax.memory import generate_key
+  key, encoder = generate_key(), HashEncoder()
+  secret = _bank(tmp_path / "sealed.sqlite", encoder, key)
+  vectors = [v for user in TOPICS for v in secret.memory_embeddings(user, encoder.identity)[1]]
+  settings = dataclasses.replace(SETTINGS, batch=4)
+  agent = Agent(secret, encoder, settings, llm=ScriptedLLM([_cite(1, 2)] * 6),
+                workdir=tmp_path / "agent")
+  _learn(agent, QUESTIONS[:6])  # one update, two answers pending
+  queries = [encoder.encode([q])[0] for q in QUESTIONS[:6]]
+  agent.close()
+  assert agent.pending == 2
+  raw = b"".join(p.read_bytes() for p in (tmp_path / "agent").rglob("*") if p.is_file())
+  for vector in [*vectors, *queries]:
+    assert np.asarray(vector, np.float32).tobytes()[:64] not in raw
+  # The same workdir reopens with the key, and is refused without it or on a plain bank.
+  again = Agent(secret, encoder, settings, llm=ScriptedLLM([]), workdir=tmp_path / "agent")
+  assert again.pending == 2
+  again.close()
+  secret.close()
+  with pytest.raises(ValueError, match="encrypted bank and this bank is not"):
+    Agent(_bank(tmp_path / "other.sqlite", encoder), encoder, settings, llm=ScriptedLLM([]),
+          workdir=tmp_path / "agent")
+
+
+def test_what_the_agent_records_says_what_each_turn_is(bank):
+  agent = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([_cite(1), "plain text"]))
+  agent.respond("alice", "where does her sister live")  # no question mark: still a question
+  agent.respond("alice", "what does she play?")
+  session = agent.tell("alice", "Her sister moved to Porto in June")
+  assert [(t.speaker, t.kind) for t in bank.turns("alice", session)] == [
+      ("user", "question"), ("assistant", "answer"), ("user", "question"),
+      ("assistant", "answer"), ("user", "statement")]
+  # Shown counts the memories of every exchange (a plain-text reply cites none of them).
+  assert agent.stats["shown"] == 6 and agent.stats["cited"] == 1 and agent.stats["malformed"] == 1

@@ -229,3 +229,37 @@ def test_a_bank_missing_a_conversation_is_refused_before_the_first_question(tmp_
   with pytest.raises(ValueError, match="has no memories of 1 of the 1 conversations \\(c1\\)"):
     evaluate_answers("locomo", _locomo_file(tmp_path, 2), BankAnswerer(AgentStub()),
                      ScriptedLLM([]))
+
+
+def test_a_malformed_verdict_leaves_its_question_unjudged_in_the_mean_and_in_the_record(
+    tmp_path):
+  data = _locomo_file(tmp_path, 3)
+  judge = ScriptedLLM([json.dumps({"correct": True}), "no verdict here",
+                       json.dumps({"correct": False})])
+  report = evaluate_answers("locomo", data, _Scripted([("Pixel", None)] * 3), judge)
+  overall = report["metrics"]["overall"]
+  assert (overall["judge"], overall["judged"], overall["malformed_verdicts"]) == (0.5, 2, 1)
+  assert [a["correct"] for a in report["answers"]] == [True, None, False]
+  assert [a["judge_malformed"] for a in report["answers"]] == [False, True, False]
+
+
+def _pairwise_auc(scores, labels) -> float:
+  """The definition, pair by pair: a positive above a negative 1, tied 1/2."""
+  pos = [s for s, y in zip(scores, labels) if y]
+  neg = [s for s, y in zip(scores, labels) if not y]
+  return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_counts_ties_as_halves(seed):
+  import numpy as np
+
+  from rmmjax.eval.classifier import average_ranks, roc_auc
+  rng = np.random.default_rng(seed)
+  scores = rng.choice([0.2, 0.5, 0.5, 0.9], size=40)  # heavily tied, as a heuristic judge's
+  labels = rng.random(40) < 0.4
+  assert roc_auc(scores, labels) == pytest.approx(_pairwise_auc(scores, labels))
+  # All-equal scores say nothing, whichever order the labels come in.
+  assert roc_auc(np.ones(6), [True, True, False, False, False, True]) == 0.5
+  assert roc_auc(np.ones(6), [False, False, False, True, True, True]) == 0.5
+  assert list(average_ranks(np.array([3.0, 1.0, 3.0, 2.0]))) == [3.5, 1.0, 3.5, 2.0]

@@ -25,8 +25,9 @@ from tqdm import tqdm
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.answers import aggregate_answers, answer_row, citation_agreement, judge_answer
 from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import LLMOutputError, parse_answer
-from rmmjax.llm.prompts import answer_with_citations
+from rmmjax.llm.exchange import ask_cited
+from rmmjax.llm.parse import LLMOutputError
+from rmmjax.retrieve.evidence import turn_prompt_text
 from rmmjax.memory.lace import LaceMem
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
@@ -100,20 +101,10 @@ class IrisAnswerer(Answerer):
     turns = list(result.top_turns(self.m))
     raws = [store.raw(t) for t in turns]
     # An abstention (the evidence judged absent) asks for a refusal, not a guess.
-    prompt = answer_with_citations(question.question,
-                                   [f"[{r.date}] {r.speaker}: {r.text}" for r in raws],
-                                   max_chars=self.llm.prompt_chars(),
-                                   evidence_missing=result.abstained)
-    shown = [{t} for t in turns]
-    try:
-      reply = self.llm.chat_structured(prompt.messages, prompt.schema)
-    except (LLMError, LLMOutputError) as err:
-      return Answered(None, shown, (), turns, "llm_error", str(err), bool(prompt.cut))
-    parsed = parse_answer(reply, len(raws))
-    if parsed.malformed or not parsed.answer:
-      return Answered(parsed.answer or None, shown, (), turns, "malformed",
-                      f"not a cited answer: {reply[:120]!r}", bool(prompt.cut))
-    return Answered(parsed.answer, shown, parsed.cited, turns, None, "", bool(prompt.cut))
+    got = ask_cited(self.llm, question.question, [turn_prompt_text(r) for r in raws],
+                    evidence_missing=result.abstained)
+    return Answered(got.answer, [{t} for t in turns], got.cited, turns, got.failure, got.error,
+                    got.cut)
 
 
 def agent_answerer(agent) -> BankAnswerer:
@@ -150,15 +141,16 @@ def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
     # Without an answer nothing was used: its citations (if any) count as none.
     citation = citation_agreement(got.shown_turns, [] if failed else list(got.cited),
                                   set(question.evidence))
-    rows.append((question.category, answer_row(prediction, str(question.answer), verdict=verdict,
-                                               citation=citation,
-                                               answer_malformed=got.failure == "malformed",
-                                               answer_failed=failed)))
+    row = answer_row(prediction, str(question.answer), verdict=verdict, citation=citation,
+                     answer_malformed=got.failure == "malformed", answer_failed=failed)
+    rows.append((question.category, row))
+    # One rule for the mean and the question: a failed answer is wrong; a malformed verdict or
+    # none (the judge failed) leaves the question unjudged (None), counted apart.
     answers.append({"conversation": conv.conversation_id, "question": question.question,
                     "gold": str(question.answer), "answer": prediction,
                     "cited": [] if failed else list(got.cited),
-                    "correct": None if verdict is None and not failed else
-                    (False if failed else verdict.correct),
+                    "correct": None if row["judge"] is None else row["judge"] == 1.0,
+                    "judge_malformed": row["judge_malformed"],
                     "failure": got.failure, "error": got.error, "shown": got.shown_ids})
     in_a_row = in_a_row + 1 if llm_failed else 0
     if in_a_row >= MAX_FAILURES_IN_A_ROW:

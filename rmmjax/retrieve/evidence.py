@@ -36,6 +36,11 @@ class RawTurn:
   text: str
 
 
+def turn_prompt_text(raw: RawTurn) -> str:
+  """A turn as the generator sees it: "[date] speaker: text"."""
+  return f"[{raw.date}] {raw.speaker}: {raw.text}" if raw.date else f"{raw.speaker}: {raw.text}"
+
+
 class EvidenceStore(Protocol):
   """One conversation's (one user's) layered memory, read-only for retrieval."""
 
