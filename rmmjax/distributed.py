@@ -10,12 +10,16 @@
   the rows its own devices hold) and `replicate` places parameters whole on every device; a
   jitted step fed both is partitioned by the compiler, which inserts the gradient all-reduce.
 - `gather` brings a (possibly multi-process) result back to every process as numpy.
-- `check_same` compares a digest of what each process was started with (the config, the data
-  file) and refuses, on every process, a run whose processes disagree.
+- `preflight` wraps what a run checks before it writes anything: a refusal on any process
+  reaches every process (instead of leaving the others waiting in a collective), and the
+  processes must agree on a digest of what they were started with (config, data, workdir) and
+  on the step each resumes from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -23,10 +27,14 @@ import socket
 import sys
 import time
 
+from pathlib import Path
+
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rmmjax.encode.cache import per_host
 
 DATA_AXIS = "data"
 # Environment variables that say a cluster launched this process with others.
@@ -112,6 +120,15 @@ def _wait_for(coordinator: str, timeout_s: int) -> None:
       time.sleep(0.5)
 
 
+def host_cache(path: Path) -> Path:
+  """The embedding cache this process uses: `path` itself on one process; over several, a file
+  of this host's own beside it (`rmmjax.encode.cache.per_host`: SQLite is not safe on a file
+  system that several hosts share)."""
+  if jax.process_count() == 1:
+    return path
+  return per_host(Path(path), socket.gethostname())
+
+
 def is_writer() -> bool:
   """Whether this process writes the run's files (process 0 does; the others compute)."""
   return jax.process_index() == 0
@@ -121,7 +138,8 @@ def data_mesh(num_devices: int = 0) -> Mesh:
   """A one-axis mesh over the first num_devices devices of every process (0: all of them)."""
   devices = jax.devices()
   if num_devices < 0 or num_devices > len(devices):
-    raise ValueError(f"devices={num_devices}: this run sees {len(devices)} devices "
+    raise ValueError(f"devices={num_devices}: this run sees {len(devices)} "
+                     f"device{'' if len(devices) == 1 else 's'} "
                      f"({jax.process_count()} processes); expected 0 (all) to {len(devices)}")
   if num_devices and num_devices < len(devices) and jax.process_count() > 1:
     raise ValueError(f"devices={num_devices}: a run over {jax.process_count()} processes uses "
@@ -192,16 +210,61 @@ def digest(*parts: str | bytes) -> str:
   return h.hexdigest()
 
 
-def check_same(what: str, value: str) -> None:
-  """Refuses, on every process, a run whose processes were given different `what`."""
+# The refusals a pre-flight shares (what the command line reports as a bad input); a message
+# travels cut to this many bytes.
+REFUSALS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError)
+_MESSAGE_BYTES = 2048
+
+
+@dataclasses.dataclass
+class Preflight:
+  """What a process found before its run starts: set `digest` (of what it was started with)
+  and `step` (where it resumes) inside the `preflight` block."""
+
+  digest: str = ""
+  step: int = 0
+
+
+@contextlib.contextmanager
+def preflight(what: str):
+  """Runs the checks in its block on every process, then compares what each found: a refusal
+  raised on any process is raised on all (the others name it and the process), and processes
+  whose digests or resumed steps differ are refused on all. One process: the block alone."""
+  found = Preflight()
   if jax.process_count() == 1:
+    yield found
     return
-  mine = np.frombuffer(bytes.fromhex(value), np.uint8)
-  first = np.asarray(multihost_utils.broadcast_one_to_all(mine))
-  agree = np.asarray(multihost_utils.process_allgather(np.array(
-      [bool((first == mine).all())])))
-  if not agree.all():
-    bad = [int(i) for i in np.flatnonzero(~agree.reshape(-1))]
-    raise ValueError(f"the processes were started with different {what} (process(es) "
-                     f"{bad} differ from process 0): start every process with the same "
-                     f"command and files")
+  try:
+    yield found
+  except REFUSALS as err:
+    _compare(what, found, f"{err}")
+    raise
+  _compare(what, found, None)
+
+
+def _compare(what: str, found: Preflight, refusal: str | None) -> None:
+  message = (refusal or "").encode()[:_MESSAGE_BYTES]
+  row = np.zeros(1 + 8 + 32 + 2 + _MESSAGE_BYTES, np.uint8)
+  row[0] = refusal is not None
+  row[1:9] = np.frombuffer(np.int64(found.step).tobytes(), np.uint8)
+  row[9:41] = np.frombuffer(bytes.fromhex(found.digest or "0" * 64), np.uint8)
+  row[41:43] = np.frombuffer(np.uint16(len(message)).tobytes(), np.uint8)
+  row[43:43 + len(message)] = np.frombuffer(message, np.uint8)
+  rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, row.size)
+  if refusal is not None:
+    return  # this process raises its own refusal
+  for i, r in enumerate(rows):
+    if r[0]:
+      n = int(np.frombuffer(r[41:43].tobytes(), np.uint16)[0])
+      raise ValueError(f"process {i} refused this run: {r[43:43 + n].tobytes().decode()}")
+  steps = [int(np.frombuffer(r[1:9].tobytes(), np.int64)[0]) for r in rows]
+  if len(set(steps)) > 1:
+    where = ", ".join(f"process {i}: {s}" for i, s in enumerate(steps))
+    raise ValueError(f"the processes would start from different steps ({where}): each must "
+                     "see the same workdir (on a file system every process shares) and its "
+                     "checkpoints")
+  bad = [i for i, r in enumerate(rows) if not (r[9:41] == rows[0][9:41]).all()]
+  if bad:
+    raise ValueError(f"the processes were started with different {what} (process(es) {bad} "
+                     "differ from process 0): start every process with the same command and "
+                     "files")

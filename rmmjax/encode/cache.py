@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,6 +25,28 @@ T = TypeVar("T")
 # Long enough to outlast another process's largest write (one batch of embeddings).
 BUSY_TIMEOUT_S = 60.0
 _ELSEWHERE = "set RMMJAX_CACHE to another folder (or pass --cache FILE, or --no-cache)"
+CACHE_ENV = "RMMJAX_CACHE"
+CACHE_FILE = "embeddings.sqlite"
+_FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+def cache_path(environ: Mapping[str, str] = os.environ) -> Path:
+  """The embedding cache's file: $RMMJAX_CACHE names its folder (embeddings.sqlite inside) or,
+  ending in .sqlite, .sqlite3 or .db or naming a file that exists, the file itself; unset,
+  ~/.cache/rmmjax/embeddings.sqlite."""
+  value = environ.get(CACHE_ENV, "").strip()
+  if not value:
+    return Path.home() / ".cache" / "rmmjax" / CACHE_FILE
+  path = Path(value).expanduser()
+  return path if path.suffix in _FILE_SUFFIXES or path.is_file() else path / CACHE_FILE
+
+
+def per_host(path: Path, host: str) -> Path:
+  """One cache file per host for a run over several hosts: SQLite's write-ahead log is safe
+  between the processes of one machine, not across a network file system that several hosts
+  share (a SLURM cluster's $HOME)."""
+  safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
+  return path.with_name(f"{path.stem}-{safe}{path.suffix}")
 
 
 class CacheError(ValueError):

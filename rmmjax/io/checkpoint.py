@@ -46,6 +46,15 @@ def _silence_closed_loop_noise() -> None:
   _quiet_hook_installed = True
 
 
+def saved_steps(directory: Path) -> list[int]:
+  """The steps of the checkpoints in a directory, read from its listing alone (no Orbax object:
+  over several processes opening one is a collective, which every process must enter alike)."""
+  directory = Path(directory)
+  if not directory.is_dir():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
 class Checkpointer:
   """Saves and restores TrainStates under one directory, keeping the newest few.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rmmjax import distributed
 from rmmjax.config import Config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.schema import Conversation
@@ -21,7 +22,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
     raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                      f"holdout={cfg.holdout} would leave none to train on")
   if encoder is None:
-    encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+    encoder = SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(DEFAULT_CACHE)))
   if encoder.dim != cfg.dim:
     raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
   return data, conversations, report, encoder

@@ -119,18 +119,17 @@ def _label(cfg: Config, keys: list[str]) -> str:
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
           progress: bool = True) -> dict:
   """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir."""
-  if cfg.config != "latent":
-    raise ValueError(f"sweep runs the latent simulator, not config {cfg.config}; sweeps over "
-                     "replayed conversations are in experiments/replay_tau_baseline.py")
-  configs = sweep_configs(cfg.validate(), grid, seeds)
-  spec, sim = cfg.core_spec(), cfg.sim_spec()
-  workdir = Path(workdir)
-  check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
-
-  distributed.check_same("configs, grids or workdirs", distributed.digest(
-      cfg.to_json(), json.dumps(grid, sort_keys=True, default=str), str(seeds),
-      str(workdir.resolve())))
-  devices = list(distributed.data_mesh(cfg.devices).devices.flat)  # devices=N: the first N
+  with distributed.preflight("configs, grids or workdirs") as found:
+    if cfg.config != "latent":
+      raise ValueError(f"sweep runs the latent simulator, not config {cfg.config}; sweeps over "
+                       "replayed conversations are in experiments/replay_tau_baseline.py")
+    configs = sweep_configs(cfg.validate(), grid, seeds)
+    spec, sim = cfg.core_spec(), cfg.sim_spec()
+    workdir = Path(workdir)
+    check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
+    devices = list(distributed.data_mesh(cfg.devices).devices.flat)  # devices=N: the first N
+    found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True, default=str),
+                                      str(seeds), str(workdir.resolve()))
 
   world = core.make_world(sim, spec.dim)
   hparams_C = core.stack_hparams([c.hparams() for c in configs])
