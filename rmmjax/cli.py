@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 
 
+def plural(n: int, noun: str) -> str:
+  """"1 conversation", "2 conversations"."""
+  return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _config(args) -> "object":
   from rmmjax.config import apply_overrides, apply_precision, get_config
   from rmmjax.io.outputs import check_output_dir
@@ -21,7 +26,8 @@ def _config(args) -> "object":
 def _cmd_train(args) -> None:
   from rmmjax.train.loop import train
   from rmmjax import distributed
-  cfg = _config(args)
+  with distributed.preflight("configs"):  # a refusal on one process reaches them all
+    cfg = _config(args)
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
   if not distributed.is_writer():
     print(f"process {args.process_id}: trained its share; process 0 wrote {args.workdir}")
@@ -29,6 +35,8 @@ def _cmd_train(args) -> None:
   rows = []
   if "recall_at_m_final" in summary:
     where = ("eval queries" if cfg.config == "latent" else
+             f"validation: {', '.join(summary['validation_conversations'])}"
+             if "validation_conversations" in summary else
              f"held-out: {', '.join(summary['heldout_conversations'])}")
     rows.append((f"recall@M of selected memories ({where})", summary["recall_at_m_base"],
                  summary["recall_at_m_final"]))
@@ -46,32 +54,48 @@ def _cmd_train(args) -> None:
   for name, before, after in rows:
     print(f"{name:58s}{before:10.3f}{after:10.3f}")
   if "iris_recall_at_10" in summary:  # learner=iris: held-out Recall@10 over turns
-    for name, key in (("Recall@10, single pass, base encoder", "single_pass_base"),
-                      ("Recall@10, single pass, tuned anchor encoder", "single_pass_tuned")):
+    where = "validation" if summary.get("iris_validation") else "held-out"
+    for name, key in ((f"Recall@10 ({where}), single pass, base encoder", "single_pass_base"),
+                      (f"Recall@10 ({where}), single pass, tuned anchor", "single_pass_tuned")):
       print(f"{name:58s}{summary['iris_recall_at_10_' + key]:10.3f}")
-    print(f"{'Recall@10, IRIS with the learned models':58s}{summary['iris_recall_at_10']:10.3f}")
+    print(f"{f'Recall@10 ({where}), IRIS with the learned models':58s}"
+          f"{summary['iris_recall_at_10']:10.3f}")
+    if "iris_warning" in summary:
+      print(f"WARNING: {summary['iris_warning']}")
   elif "recall_at_k" in summary:
     print(f"{'ceiling: recall of all K candidates':58s}{summary['recall_at_k']:10.3f}")
-  else:
-    units = f"--units {cfg.units}" + (f" --iris {cfg.iris}" if cfg.units == "lace" else "")
-    print("no conversation was held out (holdout=0): evaluate on another file with "
-          f"rmmjax eval --data FILE {units} --retriever {cfg.retriever} --reranker "
-          f"{args.workdir}")
+  if cfg.config != "latent" and cfg.holdout == 0:
+    print("no conversation was held out (holdout=0): evaluate on another file with\n  "
+          + eval_hint(cfg, args.workdir))
   workdir = Path(args.workdir)
   print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
         f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
         f"checkpoints {workdir / 'checkpoints'}")
 
 
+def eval_hint(cfg, workdir: str) -> str:
+  """The `rmmjax eval` command that evaluates what a training run of `cfg` wrote to workdir."""
+  head = f"rmmjax eval --data FILE --units {cfg.units}"
+  if cfg.learner == "iris":
+    return f"{head} --iris learned --iris-model {workdir}"
+  if cfg.learner == "query_encoder":
+    return f"{head} --retriever {cfg.retriever} --encoder {workdir}"
+  if cfg.units == "lace":
+    return f"{head} --iris {cfg.iris} --retriever {cfg.retriever} --reranker {workdir}"
+  # learner=both: the reranker's record names its query encoder, which eval loads itself.
+  return f"{head} --retriever {cfg.retriever} --reranker {workdir}"
+
+
 def _cmd_sweep(args) -> None:
-  from rmmjax.train import sweeps
-  cfg = _config(args)
-  if args.steps is not None:
-    from rmmjax.config import apply_overrides
-    cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
-  grid = sweeps.parse_grid(args.grid or [], cfg)
-  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
   from rmmjax import distributed
+  from rmmjax.train import sweeps
+  with distributed.preflight("configs"):  # a refusal on one process reaches them all
+    cfg = _config(args)
+    if args.steps is not None:
+      from rmmjax.config import apply_overrides
+      cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
+    grid = sweeps.parse_grid(args.grid or [], cfg)
+  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
     return
@@ -169,16 +193,21 @@ def _cmd_eval(args) -> None:
                               llm=_eval_llm(args), rerank_mode=args.rerank_mode or "fused",
                               iris_model=args.iris_model)
   config = result["config"]
-  if args.reranker:
-    print(f"reranker {args.reranker}{' (learning online)' if args.online else ''} on "
-          f"{len(config['conversations'])} conversations: {', '.join(config['conversations'])}")
+  models = [f"{flag} {path}" for flag, path in (("--reranker", args.reranker),
+                                                 ("--iris-model", args.iris_model),
+                                                 ("--encoder", args.encoder)) if path]
+  if models:
+    print(f"{' and '.join(models)}{' (learning online)' if args.online else ''} on "
+          f"{plural(len(config['conversations']), 'conversation')}: "
+          f"{', '.join(config['conversations'])}")
     trained = config["trained_conversations_in_file"]
     if config["in_sample"]:
       print(f"IN-SAMPLE: {len(trained)} of them were trained on ({', '.join(trained)})")
     elif trained:
-      print(f"left out {len(trained)} conversations it trained on: {', '.join(trained)}")
+      print(f"left out {plural(len(trained), 'conversation')} trained on: {', '.join(trained)}")
     for mismatch in config["mismatches"]:
       print(f"MISMATCH (--allow-mismatch): {mismatch}")
+  if args.reranker:
     step, planned = config["reranker_step"], config["reranker_steps_planned"]
     if planned is not None and step < planned:
       print(f"NOTE: {args.reranker} has trained {step} of its {planned} steps (interrupted or "
@@ -376,9 +405,21 @@ INTERRUPTED = {"train": "rerun the same command to resume",
 
 
 def main(argv: list[str] | None = None) -> int:
+  from rmmjax import cli_signals
+  cli_signals.install()  # first: the imports below take seconds, and Ctrl-C may come in them
+  argv = sys.argv[1:] if argv is None else list(argv)
+  command = next((a for a in argv if not a.startswith("-")), "rmmjax")
+  try:
+    return _main(argv)
+  except KeyboardInterrupt:
+    print(f"\nrmmjax {command}: interrupted; {INTERRUPTED.get(command, NOTHING)}",
+          file=sys.stderr)
+    return 130
+
+
+def _main(argv: list[str]) -> int:
   from rmmjax.cli_distributed import start_runtime
   from rmmjax.llm.base import LLMError
-  argv = sys.argv[1:] if argv is None else list(argv)
   try:
     start_runtime(argv)
   except ValueError as err:
@@ -387,10 +428,6 @@ def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   try:
     args.func(args)
-  except KeyboardInterrupt:
-    print(f"\nrmmjax {args.command}: interrupted; {INTERRUPTED.get(args.command, NOTHING)}",
-          file=sys.stderr)
-    return 130
   except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
           FloatingPointError) as err:
     print(f"rmmjax {args.command}: error: {err}", file=sys.stderr)

@@ -50,11 +50,19 @@ def _cmd_import(args) -> None:
   except (UnicodeDecodeError, ValueError) as err:
     raise ValueError(f"--in {path} is not JSON ({err}); expected what rmmjax memory export "
                      f"writes") from None
-  with bank(args.db, must_exist=False) as memory_bank:
-    user = memory_bank.import_user(data, user=args.user)
-    print(f"imported {path} as user {user!r} into {args.db}: "
-          f"{len(memory_bank.sessions(user))} sessions, {len(memory_bank.memories(user))} "
-          f"memories")
+  db = Path(args.db)
+  new = not db.exists()
+  try:
+    with bank(args.db, must_exist=False) as memory_bank:
+      user = memory_bank.import_user(data, user=args.user)
+      print(f"imported {path} as user {user!r} into {args.db}: "
+            f"{len(memory_bank.sessions(user))} sessions, {len(memory_bank.memories(user))} "
+            f"memories")
+  except BaseException:
+    if new:  # a bank this command created holds nothing when the import failed: no file stays
+      for leftover in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    raise
 
 
 def _cmd_delete(args) -> None:

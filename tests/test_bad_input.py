@@ -329,6 +329,8 @@ def test_files_that_are_not_json_records(tmp_path, capfd, load, noun, expected, 
   path.write_text(f"{good}\n\n{good[:-1]}\n")
   _refused(load, path, r": record 1 \(line 3\) is not JSON \(.* at line \d+, "
                        r"column \d+\); expected")
+  path.write_text('[{"cut short')  # json's own message ends in "at": said once, not twice
+  _refused(load, path, r": not JSON \(Unterminated string starting at line 1, column 3\)")
   assert not capfd.readouterr().err
 
 
@@ -457,3 +459,14 @@ def test_a_write_waits_for_another_process_holding_the_lock(tmp_path):
     holder.wait(timeout=60)
   assert holder.returncode == 0
 
+
+
+def test_the_cache_variable_names_a_folder_or_a_file():
+  from rmmjax.encode.cache import cache_path, per_host
+  home = Path.home() / ".cache" / "rmmjax" / "embeddings.sqlite"
+  assert cache_path({}) == cache_path({"RMMJAX_CACHE": " "}) == home
+  assert cache_path({"RMMJAX_CACHE": "/data/cache"}) == Path("/data/cache/embeddings.sqlite")
+  # A file name is the file (it used to become a folder of that name).
+  for name in ("/data/e.sqlite", "/data/e.db", "/data/e.sqlite3"):
+    assert cache_path({"RMMJAX_CACHE": name}) == Path(name)
+  assert per_host(Path("/nfs/e.sqlite"), "node 7/a") == Path("/nfs/e-node_7_a.sqlite")

@@ -186,3 +186,39 @@ def test_a_workdir_where_nothing_can_be_created_is_refused_by_name(capsys):
                str(proc / "run")]) == 2
   err = capsys.readouterr().err
   assert "--workdir /proc/self/run: /proc/self is not writable" in err
+
+
+# Python's own SIGINT handler, as a terminal's user has it (a suite started in a shell's
+# background inherits SIGINT ignored).
+_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "from rmmjax.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
+def test_ctrl_c_stops_a_run_at_any_moment_of_its_start(tmp_path, delay):
+  """Ctrl-C landing in a garbage-collector callback of jaxlib's used to be printed as ignored
+  (the run went on to its end), and one landing in an import failed it with ImportError."""
+  proc = subprocess.Popen([sys.executable, "-c", _WITH_CTRL_C, "train", "--workdir",
+                           str(tmp_path / "run"), "--quiet", *_sets("steps=20000")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  time.sleep(delay)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "interrupted" in err and "Exception ignored" not in err and "Traceback" not in err
+  assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
+  from rmmjax.cli import eval_hint
+  from rmmjax.config import apply_overrides, get_config
+  cfg = lambda *s: apply_overrides(get_config("locomo"), list(s))  # noqa: E731
+  assert eval_hint(cfg("learner=iris", "units=lace"), "W").endswith(
+      "--units lace --iris learned --iris-model W")
+  assert eval_hint(cfg(), "W").endswith("--units turn --retriever hybrid --encoder W")
+  assert eval_hint(cfg("learner=reranker", "retriever=bm25"), "W").endswith(
+      "--retriever bm25 --reranker W")
+  assert eval_hint(cfg("learner=reranker", "units=lace", "iris=wide"), "W").endswith(
+      "--units lace --iris wide --retriever hybrid --reranker W")
+  assert eval_hint(cfg("learner=both"), "W").endswith("--reranker W")

@@ -113,6 +113,13 @@ def test_export_delete_import_through_the_command_line(tmp_path, cache, capsys):
   bad.write_text("{not json")
   code, _, err = _run(capsys, "memory", "import", "--db", db, "--in", bad)
   assert code == 2 and "is not JSON" in err
+  # A failed import into a new bank leaves no (empty) bank behind.
+  wrong = tmp_path / "wrong.json"
+  wrong.write_text(json.dumps({**exported, "version": 99}))
+  new = tmp_path / "new.sqlite"
+  code, _, err = _run(capsys, "memory", "import", "--db", new, "--in", wrong)
+  assert code == 2 and "version 99" in err
+  assert not list(tmp_path.glob("new.sqlite*"))
 
 
 def test_refusals_that_used_to_pass(tmp_path, cache, capsys, monkeypatch):

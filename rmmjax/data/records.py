@@ -42,8 +42,7 @@ def read_records(path: str | Path, expected: str, noun: str = "records") -> list
     try:
       items, lines = decoder.decode(text), None
     except json.JSONDecodeError as err:
-      raise MalformedData(f"{path}: not JSON ({err.msg} at line {err.lineno}, column "
-                          f"{err.colno}); expected {expected}") from None
+      raise MalformedData(f"{path}: not JSON ({_json_error(err)}); expected {expected}") from None
     if not items:
       raise MalformedData(f"{path}: no {noun} (an empty list); expected {expected}")
   elif text[start] == "{":
@@ -89,6 +88,12 @@ def _text(path: Path, expected: str) -> str:
                         f"{expected}") from None
 
 
+def _json_error(err: json.JSONDecodeError) -> str:
+  """What and where: "Expecting ',' delimiter at line 3, column 5" (some of json's messages,
+  "Unterminated string starting at", already end in "at")."""
+  return f"{err.msg.removesuffix(' at')} at line {err.lineno}, column {err.colno}"
+
+
 def _json_lines(path: Path, text: str, start: int, expected: str,
                 decoder: json.JSONDecoder) -> tuple[list, list[int]]:
   """The JSON values of a JSON Lines file (one a line, or each spread over several lines), with
@@ -103,8 +108,7 @@ def _json_lines(path: Path, text: str, start: int, expected: str,
       item, pos = decoder.raw_decode(text, pos)
     except json.JSONDecodeError as err:
       raise MalformedData(f"{path}: record {len(items)} (line {line}) is not JSON "
-                          f"({err.msg} at line {err.lineno}, column {err.colno}); expected "
-                          f"{expected}") from None
+                          f"({_json_error(err)}); expected {expected}") from None
     items.append(item)
     lines.append(line)
     pos = _SPACE.match(text, pos).end()

@@ -11,6 +11,7 @@ import numpy as np
 
 from rmmjax import core
 from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.reranker_format import read_reranker
 from rmmjax.io.workdir import read_config
 
@@ -43,10 +44,8 @@ def _nest(flat: dict[str, np.ndarray]) -> dict:
 def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
+  refuse_unless(path, "--reranker", ("reranker", "reranker file", "both"))
   if path.is_dir():
-    if read_config(path).learner == "query_encoder":
-      raise ValueError(f"--reranker {path} is a query-encoder workdir (learner=query_encoder); "
-                       "pass it as --encoder")
     record = read_record(path)
     params, cfg, step = load_trained_params(path)
     return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record, step,

@@ -19,11 +19,11 @@ from safetensors.numpy import load_file, save_file
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
 from rmmjax.io.export import read_record
+from rmmjax.io.kinds import ANCHOR_DIR, JUDGE_FILE, REFINE_DIR, refuse_unless
 from rmmjax.io.workdir import RUN_FILE, read_config
 from rmmjax.replay.query_encoder import TunedQueryEncoder, latest_encoder_params
 from rmmjax.replay.record import encoder_identity
 
-ANCHOR_DIR, REFINE_DIR, JUDGE_FILE = "anchor_encoder", "refine_encoder", "judge.safetensors"
 JUDGE_FORMAT = "rmmjax-sufficiency-judge-1"
 HOW_TO_SCORE = (
     "rmmjax.core.judge.judge_logit(params, q_D, facts_NxD, mask_N): q_D the question embedded "
@@ -89,6 +89,7 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   path = Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
+  refuse_unless(path, "--iris-model", ("iris", "iris export"))
   # A training workdir has run.json (a Hugging Face directory has a config.json of its own).
   exported = not (path / RUN_FILE).exists() and (path / REFINE_DIR).is_dir()
   if not exported:

@@ -26,6 +26,7 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import EXPORT_RECORD, save_encoder
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.export import read_record
+from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.workdir import read_config
 from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_sequence
 from rmmjax.replay.record import encoder_identity
@@ -199,6 +200,7 @@ def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
   if not path.is_dir():
     raise FileNotFoundError(f"--encoder {path}: expected a query_encoder training workdir or "
                             "an exported encoder directory")
+  refuse_unless(path, "--encoder", ("query encoder", "query encoder export", "encoder"))
   if (path / "model.safetensors").exists():  # an exported Hugging Face-format directory
     tuned = SentenceEncoder(path)
     if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(

@@ -1,0 +1,38 @@
+"""Ctrl-C that always stops a command: Python raises KeyboardInterrupt in whatever Python code
+runs when the signal arrives, and in two places that code cannot pass it on. Inside a garbage
+collector callback (jaxlib registers one) the exception is printed as "Exception ignored" and
+lost, and the command runs on to its end; inside an import, an extension module interrupted
+mid-initialisation fails with "ImportError: initialization failed". There the interrupt is sent
+again a moment later, until it lands where it can be raised."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+RETRY_S = 0.05
+_GC_CALLBACKS = ("_xla_gc_callback",)
+
+
+def _cannot_raise_here(frame) -> bool:
+  while frame is not None:
+    code = frame.f_code
+    if code.co_name in _GC_CALLBACKS or code.co_filename.startswith("<frozen importlib"):
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _on_interrupt(signum, frame) -> None:
+  if _cannot_raise_here(frame):
+    threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
+    return
+  raise KeyboardInterrupt
+
+
+def install() -> None:
+  """Replaces Python's own SIGINT handler (a process started with SIGINT ignored keeps it
+  ignored)."""
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _on_interrupt)

@@ -1,0 +1,70 @@
+"""What a model path given on the command line holds, so that a model passed to the flag of
+another kind is refused with what it is and which flag takes it (not with "tree structures do
+not match" or "unknown config keys" from deep inside a loader)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rmmjax.encode.export import EXPORT_RECORD
+from rmmjax.io.workdir import RUN_FILE
+
+# The files of learned IRIS models (rmmjax.replay.iris_model_io writes them).
+JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
+
+# kind: (what it is, how it is used)
+KINDS = {
+    "reranker": ("a reranker's training workdir", "--reranker"),
+    "reranker file": ("an exported reranker", "--reranker"),
+    "both": ("a learner=both workdir (a tuned query encoder and a reranker over its "
+             "candidates)", "--reranker (which brings its query encoder)"),
+    "both export": ("an export of learner=both", "--reranker DIR/reranker.safetensors with "
+                    "--encoder DIR/query_encoder"),
+    "query encoder": ("a tuned query encoder's training workdir (learner=query_encoder)",
+                      "--encoder"),
+    "query encoder export": ("an exported tuned query encoder (a Hugging Face directory)",
+                             "--encoder"),
+    "iris": ("a learner=iris workdir (IRIS's learned anchor, refinement encoder and judge)",
+             "--iris-model, with --iris"),
+    "iris export": ("an export of learner=iris (IRIS's learned models)",
+                    "--iris-model, with --iris"),
+    "sweep": ("a sweep's workdir (it holds no trained model)", "nothing: train a model first"),
+    "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
+}
+
+
+def model_kind(path: Path) -> str | None:
+  """One of KINDS for what `path` holds, or None when it is none of them."""
+  path = Path(path)
+  if path.is_file():
+    return "reranker file" if path.suffix == ".safetensors" else None
+  if not path.is_dir():
+    return None
+  if (path / RUN_FILE).is_file():
+    try:
+      run = json.loads((path / RUN_FILE).read_text())
+      learner = json.loads((path / "config.json").read_text()).get("learner", "reranker")
+    except (OSError, ValueError):
+      return None
+    if run.get("kind") == "sweep":
+      return "sweep"
+    return {"query_encoder": "query encoder", "iris": "iris", "both": "both"}.get(learner,
+                                                                                  "reranker")
+  if (path / JUDGE_FILE).is_file() or (path / REFINE_DIR).is_dir():
+    return "iris export"
+  if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():
+    return "both export"
+  if (path / "model.safetensors").is_file():
+    return "query encoder export" if (path / EXPORT_RECORD).is_file() else "encoder"
+  return None
+
+
+def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...]) -> str | None:
+  """The kind of `path` when it is one of `wanted` (or None when unrecognised: the loader's
+  own checks then say what is missing); refused, naming what it is and its flag, otherwise."""
+  kind = model_kind(path)
+  if kind is None or kind in wanted:
+    return kind
+  what, use = KINDS[kind]
+  raise ValueError(f"{flag} {path} is {what}; it is used through {use}")
