@@ -1,22 +1,31 @@
 """IRIS with a learned gap diagnosis (LoCoMo dev file, 8 conversations, 4-fold cross-validation
-by conversation): a tuned anchor query encoder, a refinement encoder that embeds the question
-with the best facts found so far (multi-hop dense retrieval), and a sufficiency judge over the
-embeddings, each fitted on the training conversations' labels (`rmmjax.replay.iris_models`) and
-measured on the held-out ones, pooled over the folds.
+by conversation), as `rmmjax train --config locomo --set learner=iris --set units=lace` trains
+it: on each fold the command's own training run (`rmmjax.train.loop.train`, the config's
+defaults: the tuned anchor query encoder, the refinement encoder fitted and then trained online
+by REINFORCE from simulated citations, the sufficiency judge fitted at the end on the final
+refiner's iterations) on a file of the fold's training conversations followed by its held-out
+ones (holdout = their number), then measured on the held-out conversations, pooled.
 
 Rows: single-pass with the base and the tuned query encoder; IRIS with the heuristic judge and
 the rule refiner (EviMem's loop as rmmjax had it); the learned refinement, the learned judge
-and both (each with the tuned anchor); and three bounds, none of which may feed labels into the
-query: oracle stopping (the labels decide stop / continue / abstain, the note is empty, the
-learned refinement as in the run), perfect ranking of what the learned loop gathered (recall
-of every fact it gathered: the bound on any reranker) and, marked as label leakage, the oracle
-whose note is the missing turns' text. Latency counts everything a question costs (search,
-embedding every query afresh, the refiner, the judge): single-pass embeds the question too.
+and both (each with the tuned anchor); the reranker inside the learned loop; never stopping
+early; oracle stopping (the labels decide stop / continue / abstain, the note is empty: not a
+bound, since a later iteration can push found evidence out of the top 10); one bound, the
+perfect ranking of what the learned loop gathered (recall of every fact it gathered: the bound
+on any reranker); and, marked as label leakage, the oracle whose note is the missing turns'
+text. Latency counts everything a question costs (search, embedding every query afresh, the
+refiner, the judge): single-pass embeds the question too.
 
-    python experiments/iris_learned.py [--data PATH] [--folds 4]
+Intervals resample the folds (each fold's conversations share its fitted models). Selected on
+these folds: the `learned` preset (2 iterations, no edges), the judge's thresholds, the
+refinement vector's weight (0.5), iris_k = 64 and iris_hard_share = 0.5 (one split), and the
+encoder settings (from the query encoder's replay folds of the same file).
+
+    python experiments/iris_learned.py [--data PATH] [--folds 4] [--only FOLD]
     python experiments/iris_learned.py --rewrite   # the .md again from the saved .json
 
-Writes experiments/results/iris_learned.md and .json (per-question Recall@10 of every row).
+Writes experiments/results/iris_learned.md and .json (per-question Recall@10 of every row, and
+per-question judge scores and labels, so --rewrite recomputes every figure).
 """
 
 from __future__ import annotations
@@ -24,24 +33,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from iris_reranker import BOOTSTRAP_DRAWS, CATEGORIES, paired
-from replay_common import DEFAULT_DATA, RESULTS
+from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
+                           paired)
 from rmmjax import core
-from rmmjax.config import get_config
+from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.eval.classifier import reliability, roc_auc
 from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
 from rmmjax.replay.iris_learning import FactReranker, collect_episodes, pretrain_on_episodes
-from rmmjax.replay.iris_models import IrisFit, NeverSure, fit_iris_models
-from rmmjax.replay.query_encoder import TunedQueryEncoder
+from rmmjax.replay.iris_model_io import load_iris_model
+from rmmjax.replay.iris_models import NeverSure
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
@@ -55,7 +67,7 @@ LEARNED_JUDGE = "IRIS + learned judge (rule refiner)"
 BOTH = "IRIS + learned refinement + learned judge"
 RERANKED = "IRIS + learned refinement + learned judge + reranker inside (fused)"
 NEVER_STOP = "IRIS + learned refinement, never stopping early"
-ORACLE_STOP = "bound: oracle stopping, empty note, learned refinement"
+ORACLE_STOP = "oracle stopping, empty note, learned refinement (not a bound)"
 GATHERED = "bound: perfect ranking of what the learned loop gathered"
 LEAK = "label leakage: oracle note of the missing turns' text"
 COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
@@ -65,6 +77,20 @@ COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
 # RERANK_K facts the loop gathers, pretrained on the training conversations' labels (logged
 # from the learned loop run to its end), fused with the loop's own order.
 RERANK_K = 64
+# The command's run: the locomo config with learner=iris over LaceMem, defaults otherwise.
+TRAIN_SETTINGS = ("learner=iris", "units=lace")
+
+
+def train_fold(data: list, train: list[int], held: list[int], workdir: Path, encoder):
+  """The learned models of `rmmjax train ... learner=iris` on the fold: a file of its training
+  conversations, then its held-out ones (holdout = their number)."""
+  path = workdir / "fold.json"
+  path.write_text(json.dumps([data[i] for i in [*train, *held]]))
+  cfg = apply_overrides(get_config("locomo"), [*TRAIN_SETTINGS, f"data={path}",
+                                               f"holdout={len(held)}"])
+  from rmmjax.train.loop import train as run  # noqa: PLC0415  (the command's own call)
+  summary = run(cfg, workdir / "run", progress=False, encoder=encoder)
+  return load_iris_model(workdir / "run", encoder), summary
 
 
 def fit_reranker(stores, convs, encoder, fitted):
@@ -72,11 +98,11 @@ def fit_reranker(stores, convs, encoder, fitted):
   conversations; (params, spec)."""
   cfg = get_config("locomo")
   spec = dataclasses.replace(cfg, k=RERANK_K).core_spec()
-  refiner = EmbeddingRefiner(TunedQueryEncoder(encoder, fitted.refine))
+  refiner = EmbeddingRefiner(fitted.refine)
   max_evidence = max(len(set(q.evidence)) for c in convs for q in c.questions)
   episodes = []
   for store, conv in zip(stores, convs):
-    store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
+    store.query_encoder = fitted.anchor
     episodes += collect_episodes(store, conv.questions, lambda q: NeverSure(),
                                  IRIS_PRESETS["learned"], RERANK_K, max_evidence, refiner)
   state = core.init_state(spec, cfg.hparams())
@@ -89,8 +115,8 @@ def run_rows(conv, store, encoder, fitted, reranker) -> dict[str, list]:
   """name -> [(conversation, category, metrics)] for one held-out conversation; `reranker`
   is (params, spec) of the reranker inside."""
   fresh = encoder.with_cache(None)
-  tuned = TunedQueryEncoder(encoder, fitted.anchor)
-  refiner = EmbeddingRefiner(TunedQueryEncoder(encoder, fitted.refine))
+  tuned = fitted.anchor
+  refiner = EmbeddingRefiner(fitted.refine)
   learned = IRIS_PRESETS["learned"]
   inside = FactReranker(*reranker, store, "fused")
   setups = {  # name: (query encoder, settings or None, judge factory, refiner, reranker)
@@ -151,28 +177,15 @@ def summary(rows) -> dict:
 
 
 def judge_report(probabilities, labels, stopped, bins: int = 10) -> dict:
-  """AUC, expected calibration error and a reliability table of a judge's probabilities, and
-  the precision and recall of its decisions to stop."""
+  """AUC (ties averaged), expected calibration error and a reliability table of a judge's
+  probabilities, and the precision and recall of its decisions to stop."""
   p, y = np.asarray(probabilities, float), np.asarray(labels, bool)
   stop = np.asarray(stopped, bool)
-  stop_precision = float(y[stop].mean()) if stop.any() else float("nan")
-  stop_recall = float(stop[y].mean()) if y.any() else float("nan")
-  order = np.argsort(p)
-  ranks = np.empty(len(p))
-  ranks[order] = np.arange(1, len(p) + 1)
-  pos, neg = y.sum(), (~y).sum()
-  auc = float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg)) if pos and neg else np.nan
-  edges = np.linspace(0, 1, bins + 1)
-  which = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
-  table, ece = [], 0.0
-  for b in range(bins):
-    sel = which == b
-    if sel.any():
-      table.append((float(edges[b]), float(edges[b + 1]), int(sel.sum()),
-                    float(p[sel].mean()), float(y[sel].mean())))
-      ece += sel.mean() * abs(p[sel].mean() - y[sel].mean())
-  return {"auc": auc, "ece": float(ece), "reliability": table, "positives": int(pos),
-          "examples": int(len(p)), "stop_precision": stop_precision, "stop_recall": stop_recall,
+  ece, table = reliability(p, y, bins)
+  return {"auc": roc_auc(p, y), "ece": ece, "reliability": table, "positives": int(y.sum()),
+          "examples": int(len(p)),
+          "stop_precision": float(y[stop].mean()) if stop.any() else float("nan"),
+          "stop_recall": float(stop[y].mean()) if y.any() else float("nan"),
           "stops": int(stop.sum())}
 
 
@@ -187,7 +200,7 @@ def judge_scores(conv, store, fitted, encoder) -> dict[str, list]:
   """Learned and heuristic probabilities of sufficiency after iteration 1 of the learned loop
   and whether each would stop there, with the label (every evidence turn among the judged
   facts)."""
-  store.query_encoder = TunedQueryEncoder(encoder, fitted.anchor)
+  store.query_encoder = fitted.anchor
   out = {key: [] for key in ("learned", "heuristic", "label", "learned_stop", "heuristic_stop")}
   judge, rule = LearnedJudge(fitted.judge, store), HeuristicJudge()
   settings = IRIS_PRESETS["learned"]
@@ -219,52 +232,67 @@ def main() -> None:
     return
   encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
   convs = [c for c in load_locomo(args.data)[0] if c.questions]
+  raw = {r["sample_id"]: r for r in json.loads(Path(args.data).read_text())}
+  data = [raw[c.conversation_id] for c in convs]
   stores = [LaceMem.from_conversation(c, encoder) for c in convs]
   pooled: dict[str, list] = {}
   scores: dict[str, list] = {}
-  fit_seconds = []
+  fit_seconds, summaries = [], []
   for f, held in enumerate(folds(len(convs), args.folds)):
     if args.only is not None and f != args.only:
       continue
     train = [i for i in range(len(convs)) if i not in held]
     start = time.perf_counter()
-    fitted = fit_iris_models(encoder, [stores[i] for i in train], [convs[i] for i in train],
-                             IrisFit())
+    with tempfile.TemporaryDirectory() as tmp:
+      fitted, summary_f = train_fold(data, train, held, Path(tmp), encoder)
     fit_seconds.append(time.perf_counter() - start)
+    summaries.append({k: v for k, v in summary_f.items() if k.startswith("iris_")})
     reranker = fit_reranker([stores[i] for i in train], [convs[i] for i in train], encoder,
                             fitted)
-    print(f"fold {f}: fitted in {fit_seconds[-1]:.0f} s", flush=True)
+    print(f"fold {f}: trained in {fit_seconds[-1]:.0f} s", flush=True)
     for i in held:
       for name, rows in run_rows(convs[i], stores[i], encoder, fitted, reranker).items():
         pooled.setdefault(name, []).extend(rows)
       for key, values in judge_scores(convs[i], stores[i], fitted, encoder).items():
         scores.setdefault(key, []).extend(values)
   results = {"rows": {name: summary(rows) for name, rows in pooled.items()},
-             "judge": {name: judge_report(scores[name], scores["label"], scores[name + "_stop"])
-                       for name in ("learned", "heuristic")},
-             "fit_seconds": fit_seconds, "folds": args.folds, "only": args.only}
+             "judge_scores": scores, "fit_seconds": fit_seconds, "folds": args.folds,
+             "only": args.only, "run_summaries": summaries,
+             "train_settings": list(TRAIN_SETTINGS)}
   OUT.with_suffix(".json").write_text(json.dumps(results))
   write(results)
 
 
 def write(results: dict) -> None:
   rows = results["rows"]
+  scores = results["judge_scores"]
+  judges = {name: judge_report(scores[name], scores["label"], scores[name + "_stop"])
+            for name in ("learned", "heuristic")}
+  clusters = fold_clusters(next(iter(rows.values()))["conversations"], results["folds"])
   head = "| configuration | multi-hop | temporal | single-hop | open-domain | adversarial | all " \
          "| iterations | p50 ms | p95 ms |"
   lines = ["# IRIS with a learned gap diagnosis", "",
            f"LoCoMo dev file, {results['folds']}-fold cross-validation by conversation (held-out "
-           "conversations pooled); evidence Recall@10 over the first 10 distinct turns; latency "
-           "per question with every query embedded afresh, 2-core CPU.", "", head,
+           "conversations pooled); on each fold the models of `rmmjax train --config locomo "
+           f"--set {' --set '.join(results['train_settings'])}` (defaults otherwise) on its "
+           "training conversations; evidence Recall@10 over the first 10 distinct turns; "
+           "latency per question with every query embedded afresh, 2-core CPU.", "",
+           "Selected on these folds: the `learned` preset (2 iterations, no edges), the judge's "
+           "thresholds, the refinement vector's weight, iris_k = 64 and iris_hard_share = 0.5 "
+           "(one split); the encoder's settings come from the replay folds of the same file. "
+           "The numbers are therefore optimistic for these settings.", "", head,
            "|" + "---|" * 10]
   for name, r in rows.items():
     lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in CATEGORIES)
                  + f" | {r['all@10']:.3f} | {r['iterations']:.2f} | {r['p50_ms']:.1f} | "
                  f"{r['p95_ms']:.1f} |")
   lines += ["", f"Paired differences in Recall@10, mean and 95% cluster bootstrap interval over "
-            f"conversations ({BOOTSTRAP_DRAWS} draws; all / multi-hop / temporal):", ""]
+            f"the {results['folds']} folds ({BOOTSTRAP_DRAWS} draws of the folds with "
+            "replacement, all their questions: a fold's conversations share its models; all / "
+            "multi-hop / temporal):", ""]
   for a, b in COMPARISONS:
     if a in rows and b in rows:
-      parts = [paired(rows, a, b, c) for c in (None, "multi-hop", "temporal")]
+      parts = [paired(rows, a, b, c, clusters) for c in (None, "multi-hop", "temporal")]
       lines.append(f"- {a} - {b}: " + " / ".join(parts))
   lines += ["", "Abstention (share of questions IRIS abstained on): "]
   for name in (BOTH, ORACLE_STOP, IRIS_RULE):
@@ -275,14 +303,14 @@ def write(results: dict) -> None:
             "every evidence turn among the judged facts):", "",
             "| judge | AUC | ECE | stop precision | stop recall | stops | positives / "
             "examples |", "|---|---|---|---|---|---|---|"]
-  for name, j in results["judge"].items():
+  for name, j in judges.items():
     lines.append(f"| {name} | {j['auc']:.3f} | {j['ece']:.3f} | "
                  f"{j.get('stop_precision', float('nan')):.3f} | "
                  f"{j.get('stop_recall', float('nan')):.3f} | {j.get('stops', '-')} | "
                  f"{j['positives']} / {j['examples']} |")
   lines += ["", "Reliability of the learned judge (bin, count, mean probability, observed "
             "rate):", ""]
-  for lo, hi, n, p, y in results["judge"]["learned"]["reliability"]:
+  for lo, hi, n, p, y in judges["learned"]["reliability"]:
     lines.append(f"- [{lo:.1f}, {hi:.1f}): {n}, {p:.3f}, {y:.3f}")
   OUT.write_text("\n".join(lines) + "\n")
   print("\n".join(lines))

@@ -14,9 +14,13 @@ simulated citations from the evidence labels (+1 / -1, as in the replay studies)
 judge's verdict reward on the 5 selected facts (no labels), or their sum. Pretraining is the
 listwise loss on the labels (10 epochs). Hyperparameters are the locomo config's, not tuned here.
 
-Paired differences get 95% intervals from a cluster bootstrap over conversations (the questions
-of one conversation share its memory and, for the reranker rows, its fold's model, so they are
-not independent): 2000 draws of 8 conversations with replacement, all their questions each.
+Paired differences get 95% intervals from a cluster bootstrap over the folds (the questions of
+a fold share its fitted reranker, and each conversation's its memory, so neither questions nor
+conversations are independent): 2000 draws of the 4 folds with replacement, all their
+questions each. Four clusters make a coarse interval; it is the honest one. The reranker's
+settings are the locomo config's, chosen on the replay folds of the same file
+(experiments/replay_ablation.py); K = 64 and the wide settings were chosen looking at these
+folds.
 
     python experiments/iris_reranker.py [--data PATH] [--seeds 2]
     python experiments/iris_reranker.py --rewrite   # the .md again from the saved .json
@@ -35,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS
+from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
+                           paired)
 from rmmjax import core
 from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
@@ -56,8 +61,6 @@ DEFAULT = IrisSettings()
 WIDE = dataclasses.replace(DEFAULT, base_budget=20, budget_step=10, stop_confidence=1.0,
                            temporal_stop_confidence=1.0)
 K, PASSES, NUM_FOLDS = 64, 3, 4
-BOOTSTRAP_DRAWS = 2000
-CATEGORIES = ("multi-hop", "temporal", "single-hop", "open-domain", "adversarial")
 # Per-question lists every result keeps (in conversation order), for paired comparisons.
 PER_QUESTION = ("per_question", "categories", "conversations")
 # (label, pretrain, online reward mix or None, seeded)
@@ -128,27 +131,6 @@ def _short(result: dict) -> dict:
   return {k: round(v, 3) for k, v in result.items() if k not in PER_QUESTION}
 
 
-def paired(results: dict, a: str, b: str, category: str | None = None) -> str:
-  """Mean Recall@10 difference a - b over the same questions with a 95% cluster bootstrap
-  interval: conversations resampled with replacement (as many as there are), all questions of
-  each drawn conversation (of `category`, if given) kept, percentiles of the draws' means."""
-  if any(results[a][key] != results[b][key] for key in ("categories", "conversations")):
-    raise ValueError(f"{a!r} and {b!r} do not list the same questions in the same order")
-  cats, convs = np.array(results[a]["categories"]), np.array(results[a]["conversations"])
-  keep = np.ones(len(cats), bool) if category is None else cats == category
-  diff = (np.array(results[a]["per_question"]) - np.array(results[b]["per_question"]))[keep]
-  ids, which = np.unique(convs[keep], return_inverse=True)
-  sums, counts = np.bincount(which, diff, len(ids)), np.bincount(which, minlength=len(ids))
-  rng = np.random.default_rng(0)
-  draws = rng.integers(0, len(ids), (BOOTSTRAP_DRAWS, len(ids)))
-  # A draw of only conversations without such questions has no mean (impossible when every
-  # conversation has some, as in LoCoMo).
-  total = counts[draws].sum(1)
-  means = sums[draws].sum(1)[total > 0] / total[total > 0]
-  low, high = np.percentile(means, [2.5, 97.5])
-  return f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}]"
-
-
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
@@ -212,8 +194,10 @@ def write(results: dict) -> None:
            "Evidence Recall@10 (all) per category over the first 10 distinct turns of the final "
            "evidence, Recall@5 and @10 over all questions; retrieval latency per question (no "
            "judge), 2-core CPU. Reranker rows: held-out conversations only, mean over seeds. "
-           "Intervals of paired differences resample conversations, not questions (cluster "
-           f"bootstrap, {BOOTSTRAP_DRAWS} draws).", "",
+           "Intervals of paired differences resample the folds, not questions (cluster "
+           f"bootstrap, {BOOTSTRAP_DRAWS} draws). Selected on these folds: K = 64 and the wide "
+           "settings; the reranker's own settings come from the replay folds of the same file.",
+           "",
            "| configuration | multi-hop | temporal | single-hop | open-domain | adversarial | "
            "all R@5 | all R@10 | p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
   for label, r in results.items():
@@ -225,15 +209,15 @@ def write(results: dict) -> None:
                  f"{r['temporal'] - single['temporal']:+.3f}, "
                  f"{r['p95_ms'] / single['p95_ms']:.1f}x")
   fused = ", fused with IRIS order"
-  conversations = len(set(single["conversations"]))
+  clusters = fold_clusters(single["conversations"], NUM_FOLDS)
   lines += ["", "Paired differences in Recall@10 (all), mean over questions and 95% cluster "
-            f"bootstrap interval over conversations ({BOOTSTRAP_DRAWS} draws of "
-            f"{conversations} conversations with replacement, all their questions; percentile "
-            "interval; all / multi-hop / temporal):"]
+            f"bootstrap interval over the {NUM_FOLDS} folds ({BOOTSTRAP_DRAWS} draws of "
+            f"{NUM_FOLDS} folds with replacement, all their questions; percentile interval; "
+            "all / multi-hop / temporal):"]
   for a, b in COMPARISONS:
     a, b = a.replace("{fused}", fused), b.replace("{fused}", fused)
     lines.append(f"- {a} minus {b}: " + " / ".join(
-        paired(results, a, b, c) for c in (None, "multi-hop", "temporal")))
+        paired(results, a, b, c, clusters) for c in (None, "multi-hop", "temporal")))
   OUT.parent.mkdir(parents=True, exist_ok=True)
   OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
   OUT.with_suffix(".json").write_text(_dumps(results))

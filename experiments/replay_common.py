@@ -6,6 +6,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+import numpy as np
+
 from rmmjax import core
 
 from rmmjax.data.locomo import load_locomo
@@ -17,6 +19,41 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("RMMJAX_DATA", ROOT.parent / "shared" / "data"))
 DEFAULT_DATA = DATA_DIR / "locomo" / "locomo_dev8.json"
 RESULTS = Path(__file__).parent / "results"
+BOOTSTRAP_DRAWS = 2000
+CATEGORIES = ("multi-hop", "temporal", "single-hop", "open-domain", "adversarial")
+
+
+def fold_clusters(conversations: list[str], num_folds: int) -> dict[str, int]:
+  """conversation id -> its fold (rmmjax.replay.candidates.folds over the file's order): the
+  unit a cross-validation's bootstrap resamples, since a fold's conversations share a model."""
+  from rmmjax.replay.candidates import folds  # noqa: PLC0415
+  ids = list(dict.fromkeys(conversations))
+  return {ids[i]: f for f, fold in enumerate(folds(len(ids), num_folds)) for i in fold}
+
+
+def paired(results: dict, a: str, b: str, category: str | None = None,
+           clusters: dict[str, int] | None = None) -> str:
+  """Mean Recall@10 difference a - b over the same questions with a 95% cluster bootstrap
+  interval: clusters (folds, given `clusters`: conversation -> fold; else conversations)
+  resampled with replacement, as many as there are, all questions of each drawn cluster (of
+  `category`, if given) kept, percentiles of the draws' means. With 4 folds there are only
+  35 distinct draws: the interval is coarse, and honest about how little 4 models say."""
+  if any(results[a][key] != results[b][key] for key in ("categories", "conversations")):
+    raise ValueError(f"{a!r} and {b!r} do not list the same questions in the same order")
+  cats, convs = np.array(results[a]["categories"]), results[a]["conversations"]
+  units = np.array([clusters[c] for c in convs] if clusters is not None else convs)
+  keep = np.ones(len(cats), bool) if category is None else cats == category
+  diff = (np.array(results[a]["per_question"]) - np.array(results[b]["per_question"]))[keep]
+  ids, which = np.unique(units[keep], return_inverse=True)
+  sums, counts = np.bincount(which, diff, len(ids)), np.bincount(which, minlength=len(ids))
+  rng = np.random.default_rng(0)
+  draws = rng.integers(0, len(ids), (BOOTSTRAP_DRAWS, len(ids)))
+  # A draw of only clusters without such questions has no mean (impossible when every
+  # conversation has some, as in LoCoMo).
+  total = counts[draws].sum(1)
+  means = sums[draws].sum(1)[total > 0] / total[total > 0]
+  low, high = np.percentile(means, [2.5, 97.5])
+  return f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def seed_hparams(cfg, seeds: int, **changes) -> core.HParams:

@@ -4,7 +4,11 @@ ingest: Prospective Reflection with the offline backend over LoCoMo sessions (tu
 embedding cache warm (the encoder's own speed is `bench encode`). respond: the agent's path
 without the LLM (retrieve from the bank with BM25 + dense fusion, rerank the K = 20, select
 M = 5) over one user's bank of 10,000 and 100,000 memories (random unit embeddings, short
-texts), p50/p95 over queries, beside its parts: dense search alone and BM25 alone.
+texts), p50/p95 over queries, with the query embedded by MiniLM as `chat` does (uncached) and
+with a random query vector (retrieval alone), beside its parts: dense search alone and BM25
+alone. statements: what `chat --iris` does with a statement (/tell) over a LaceMem of 10,000
+facts (recorded in the bank, embedded by MiniLM, linked, saved), and IRIS's respond path after
+each (retrieval without the LLM, its BM25 index rebuilt for the new fact).
 
 Count first: dense search is N x 384 multiply-adds per query over N x 384 x 4 bytes of
 embeddings (154 MB at 100,000 memories: a few milliseconds at this machine's memory bandwidth,
@@ -22,8 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings
+from rmmjax.agent_iris import IrisAgent
 from rmmjax.bench.core import write_result
 from rmmjax.memory import MemoryBank, NewMemory
+from rmmjax.memory.lace_synthetic import synthetic_lace
 from rmmjax.memory.search import FUSION_DEPTH
 
 WORDS = ("garden guitar marathon bakery hospital cello lisbon oslo motorcycle painting poetry "
@@ -62,10 +68,15 @@ def _synthetic_bank(path: Path, n: int, encoder) -> MemoryBank:
   return bank
 
 
-def bench_respond(sizes=(10_000, 100_000), queries: int = 50) -> list[dict]:
-  """Per bank size: the respond path's p50/p95 beside its floor, the dense top-200 over the same
-  embeddings timed on the same queries, interleaved (this machine is shared: a slow spell hits
-  both), and BM25's matching alone."""
+def _ms(times, p) -> float:
+  return 1e3 * float(np.percentile(times, p))
+
+
+def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None) -> list[dict]:
+  """Per bank size: the respond path's p50/p95 with the query embedded by `query_encoder` (as
+  chat does) and with a random query vector, beside its floor, the dense top-200 over the same
+  embeddings timed on the same queries, all interleaved (this machine is shared: a slow spell
+  hits every path), and BM25's matching alone."""
   rows = []
   encoder = _RandomEncoder()
   for n in sizes:
@@ -73,34 +84,80 @@ def bench_respond(sizes=(10_000, 100_000), queries: int = 50) -> list[dict]:
       started = time.perf_counter()
       bank = _synthetic_bank(Path(folder) / "bank.sqlite", n, encoder)
       built = time.perf_counter() - started
-      agent = Agent(bank, encoder, AgentSettings(k=20, m=5, learn=False))
+      settings = AgentSettings(k=20, m=5, learn=False)
+      agent = Agent(bank, encoder, settings)
+      embedding = (Agent(bank, encoder, settings, query_encoder=query_encoder)
+                   if query_encoder is not None else None)
       started = time.perf_counter()
       index = agent.search.index("u")
       indexed = time.perf_counter() - started
       rng = np.random.default_rng(1)
       texts = [" ".join(rng.choice(WORDS, 6)) for _ in range(queries)]
       vectors = encoder.encode(texts)
-      for text, q in list(zip(texts, vectors))[:3]:  # every path compiled and warm
-        agent.recall("u", text)
-        index._dense(q, FUSION_DEPTH)
-        index.bm25.matched([text], FUSION_DEPTH)
-      respond, dense, bm25 = [], [], []
+      paths = {"respond": lambda text, q: agent.recall("u", text),
+               "dense": lambda text, q: index._dense(q, FUSION_DEPTH),
+               "bm25": lambda text, q: index.bm25.matched([text], FUSION_DEPTH)}
+      if embedding is not None:
+        paths["respond_embedded"] = lambda text, q: embedding.recall("u", text)
+      for text, q in zip(texts, vectors):  # every path compiled and warm (each query's shape)
+        for run in paths.values():
+          run(text, q)
+      times = {name: [] for name in paths}
       for text, q in zip(texts, vectors):
-        for times, run in ((respond, lambda: agent.recall("u", text)),
-                           (dense, lambda: index._dense(q, FUSION_DEPTH)),
-                           (bm25, lambda: index.bm25.matched([text], FUSION_DEPTH))):
+        for name, run in paths.items():
           t0 = time.perf_counter()
-          run()
-          times.append(time.perf_counter() - t0)
+          run(text, q)
+          times[name].append(time.perf_counter() - t0)
       bank.close()
-    ms = lambda times, p: 1e3 * float(np.percentile(times, p))  # noqa: E731
-    rows.append({"memories": n, "bank_build_s": built, "index_build_s": indexed,
-                 "queries": queries,
-                 "respond_p50_ms": ms(respond, 50), "respond_p95_ms": ms(respond, 95),
-                 "dense_top200_p50_ms": ms(dense, 50), "dense_top200_p95_ms": ms(dense, 95),
-                 "bm25_p50_ms": ms(bm25, 50),
-                 "respond_over_dense_p50": float(np.median(respond) / np.median(dense))})
+    row = {"memories": n, "bank_build_s": built, "index_build_s": indexed, "queries": queries,
+           "respond_p50_ms": _ms(times["respond"], 50),
+           "respond_p95_ms": _ms(times["respond"], 95),
+           "dense_top200_p50_ms": _ms(times["dense"], 50),
+           "dense_top200_p95_ms": _ms(times["dense"], 95),
+           "bm25_p50_ms": _ms(times["bm25"], 50),
+           "respond_over_dense_p50": float(np.median(times["respond"])
+                                           / np.median(times["dense"]))}
+    if embedding is not None:
+      row |= {"respond_embedded_p50_ms": _ms(times["respond_embedded"], 50),
+              "respond_embedded_p95_ms": _ms(times["respond_embedded"], 95)}
+    rows.append(row)
   return rows
+
+
+def bench_statements(encoder, num_facts: int = 10_000, statements: int = 30) -> dict:
+  """`chat --iris` over a LaceMem of num_facts facts: a statement's cost (recorded in the bank,
+  embedded, linked, saved) and IRIS's respond path after each, p50/p95."""
+  lace = synthetic_lace(num_facts)
+  rng = np.random.default_rng(2)
+  told = [f"I went to the {a} with my {b} and we talked about {c}"
+          for a, b, c in rng.choice(WORDS, (2 * statements, 3))]
+  asked = [f"when did I talk about {w}" for w in rng.choice(WORDS, 2 * statements)]
+  with tempfile.TemporaryDirectory() as folder, MemoryBank(Path(folder) / "b.sqlite") as bank:
+    bank.add_user("u")
+    # The bank holds the LaceMem's turns, so the agent's sync finds it complete.
+    sessions: dict[str, list] = {}
+    for turn in lace.turns:
+      sessions.setdefault(turn.session_id, []).append(turn)
+    for session, turns in sessions.items():
+      bank.start_session("u", session, turns[0].date)
+      bank.add_turns("u", session, [(t.turn_id, t.speaker, t.text) for t in turns])
+    lace.save(bank, "u")
+    agent = IrisAgent(bank, encoder, m=5, progress=False)
+    agent.store("u")
+    for text, question in zip(told[:statements], asked[:statements]):  # compiled and warm
+      agent.tell("u", text)
+      agent.recall("u", question)
+    tell, respond = [], []
+    for text, question in zip(told[statements:], asked[statements:]):
+      for times, run in ((tell, lambda: agent.tell("u", text)),
+                         (respond, lambda: agent.recall("u", question))):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    facts = len(agent.store("u"))
+  return {"facts": facts, "statements": statements,
+          "statement_p50_ms": _ms(tell, 50), "statement_p95_ms": _ms(tell, 95),
+          "iris_respond_p50_ms": _ms(respond, 50), "iris_respond_p95_ms": _ms(respond, 95)}
 
 
 def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
@@ -129,19 +186,30 @@ def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
 
 def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,
                 large: bool = False) -> dict:
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415  (loads the weights)
+  minilm = SentenceEncoder(cache=None)  # queries are never cached: each is embedded afresh
   sizes = (2_000, 10_000) if quick else (10_000, 100_000) + ((1_000_000,) if large else ())
-  respond = bench_respond(sizes, queries=20 if quick else 100)
+  respond = bench_respond(sizes, queries=20 if quick else 100, query_encoder=minilm)
+  statements = bench_statements(minilm, 2_000 if quick else 10_000, 10 if quick else 30)
   ingest = bench_ingest(data, conversations=1)
-  result = {"respond": respond, "ingest": ingest}
-  print("respond without the LLM (hybrid retrieval from the bank, rerank K=20, top M=5), beside "
-        "its floor: dense top-200 alone")
-  print(f"{'memories':>10s}{'p50 ms':>9s}{'p95 ms':>9s}{'dense p50':>11s}{'dense p95':>11s}"
-        f"{'BM25 p50':>10s}{'respond/dense':>15s}{'index s':>9s}")
+  result = {"respond": respond, "statements": statements, "ingest": ingest}
+  print("respond without the LLM (hybrid retrieval from the bank, rerank K=20, top M=5): with "
+        "the query embedded by MiniLM as chat does, and with a random query vector (retrieval "
+        "alone), beside its floor: dense top-200 alone")
+  print(f"{'memories':>10s}{'MiniLM p50':>12s}{'p95':>7s}{'retrieval p50':>15s}{'p95':>7s}"
+        f"{'dense p50':>11s}{'dense p95':>11s}{'BM25 p50':>10s}{'retrieval/dense':>17s}"
+        f"{'index s':>9s}")
   for r in respond:
-    print(f"{r['memories']:10d}{r['respond_p50_ms']:9.1f}{r['respond_p95_ms']:9.1f}"
-          f"{r['dense_top200_p50_ms']:11.2f}{r['dense_top200_p95_ms']:11.2f}"
-          f"{r['bm25_p50_ms']:10.2f}{r['respond_over_dense_p50']:15.1f}"
-          f"{r['index_build_s']:9.1f}")
+    print(f"{r['memories']:10d}{r['respond_embedded_p50_ms']:12.1f}"
+          f"{r['respond_embedded_p95_ms']:7.1f}{r['respond_p50_ms']:15.1f}"
+          f"{r['respond_p95_ms']:7.1f}{r['dense_top200_p50_ms']:11.2f}"
+          f"{r['dense_top200_p95_ms']:11.2f}{r['bm25_p50_ms']:10.2f}"
+          f"{r['respond_over_dense_p50']:17.1f}{r['index_build_s']:9.1f}")
+  st = statements
+  print(f"\nchat --iris over a LaceMem of {st['facts']:,} facts: a statement (/tell: recorded, "
+        f"embedded, linked, saved) p50 {st['statement_p50_ms']:.1f} ms, p95 "
+        f"{st['statement_p95_ms']:.1f} ms; IRIS's respond path after it p50 "
+        f"{st['iris_respond_p50_ms']:.1f} ms, p95 {st['iris_respond_p95_ms']:.1f} ms")
   if ingest:
     print(f"\ningest, offline reflection, {ingest['turns']} LoCoMo turns: "
           f"{ingest['embedding_turns_per_s']:.0f} turns/s embedding every turn and summary, "
