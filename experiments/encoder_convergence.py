@@ -33,9 +33,8 @@ from rmmjax.data.locomo import load_locomo  # noqa: E402
 from rmmjax.encode.cache import EmbeddingCache  # noqa: E402
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: E402
 from rmmjax.replay.candidates import build_replay, to_sequence  # noqa: E402
-from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps,  # noqa: E402
-                                         encoder_state, pretrain_query_encoder, question_tokens,
-                                         retrieval_recall)
+from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
+from rmmjax.replay.query_encoder import (encoder_replay_steps, pretrain_query_encoder, question_tokens, retrieval_recall)
 
 SEGMENT = 20
 RL_STEPS = 300  # about one pass over the six training conversations at batch 4

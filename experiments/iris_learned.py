@@ -51,9 +51,9 @@ from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
-from rmmjax.replay.iris_learning import FactReranker, collect_episodes, pretrain_on_episodes
-from rmmjax.replay.iris_model_io import load_iris_model
-from rmmjax.replay.iris_models import NeverSure
+from rmmjax.replay.iris_reranker import FactReranker, collect_episodes, pretrain_on_episodes
+from rmmjax.io.iris_models import load_iris_model
+from rmmjax.replay.iris_fit import NeverSure
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge

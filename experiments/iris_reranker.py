@@ -50,7 +50,7 @@ from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
-from rmmjax.replay.iris_learning import (RERANK_MODES, FactReranker, RewardMix,
+from rmmjax.replay.iris_reranker import (RERANK_MODES, FactReranker, RewardMix,
                                          collect_episodes, pretrain_on_episodes,
                                          reinforce_episodes)
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve

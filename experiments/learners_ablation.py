@@ -37,9 +37,8 @@ from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.replay.candidates import build_replay, ceiling_recall, folds
 from rmmjax.replay.protocols import Protocol, run_fold
-from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder,
-                                         retrieval_encoders, retrieval_recall,
-                                         train_query_encoder)
+from rmmjax.encode.tuned import TunedQueryEncoder
+from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_encoders, retrieval_recall, train_query_encoder)
 
 OUT = RESULTS / "learners_ablation"
 SETTINGS = ((20, 5), (50, 10))

@@ -35,8 +35,8 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
 from rmmjax.replay.protocols import Protocol, cross_validate
-from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder,
-                                         retrieval_recall, train_query_encoder)
+from rmmjax.encode.tuned import TunedQueryEncoder
+from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
 from rmmjax.replay.candidates import build_replay, folds
 
 OUT = RESULTS / "replay_ablation"

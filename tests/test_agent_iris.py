@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from chat_server import ChatServer
-from rmmjax.agent_iris import IrisAgent
+from rmmjax.agent import IrisAgent
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
 from rmmjax.llm.prompts import _MISSING_NOTE
 from rmmjax.memory import MemoryBank
 from rmmjax.memory.lace import LaceMem
-from rmmjax.memory.lace_sync import add_missing_turns, synced_lace
+from rmmjax.memory.lace import add_missing_turns, synced_lace
 from rmmjax.memory.records import EncoderMismatch
 from rmmjax.retrieve.iris import IrisSettings
 

@@ -211,7 +211,7 @@ def test_ctrl_c_stops_a_run_at_any_moment_of_its_start(tmp_path, delay):
 
 
 def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
-  from rmmjax.cli import eval_hint
+  from rmmjax.cli.training import eval_hint
   from rmmjax.config import apply_overrides, get_config
   cfg = lambda *s: apply_overrides(get_config("locomo"), list(s))  # noqa: E731
   assert eval_hint(cfg("learner=iris", "units=lace"), "W").endswith(

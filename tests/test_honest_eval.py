@@ -278,8 +278,8 @@ def _entries(*ids):
 
 
 def test_a_model_built_from_another_carries_what_that_one_trained_on():
-  from rmmjax.eval.fit import unseen
-  from rmmjax.replay.record import with_ancestors
+  from rmmjax.eval.leakage import unseen
+  from rmmjax.io.record import with_ancestors
   anchor = {"trained_conversations": _entries("a", "b"), "heldout_conversations": _entries("c")}
   own = {"trained_conversations": _entries("b", "d"), "heldout_conversations": _entries("e")}
   record = with_ancestors(own, [("W2", anchor)])
@@ -295,7 +295,7 @@ def test_a_model_built_from_another_carries_what_that_one_trained_on():
 
 
 def test_a_run_whose_ancestor_trained_on_its_held_out_conversations_is_refused():
-  from rmmjax.replay.record import with_ancestors
+  from rmmjax.io.record import with_ancestors
   anchor = {"trained_conversations": _entries("a", "e")}
   own = {"trained_conversations": _entries("b"), "heldout_conversations": _entries("e")}
   with pytest.raises(ValueError, match="W2 trained on e, which this run would hold out"):

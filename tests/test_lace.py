@@ -14,9 +14,9 @@ from rmmjax.llm.base import LLMError
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import EncoderMismatch, MemoryBank, UnknownRecord, generate_key
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.memory.lace_facts import LLMExtractor, parse_clause, split_clauses, turn_drafts
-from rmmjax.memory.lace_links import SemanticGraph, snap
-from rmmjax.memory.lace_synthetic import synthetic_lace
+from rmmjax.memory.lace.facts import LLMExtractor, parse_clause, split_clauses, turn_drafts
+from rmmjax.memory.lace.links import SemanticGraph, snap
+from rmmjax.memory.lace import synthetic_lace
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 DATE = "1:56 pm on 8 May, 2023"

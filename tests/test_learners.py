@@ -68,7 +68,7 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   from sentence_transformers import SentenceTransformer
 
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.replay.query_encoder import load_query_encoder
+  from rmmjax.io.query_encoders import load_query_encoder
   tuned = load_query_encoder(encoder_run, SentenceEncoder())
   texts = ["When did Caroline go to the LGBTQ support group?", "What did Melanie paint?"]
   ours = tuned.encode(texts)
@@ -128,7 +128,7 @@ def test_training_steps_never_free_the_encoders_own_weights():
 
   from rmmjax import core
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.replay.query_encoder import encoder_state
+  from rmmjax.encode.tuned import encoder_state
   encoder = SentenceEncoder()
   state = encoder_state(encoder, core.CoreSpec(dim=encoder.dim), core.HParams.create())
   jax.jit(lambda s: jax.tree.map(lambda x: x * 1, s), donate_argnums=0)(state)

@@ -447,7 +447,8 @@ def test_files_that_are_not_a_bank_are_refused(tmp_path):
 def _bank_of_version_3(path: Path, key: bytes | None) -> None:
   """A bank file as rmmjax wrote it before turns had a kind: a chat's question, its answer, a
   question left without one, and a LaceMem link."""
-  from rmmjax.memory import crypto, schema_sql
+  from rmmjax.memory import _schema as schema_sql
+  from rmmjax.memory import crypto
   cipher = crypto.PlainCipher() if key is None else crypto.FernetCipher(key, "test")
   with sqlite3.connect(path) as db:
     db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")

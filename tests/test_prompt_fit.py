@@ -13,7 +13,7 @@ from rmmjax.agent import Agent, AgentSettings
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.llm.base import CHARS_PER_TOKEN, DEFAULT_MAX_TOKENS
 from rmmjax.llm.fake import ScriptedLLM
-from rmmjax.llm.fit import CUT_MARK, MIN_ITEM_CHARS, fit_texts
+from rmmjax.llm.context import CUT_MARK, MIN_ITEM_CHARS, fit_texts
 from rmmjax.llm.prompts import answer_with_citations, topic_extraction
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations

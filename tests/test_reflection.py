@@ -17,7 +17,7 @@ from rmmjax.llm.parse import LLMOutputError, Topic
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.ingest import bank_text, ingest_conversations
 from rmmjax.memory.records import BankTurn
-from rmmjax.memory.units import conversation_units
+from rmmjax.memory.topic_units import conversation_units
 from rmmjax.memory.reflection import (Candidate, Decision, Extraction, LLMReflector,
                                       ReflectionFailed, Reflector, reflect_session)
 from rmmjax.memory.topics import OfflineReflector, segment, turn_text

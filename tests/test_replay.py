@@ -168,8 +168,8 @@ def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
   memories' embeddings do not, and with the untouched encoder the retrieval path reproduces the
   base retriever's recall."""
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.replay.query_encoder import (TunedQueryEncoder, pretrain_query_encoder,
-                                     retrieval_recall, train_query_encoder)
+  from rmmjax.encode.tuned import TunedQueryEncoder
+  from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
   encoder = SentenceEncoder()
   conversations, _ = load_locomo(_subset_file(locomo_path, tmp_path, 1))
   conv = conversations[0]

@@ -167,16 +167,16 @@ def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
   assert int(state.step) == 30 and np.isfinite(metrics["loss"])
 
 
-def test_check_batch_refuses_bad_embeddings():
-  from rmmjax.checks import check_batch
+def test_embeddings_entering_the_scorer_are_checked():
+  from rmmjax.io.serving import check_embeddings
   _, batch = _state_and_batch()
-  check_batch(batch, dim=16, k=8)
+  assert check_embeddings(batch.mem_BxKxD, "mem_BxKxD", 16, 3).dtype == np.float32
   with pytest.raises(ValueError, match=r"mem_BxKxD holds 1 NaN or infinite values"):
-    check_batch(batch.replace(mem_BxKxD=batch.mem_BxKxD.at[0, 1, 2].set(jnp.inf)), 16, 8)
+    check_embeddings(batch.mem_BxKxD.at[0, 1, 2].set(jnp.inf), "mem_BxKxD", 16, 3)
   with pytest.raises(ValueError, match=r"q_BxD has shape \(4, 16\); expected \(B, D\) with D=32"):
-    check_batch(batch, dim=32, k=8)
-  with pytest.raises(ValueError, match=r"mem_BxKxD has shape \(4, 8, 16\); expected \(4, 5, 16\)"):
-    check_batch(batch, dim=16, k=5)
+    check_embeddings(batch.q_BxD, "q_BxD", 32, 2)
+  with pytest.raises(ValueError, match=r"m_KxD has shape \(4, 8, 16\); expected \(K, D\)"):
+    check_embeddings(batch.mem_BxKxD, "m_KxD", 16, 2)
 
 
 def _with_absent(batch, absent):

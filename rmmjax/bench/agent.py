@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.agent import Agent, AgentSettings
-from rmmjax.agent_iris import IrisAgent
+from rmmjax.agent import Agent, AgentSettings, IrisAgent
 from rmmjax.bench.core import write_result
 from rmmjax.memory import MemoryBank, NewMemory
-from rmmjax.memory.lace_synthetic import synthetic_lace
+from rmmjax.memory.lace import synthetic_lace
 from rmmjax.memory.search import FUSION_DEPTH
 
 WORDS = ("garden guitar marathon bakery hospital cello lisbon oslo motorcycle painting poetry "

@@ -26,7 +26,7 @@ import numpy as np
 from rmmjax.bench.core import write_result
 
 from rmmjax.memory.lace import LaceMem
-from rmmjax.memory.lace_synthetic import synthetic_lace
+from rmmjax.memory.lace import synthetic_lace
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from rmmjax.eval.metrics import MRR_DEPTH, question_metrics
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.replay.iris_learning import FactReranker
+from rmmjax.replay.iris_reranker import FactReranker
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, LLMJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge

@@ -11,22 +11,22 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache
 from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
-from rmmjax.eval.fit import check_fit, unseen
+from rmmjax.eval.leakage import check_fit, unseen
 from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.io.reranker_load import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
-from rmmjax.replay.iris_learning import RERANK_MODES
-from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
-                                         retrieval_encoders)
-from rmmjax.replay.record import encoder_identity
+from rmmjax.replay.iris_reranker import RERANK_MODES
+from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.replay.query_encoder import retrieval_encoders
+from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.kinds import model_kind
-from rmmjax.replay.iris_model_io import load_iris_model
+from rmmjax.io.iris_models import load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
-from rmmjax.memory.units import conversation_units
+from rmmjax.memory.topic_units import conversation_units
 
 DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval}
 EVAL_UNITS = UNITS + ("lace",)  # lace: LaceMem's atomic facts (rmmjax.eval.iris_eval)

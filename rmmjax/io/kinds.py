@@ -10,7 +10,7 @@ from pathlib import Path
 from rmmjax.encode.export import EXPORT_RECORD
 from rmmjax.io.workdir import RUN_FILE
 
-# The files of learned IRIS models (rmmjax.replay.iris_model_io writes them).
+# The files of learned IRIS models (rmmjax.io.iris_models writes them).
 JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
 
 # kind: (what it is, how it is used)

@@ -13,7 +13,6 @@ from rmmjax import core
 from rmmjax.io.export import load_trained_params, read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.reranker_format import read_reranker
-from rmmjax.io.workdir import read_config
 
 
 @dataclasses.dataclass(frozen=True)

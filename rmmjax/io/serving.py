@@ -11,8 +11,24 @@ import math
 from pathlib import Path
 
 import numpy as np
-from rmmjax.checks import check_embeddings
+
 from rmmjax.io.reranker_format import read_reranker
+
+
+def check_embeddings(x, name: str, dim: int, ndim: int) -> np.ndarray:
+  """x as float32, refusing a wrong shape or non-finite values (before anything is scored:
+  inside jit a NaN cannot be refused)."""
+  x = np.asarray(x, np.float32)
+  if x.ndim != ndim or x.shape[-1] != dim:
+    want = {1: "(D,)", 2: "(K, D)", 3: "(B, K, D)"}.get(ndim, f"{ndim} axes")
+    if ndim == 2 and name.startswith("q"):
+      want = "(B, D)"
+    raise ValueError(f"{name} has shape {x.shape}; expected {want} with D={dim}")
+  bad = ~np.isfinite(x)
+  if bad.any():
+    raise ValueError(f"{name} holds {int(bad.sum())} NaN or infinite values "
+                     f"(first at index {tuple(int(i) for i in np.argwhere(bad)[0])})")
+  return x
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:

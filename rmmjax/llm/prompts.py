@@ -4,7 +4,7 @@ Items the model may point at (turns, memories, evidence) are shown with labels: 
 given, memories and evidence numbered from 1. The matching parsers in `parse.py` turn the
 numbers back into 0-based positions. Schemas keep every property required and no extra ones, so
 they are valid for strict structured output on every server form. With `max_chars` (from
-`LLM.prompt_chars`) a prompt's variable texts are cut to fit, longest first (`llm/fit.py`), and
+`LLM.prompt_chars`) a prompt's variable texts are cut to fit, longest first (`llm/context.py`), and
 `Prompt.cut` says how many were.
 """
 
@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Protocol, final
 
-from rmmjax.llm.fit import fit_texts
+from rmmjax.llm.context import fit_texts
 from rmmjax.llm.parse import SUFFICIENCY_LABELS
 
 MAX_TOPICS = 12  # per session; also keeps a looping small model from running to max_tokens

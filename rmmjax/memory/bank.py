@@ -16,21 +16,24 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import final
 
 import numpy as np
 
 from rmmjax.io.outputs import can_create_in
-from rmmjax.memory import embedding_rows as emb
-from rmmjax.memory import lace_rows, portable, schema_sql
-from rmmjax.memory import user_rows as rows
+from rmmjax.memory import _embedding_rows as emb
+from rmmjax.memory import _lace_rows as lace_rows
+from rmmjax.memory import _schema as schema_sql
+from rmmjax.memory import _user_rows as rows
+from rmmjax.memory import portable
+from rmmjax.memory._connection import connect, transaction
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
 from rmmjax.memory.records import (
-    KINDS, BankFileError, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded,
-    SessionInfo, UnknownRecord, reflection_items, repeated, select_in, string_arg, text_arg,
-    turn_rows, vector_arg)
+    BankFileError, BankTurn, LaceSaved, LaceSnapshot, Memory, Merge, NewMemory, ReflectionInput,
+    SessionEnded, SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, repeated,
+    select_in, string_arg, text_arg, turn_rows, vector_arg)
 
 # Long enough to outlast another process's largest write (one reflection, one import).
 BUSY_TIMEOUT_S = 60.0
@@ -56,19 +59,8 @@ class MemoryBank:
     self.cipher: Cipher = PlainCipher() if key is None else FernetCipher(key, where)
     self._db: sqlite3.Connection | None = None
     try:
-      # isolation_level None: transactions are begun explicitly (BEGIN IMMEDIATE for writes),
-      # so a read-then-write holds the write lock from its first read.
-      self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
-      for pragma in (f"busy_timeout = {int(busy_timeout_s * 1000)}", "foreign_keys = ON",
-                     "synchronous = FULL",  # a committed write survives a power cut
-                     "secure_delete = ON"):  # deleted personal text is zeroed, not left in pages
-        self._db.execute(f"PRAGMA {pragma}")
-      mode = self._journal_mode_wal(busy_timeout_s)
-      keys = self._db.execute("PRAGMA foreign_keys").fetchone()[0]
-      if mode != "wal" or keys != 1:
-        raise BankFileError(f"{where}: SQLite gave journal mode {mode!r} and foreign_keys "
-                            f"{keys}; a bank needs WAL (a local file) and foreign keys")
-      with self.writing() as db:
+      self._db = connect(self.path, busy_timeout_s, where)
+      with self._writing() as db:
         schema_sql.migrate(db, self.cipher, self.where)
     except sqlite3.Error as err:
       self.close()
@@ -82,19 +74,6 @@ class MemoryBank:
       self.close()
       raise
 
-  def _journal_mode_wal(self, busy_timeout_s: float) -> str:
-    """Switches a new file to WAL; the switch needs an exclusive lock and SQLite does not wait
-    for it (no busy handler), so processes opening a new bank at once retry here."""
-    deadline, pause = time.monotonic() + busy_timeout_s, 0.001
-    while True:
-      try:
-        return self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-      except sqlite3.OperationalError as err:
-        if "locked" not in str(err) or time.monotonic() > deadline:
-          raise
-      time.sleep(pause)
-      pause = min(2 * pause, 0.05)
-
   def close(self) -> None:
     if self._db is not None:
       self._db.close()
@@ -106,32 +85,15 @@ class MemoryBank:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  @contextlib.contextmanager
-  def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
-    if self._db is None:
-      raise BankFileError(f"{self.where} is closed")
-    db = self._db
-    try:
-      db.execute(begin)
-      try:
-        yield db
-        db.execute("COMMIT")
-      except BaseException:
-        if db.in_transaction:
-          db.execute("ROLLBACK")
-        raise
-    except sqlite3.Error as err:
-      raise BankFileError(f"{self.where}: sqlite: {err}") from None
+  def _writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """One write transaction: every write of the bank is one."""
+    return transaction(self._db, "BEGIN IMMEDIATE", self.where)
 
-  def writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-    """One write transaction (for the memory package's own layers: LaceMem, export)."""
-    return self._transaction("BEGIN IMMEDIATE")
-
-  def reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+  def _reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
     """One read transaction: every query inside it sees the same snapshot."""
-    return self._transaction("BEGIN")
+    return transaction(self._db, "BEGIN", self.where)
 
-  def require_user(self, db: sqlite3.Connection, user: str) -> str:
+  def _require_user(self, db: sqlite3.Connection, user: str) -> str:
     """user, if the bank has them (inside a transaction); UnknownRecord otherwise."""
     text_arg(user, "user")
     if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone() is None:
@@ -146,7 +108,7 @@ class MemoryBank:
                (user,))
 
   def add_user(self, user: str, *, exist_ok: bool = False) -> None:
-    with self.writing() as db:
+    with self._writing() as db:
       if db.execute("SELECT 1 FROM users WHERE user_id = ?", (text_arg(user, "user"),)).fetchone():
         if exist_ok:
           return
@@ -155,11 +117,11 @@ class MemoryBank:
       self._bump(db, user)
 
   def users(self) -> list[str]:
-    with self.reading() as db:
+    with self._reading() as db:
       return [r[0] for r in db.execute("SELECT user_id FROM users ORDER BY user_id")]
 
   def has_user(self, user: str) -> bool:
-    with self.reading() as db:
+    with self._reading() as db:
       return db.execute("SELECT 1 FROM users WHERE user_id = ?",
                         (text_arg(user, "user"),)).fetchone() is not None
 
@@ -167,7 +129,7 @@ class MemoryBank:
     """A number that changes in every transaction that changes the user's memories or their
     embeddings, and never repeats; one row lookup (a search index is rebuilt only when it
     changes)."""
-    with self.reading() as db:
+    with self._reading() as db:
       row = db.execute("SELECT version FROM users WHERE user_id = ?",
                        (text_arg(user, "user"),)).fetchone()
     if row is None:
@@ -180,15 +142,15 @@ class MemoryBank:
                     origin: str = "api") -> None:
     """Opens a session of the given id; only writers of the same origin append to it."""
     string_arg(date, "date")
-    with self.writing() as db:
-      rows.insert_session(db, self.require_user(db, user), session_id, date, origin)
+    with self._writing() as db:
+      rows.insert_session(db, self._require_user(db, user), session_id, date, origin)
 
   def add_turns(self, user: str, session_id: str, turns: Iterable[tuple[str, str, str]], *,
                 origin: str = "api") -> None:
     """Appends (turn_id, speaker, text) turns to a session of this origin that has not ended."""
     turns = turn_rows(turns)
-    with self.writing() as db:
-      info = rows.require_session(db, self.require_user(db, user), session_id)
+    with self._writing() as db:
+      info = rows.require_session(db, self._require_user(db, user), session_id)
       self._own_session(info, user, rows.check_origin(origin))
       rows.insert_turns(db, self.cipher, user, info, turns)
 
@@ -206,19 +168,9 @@ class MemoryBank:
     user never collide, and a session that another process ended meanwhile is never written
     to."""
     string_arg(date, "date")
-    texts, kinds = [], []
-    for i, turn in enumerate(turns):
-      if not isinstance(turn, (tuple, list)) or len(turn) not in (2, 3):
-        raise ValueError(f"turns[{i}] must be (speaker, text) or (speaker, text, kind), got "
-                         f"{turn!r:.100}")
-      kind = turn[2] if len(turn) == 3 else "statement"
-      if kind not in KINDS:
-        raise ValueError(f"turns[{i}] kind {kind!r} is not one of {', '.join(KINDS)}")
-      texts.append((string_arg(turn[0], f"turns[{i}] speaker"),
-                    string_arg(turn[1], f"turns[{i}] text")))
-      kinds.append(kind)
-    with self.writing() as db:
-      self.require_user(db, user)
+    texts, kinds = chat_turn_rows(turns)
+    with self._writing() as db:
+      self._require_user(db, user)
       info = rows.newest_open(db, user, "chat") or rows.insert_session(
           db, user, rows.new_chat_session_id(db, user), date, "chat")
       ids = rows.next_turn_ids(db, user, info.session_id, len(texts))
@@ -228,8 +180,8 @@ class MemoryBank:
 
   def open_session(self, user: str, origin: str) -> SessionInfo | None:
     """The user's newest session of this origin that has not ended, or None."""
-    with self.reading() as db:
-      return rows.newest_open(db, self.require_user(db, user), rows.check_origin(origin))
+    with self._reading() as db:
+      return rows.newest_open(db, self._require_user(db, user), rows.check_origin(origin))
 
   def ingest_session(self, user: str, session_id: str, date: str,
                      turns: Sequence[tuple[str, str, str]]) -> tuple[bool, int]:
@@ -238,8 +190,8 @@ class MemoryBank:
     session of that id with another date, other turns or another origin is refused."""
     turns = turn_rows(turns)
     string_arg(date, "date")
-    with self.writing() as db:
-      self.require_user(db, user)
+    with self._writing() as db:
+      self._require_user(db, user)
       info = rows.session(db, user, session_id)
       if info is None:
         info = rows.insert_session(db, user, session_id, date, "ingest")
@@ -258,8 +210,8 @@ class MemoryBank:
 
   def turns(self, user: str, session_id: str | None = None) -> list[BankTurn]:
     """The user's turns (of one session where given), in session then turn order."""
-    with self.reading() as db:
-      self.require_user(db, user)
+    with self._reading() as db:
+      self._require_user(db, user)
       if session_id is not None:
         rows.require_session(db, user, session_id)
       return rows.turns(db, self.cipher, user, session_id)
@@ -267,32 +219,32 @@ class MemoryBank:
   def turns_not_in(self, user: str, have: set[str], kind: str = "statement") -> list[BankTurn]:
     """The user's turns of this kind (KINDS) whose ids are not in `have`, in session then turn
     order, read in one snapshot: what a derived layer (LaceMem) still lacks."""
-    with self.reading() as db:
-      return rows.turns_not_in(db, self.cipher, self.require_user(db, user), set(have), kind)
+    with self._reading() as db:
+      return rows.turns_not_in(db, self.cipher, self._require_user(db, user), set(have), kind)
 
   def sessions(self, user: str) -> list[SessionInfo]:
-    with self.reading() as db:
-      return rows.sessions(db, self.require_user(db, user))
+    with self._reading() as db:
+      return rows.sessions(db, self._require_user(db, user))
 
   # Memories and their embeddings ------------------------------------------------------------
 
   def memories(self, user: str) -> list[Memory]:
     """The user's topic memories, oldest first, each with its snippets in the order added."""
-    with self.reading() as db:
-      return rows.memories(db, self.cipher, self.require_user(db, user))
+    with self._reading() as db:
+      return rows.memories(db, self.cipher, self._require_user(db, user))
 
   def memory_embeddings(self, user: str, encoder: str) -> tuple[list[int], np.ndarray]:
     """(memory ids, float32 N x D matrix) of the user's memories as embedded by encoder."""
     text_arg(encoder, "encoder")
-    with self.reading() as db:
-      return emb.matrix(db, self.cipher, self.require_user(db, user), encoder, self.where)
+    with self._reading() as db:
+      return emb.matrix(db, self.cipher, self._require_user(db, user), encoder, self.where)
 
   def memory_snapshot(self, user: str, encoder: str) -> tuple[int, list[Memory], np.ndarray]:
     """(memory_version, memories oldest first, their encoder embeddings in that order, N x D)
     from one snapshot: what a search index is built from (three reads could mix two writes)."""
     text_arg(encoder, "encoder")
-    with self.reading() as db:
-      self.require_user(db, user)
+    with self._reading() as db:
+      self._require_user(db, user)
       version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
       memories = rows.memories(db, self.cipher, user)
       if not memories:
@@ -309,8 +261,8 @@ class MemoryBank:
     vectors = vector_arg(vectors, "vectors", ndim=2)
     if vectors.shape[0] != len(memory_ids):
       raise ValueError(f"{len(memory_ids)} memory ids but {vectors.shape[0]} vectors")
-    with self.writing() as db:
-      self._own_memories(db, self.require_user(db, user), memory_ids)
+    with self._writing() as db:
+      self._own_memories(db, self._require_user(db, user), memory_ids)
       for m, v in zip(memory_ids, vectors, strict=True):
         emb.put_vector(db, self.cipher, user, int(m), encoder, v)
       emb.check_dims(db, user, encoder)
@@ -335,8 +287,8 @@ class MemoryBank:
     """The session, its turns and the user's memories with encoder's embeddings, read from one
     snapshot (pass its version to apply_reflection)."""
     text_arg(encoder, "encoder")
-    with self.reading() as db:
-      self.require_user(db, user)
+    with self._reading() as db:
+      self._require_user(db, user)
       info = rows.require_session(db, user, session_id)
       ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
       version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
@@ -357,8 +309,8 @@ class MemoryBank:
     text_arg(encoder, "encoder")
     now = time.time() if now is None else float(now)
     turn_ids = list(dict.fromkeys(t for item in [*adds, *merges] for t in item.turn_ids))
-    with self.writing() as db:
-      info = rows.require_session(db, self.require_user(db, user), session_id)
+    with self._writing() as db:
+      info = rows.require_session(db, self._require_user(db, user), session_id)
       if info.ended:
         raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
                            f"is already applied")
@@ -384,20 +336,20 @@ class MemoryBank:
 
   # LaceMem's layers --------------------------------------------------------------------------
 
-  def load_lace(self, user: str) -> lace_rows.Snapshot | None:
+  def load_lace(self, user: str) -> LaceSnapshot | None:
     """The user's saved LaceMem (None when there is none), read in one snapshot."""
-    with self.reading() as db:
-      return lace_rows.read_rows(db, self.cipher, self.require_user(db, user), self.where)
+    with self._reading() as db:
+      return lace_rows.read_rows(db, self.cipher, self._require_user(db, user), self.where)
 
-  def save_lace(self, user: str, snap: lace_rows.Snapshot,
-                since: lace_rows.Saved | None = None,
+  def save_lace(self, user: str, snap: LaceSnapshot,
+                since: LaceSaved | None = None,
                 lists: dict[int, list[tuple[int, float]]] | None = None) -> int:
     """Stores snap as the user's LaceMem in one transaction; returns its revision. With
     `since` (what the LaceMem last saved or loaded) and `lists` (the neighbour lists of new
     facts and of old ones that changed) only what is new is written, unless another save came
     in between: then snap replaces the whole."""
-    with self.writing() as db:
-      self.require_user(db, user)
+    with self._writing() as db:
+      self._require_user(db, user)
       if since is not None:
         revision = lace_rows.append_rows(db, self.cipher, user, snap, since, lists or {})
         if revision is not None:
@@ -408,14 +360,14 @@ class MemoryBank:
 
   def export_user(self, user: str) -> dict:
     """Everything the bank holds of one user, as plain JSON values (decrypted)."""
-    with self.reading() as db:
-      return portable.export(db, self.cipher, self.require_user(db, user), self.where)
+    with self._reading() as db:
+      return portable.export(db, self.cipher, self._require_user(db, user), self.where)
 
   def import_user(self, data: dict, *, user: str | None = None) -> str:
     """Loads what export_user gave into a user this bank does not have; returns the user id."""
     parsed = portable.parse(data)
     user = text_arg(parsed.user if user is None else user, "user")
-    with self.writing() as db:
+    with self._writing() as db:
       if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone():
         raise ValueError(f"user {user!r} is already in {self.where}; import_user "
                          f"only fills a new user (delete_user first to replace one)")
@@ -425,8 +377,8 @@ class MemoryBank:
 
   def delete_user(self, user: str) -> None:
     """Removes every row of the user from every table, then clears the write-ahead log."""
-    with self.writing() as db:
-      self.require_user(db, user)
+    with self._writing() as db:
+      self._require_user(db, user)
       # Deferred: the tables are emptied in any order and the keys are checked at commit.
       db.execute("PRAGMA defer_foreign_keys = ON")
       tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "

@@ -18,10 +18,11 @@ from typing import final
 import numpy as np
 
 from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, optional, require
-from rmmjax.memory import embedding_rows as emb
-from rmmjax.memory import lace_rows, user_rows
+from rmmjax.memory import _embedding_rows as emb
+from rmmjax.memory import _lace_rows as lace_rows
+from rmmjax.memory import _user_rows as user_rows
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.records import KINDS, ORIGINS, BankTurn, Memory, SessionInfo
+from rmmjax.memory.records import KINDS, ORIGINS, BankTurn, LaceSnapshot, Memory, SessionInfo
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 FORMAT = "rmmjax-memory-bank-user"
@@ -44,7 +45,7 @@ class Parsed:
   turns: list[tuple[str, str, int, str, str, str, str]]
   # (summary, created, updated, [(turn_id, session_id, date, text)], {encoder: vector})
   memories: list[tuple[str, float, float, list[tuple[str, str, str, str]], dict]]
-  lace: lace_rows.Snapshot | None
+  lace: LaceSnapshot | None
 
 
 def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dict:
@@ -73,7 +74,7 @@ def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dic
   }
 
 
-def _lace_doc(snap: lace_rows.Snapshot | None) -> dict | None:
+def _lace_doc(snap: LaceSnapshot | None) -> dict | None:
   if snap is None:
     return None
   return {"settings": snap.settings, "encoder": snap.encoder, "fallbacks": snap.fallbacks,
@@ -179,7 +180,7 @@ def _memory(memory: object, where: str, stored: dict) -> tuple:
           float(require(memory, "updated", where, _SOURCE, _NUMBER)), snippets, embeddings)
 
 
-def _lace(doc: object) -> lace_rows.Snapshot:
+def _lace(doc: object) -> LaceSnapshot:
   where = "lace"
   check(doc, OBJECT, "field 'lace'", "top level", _SOURCE, "an object or null")
   settings = require(doc, "settings", where, _SOURCE, OBJECT)
@@ -221,7 +222,7 @@ def _lace(doc: object) -> lace_rows.Snapshot:
                           f"neighbour id, cosine] with ids below {len(facts)}")
     links.append((link[0], link[1], float(link[2])))
   matrix = np.stack(vectors) if vectors else np.zeros((0, 0), np.float32)
-  return lace_rows.Snapshot(settings, encoder, fallbacks, turns, facts, matrix, links)
+  return LaceSnapshot(settings, encoder, fallbacks, turns, facts, matrix, links)
 
 
 def _vector(item: object, at: str) -> np.ndarray:

@@ -10,6 +10,8 @@ from typing import NamedTuple, final
 
 import numpy as np
 
+from rmmjax.retrieve.evidence import Fact, RawTurn
+
 _CHUNK = 500  # ids bound per IN (...): SQLite caps the number of bound parameters
 
 
@@ -157,6 +159,23 @@ def turn_rows(turns: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str
   return rows
 
 
+def chat_turn_rows(turns) -> tuple[list[tuple[str, str]], list[str]]:
+  """(speaker, text) pairs and their kinds from (speaker, text) or (speaker, text, kind) turns
+  (KINDS; a statement when not given)."""
+  texts, kinds = [], []
+  for i, turn in enumerate(turns):
+    if not isinstance(turn, (tuple, list)) or len(turn) not in (2, 3):
+      raise ValueError(f"turns[{i}] must be (speaker, text) or (speaker, text, kind), got "
+                       f"{turn!r:.100}")
+    kind = turn[2] if len(turn) == 3 else "statement"
+    if kind not in KINDS:
+      raise ValueError(f"turns[{i}] kind {kind!r} is not one of {', '.join(KINDS)}")
+    texts.append((string_arg(turn[0], f"turns[{i}] speaker"),
+                  string_arg(turn[1], f"turns[{i}] text")))
+    kinds.append(kind)
+  return texts, kinds
+
+
 def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
   """value as float32 with ndim dimensions, the last one non-empty, every number finite."""
   try:
@@ -196,3 +215,31 @@ def select_in(db: sqlite3.Connection, sql: str, params: tuple, values: list) -> 
     chunk = values[start:start + _CHUNK]
     rows += db.execute(sql.format(",".join("?" * len(chunk))), [*params, *chunk]).fetchall()
   return rows
+
+
+# LaceMem's layers as plain values: what LaceMem hands the bank to save and gets back.
+@final
+@dataclasses.dataclass(frozen=True)
+class LaceSnapshot:
+  """Everything a LaceMem holds, as plain values."""
+
+  settings: dict
+  encoder: str  # the identity of the encoder that embedded the facts ("" when none did)
+  fallbacks: int  # turns the LLM extractor handed to the offline one
+  turns: list[RawTurn]  # in the order they were added
+  facts: list[Fact]  # by fact id, from 0
+  vectors: np.ndarray  # N x D float32, row i embedding fact i
+  # (fact, neighbour, cosine), each fact's list in rank order (an iterator is read only by a
+  # full write, so a save that appends never walks every fact's list)
+  links: Iterable[tuple[int, int, float]]
+  revision: int = 0  # the bank's count of writes when this was saved (0: not from a bank)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class LaceSaved:
+  """What a LaceMem knows the bank holds of it, since its last load or save."""
+
+  revision: int
+  turns: int
+  facts: int

@@ -17,7 +17,7 @@ from typing import final
 import numpy as np
 
 from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM, LLMError
-from rmmjax.llm.fit import fit_texts
+from rmmjax.llm.context import fit_texts
 from rmmjax.llm.parse import LLMOutputError, Topic, parse_merge, parse_topics
 from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
 from rmmjax.memory.bank import MemoryBank

@@ -9,7 +9,6 @@ fact. (Encrypted banks never use the cache; queries are never written to it.)
 
 from __future__ import annotations
 
-from rmmjax.memory import lace_rows
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.topics import turn_text
 
@@ -22,8 +21,7 @@ def embedded_texts(bank: MemoryBank, user: str) -> set[str]:
   for memory in bank.memories(user):
     texts.add(memory.summary)
     texts |= {s.text for s in memory.snippets}
-  with bank.reading() as db:
-    lace = lace_rows.read_rows(db, bank.cipher, bank.require_user(db, user), bank.where)
+  lace = bank.load_lace(user)
   if lace is not None:
     texts |= {f.text for f in lace.facts}  # LaceMem embeds its facts only
   return texts

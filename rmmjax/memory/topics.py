@@ -13,22 +13,15 @@ import abc
 import copy
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, final
+from typing import final
 
 import numpy as np
 
+from rmmjax.encode.protocol import Encoder
 from rmmjax.llm.parse import Topic
 from rmmjax.memory.records import BankTurn
 
 COMPARISONS = ("centroid", "previous")
-
-
-class Encoder(Protocol):
-  """What reflection needs of an encoder: unit-norm float32 rows and a stable identity."""
-
-  identity: str
-
-  def encode(self, texts: list[str]) -> np.ndarray: ...
 
 
 @final

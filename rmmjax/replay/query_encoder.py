@@ -11,9 +11,6 @@ retrieval is dense search (or its fusion with BM25) with the tuned query encoder
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-from pathlib import Path
 from typing import Callable
 
 import jax
@@ -22,14 +19,8 @@ import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.data.schema import Conversation
-from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.encode.export import EXPORT_RECORD, save_encoder
-from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.export import read_record
-from rmmjax.io.kinds import refuse_unless
-from rmmjax.io.workdir import read_config
+from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_sequence
-from rmmjax.replay.record import encoder_identity
 from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.retrieve.units import build_units
 
@@ -64,13 +55,6 @@ def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
   return ids_NxT.reshape(shape), mask_NxT.reshape(shape)
 
 
-def _encoder_state(encoder, spec: core.CoreSpec, hparams: core.HParams, params):
-  # A copy: a training step donates its state, which must never free the encoder's own weights.
-  params = jax.tree.map(jnp.copy, encoder.params if params is None else params)
-  state = core.init_state(spec, hparams)
-  return state.replace(params=params, opt_state=core.adam_init(params))
-
-
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                            hparams: core.HParams, epochs: int, params=None,
                            mesh=None) -> tuple[dict, np.ndarray]:
@@ -79,7 +63,7 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
   a mesh of several devices each batch is split over them (data parallel)."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
-  state = _encoder_state(encoder, spec, hparams, params)
+  state = encoder_state(encoder, spec, hparams, params)
   parallel = mesh is not None and mesh.devices.size > 1
   if parallel:
     distributed.check_divisible(spec.batch, mesh, "encoder_pretrain_batch")
@@ -120,19 +104,13 @@ def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,
   return jax.lax.scan(body, state, None, length=num_steps)
 
 
-def encoder_state(encoder, spec: core.CoreSpec, hparams: core.HParams,
-                  params=None) -> core.TrainState:
-  """A training state whose parameters are the encoder's (the loaded ones by default)."""
-  return _encoder_state(encoder, spec, hparams, params)
-
-
 def train_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                         hparams: core.HParams, epochs: int, params=None) -> tuple[dict, dict]:
   """Online REINFORCE of the query encoder over the conversations' question stream, starting
   from `params` (the loaded encoder's by default)."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
-  state = _encoder_state(encoder, spec, hparams, params)
+  state = encoder_state(encoder, spec, hparams, params)
   key = jax.random.fold_in(state.key, 4)
 
   def body(state, xs):
@@ -143,24 +121,6 @@ def train_query_encoder(encoder, convs: list[ConversationReplay], spec: core.Cor
   xs = (jax.tree.map(tile, stream_SxB), tile(ids_SxBxT), tile(mask_SxBxT))
   state, metrics = jax.jit(lambda s, xs: jax.lax.scan(body, s, xs))(state, xs)
   return state.params, jax.device_get(metrics)
-
-
-class TunedQueryEncoder:
-  """The encoder with fine-tuned parameters, for queries (`DenseRetriever(query_encoder=...)`).
-
-  `identity` names the base encoder and a hash of the tuned weights, so a record of what a
-  reranker was trained with recognises the same tuned encoder wherever its files are.
-  """
-
-  def __init__(self, encoder, params):
-    self.encoder, self.params, self.dim = encoder, params, encoder.dim
-    digest = hashlib.sha256()
-    for leaf in jax.tree.leaves(params):
-      digest.update(np.asarray(leaf, np.float32).tobytes())
-    self.identity = f"{encoder_identity(encoder)}+tuned:{digest.hexdigest()[:16]}"
-
-  def encode(self, texts: list[str]) -> np.ndarray:
-    return self.encoder.encode(texts, params=self.params)
 
 
 def retrieval_encoders(encoder, tuned: "TunedQueryEncoder | None", tune: str) -> tuple:
@@ -191,73 +151,3 @@ def retrieval_recall(conversation: Conversation, units: str, retriever: str, enc
 def encoder_spec(cfg) -> core.CoreSpec:
   """The core spec of query-encoder learning: scores are plain dot products (no rank prior)."""
   return dataclasses.replace(cfg.core_spec(), rank_prior=False)
-
-
-def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
-  """The tuned query encoder of a query_encoder training workdir, or of a directory that
-  `rmmjax export` wrote from one; `encoder` is the base encoder that embeds the memories."""
-  path = Path(path)
-  if not path.is_dir():
-    raise FileNotFoundError(f"--encoder {path}: expected a query_encoder training workdir or "
-                            "an exported encoder directory")
-  refuse_unless(path, "--encoder", ("query encoder", "query encoder export", "encoder"))
-  if (path / "model.safetensors").exists():  # an exported Hugging Face-format directory
-    tuned = SentenceEncoder(path)
-    if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(
-        a.shape != b.shape for a, b in zip(jax.tree.leaves(tuned.params),
-                                           jax.tree.leaves(encoder.params))):
-      raise ValueError(f"--encoder {path}: its weights have other shapes than the base encoder "
-                       f"{encoder_identity(encoder)} that embedded the memories")
-    return TunedQueryEncoder(encoder, tuned.params)
-  cfg = read_config(path)
-  if cfg.learner != "query_encoder":
-    raise ValueError(f"{path} trained learner={cfg.learner}; expected a workdir of "
-                     "learner=query_encoder")
-  base = read_record(path)["encoder"]
-  if base != encoder_identity(encoder):
-    raise ValueError(f"{path} tuned the encoder {base}, but the memories are embedded with "
-                     f"{encoder_identity(encoder)}")
-  if cfg.dim != encoder.dim:
-    raise ValueError(f"{path} tuned an encoder of dimension {cfg.dim}; the memories are "
-                     f"embedded in {encoder.dim}")
-  return TunedQueryEncoder(encoder, latest_encoder_params(path, cfg, encoder,
-                                                         "tuned query encoder"))
-
-
-def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
-  """The encoder parameters of a workdir's newest readable checkpoint (`what` names them in
-  the error when there is none)."""
-  template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
-  checkpointer = Checkpointer(path / "checkpoints", read_only=True)
-  try:
-    _, state, _ = checkpointer.restore_latest(template)
-  finally:
-    checkpointer.close()
-  if state is None:
-    raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint: {path} holds no "
-                            f"{what}")
-  return state.params
-
-
-def query_encoder_record(path: Path) -> dict:
-  """What a tuned query encoder (a workdir, or a directory exported from one) trained on."""
-  path = Path(path)
-  if (path / EXPORT_RECORD).exists():
-    record = json.loads((path / EXPORT_RECORD).read_text()).get("metadata", {}).get("record")
-    if record is None:
-      raise ValueError(f"{path}/{EXPORT_RECORD} holds no training record: {path} was not "
-                       "exported from a query_encoder workdir")
-    return record
-  return read_record(path)
-
-
-def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
-  """Writes a query_encoder workdir's tuned encoder as a Hugging Face-format directory (loads
-  in sentence-transformers unchanged), with its training record in rmmjax_export.json."""
-  tuned = load_query_encoder(workdir, encoder)
-  record = read_record(workdir)
-  role = ("embed questions and memories with this model (tune=both: re-embed the bank)"
-          if record.get("tune") == "both" else
-          "embed questions with this model, memories with the base model in record.encoder")
-  return save_encoder(encoder, tuned.params, out,
-                      metadata={"record": record, "identity": tuned.identity, "role": role})

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from rmmjax.core.judge import judge_logit
+from rmmjax.encode.protocol import Encoder
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.judges import Label, SufficiencyJudge, Verdict
 from rmmjax.retrieve.refine import RefineRequest, VectorRefiner
@@ -20,12 +21,6 @@ REFINE_FACTS = 3  # gathered facts joined to the question in a refinement query
 REFINE_MIX = 0.5  # weight of the refinement embedding beside the question's own
 JUDGE_PAD = 32  # the judged facts are padded to a multiple of this (few compiled shapes)
 EXACT_AT = 0.8  # a probability of sufficiency at least this reads as EXACT, at least 0.5 INFERRABLE
-
-
-class TextEncoder(Protocol):
-  identity: str
-
-  def encode(self, texts: list[str]) -> np.ndarray: ...
 
 
 class VectorStore(Protocol):
@@ -44,7 +39,7 @@ class EmbeddingRefiner(VectorRefiner):
   """Refinement by vector: question vector + mix x the refinement encoder's embedding of
   `refinement_text` (the store fuses that ranking with BM25 over the question)."""
 
-  def __init__(self, encoder: TextEncoder, facts: int = REFINE_FACTS, mix: float = REFINE_MIX):
+  def __init__(self, encoder: Encoder, facts: int = REFINE_FACTS, mix: float = REFINE_MIX):
     if facts < 0 or not mix >= 0:
       raise ValueError(f"facts must be 0 or more and mix non-negative, got {facts}, {mix}")
     self.encoder, self.facts, self.mix = encoder, facts, mix

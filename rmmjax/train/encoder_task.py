@@ -18,12 +18,11 @@ import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.config import Config
-from rmmjax.memory.units import conversation_units
+from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
-from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
-                                         encoder_state, pretrain_query_encoder, question_tokens,
-                                         retrieval_encoders, retrieval_recall)
-from rmmjax.replay.record import replay_record
+from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
+from rmmjax.replay.query_encoder import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
+from rmmjax.io.record import replay_record
 from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.task import Task
 

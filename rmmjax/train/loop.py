@@ -1,6 +1,6 @@
 """The training loop: scanned segments of steps, logged, checkpointed, resumable.
 
-The task (tasks.py) says what the steps learn from: the latent simulator or a replayed dataset.
+The task (task.py: the Task base; tasks.py and the other *_task.py) says what the steps learn from.
 
 A run advances in segments that end on multiples of `checkpoint_every`, each one compiled
 `lax.scan`. After a segment its metrics go to metrics.jsonl and TensorBoard and the state to an

@@ -15,18 +15,18 @@ import numpy as np
 from rmmjax import core
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
-from rmmjax.memory.units import conversation_units
+from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
                                      train_reranker)
-from rmmjax.replay.query_encoder import (load_query_encoder, query_encoder_record,
-                                         retrieval_encoders)
-from rmmjax.replay.record import latent_record, replay_record, with_ancestors
+from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.replay.query_encoder import retrieval_encoders
+from rmmjax.io.record import latent_record, replay_record, with_ancestors
 from rmmjax import distributed
 from rmmjax.train.encoder_task import QueryEncoderTask
-from rmmjax.train.iris_learned_task import IrisLearnedTask
-from rmmjax.train.iris_task import IrisTask
+from rmmjax.train.iris_models_task import IrisLearnedTask
+from rmmjax.train.iris_reranker_task import IrisTask
 from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.task import Task
 

@@ -1,4 +1,5 @@
-"""`rmmjax memory list|export|import|delete`: a bank's users as whole units.
+"""`rmmjax ingest` and `rmmjax memory list|export|import|delete`: a dataset into a bank (with
+Prospective Reflection at each session's end), and a bank's users as whole units.
 
 An export holds everything the bank keeps of one user (sessions and turns, memories with their
 snippets and embeddings, the saved LaceMem), as plain JSON: import fills a new user with exactly
@@ -12,9 +13,61 @@ import json
 import sys
 from pathlib import Path
 
+from rmmjax.cli.common import bank, encoder_for
+from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.data.locomo import load_locomo
+from rmmjax.data.msc import load_msc
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE
+from rmmjax.io.outputs import check_output_file
+from rmmjax.io.workdir import atomic_write_json
+from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
+from rmmjax.memory.lace import synced_lace
+from rmmjax.memory.reflection import LLMReflector, OfflineReflector
+from rmmjax.memory.texts import embedded_texts
+
+
+def cmd_ingest(args) -> None:
+  if not args.user and not args.user_per_conversation:
+    raise ValueError("name whose memories these are: --user U, or --user-per-conversation")
+  conversations, report = {"locomo": load_locomo, "msc": load_msc}[args.dataset](Path(args.data))
+  plan_ingest(conversations, args.user, args.user_per_conversation)  # before the bank exists
+  llm = llm_from_flags(args)
+  with bank(args.db, must_exist=False) as memory_bank:
+    encoder = encoder_for(memory_bank)
+    offline = OfflineReflector(encoder)
+    reflector = (offline if llm is None else
+                 LLMReflector(llm, fallback=offline if args.fallback == "offline" else None))
+    try:
+      counts = ingest_conversations(memory_bank, conversations, reflector, encoder,
+                                    user=args.user,
+                                    user_per_conversation=args.user_per_conversation,
+                                    progress=not args.quiet)
+    except IngestStopped as err:
+      print(json.dumps(err.counts, indent=2), file=sys.stderr)
+      raise
+    if args.lace:  # each user's layered memory, for recall --iris and chat --iris
+      users = ([c.conversation_id for c in conversations] if args.user_per_conversation
+               else [args.user])
+      counts["lace_turns_added"] = sum(
+          synced_lace(memory_bank, user, encoder, progress=not args.quiet)[1]
+          for user in dict.fromkeys(users))
+  if llm is not None:
+    counts["cut_prompts"] = reflector.cut_prompts
+  print(json.dumps(counts, indent=2, default=str))
+  if llm is not None and counts["fallbacks"]:
+    print(f"{counts['fallbacks']} LLM replies were unusable: their topics came from the offline "
+          f"reflector (a topic list) or were added as new memories (a merge decision)")
+  if counts.get("cut_prompts") or counts["cut_summaries"]:
+    print(f"text was cut to fit: {counts.get('cut_prompts', 0)} prompts (--context-tokens), "
+          f"{counts['cut_summaries']} memory summaries")
+  if report.counts:
+    print("repairs and drops while loading: " + "; ".join(
+        f"{k}: {v}" for k, v in sorted(report.counts.items())))
+
+
 
 def _cmd_list(args) -> None:
-  from rmmjax.cli_common import bank
   with bank(args.db, must_exist=True) as memory_bank:
     for user in memory_bank.users():
       sessions = memory_bank.sessions(user)
@@ -23,9 +76,6 @@ def _cmd_list(args) -> None:
 
 
 def _cmd_export(args) -> None:
-  from rmmjax.cli_common import bank
-  from rmmjax.io.outputs import check_output_file
-  from rmmjax.io.workdir import atomic_write_json
   check_output_file(args.out, "--out")
   with bank(args.db, must_exist=True) as memory_bank:
     data = memory_bank.export_user(args.user)
@@ -41,7 +91,6 @@ def _cmd_export(args) -> None:
 
 
 def _cmd_import(args) -> None:
-  from rmmjax.cli_common import bank
   path = Path(getattr(args, "in"))
   if not path.is_file():
     raise FileNotFoundError(f"--in {path} does not exist (write one with rmmjax memory export)")
@@ -66,10 +115,6 @@ def _cmd_import(args) -> None:
 
 
 def _cmd_delete(args) -> None:
-  from rmmjax.cli_common import bank
-  from rmmjax.encode.cache import EmbeddingCache
-  from rmmjax.encode.encoder import DEFAULT_CACHE
-  from rmmjax.memory.texts import embedded_texts
   with bank(args.db, must_exist=True) as memory_bank:
     texts = embedded_texts(memory_bank, args.user)
     # The cache first: a kill between the two leaves the user in the bank, so the same command
@@ -85,7 +130,24 @@ def _cmd_delete(args) -> None:
   print(f"deleted user {args.user!r} from {args.db}")
 
 
-def add_parser(sub) -> None:
+def add_parsers(sub) -> None:
+  """ingest, memory."""
+  p = sub.add_parser("ingest", help="build a memory bank from a dataset's sessions")
+  p.add_argument("--dataset", default="locomo", choices=("locomo", "msc"))
+  p.add_argument("--data", required=True)
+  p.add_argument("--db", required=True, help="the SQLite memory bank (created if missing)")
+  p.add_argument("--user", default=None, help="the user all conversations belong to")
+  p.add_argument("--user-per-conversation", action="store_true",
+                 help="each conversation's id is its own user")
+  p.add_argument("--fallback", default="offline", choices=("offline", "none"),
+                 help="with --llm-url: what reflects a session whose LLM topic list is unusable "
+                      "(offline: the offline reflector, counted; none: stop, leaving it open)")
+  p.add_argument("--lace", action="store_true",
+                 help="also build each user's LaceMem (IRIS's layered memory) from their turns")
+  p.add_argument("--quiet", action="store_true")
+  add_llm_flags(p, what="to reflect with; without one the offline reflector")
+  p.set_defaults(func=cmd_ingest)
+
   p = sub.add_parser("memory", help="a bank's users: list, export, import, delete")
   commands = p.add_subparsers(dest="memory_command", required=True)
   q = commands.add_parser("list", help="the bank's users, with their sessions and memories")

@@ -21,8 +21,9 @@ from rmmjax.encode.export import save_encoder
 from rmmjax.io.export import read_record
 from rmmjax.io.kinds import ANCHOR_DIR, JUDGE_FILE, REFINE_DIR, refuse_unless
 from rmmjax.io.workdir import RUN_FILE, read_config
-from rmmjax.replay.query_encoder import TunedQueryEncoder, latest_encoder_params
-from rmmjax.replay.record import encoder_identity
+from rmmjax.encode.tuned import TunedQueryEncoder
+from rmmjax.io.query_encoders import latest_encoder_params
+from rmmjax.encode.protocol import encoder_identity
 
 JUDGE_FORMAT = "rmmjax-sufficiency-judge-1"
 HOW_TO_SCORE = (

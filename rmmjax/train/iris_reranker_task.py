@@ -1,7 +1,7 @@
 """A reranker learning to rank the evidence IRIS gathers (units `lace`).
 
 Each conversation becomes a LaceMem (its retriever as the config's), every question's IRIS run
-with the offline heuristic judge is logged as an episode (`rmmjax.replay.iris_learning`), the
+with the offline heuristic judge is logged as an episode (`rmmjax.replay.iris_reranker`), the
 last `holdout` conversations are held out, and the reranker pretrains on the training episodes'
 labels (mode pretrain+rl) and then learns online from simulated citations plus, with
 verdict_reward > 0, the judge's verdict on the facts it selected.
@@ -20,11 +20,11 @@ from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.replay.iris_learning import (IrisEpisode, RewardMix, collect_episodes,
+from rmmjax.replay.iris_reranker import (IrisEpisode, RewardMix, collect_episodes,
                                          episodes_batch, fuse_with_order, pretrain_on_episodes,
                                          reinforce_steps)
 from rmmjax.replay.protocols import Protocol
-from rmmjax.replay.record import replay_record
+from rmmjax.io.record import replay_record
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.train.inputs import replay_inputs
@@ -39,7 +39,7 @@ class LoggedConversation:
 
 
 class IrisTask(Task):
-  """The training loop's task (see tasks.py) for units `lace`."""
+  """The training loop's task (see task.py) for units `lace`."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()

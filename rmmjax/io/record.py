@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from rmmjax.encode.protocol import encoder_identity
+
 # The settings a reranker's candidates were made with; evaluation must use the same.
 FIT_KEYS = ("dataset", "units", "retriever", "encoder", "k", "dim", "query_encoder", "iris")
 
@@ -20,11 +22,6 @@ def file_sha256(path: Path) -> str:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
   return digest.hexdigest()
-
-
-def encoder_identity(encoder) -> str:
-  """The embedding model's identity (name and weights hash), or its class for a test encoder."""
-  return getattr(encoder, "identity", None) or type(encoder).__name__
 
 
 def conversation_entries(convs) -> list[dict]:

@@ -21,84 +21,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Protocol, final
+from typing import final
 
 import bm25s
 import numpy as np
 
 from rmmjax.data.schema import Conversation
-from rmmjax.memory import lace_rows
+from rmmjax.encode.protocol import Encoder
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.lace_facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
+from rmmjax.memory.lace.facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
                                       turn_drafts, turn_text)
-from rmmjax.memory.lace_links import RULES, SemanticGraph, snap
-from rmmjax.memory.records import EncoderMismatch, UnknownRecord
+from rmmjax.memory.lace.links import SemanticGraph, snap
+from rmmjax.memory.lace.settings import LaceSettings, check_k, fact_text, text_arg
+from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.fusion import rrf_scores
 
-RETRIEVALS = ("bm25", "dense", "hybrid")
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
-
-
-class Encoder(Protocol):
-  """Texts to unit-norm float32 rows, with a stable identity."""
-
-  identity: str
-
-  def encode(self, texts: list[str]) -> np.ndarray: ...
-
-
-@final
-@dataclasses.dataclass(frozen=True)
-class LaceSettings:
-  """Every weight, threshold and cap of the layers, and how search ranks facts."""
-
-  same_turn: float = 1.0
-  same_session: float = 0.7
-  session_window: int = 8  # session links reach this many facts either way
-  min_cosine: float = 0.7
-  max_semantic: int = 5
-  semantic_rule: str = "mutual"  # "mutual": both rank each other; "either": one ranks the other
-  chunk: int = 4096  # rows per block of the cosine matrix
-  retrieval: str = "hybrid"  # BM25, dense, or their reciprocal-rank fusion
-  fusion_c: float = 60.0
-
-  def __post_init__(self):
-    for name in ("same_turn", "same_session", "min_cosine", "fusion_c"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    for name in ("same_turn", "same_session"):
-      if not 0.0 < getattr(self, name) <= 1.0:
-        raise ValueError(f"{name} must be a weight in (0, 1], got {getattr(self, name)!r}")
-    if not -1.0 <= self.min_cosine <= 1.0:
-      raise ValueError(f"min_cosine must be a cosine in [-1, 1], got {self.min_cosine!r}")
-    for name, low in (("session_window", 0), ("max_semantic", 0), ("chunk", 1)):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if self.semantic_rule not in RULES:
-      raise ValueError(f"semantic_rule {self.semantic_rule!r} is not one of {', '.join(RULES)}")
-    if self.retrieval not in RETRIEVALS:
-      raise ValueError(f"retrieval {self.retrieval!r} is not one of {', '.join(RETRIEVALS)}")
-    if not self.fusion_c > 0:
-      raise ValueError(f"fusion_c must be positive, got {self.fusion_c!r}")
-
-
-def fact_text(date: str, speaker: str, clause: str) -> str:
-  """A fact as indexed: "[date] Speaker: clause" (questions name people and times)."""
-  return f"[{date}] {speaker}: {clause}" if date else f"{speaker}: {clause}"
-
-
-def _text(value: object, name: str, *, empty: bool = False) -> str:
-  if not isinstance(value, str) or (not empty and not value):
-    raise ValueError(f"{name} must be a {'' if empty else 'non-empty '}string, got {value!r}")
-  return value
-
-
-def _check_k(k: object) -> None:
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"k must be a positive integer, got {k!r}")
 
 
 RECENT_QUERIES = 4  # query embeddings a LaceMem remembers (an IRIS call asks up to 3 texts)
@@ -122,7 +61,7 @@ class LaceMem:
     self._bm25: bm25s.BM25 | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
     self._saved_fallbacks = 0
-    self._saved: lace_rows.Saved | None = None  # what the bank holds of it, if it came from one
+    self._saved: LaceSaved | None = None  # what the bank holds of it, if it came from one
     # The last few queries embedded, text -> vector, with the encoder that embedded them: IRIS
     # asks again for the question between searches of refined queries (its reranker does).
     self._recent_queries: dict[str, np.ndarray] = {}
@@ -132,9 +71,9 @@ class LaceMem:
 
   def _check_raw(self, turn_id: str, session_id: str, date: str, speaker: str,
                  text: str) -> RawTurn:
-    raw = RawTurn(_text(turn_id, "turn_id"), _text(session_id, "session_id"),
-                  _text(date, "date", empty=True), _text(speaker, "speaker", empty=True),
-                  _text(text, "text", empty=True))
+    raw = RawTurn(text_arg(turn_id, "turn_id"), text_arg(session_id, "session_id"),
+                  text_arg(date, "date", empty=True), text_arg(speaker, "speaker", empty=True),
+                  text_arg(text, "text", empty=True))
     if turn_id in self._raw:
       raise ValueError(f"turn {turn_id!r} is already in this LaceMem (session "
                        f"{self._raw[turn_id].session_id!r}); turn ids must be unique")
@@ -275,7 +214,7 @@ class LaceMem:
 
   def facts_about(self, entity: str) -> list[int]:
     """Ids of the facts whose subject or object names the entity (case-insensitive)."""
-    words = _text(entity, "entity").strip()
+    words = text_arg(entity, "entity").strip()
     if not words:
       raise ValueError(f"entity must name something, got {entity!r}")
     pattern = re.compile(rf"(?<!\w){re.escape(words)}(?!\w)", re.IGNORECASE)
@@ -284,8 +223,8 @@ class LaceMem:
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
     """The k facts most relevant to the query: (fact_id, score), best first."""
-    _text(query, "query")
-    _check_k(k)
+    text_arg(query, "query")
+    check_k(k)
     if not self._facts:
       return []
     mode = self.settings.retrieval
@@ -298,8 +237,8 @@ class LaceMem:
   def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
     """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
     `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
-    _text(bm25_query, "bm25_query")
-    _check_k(k)
+    text_arg(bm25_query, "bm25_query")
+    check_k(k)
     if not self._facts:
       return []
     vector = np.asarray(vector, np.float32)
@@ -335,7 +274,7 @@ class LaceMem:
     if query in recent:
       recent[query] = recent.pop(query)  # now the most recent
     else:
-      vector = self._vectors_of(encoder, _text(query, "query"))
+      vector = self._vectors_of(encoder, text_arg(query, "query"))
       vector.flags.writeable = False
       recent[query] = vector
       if len(recent) > RECENT_QUERIES:
@@ -392,7 +331,7 @@ class LaceMem:
     this LaceMem last saved or loaded, unless another process saved in between (then the whole,
     replacing theirs)."""
     graph = self._graph
-    snap = lace_rows.Snapshot(
+    snap = LaceSnapshot(
         dataclasses.asdict(self.settings), getattr(self.encoder, "identity", ""),
         self.fallbacks, self.turns, self.facts,
         graph.vectors if graph is not None else np.zeros((0, 0), np.float32),
@@ -403,7 +342,7 @@ class LaceMem:
       lists = {i: graph.list_of(i) for i in sorted(
           {i for i in graph.changed if i < since.facts} | set(range(since.facts, len(graph))))}
     revision = bank.save_lace(user, snap, since, lists)
-    self._saved = lace_rows.Saved(revision, len(self._raw), len(self._facts))
+    self._saved = LaceSaved(revision, len(self._raw), len(self._facts))
     if graph is not None:
       graph.changed.clear()
 
@@ -428,5 +367,5 @@ class LaceMem:
       s = lace.settings
       lace._graph = SemanticGraph.restore(snap.vectors, snap.links, min_cosine=s.min_cosine,
                                           max_neighbours=s.max_semantic, chunk=s.chunk)
-    lace._saved = lace_rows.Saved(snap.revision, len(snap.turns), len(snap.facts))
+    lace._saved = LaceSaved(snap.revision, len(snap.turns), len(snap.facts))
     return lace

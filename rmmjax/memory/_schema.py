@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from rmmjax.memory.crypto import KEY_CHECK, KEY_ENV, BankKeyError, Cipher
-from rmmjax.memory.lace_rows import seal_cosine
+from rmmjax.memory._lace_rows import seal_cosine
 from rmmjax.memory.records import BankFileError
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -66,7 +66,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
              BEGIN DELETE FROM embeddings WHERE kind = 'memory'
                AND owner_id = OLD.memory_id; END""",
     ),
-    # 2: LaceMem's layers (rmmjax.memory.lace_rows): its own raw turns (a layered memory is
+    # 2: LaceMem's layers (rmmjax.memory._lace_rows): its own raw turns (a layered memory is
     # saved and replaced as a whole, apart from the sessions reflection ends), atomic facts
     # with their vectors, and each fact's ranked semantic neighbours.
     (

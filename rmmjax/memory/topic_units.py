@@ -4,7 +4,6 @@ segments and compares topics (the per-session granularities are in rmmjax.retrie
 
 from __future__ import annotations
 
-from rmmjax.config import UNITS  # noqa: F401  (the granularities conversation_units builds)
 from rmmjax.data.schema import Conversation
 from rmmjax.memory.ingest import replay_topics
 from rmmjax.retrieve.units import Unit, build_units

@@ -10,13 +10,12 @@ reward counts, so an update never learns from an answer the bank lost. Malformed
 citations of memories that were not shown earn nothing and are counted; an LLM that fails after
 its retries, or replies with no text, is counted too, and the agent keeps serving.
 `end_session(user)` runs Prospective Reflection on the open chat session. With a workdir every
-update is checkpointed and every rewarded answer kept (`agent_workdir.py`).
+update is checkpointed and every rewarded answer kept (`workdir.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 from pathlib import Path
 
@@ -25,17 +24,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.agent_workdir import AgentWorkdir
+from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
+from rmmjax.agent.workdir import AgentWorkdir
 from rmmjax.io.reranker_load import LoadedReranker
 from rmmjax.llm.base import LLM
-from rmmjax.llm.exchange import COUNTERS, ask_cited
+from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import Memory, SessionEnded, UnknownRecord
-from rmmjax.memory.reflection import OfflineReflector, Reflector, reflect_session
+from rmmjax.memory.records import Memory, UnknownRecord
+from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
-from rmmjax.replay.record import check_fit, encoder_identity
+from rmmjax.encode.protocol import encoder_identity
+from rmmjax.io.record import check_fit
 
-STATS = ("queries", "updates", *COUNTERS, "turns_written")
 # What the agent's memories are, for the fit check of a trained reranker.
 UNITS = "topic"
 
@@ -72,7 +72,7 @@ class AgentSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class Response:
+class Response(Reply):
   answer: str | None  # None without an LLM, or when the LLM failed
   memories: tuple[Memory, ...]  # the M memories shown, in the order they were numbered
   scores: tuple[float, ...]  # the reranker's score of each shown memory
@@ -82,7 +82,10 @@ class Response:
   failure: str | None = None  # "llm_error" or "malformed" when the LLM gave no usable answer
   error: str = ""  # what the failure was
   session_id: str | None = None  # where respond recorded the exchange
-  abstained = False  # only a search through IRIS abstains (rmmjax.agent_iris)
+
+  @property
+  def abstained(self) -> bool:
+    return False  # only a search through IRIS abstains (rmmjax.agent.iris)
 
   @property
   def shown_texts(self) -> list[str]:
@@ -100,7 +103,7 @@ def memory_prompt_text(memory: Memory) -> str:
   return f"{memory.summary}\n{snippets}" if snippets else memory.summary
 
 
-class Agent:
+class Agent(ChatAgent):
   """The RMM loop over one memory bank (every call names the user it serves)."""
 
   def __init__(self, bank: MemoryBank, encoder, settings: AgentSettings = AgentSettings(), *,
@@ -177,6 +180,15 @@ class Agent:
     if self.workdir is not None and self.learning:
       self.workdir.save_stats(self.stats, int(self.state.step))
 
+  def kept(self) -> str:
+    if not self.learning:
+      return "serving: the reranker was not updated"
+    if self.workdir is None:
+      return "the reranker's updates of this run are not kept (no --workdir)"
+    return (f"the reranker at update {self.stats['updates']} (checkpointed in "
+            f"{self.workdir.path}) and {self.pending} rewarded answers waiting for the next "
+            f"update")
+
   def close(self) -> None:
     """Saves and releases the workdir (another process may then learn in it)."""
     if self.workdir is not None:
@@ -246,9 +258,7 @@ class Agent:
     session's id."""
     _check_query(text)
     self._require_user(user)
-    session_id, ids = self.bank.append_chat(user, [("user", text, "statement")],
-                                            datetime.date.today().isoformat())
-    self.stats["turns_written"] += len(ids)
+    session_id, _ = self._record(user, [("user", text, "statement")])
     self.save()
     return session_id
 
@@ -267,8 +277,7 @@ class Agent:
     if record:
       turns = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
                                                 else [])
-      session_id, ids = self.bank.append_chat(user, turns, datetime.date.today().isoformat())
-      self.stats["turns_written"] += len(ids)
+      session_id, _ = self._record(user, turns)
     rewarded = self.llm is not None and failure is None and bool(shown)
     updated = False
     if rewarded and self.learning:
@@ -313,15 +322,3 @@ class Agent:
     report = end_chat_session(self.bank, user, self.reflector, self.encoder)
     self.save()
     return report
-
-
-def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder):
-  """Prospective Reflection over the user's open chat session; returns its report."""
-  info = bank.open_session(user, "chat")
-  if info is None:
-    raise ValueError(f"user {user!r} has no open chat session to end")
-  try:
-    return reflect_session(bank, user, info.session_id, reflector, encoder)
-  except SessionEnded:
-    raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
-                     f"process meanwhile") from None

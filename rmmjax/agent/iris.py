@@ -2,7 +2,7 @@
 `recall --iris`).
 
 Each question is retrieved iteratively (rmmjax.retrieve.iris) over the user's layered memory,
-kept in step with the user's turns in the bank (`lace_sync`): the first M distinct turns of the
+kept in step with the user's turns in the bank (`rmmjax.memory.lace.sync`): the first M distinct turns of the
 final evidence are numbered for the LLM, verbatim with their dates and speakers. When IRIS
 abstains (its judge found the evidence missing) the prompt says so and asks for a refusal
 instead of a guess. With a learned model (`--iris-model`, a learner=iris workdir or its export)
@@ -15,14 +15,13 @@ can retrieve it. Nothing learns here: IRIS's models train offline (`learner=iris
 from __future__ import annotations
 
 import dataclasses
-import datetime
 
-from rmmjax.agent import STATS, end_chat_session
+from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem
-from rmmjax.memory.lace_sync import add_missing_turns, synced_lace
+from rmmjax.memory.lace import add_missing_turns, synced_lace
 from rmmjax.memory.records import UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
@@ -32,7 +31,7 @@ from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 
 
 @dataclasses.dataclass(frozen=True)
-class IrisResponse:
+class IrisResponse(Reply):
   """One answer through IRIS."""
 
   answer: str | None  # None without an LLM, or when the LLM failed
@@ -52,13 +51,8 @@ class IrisResponse:
     return [turn_prompt_text(t) for t in self.turns]
 
 
-class IrisAgent:
+class IrisAgent(ChatAgent):
   """Serves questions of any user of one bank through IRIS over the user's LaceMem."""
-
-  learning = False  # IRIS's models learn offline; chat keeps no reranker state
-  serving_note = "IRIS serves: its models learn offline (rmmjax train --set learner=iris)"
-  workdir = None
-  pending = 0
 
   def __init__(self, bank: MemoryBank, encoder, *, m: int = 5, llm: LLM | None = None,
                settings: IrisSettings = IrisSettings(), model=None,
@@ -116,8 +110,7 @@ class IrisAgent:
                                                    result is not None and result.abstained)
     exchange = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
                                                  else [])
-    session_id, ids = self.bank.append_chat(user, exchange, datetime.date.today().isoformat())
-    self.stats["turns_written"] += len(ids)
+    session_id, _ = self._record(user, exchange)
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return IrisResponse(answer, turns, cited, result, failure, error, session_id)
 
@@ -127,9 +120,7 @@ class IrisAgent:
     if not isinstance(text, str) or not text.strip():
       raise ValueError(f"text must be a non-empty string, got {text!r:.100}")
     store = self.store(user)
-    session_id, ids = self.bank.append_chat(user, [("user", text, "statement")],
-                                            datetime.date.today().isoformat())
-    self.stats["turns_written"] += len(ids)
+    session_id, _ = self._record(user, [("user", text, "statement")])
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return session_id
 
@@ -143,5 +134,5 @@ class IrisAgent:
     """Prospective Reflection over the user's open chat session (the topic memories)."""
     return end_chat_session(self.bank, user, self.reflector, self.encoder)
 
-  def close(self) -> None:
-    """Nothing to save: every exchange is in the bank, and the LaceMem saved with it."""
+  def kept(self) -> str:
+    return "IRIS serves: its models learn offline (rmmjax train --set learner=iris)"

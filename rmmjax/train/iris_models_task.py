@@ -33,12 +33,13 @@ from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.replay.iris_model_io import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.replay.iris_models import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
+from rmmjax.io.iris_models import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
+from rmmjax.replay.iris_fit import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
                                        refinement_examples)
-from rmmjax.replay.query_encoder import (TunedQueryEncoder, encoder_replay_steps, encoder_spec,
-                                         encoder_state, load_query_encoder, query_encoder_record)
-from rmmjax.replay.record import replay_record, with_ancestors
+from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
+from rmmjax.replay.query_encoder import encoder_replay_steps, encoder_spec
+from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 from rmmjax.train.inputs import replay_inputs
@@ -54,7 +55,7 @@ class _Conv:
 
 
 class IrisLearnedTask(Task):
-  """The training loop's task (see tasks.py) for learner=iris."""
+  """The training loop's task (see task.py) for learner=iris."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False,
                workdir: Path | None = None):

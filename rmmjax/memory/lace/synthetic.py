@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from rmmjax.memory.lace import LaceMem, LaceSettings, fact_text
+from rmmjax.memory.lace.settings import LaceSettings, fact_text
+from rmmjax.memory.lace.store import LaceMem
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.lace import LaceMem, LaceSettings
+from rmmjax.memory.lace.settings import LaceSettings
+from rmmjax.memory.lace.store import LaceMem
 from rmmjax.memory.records import EncoderMismatch, UnknownRecord
 
 # A progress bar from this many missing turns on; turns are embedded this many at a time.

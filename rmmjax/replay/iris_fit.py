@@ -25,7 +25,7 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.core.judge import judge_init, judge_loss
 from rmmjax.core.losses import grouped_listwise_loss
-from rmmjax.replay.query_encoder import TunedQueryEncoder
+from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.retrieve.iris import IRIS_PRESETS, IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict
 from rmmjax.retrieve.learned import EmbeddingRefiner, refinement_text

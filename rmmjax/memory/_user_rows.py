@@ -13,9 +13,9 @@ import sqlite3
 
 import numpy as np
 
-from rmmjax.memory import embedding_rows as emb
+from rmmjax.memory import _embedding_rows as emb
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.embedding_rows import MEMORY
+from rmmjax.memory._embedding_rows import MEMORY
 from rmmjax.memory.records import (
     ORIGINS, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded, SessionInfo,
     Snippet, StaleRead, UnknownRecord, select_in, text_arg)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import sys
 
+from rmmjax.agent import ChatAgent, Reply
 
-def _print_response(response) -> None:
+
+def _print_response(response: Reply) -> None:
   if response.abstained:
     print("(IRIS judged the evidence for this question missing"
           + (": the LLM was asked to say so)" if response.answer is not None else ")"))
@@ -30,20 +32,12 @@ def _print_response(response) -> None:
     print(f"[{i}] {line[:300]}{' [...]' if len(line) > 300 else ''}")
 
 
-def _kept(agent, turns_before: int) -> str:
+def _kept(agent: ChatAgent, turns_before: int) -> str:
   written = agent.stats["turns_written"] - turns_before
-  if agent.workdir is None or not agent.learning:
-    learnt = ("the reranker's updates of this run are not kept (no --workdir)"
-              if agent.learning else getattr(agent, "serving_note",
-                                             "serving: the reranker was not updated"))
-  else:
-    learnt = (f"the reranker at update {agent.stats['updates']} (checkpointed in "
-              f"{agent.workdir.path}) and {agent.pending} rewarded answers waiting for the next "
-              f"update")
-  return f"{written} turns written by this run are in the bank; {learnt}"
+  return f"{written} turns written by this run are in the bank; {agent.kept()}"
 
 
-def chat_loop(agent, user: str, lines, has_llm: bool) -> None:
+def chat_loop(agent: ChatAgent, user: str, lines, has_llm: bool) -> None:
   """Serves each line of `lines` as a question of `user` until /quit or the end."""
   turns_before = agent.stats["turns_written"]
   print(f"chatting as {user}; /tell TEXT tells the agent something, /end ends the session "

@@ -1,10 +1,5 @@
-"""The memory commands of the `rmmjax` command line: ingest, recall, chat, answer, memory.
-
-Each handler turns flags into library calls (rmmjax.memory, rmmjax.agent, rmmjax.eval); the
-parser lives here too so rmmjax/cli.py stays one screen of commands. The chat loop is in
-cli_chat.py, the whole-user commands (export, import, delete) in cli_bank.py, what they share
-(the bank, the encoder, the LLM from flags) in cli_common.py.
-"""
+"""`rmmjax recall`, `chat` and `answer`: an agent over a user's bank (the RMM agent, or IRIS over
+their LaceMem with --iris) from flags, and what it retrieves, answers or scores."""
 
 from __future__ import annotations
 
@@ -12,15 +7,26 @@ import json
 import sys
 from pathlib import Path
 
-from rmmjax.cli_common import bank, encoder_for, llm_from_flags as _llm
+from rmmjax.agent import Agent, AgentSettings, IrisAgent
+from rmmjax.cli.chat_loop import chat_loop
+from rmmjax.cli.common import bank, encoder_for
+from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
+from rmmjax.io.iris_models import load_iris_model
+from rmmjax.io.outputs import check_output_file
+from rmmjax.io.query_encoders import load_query_encoder
+from rmmjax.io.reranker_load import load_reranker
+from rmmjax.io.workdir import atomic_write_json
+from rmmjax.llm.base import LLMError
+from rmmjax.retrieve.iris import IRIS_PRESETS
+from rmmjax.retrieve.rankers import RETRIEVERS
+
+SETTINGS = AgentSettings()  # the agent's defaults are the flags' defaults
 
 
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
-  from rmmjax.agent import Agent, AgentSettings
-  from rmmjax.io.reranker_load import load_reranker
-  from rmmjax.replay.query_encoder import load_query_encoder
-  args.retriever = args.retriever or "hybrid"
-  args.candidates = 20 if args.candidates is None else args.candidates
+  args.retriever = args.retriever or SETTINGS.retriever
+  args.candidates = SETTINGS.k if args.candidates is None else args.candidates
   if args.candidates < 1:
     raise ValueError(f"--candidates {args.candidates}: expected a positive number of memories "
                      f"to retrieve")
@@ -32,7 +38,7 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   query_encoder = load_query_encoder(Path(args.encoder), encoder) if args.encoder else None
   extra = {"tau": args.tau, "lr": args.lr} if args.command == "chat" else {}
   settings = AgentSettings(retriever=args.retriever, k=args.candidates, m=m,
-                           batch=getattr(args, "batch", 4), learn=learn, **extra)
+                           batch=getattr(args, "batch", SETTINGS.batch), learn=learn, **extra)
   agent = Agent(memory_bank, encoder, settings, llm=llm, workdir=workdir, reranker=reranker,
                 # queries are embedded afresh: they are never written to the embedding cache
                 query_encoder=query_encoder or encoder.with_cache(None),
@@ -45,9 +51,6 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
 
 def _iris_agent(args, memory_bank, encoder, m: int, llm=None):
   """The agent answering through IRIS over the user's LaceMem (recall --iris, chat --iris)."""
-  from rmmjax.agent_iris import IrisAgent
-  from rmmjax.replay.iris_model_io import load_iris_model
-  from rmmjax.retrieve.iris import IRIS_PRESETS
   for flag, value in (("--reranker", args.reranker), ("--encoder", args.encoder),
                       ("--workdir", getattr(args, "workdir", None)),
                       ("--retriever", args.retriever), ("--candidates", args.candidates),
@@ -69,50 +72,6 @@ def _check_iris_flags(args) -> None:
                         ("--rebuild-lace", args.rebuild_lace)):
       if value:
         raise ValueError(f"{flag} applies to IRIS over the user's LaceMem: pass --iris as well")
-
-
-def cmd_ingest(args) -> None:
-  from rmmjax.data.locomo import load_locomo
-  from rmmjax.data.msc import load_msc
-  from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
-  from rmmjax.memory.reflection import LLMReflector, OfflineReflector
-  if not args.user and not args.user_per_conversation:
-    raise ValueError("name whose memories these are: --user U, or --user-per-conversation")
-  conversations, report = {"locomo": load_locomo, "msc": load_msc}[args.dataset](Path(args.data))
-  plan_ingest(conversations, args.user, args.user_per_conversation)  # before the bank exists
-  llm = _llm(args)
-  with bank(args.db, must_exist=False) as memory_bank:
-    encoder = encoder_for(memory_bank)
-    offline = OfflineReflector(encoder)
-    reflector = (offline if llm is None else
-                 LLMReflector(llm, fallback=offline if args.fallback == "offline" else None))
-    try:
-      counts = ingest_conversations(memory_bank, conversations, reflector, encoder,
-                                    user=args.user,
-                                    user_per_conversation=args.user_per_conversation,
-                                    progress=not args.quiet)
-    except IngestStopped as err:
-      print(json.dumps(err.counts, indent=2), file=sys.stderr)
-      raise
-    if args.lace:  # each user's layered memory, for recall --iris and chat --iris
-      from rmmjax.memory.lace_sync import synced_lace
-      users = ([c.conversation_id for c in conversations] if args.user_per_conversation
-               else [args.user])
-      counts["lace_turns_added"] = sum(
-          synced_lace(memory_bank, user, encoder, progress=not args.quiet)[1]
-          for user in dict.fromkeys(users))
-  if llm is not None:
-    counts["cut_prompts"] = reflector.cut_prompts
-  print(json.dumps(counts, indent=2, default=str))
-  if llm is not None and counts["fallbacks"]:
-    print(f"{counts['fallbacks']} LLM replies were unusable: their topics came from the offline "
-          f"reflector (a topic list) or were added as new memories (a merge decision)")
-  if counts.get("cut_prompts") or counts["cut_summaries"]:
-    print(f"text was cut to fit: {counts.get('cut_prompts', 0)} prompts (--context-tokens), "
-          f"{counts['cut_summaries']} memory summaries")
-  if report.counts:
-    print("repairs and drops while loading: " + "; ".join(
-        f"{k}: {v}" for k, v in sorted(report.counts.items())))
 
 
 def cmd_recall(args) -> None:
@@ -161,9 +120,8 @@ def _print_iris_recall(result, store, k: int, as_json: bool) -> None:
 
 
 def cmd_chat(args) -> None:
-  from rmmjax.cli_chat import chat_loop
   _check_iris_flags(args)
-  llm = _llm(args)
+  llm = llm_from_flags(args)
   if not args.new_user and not Path(args.db).is_file():
     raise FileNotFoundError(f"--db {args.db} does not exist: build one with rmmjax ingest, or "
                             f"pass --new-user to start a bank with a new user")
@@ -185,17 +143,13 @@ def cmd_chat(args) -> None:
 
 
 def cmd_answer(args) -> None:
-  from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
-  from rmmjax.io.outputs import check_output_file
-  from rmmjax.io.workdir import atomic_write_json
-  from rmmjax.llm.base import LLMError
   check_output_file(args.out, "--out")
   if args.limit is not None and args.limit < 1:
     raise ValueError(f"--limit {args.limit}: expected a positive number of questions")
   if not args.iris and not args.db:
     raise ValueError("rmmjax answer needs --db FILE (a bank built with ingest "
                      "--user-per-conversation), or --iris to answer from LaceMem")
-  llm = _llm(args)
+  llm = llm_from_flags(args)
   if llm is None:
     raise ValueError("rmmjax answer needs an LLM: --llm-url URL --model NAME")
   if args.iris:
@@ -220,24 +174,9 @@ def cmd_answer(args) -> None:
 
 
 def add_parsers(sub) -> None:
-  """The memory commands' flags."""
-  from rmmjax.retrieve.rankers import RETRIEVERS
-
-  def llm_flags(p, required: bool = False):
-    p.add_argument("--llm-url", required=required, default=None,
-                   help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
-    p.add_argument("--model", default=None, help="the model name the server serves")
-    p.add_argument("--api-key-env", default="RMMJAX_LLM_API_KEY",
-                   help="environment variable holding the API key (never logged)")
-    p.add_argument("--structured-output", default="json_schema",
-                   choices=("json_schema", "json_object", "none"),
-                   help="json_schema (OpenAI, vLLM), json_object (llama.cpp's server), none")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    p.add_argument("--context-tokens", type=int, default=8192,
-                   help="the server's context window: prompts are cut to fit it (default 8192)")
+  """recall, chat, answer."""
 
   def iris_flags(p):
-    from rmmjax.retrieve.iris import IRIS_PRESETS
     p.add_argument("--iris", action="store_true",
                    help="retrieve through IRIS over the user's LaceMem (built from the user's "
                         "turns in the bank when missing, then kept up to date)")
@@ -251,28 +190,14 @@ def add_parsers(sub) -> None:
                    help="with --iris: build the user's LaceMem afresh from their turns")
 
   def retrieval_flags(p):
-    p.add_argument("--retriever", default=None, choices=RETRIEVERS, help="default hybrid")
-    p.add_argument("--candidates", type=int, default=None, help="K memories retrieved (20)")
+    p.add_argument("--retriever", default=None, choices=RETRIEVERS,
+                   help=f"default {SETTINGS.retriever}")
+    p.add_argument("--candidates", type=int, default=None,
+                   help=f"K memories retrieved ({SETTINGS.k})")
     p.add_argument("--reranker", default=None, help="a training workdir or exported reranker")
     p.add_argument("--encoder", default=None, help="a tuned query encoder (workdir or export)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="use a reranker trained on other units, retriever or encoder")
-
-  p = sub.add_parser("ingest", help="build a memory bank from a dataset's sessions")
-  p.add_argument("--dataset", default="locomo", choices=("locomo", "msc"))
-  p.add_argument("--data", required=True)
-  p.add_argument("--db", required=True, help="the SQLite memory bank (created if missing)")
-  p.add_argument("--user", default=None, help="the user all conversations belong to")
-  p.add_argument("--user-per-conversation", action="store_true",
-                 help="each conversation's id is its own user")
-  p.add_argument("--fallback", default="offline", choices=("offline", "none"),
-                 help="with --llm-url: what reflects a session whose LLM topic list is unusable "
-                      "(offline: the offline reflector, counted; none: stop, leaving it open)")
-  p.add_argument("--lace", action="store_true",
-                 help="also build each user's LaceMem (IRIS's layered memory) from their turns")
-  p.add_argument("--quiet", action="store_true")
-  llm_flags(p)
-  p.set_defaults(func=cmd_ingest)
 
   p = sub.add_parser("recall", help="print the memories that would be handed to the LLM")
   p.add_argument("--db", required=True)
@@ -289,16 +214,18 @@ def add_parsers(sub) -> None:
   p.add_argument("--user", required=True)
   p.add_argument("--new-user", action="store_true",
                  help="start the user (and the bank file) if the bank does not have them")
-  p.add_argument("--m", type=int, default=5, help="memories shown per answer")
-  p.add_argument("--batch", type=int, default=4, help="rewarded answers per reranker update")
-  p.add_argument("--tau", type=float, default=0.5, help="Gumbel sampling temperature")
-  p.add_argument("--lr", type=float, default=1e-4, help="the reranker's Adam learning rate")
+  p.add_argument("--m", type=int, default=SETTINGS.m, help="memories shown per answer")
+  p.add_argument("--batch", type=int, default=SETTINGS.batch,
+                 help="rewarded answers per reranker update")
+  p.add_argument("--tau", type=float, default=SETTINGS.tau, help="Gumbel sampling temperature")
+  p.add_argument("--lr", type=float, default=SETTINGS.lr,
+                 help="the reranker's Adam learning rate")
   p.add_argument("--workdir", default=None,
                  help="where the reranker is checkpointed (every update) and resumed from")
   p.add_argument("--serve", action="store_true", help="never update the reranker")
   retrieval_flags(p)
   iris_flags(p)
-  llm_flags(p)
+  add_llm_flags(p)
   p.set_defaults(func=cmd_chat)
 
   p = sub.add_parser("answer", help="answer a dataset's questions from a bank; judge them")
@@ -307,10 +234,10 @@ def add_parsers(sub) -> None:
   p.add_argument("--db", default=None, help="a bank built with ingest --user-per-conversation")
   p.add_argument("--iris", action="store_true",
                  help="answer from IRIS's final evidence over a LaceMem per conversation")
-  p.add_argument("--m", type=int, default=5)
+  p.add_argument("--m", type=int, default=SETTINGS.m, help="memories shown per answer")
   p.add_argument("--limit", type=int, default=None, help="answer at most this many questions")
   p.add_argument("--out", required=True)
   p.add_argument("--quiet", action="store_true")
   retrieval_flags(p)
-  llm_flags(p)
+  add_llm_flags(p)
   p.set_defaults(func=cmd_answer)

@@ -14,45 +14,15 @@ are) go through the bank's cipher, as its other rows do.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
-from collections.abc import Iterable
-from typing import final
 
 import numpy as np
 
+from rmmjax.memory._embedding_rows import open_vector
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.embedding_rows import open_vector
-from rmmjax.memory.records import BankFileError
+from rmmjax.memory.records import BankFileError, LaceSaved, LaceSnapshot
 from rmmjax.retrieve.evidence import Fact, RawTurn
-
-
-@final
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-  """Everything a LaceMem holds, as plain values."""
-
-  settings: dict
-  encoder: str  # the identity of the encoder that embedded the facts ("" when none did)
-  fallbacks: int  # turns the LLM extractor handed to the offline one
-  turns: list[RawTurn]  # in the order they were added
-  facts: list[Fact]  # by fact id, from 0
-  vectors: np.ndarray  # N x D float32, row i embedding fact i
-  # (fact, neighbour, cosine), each fact's list in rank order (an iterator is read only by a
-  # full write, so a save that appends never walks every fact's list)
-  links: Iterable[tuple[int, int, float]]
-  revision: int = 0  # the bank's count of writes when this was saved (0: not from a bank)
-
-
-@final
-@dataclasses.dataclass(frozen=True)
-class Saved:
-  """What a LaceMem knows the bank holds of it, since its last load or save."""
-
-  revision: int
-  turns: int
-  facts: int
 
 
 def seal_cosine(cipher: Cipher, cosine: float) -> float | bytes:
@@ -72,7 +42,7 @@ def _next_revision(db: sqlite3.Connection) -> int:
   return db.execute("SELECT n FROM bank_writes").fetchone()[0]
 
 
-def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot) -> int:
+def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot) -> int:
   """Replaces the user's layered memory with snap, inside the caller's write transaction;
   returns its revision."""
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
@@ -87,12 +57,12 @@ def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot
   lists: dict[int, list[tuple[int, float]]] = {}
   for i, j, cos in snap.links:
     lists.setdefault(i, []).append((j, cos))
-  _insert(db, cipher, user, snap, Saved(revision, 0, 0), lists)
+  _insert(db, cipher, user, snap, LaceSaved(revision, 0, 0), lists)
   return revision
 
 
-def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot,
-                since: Saved, lists: dict[int, list[tuple[int, float]]]) -> int | None:
+def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot,
+                since: LaceSaved, lists: dict[int, list[tuple[int, float]]]) -> int | None:
   """Writes what snap added since `since` (its turns and facts beyond those counts, and the
   neighbour lists in `lists`, old facts' whose lists changed included), inside the caller's
   write transaction; returns the new revision, or None (nothing written) when the bank no
@@ -110,7 +80,7 @@ def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapsho
   return revision
 
 
-def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot, since: Saved,
+def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot, since: LaceSaved,
             lists: dict[int, list[tuple[int, float]]]) -> None:
   """Inserts snap's turns and facts beyond `since`'s counts and the given neighbour lists."""
   seal, seal_bytes = cipher.seal_text, cipher.seal_bytes
@@ -127,7 +97,7 @@ def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: Snapshot, s
       for i in sorted(lists) for rank, (j, cos) in enumerate(lists[i])])
 
 
-def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> Snapshot | None:
+def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> LaceSnapshot | None:
   """The user's layered memory as stored, or None when none is; inside the caller's
   transaction."""
   opened = cipher.open_text
@@ -154,5 +124,5 @@ def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> 
       "SELECT fact_id, neighbour_id, cosine FROM lace_links WHERE user_id = ? "
       "ORDER BY fact_id, rank", (user,))]
   matrix = np.stack(vectors) if vectors else np.zeros((0, dim), np.float32)
-  return Snapshot(json.loads(settings), encoder, fallbacks, turns, facts, matrix, links,
+  return LaceSnapshot(json.loads(settings), encoder, fallbacks, turns, facts, matrix, links,
                   revision)

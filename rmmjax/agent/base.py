@@ -1,0 +1,86 @@
+"""What every chat agent is to the chat loop and to `rmmjax answer`: it answers a user's question
+from their memory (recording the exchange), takes a statement, ends a session with Prospective
+Reflection, says what of its learning a run keeps, and closes.
+
+The RMM agent (`rmm.py`) retrieves topic memories and learns its reranker from the answers'
+citations; the IRIS agent (`iris.py`) retrieves iteratively over the user's LaceMem and learns
+nothing online (its models train with `rmmjax train --set learner=iris`).
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+
+from rmmjax.llm.exchange import COUNTERS
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.records import SessionEnded
+from rmmjax.memory.reflection import Reflector, reflect_session
+
+# Every agent's counters: questions asked, reranker updates, the cited-answer exchange's
+# (rmmjax.llm.exchange.COUNTERS), turns it wrote to the bank.
+STATS = ("queries", "updates", *COUNTERS, "turns_written")
+
+
+class Reply(abc.ABC):
+  """One answer of a chat agent, as the chat loop prints it."""
+
+  answer: str | None  # None without an LLM, or when the LLM failed
+  cited: tuple[int, ...]  # positions among the shown texts the answer cited
+  failure: str | None  # "llm_error" or "malformed" when the LLM gave no usable answer
+  error: str  # what the failure was
+  session_id: str | None  # where the exchange was recorded
+
+  @property
+  @abc.abstractmethod
+  def abstained(self) -> bool:
+    """Whether retrieval judged the evidence missing (the LLM was asked to say so)."""
+
+  @property
+  @abc.abstractmethod
+  def shown_texts(self) -> list[str]:
+    """The texts shown to the LLM, in the order they were numbered."""
+
+
+class ChatAgent(abc.ABC):
+  """A memory agent over one bank; every call names the user it serves."""
+
+  bank: MemoryBank
+  stats: dict  # STATS and the agent's own counters
+
+  @abc.abstractmethod
+  def respond(self, user: str, query: str) -> Reply:
+    """Answers one question and records the exchange in the user's open chat session."""
+
+  @abc.abstractmethod
+  def tell(self, user: str, text: str) -> str:
+    """Records a statement of the user's (nothing retrieved or answered); its session's id."""
+
+  @abc.abstractmethod
+  def end_session(self, user: str):
+    """Prospective Reflection over the user's open chat session; returns its report."""
+
+  @abc.abstractmethod
+  def kept(self) -> str:
+    """What this run's learning leaves behind (said when the chat ends or is interrupted)."""
+
+  def close(self) -> None:
+    """Saves what needs saving and releases what the agent holds (nothing by default)."""
+
+  def _record(self, user: str, turns: list[tuple[str, str, str]]) -> tuple[str, list[str]]:
+    """(session id, turn ids) of (speaker, text, kind) turns appended to the chat session."""
+    session_id, ids = self.bank.append_chat(user, turns, datetime.date.today().isoformat())
+    self.stats["turns_written"] += len(ids)
+    return session_id, ids
+
+
+def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder):
+  """Prospective Reflection over the user's open chat session; returns its report."""
+  info = bank.open_session(user, "chat")
+  if info is None:
+    raise ValueError(f"user {user!r} has no open chat session to end")
+  try:
+    return reflect_session(bank, user, info.session_id, reflector, encoder)
+  except SessionEnded:
+    raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
+                     f"process meanwhile") from None

@@ -1,0 +1,7 @@
+"""`python -m rmmjax.cli`."""
+
+import sys
+
+from rmmjax.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""`rmmjax eval`: evidence retrieval on a labelled dataset, per category, through any trained
+model (a reranker, a tuned query encoder, IRIS's learned models), never on what it trained on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rmmjax.cli.common import plural
+from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
+from rmmjax.eval.iris_eval import JUDGES
+from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
+from rmmjax.io.outputs import check_output_file
+from rmmjax.replay.iris_reranker import RERANK_MODES
+from rmmjax.retrieve.iris import IRIS_PRESETS
+from rmmjax.retrieve.rankers import RETRIEVERS
+
+
+def _judge_llm(args):
+  """The LLM of --judge llm (None for the other judges)."""
+  if args.judge != "llm":
+    if args.llm_url:
+      raise ValueError("--llm-url is the LLM of --judge llm: pass --iris --judge llm as well")
+    return None
+  if not args.llm_url:
+    raise ValueError("--judge llm needs --llm-url URL and --model NAME")
+  return llm_from_flags(args)
+
+
+def cmd_eval(args) -> None:
+  try:
+    ks = tuple(int(k) for k in args.k.split(","))
+  except ValueError:
+    raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
+  check_cutoffs(ks)
+  # Flags that would change nothing are refused, not ignored: a ceiling asked for with --judge
+  # oracle must not quietly come back as single-pass numbers.
+  if args.judge and not args.iris:
+    raise ValueError(f"--judge {args.judge} is IRIS's sufficiency judge: pass --units lace "
+                     "--iris as well")
+  if args.rerank_mode and not (args.units == "lace" and args.iris and args.reranker):
+    raise ValueError(f"--rerank-mode {args.rerank_mode} orders IRIS's evidence with a "
+                     "reranker: pass --units lace --iris --reranker W_OR_FILE as well")
+  if args.out:
+    check_output_file(args.out, "--out")
+  apply_precision(args.precision)
+  retriever = args.retriever or ("hybrid" if args.units == "lace" else "bm25")
+  result = evaluate_retrieval(args.dataset, Path(args.data), args.units, retriever, ks,
+                              args.budget_words, reranker=args.reranker, online=args.online,
+                              in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
+                              progress=not args.quiet, query_encoder=args.encoder,
+                              iris=args.iris, judge=args.judge or "heuristic",
+                              llm=_judge_llm(args), rerank_mode=args.rerank_mode or "fused",
+                              iris_model=args.iris_model)
+  config = result["config"]
+  models = [f"{flag} {path}" for flag, path in (("--reranker", args.reranker),
+                                                 ("--iris-model", args.iris_model),
+                                                 ("--encoder", args.encoder)) if path]
+  if models:
+    print(f"{' and '.join(models)}{' (learning online)' if args.online else ''} on "
+          f"{plural(len(config['conversations']), 'conversation')}: "
+          f"{', '.join(config['conversations'])}")
+    trained = config["trained_conversations_in_file"]
+    if config["in_sample"]:
+      print(f"IN-SAMPLE: {len(trained)} of them were trained on ({', '.join(trained)})")
+    elif trained:
+      print(f"left out {plural(len(trained), 'conversation')} trained on: {', '.join(trained)}")
+    for mismatch in config["mismatches"]:
+      print(f"MISMATCH (--allow-mismatch): {mismatch}")
+  if args.reranker:
+    step, planned = config["reranker_step"], config["reranker_steps_planned"]
+    if planned is not None and step < planned:
+      print(f"NOTE: {args.reranker} has trained {step} of its {planned} steps (interrupted or "
+            f"still running): these are the numbers of step {step}")
+  print(format_table(result, ks))
+  counts = result["load_report"]["counts"]
+  if counts:
+    print("\nrepairs and drops while loading: " + "; ".join(f"{k}: {v}" for k, v in
+                                                          sorted(counts.items())))
+  if args.out:
+    write_report(result, Path(args.out))
+    print(f"\nwrote {args.out}")
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser("eval", help="evidence retrieval metrics on a labelled dataset")
+  p.add_argument("--dataset", default="locomo", choices=EVALUABLE_DATASETS,
+                 help="a dataset with evidence-labelled questions")
+  p.add_argument("--data", required=True, help="path to the dataset file")
+  p.add_argument("--units", default="turn", choices=UNITS + ("lace",),
+                 help="memory units; lace: LaceMem's atomic facts (with --iris: IRIS)")
+  p.add_argument("--iris", nargs="?", const="default", default=None,
+                 choices=tuple(IRIS_PRESETS),
+                 help="with --units lace: iterative retrieval via insufficiency signals, with "
+                      "EviMem's settings (default) or wider budgets that stop only on EXACT")
+  p.add_argument("--rerank-mode", default=None, choices=RERANK_MODES,
+                 help="with --units lace --iris --reranker: the reranker's order fused with "
+                      "IRIS's own (the default), or alone")
+  p.add_argument("--judge", default=None, choices=JUDGES,
+                 help="with --iris: IRIS's sufficiency judge (default heuristic; oracle knows "
+                      "the evidence labels: a ceiling)")
+  add_llm_flags(p, what="with --judge llm: the sufficiency judge")
+  p.add_argument("--retriever", default=None, choices=RETRIEVERS,
+                 help="default: bm25, and hybrid for --units lace")
+  p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
+  p.add_argument("--budget-words", type=int, default=None,
+                 help="also report recall of units taken in rank order up to this many words")
+  p.add_argument("--reranker", default=None,
+                 help="a training workdir or exported .safetensors: rerank the K candidates "
+                      "(conversations it trained on are left out)")
+  p.add_argument("--iris-model", default=None,
+                 help="with --units lace --iris: a learner=iris workdir or its export (learned "
+                      "judge, refinement and anchor encoders); --iris learned suits it")
+  p.add_argument("--encoder", default=None,
+                 help="a tuned query encoder (a learner=query_encoder workdir or its export; with "
+                      "--units lace also a learner=iris workdir, for its anchor encoder) "
+                      "for the questions of dense search")
+  p.add_argument("--online", action="store_true",
+                 help="with --reranker: replay each conversation prequentially, learning online")
+  p.add_argument("--in-sample", action="store_true",
+                 help="with --reranker, --encoder or --iris-model: keep the conversations it "
+                      "trained on (in-sample numbers)")
+  p.add_argument("--allow-mismatch", action="store_true",
+                 help="with --reranker: evaluate although its units, retriever or encoder differ "
+                      "(the report lists the mismatches)")
+  p.add_argument("--precision", default="highest", choices=PRECISIONS,
+                 help="float32 matmul precision (default: highest, full float32)")
+  p.add_argument("--quiet", action="store_true", help="no progress bars")
+  p.add_argument("--out", default=None, help="write the metrics as JSON")
+  p.set_defaults(func=cmd_eval)

@@ -1,0 +1,71 @@
+"""The `rmmjax` command line: flags -> config -> library call, one file per command group.
+
+Training (train, sweep, export) in training.py, evaluation in evaluation.py, the tools (embed,
+bench) in tools.py, the bank (ingest, memory) in bank.py, the agent (recall, chat, answer) in
+agent.py with its chat loop in chat_loop.py. JAX's multi-process runtime starts before any of
+them is imported: their imports touch JAX (bm25s runs a JAX op when imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rmmjax.cli import signals
+from rmmjax.cli.process import start_runtime
+
+NOTHING = "nothing was written"
+# What an interrupted command leaves (chat says it itself: what it kept depends on the session).
+INTERRUPTED = {"train": "rerun the same command to resume",
+               "ingest": "the sessions reflected before are kept; rerun the same command to "
+                         "resume",
+               "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """Every command's flags (importing the command groups)."""
+  from rmmjax.cli import agent, bank, evaluation, tools, training  # noqa: PLC0415 (see above)
+  parser = argparse.ArgumentParser(prog="rmmjax", description=__doc__.split("\n")[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+  training.add_parsers(sub)
+  evaluation.add_parser(sub)
+  tools.add_parsers(sub)
+  bank.add_parsers(sub)
+  agent.add_parsers(sub)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  signals.install()  # first: the imports below take seconds, and Ctrl-C may come in them
+  argv = sys.argv[1:] if argv is None else list(argv)
+  command = next((a for a in argv if not a.startswith("-")), "rmmjax")
+  try:
+    return _main(argv)
+  except KeyboardInterrupt:
+    print(f"\nrmmjax {command}: interrupted; {INTERRUPTED.get(command, NOTHING)}",
+          file=sys.stderr)
+    return 130
+
+
+def _main(argv: list[str]) -> int:
+  try:
+    start_runtime(argv)
+  except ValueError as err:
+    print(f"rmmjax: error: {err}", file=sys.stderr)
+    return 2
+  from rmmjax.llm.base import LLMError  # noqa: PLC0415  (after the runtime started)
+  args = build_parser().parse_args(argv)
+  try:
+    args.func(args)
+  except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
+          FloatingPointError) as err:
+    print(f"rmmjax {args.command}: error: {err}", file=sys.stderr)
+    return 2
+  except LLMError as err:  # the server failed, after its retries: not a bad argument
+    print(f"rmmjax {args.command}: the LLM failed: {err}", file=sys.stderr)
+    return 1
+  except BrokenPipeError:  # the reader of stdout left (`| head`): nothing more to say
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+  return 0

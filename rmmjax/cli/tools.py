@@ -1,0 +1,83 @@
+"""`rmmjax embed` and `rmmjax bench`: the sentence encoder on a file of texts, and the benchmarks
+(each against its reference, in one run, printing a table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rmmjax.bench import agent as bench_agent
+from rmmjax.bench import core as bench_core
+from rmmjax.bench import iris as bench_iris
+from rmmjax.bench import retrieval as bench_retrieval
+from rmmjax.bench import scaling as bench_scaling
+from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.io.outputs import check_output_file
+
+BENCHMARKS = ("core", "search", "encode", "agent", "iris", "scaling")
+
+
+def cmd_embed(args) -> None:
+
+  path = Path(args.inp)
+  if not path.exists():
+    raise FileNotFoundError(f"--in {path} does not exist (expected one text per line)")
+  texts = path.read_text(encoding="utf-8").splitlines()
+  if not texts:
+    raise ValueError(f"--in {path} is empty (expected one text per line)")
+  out = Path(args.out)
+  if out.suffix != ".npy":
+    raise ValueError(f"--out {out}: expected a file name ending in .npy")
+  check_output_file(out, "--out")
+  cache = None if args.no_cache else EmbeddingCache(args.cache or DEFAULT_CACHE)
+  encoder = SentenceEncoder(args.model, cache=cache)
+  embeddings = encoder.encode(texts)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f".{out.name}.tmp.npy")
+  np.save(tmp, embeddings)
+  tmp.replace(out)
+  print(f"wrote {out}: {embeddings.shape[0]} x {embeddings.shape[1]} ({encoder.identity})")
+
+
+def cmd_bench(args) -> None:
+  out = check_output_file(args.out, "--out") if args.out else None
+  data = Path(args.data) if args.data else None
+  if args.what == "core":
+    bench_core.bench_core(out, quick=args.quick)
+  elif args.what == "scaling":
+    bench_scaling.bench_scaling(out, quick=args.quick)
+  elif args.what == "iris":
+    bench_iris.bench_iris(out, data, quick=args.quick)
+  elif args.what == "agent":
+    bench_agent.bench_agent(out, data, quick=args.quick, large=args.large)
+  elif args.what == "search":
+    bench_retrieval.bench_search(out, quick=args.quick)
+  else:
+    if data is None:
+      raise ValueError("bench encode needs --data PATH (a LoCoMo file, for real sentences)")
+    bench_retrieval.bench_encode(out, data, quick=args.quick)
+
+
+def add_parsers(sub) -> None:
+  """embed, bench."""
+  p = sub.add_parser("embed", help="embed one text per line with the sentence encoder")
+  p.add_argument("--in", dest="inp", required=True, help="TEXTS.txt, one text per line")
+  p.add_argument("--out", required=True, help="EMB.npy")
+  p.add_argument("--model", default=None,
+                 help="Hugging Face-format model directory (default: all-MiniLM-L6-v2)")
+  p.add_argument("--cache", default=None, help="SQLite embedding cache (default under ~/.cache)")
+  p.add_argument("--no-cache", action="store_true")
+  p.set_defaults(func=cmd_embed)
+
+  p = sub.add_parser("bench", help="benchmarks that print a table")
+  p.add_argument("what", choices=BENCHMARKS)
+  p.add_argument("--data", default=None,
+                 help="encode: the LoCoMo file whose turns are encoded; agent: whose sessions "
+                      "are ingested")
+  p.add_argument("--out", default=None, help="write the results as JSON")
+  p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+  p.add_argument("--large", action="store_true",
+                 help="agent: also a bank of 1,000,000 memories (about 6.5 GB of memory, 5 minutes)")
+  p.set_defaults(func=cmd_bench)

@@ -1,0 +1,186 @@
+"""`rmmjax train`, `sweep` and `export`: a config from flags, the training loop or the sweep,
+and the files a trained model leaves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rmmjax import distributed
+from rmmjax.cli.process import add_flags as add_process_flags
+from rmmjax.config import CONFIGS, Config, apply_overrides, apply_precision, get_config
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.io.export import export_reranker
+from rmmjax.io.iris_models import export_iris_model
+from rmmjax.io.outputs import check_output_dir, check_output_file
+from rmmjax.io.query_encoders import export_query_encoder
+from rmmjax.io.workdir import read_config
+from rmmjax.train import sweeps
+from rmmjax.train.loop import train
+
+TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
+LoCoMo file: --set data=PATH). Every key, its default and what it means is in
+rmmjax/config.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
+Running the same command again resumes the workdir."""
+
+
+def _config(args) -> Config:
+  cfg = apply_overrides(get_config(args.config), args.set or []).validate()
+  check_output_dir(args.workdir, "--workdir")
+  apply_precision(cfg.precision)
+  return cfg
+
+
+def cmd_train(args) -> None:
+  with distributed.preflight("configs"):  # a refusal on one process reaches them all
+    cfg = _config(args)
+  summary = train(cfg, Path(args.workdir), progress=not args.quiet)
+  if not distributed.is_writer():
+    print(f"process {args.process_id}: trained its share; process 0 wrote {args.workdir}")
+    return
+  rows = []
+  if "recall_at_m_final" in summary:
+    where = ("eval queries" if cfg.config == "latent" else
+             f"validation: {', '.join(summary['validation_conversations'])}"
+             if "validation_conversations" in summary else
+             f"held-out: {', '.join(summary['heldout_conversations'])}")
+    rows.append((f"recall@M of selected memories ({where})", summary["recall_at_m_base"],
+                 summary["recall_at_m_final"]))
+  if "recall_at_m_prequential" in summary:
+    rows.append(("  learning online on the held-out conversations", summary["recall_at_m_base"],
+                 summary["recall_at_m_prequential"]))
+  if "recall_at_m_alone" in summary:  # units lace: "after" fuses the reranker's and IRIS's order
+    rows.append(("  the reranker's order alone (not fused with IRIS's)",
+                 summary["recall_at_m_base"], summary["recall_at_m_alone"]))
+  rows += [("reward (first/last tenth of training)", summary["reward_first"],
+            summary["reward_last"]),
+           ("citation rate (first/last tenth)", summary["citation_rate_first"],
+            summary["citation_rate_last"])]
+  print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
+  for name, before, after in rows:
+    print(f"{name:58s}{before:10.3f}{after:10.3f}")
+  if "iris_recall_at_10" in summary:  # learner=iris: held-out Recall@10 over turns
+    where = "validation" if summary.get("iris_validation") else "held-out"
+    for name, key in ((f"Recall@10 ({where}), single pass, base encoder", "single_pass_base"),
+                      (f"Recall@10 ({where}), single pass, tuned anchor", "single_pass_tuned")):
+      print(f"{name:58s}{summary['iris_recall_at_10_' + key]:10.3f}")
+    print(f"{f'Recall@10 ({where}), IRIS with the learned models':58s}"
+          f"{summary['iris_recall_at_10']:10.3f}")
+    if "iris_warning" in summary:
+      print(f"WARNING: {summary['iris_warning']}")
+  elif "recall_at_k" in summary:
+    print(f"{'ceiling: recall of all K candidates':58s}{summary['recall_at_k']:10.3f}")
+  if cfg.config != "latent" and cfg.holdout == 0:
+    print("no conversation was held out (holdout=0): evaluate on another file with\n  "
+          + eval_hint(cfg, args.workdir))
+  workdir = Path(args.workdir)
+  print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
+        f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
+        f"checkpoints {workdir / 'checkpoints'}")
+
+
+def eval_hint(cfg, workdir: str) -> str:
+  """The `rmmjax eval` command that evaluates what a training run of `cfg` wrote to workdir."""
+  head = f"rmmjax eval --data FILE --units {cfg.units}"
+  if cfg.learner == "iris":
+    return f"{head} --iris learned --iris-model {workdir}"
+  if cfg.learner == "query_encoder":
+    return f"{head} --retriever {cfg.retriever} --encoder {workdir}"
+  if cfg.units == "lace":
+    return f"{head} --iris {cfg.iris} --retriever {cfg.retriever} --reranker {workdir}"
+  # learner=both: the reranker's record names its query encoder, which eval loads itself.
+  return f"{head} --retriever {cfg.retriever} --reranker {workdir}"
+
+
+def cmd_sweep(args) -> None:
+  with distributed.preflight("configs"):  # a refusal on one process reaches them all
+    cfg = _config(args)
+    if args.steps is not None:
+      cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
+    grid = sweeps.parse_grid(args.grid or [], cfg)
+  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
+  if not distributed.is_writer():
+    print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
+    return
+  keys = list(grid)
+  print(f"\n{'configuration':36s}{'seeds':>6s}{'recall base':>12s}{'recall final':>13s}"
+        f"{'reward first':>13s}{'reward last':>12s}")
+  groups: dict[str, list] = {}
+  for run in result["runs"]:
+    groups.setdefault(",".join(f"{k}={run[k]}" for k in keys) or "default", []).append(run)
+  for label, runs in groups.items():
+    mean = {key: sum(r[key] for r in runs) / len(runs)
+            for key in ("recall_at_m_base", "recall_at_m_final", "reward_first", "reward_last")}
+    print(f"{label:36s}{len(runs):6d}{mean['recall_at_m_base']:12.3f}"
+          f"{mean['recall_at_m_final']:13.3f}{mean['reward_first']:13.3f}"
+          f"{mean['reward_last']:12.3f}")
+  print(f"\nsweep.json {Path(args.workdir) / 'sweep.json'}\ncurves     "
+        f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
+
+
+def cmd_export(args) -> None:
+  learner = read_config(Path(args.workdir)).learner
+  out = Path(args.out)
+  if learner == "reranker":
+    check_output_file(out, "--out")
+    meta = export_reranker(Path(args.workdir), out)
+    print(f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
+          "copy)")
+    print(json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
+    return
+  check_output_dir(out, "--out")
+  if learner == "iris":
+    export_iris_model(Path(args.workdir), out, SentenceEncoder())
+    print(f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
+          "the questions) and judge.safetensors (its header says how to score it); use it as "
+          "--iris-model")
+    return
+  if out.suffix == ".safetensors":
+    raise ValueError(f"--out {out}: {args.workdir} holds a query encoder (learner={learner}); "
+                     "it exports as a directory")
+  workdir = Path(args.workdir)
+  encoder_dir = workdir if learner == "query_encoder" else workdir / "query_encoder"
+  export_query_encoder(encoder_dir, out if learner == "query_encoder" else out / "query_encoder",
+                       SentenceEncoder())
+  if learner == "both":
+    export_reranker(workdir, out / "reranker.safetensors")
+    print(f"wrote {out / 'reranker.safetensors'} (evaluate with --encoder "
+          f"{out / 'query_encoder'})")
+  print(f"wrote {out if learner == 'query_encoder' else out / 'query_encoder'}: a Hugging "
+        "Face-format encoder for the questions (sentence-transformers loads it); the memories "
+        "keep the base encoder's embeddings")
+
+
+def add_parsers(sub) -> None:
+  """train, sweep, export."""
+
+  def with_config(p):
+    p.add_argument("--config", default="latent", choices=sorted(CONFIGS),
+                   help="named config (default: latent)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value (repeatable); keys and defaults: "
+                        "rmmjax/config.py")
+    p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_process_flags(p)
+
+  p = sub.add_parser("train", help="train a reranker, a query encoder or IRIS's models "
+                                   "(resumes from the workdir)", description=TRAIN_HELP)
+  with_config(p)
+  p.set_defaults(func=cmd_train)
+
+  p = sub.add_parser("sweep", help="run a grid x seeds as one vmapped program")
+  with_config(p)
+  p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                 help="a sweepable key and its values (repeatable)")
+  p.add_argument("--seeds", type=int, default=1, help="seeds per grid point")
+  p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
+  p.set_defaults(func=cmd_sweep)
+
+  p = sub.add_parser("export", help="write a trained reranker (safetensors), query encoder "
+                                    "or IRIS's models (Hugging Face-format directories)")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--out", required=True,
+                 help="reranker: FILE.safetensors (FILE.json goes beside it); query encoder, "
+                      "IRIS's models or learner=both: DIR")
+  p.set_defaults(func=cmd_export)

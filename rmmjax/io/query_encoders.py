@@ -1,0 +1,92 @@
+"""Tuned query encoders as a run or an export holds them: loading one from a learner=query_encoder
+workdir (its newest readable checkpoint) or from the Hugging Face directory `rmmjax export`
+writes, what it was trained on, and writing that directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.encode.export import EXPORT_RECORD, save_encoder
+from rmmjax.encode.protocol import encoder_identity
+from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
+from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.export import read_record
+from rmmjax.io.kinds import refuse_unless
+from rmmjax.io.workdir import read_config
+
+
+def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
+  """The tuned query encoder of a query_encoder training workdir, or of a directory that
+  `rmmjax export` wrote from one; `encoder` is the base encoder that embeds the memories."""
+  path = Path(path)
+  if not path.is_dir():
+    raise FileNotFoundError(f"--encoder {path}: expected a query_encoder training workdir or "
+                            "an exported encoder directory")
+  refuse_unless(path, "--encoder", ("query encoder", "query encoder export", "encoder"))
+  if (path / "model.safetensors").exists():  # an exported Hugging Face-format directory
+    tuned = SentenceEncoder(path)
+    if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(
+        a.shape != b.shape for a, b in zip(jax.tree.leaves(tuned.params),
+                                           jax.tree.leaves(encoder.params))):
+      raise ValueError(f"--encoder {path}: its weights have other shapes than the base encoder "
+                       f"{encoder_identity(encoder)} that embedded the memories")
+    return TunedQueryEncoder(encoder, tuned.params)
+  cfg = read_config(path)
+  if cfg.learner != "query_encoder":
+    raise ValueError(f"{path} trained learner={cfg.learner}; expected a workdir of "
+                     "learner=query_encoder")
+  base = read_record(path)["encoder"]
+  if base != encoder_identity(encoder):
+    raise ValueError(f"{path} tuned the encoder {base}, but the memories are embedded with "
+                     f"{encoder_identity(encoder)}")
+  if cfg.dim != encoder.dim:
+    raise ValueError(f"{path} tuned an encoder of dimension {cfg.dim}; the memories are "
+                     f"embedded in {encoder.dim}")
+  return TunedQueryEncoder(encoder, latest_encoder_params(path, cfg, encoder,
+                                                         "tuned query encoder"))
+
+
+def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
+  """The encoder parameters of a workdir's newest readable checkpoint (`what` names them in
+  the error when there is none)."""
+  # The state of query-encoder learning: scores are plain dot products (no rank prior).
+  spec = dataclasses.replace(cfg.core_spec(), rank_prior=False)
+  template = encoder_state(encoder, spec, cfg.hparams())
+  checkpointer = Checkpointer(path / "checkpoints", read_only=True)
+  try:
+    _, state, _ = checkpointer.restore_latest(template)
+  finally:
+    checkpointer.close()
+  if state is None:
+    raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint: {path} holds no "
+                            f"{what}")
+  return state.params
+
+
+def query_encoder_record(path: Path) -> dict:
+  """What a tuned query encoder (a workdir, or a directory exported from one) trained on."""
+  path = Path(path)
+  if (path / EXPORT_RECORD).exists():
+    record = json.loads((path / EXPORT_RECORD).read_text()).get("metadata", {}).get("record")
+    if record is None:
+      raise ValueError(f"{path}/{EXPORT_RECORD} holds no training record: {path} was not "
+                       "exported from a query_encoder workdir")
+    return record
+  return read_record(path)
+
+
+def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
+  """Writes a query_encoder workdir's tuned encoder as a Hugging Face-format directory (loads
+  in sentence-transformers unchanged), with its training record in rmmjax_export.json."""
+  tuned = load_query_encoder(workdir, encoder)
+  record = read_record(workdir)
+  role = ("embed questions and memories with this model (tune=both: re-embed the bank)"
+          if record.get("tune") == "both" else
+          "embed questions with this model, memories with the base model in record.encoder")
+  return save_encoder(encoder, tuned.params, out,
+                      metadata={"record": record, "identity": tuned.identity, "role": role})

@@ -1,0 +1,13 @@
+"""EviMem's layered memory (LaceMem): atomic facts (Index), links between them (Edge) and the
+verbatim turns (Raw), built turn by turn or at once, searched by IRIS; kept in the bank beside a
+user's turns (`synced_lace`), the bank alone writing its rows."""
+
+from __future__ import annotations
+
+from rmmjax.memory.lace.settings import RETRIEVALS, LaceSettings, fact_text
+from rmmjax.memory.lace.store import LaceMem
+from rmmjax.memory.lace.sync import add_missing_turns, synced_lace
+from rmmjax.memory.lace.synthetic import synthetic_lace
+
+__all__ = ["RETRIEVALS", "LaceMem", "LaceSettings", "add_missing_turns", "fact_text",
+           "synced_lace", "synthetic_lace"]
