@@ -1,6 +1,13 @@
-"""Test settings: CPU, strict promotion rules, and the location of the shared data."""
+"""Test settings: CPU, strict promotion rules, the shared fixtures, and where the real data is.
+
+Every test of the LoCoMo pipeline runs on small conversations the suite builds (`three`,
+tests/helpers/synthetic_locomo.py); the tests of the real files (their documented counts, the
+measured baselines) read ../shared/data beside the project, or RMMJAX_DATA, and skip without it
+saying where to get it (in CI they fail instead).
+"""
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -12,10 +19,14 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # JAX, encoder = sentence-transformers) mean the same on an accelerator as on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
 
-import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+HELPERS = Path(__file__).resolve().parent / "helpers"  # the stand-ins and servers tests share
+sys.path.insert(0, str(HELPERS))
+
+import synthetic_locomo  # noqa: E402
 
 # The real data lives in ../shared/data beside the project; RMMJAX_DATA may point elsewhere.
 DATA_DIR = Path(os.environ.get("RMMJAX_DATA",
@@ -62,8 +73,15 @@ def msc_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def three(locomo_path, tmp_path_factory) -> Path:
-  """The dev file's first three conversations: small command-line training runs."""
-  path = tmp_path_factory.mktemp("data") / "three.json"
-  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:3]))
-  return path
+def three(tmp_path_factory) -> Path:
+  """Three synthetic LoCoMo conversations (syn-1, syn-2, syn-3): small training runs and every
+  test of the pipeline that does not test the real file itself."""
+  return synthetic_locomo.write(tmp_path_factory.mktemp("data") / "three.json", 3)
+
+
+@pytest.fixture(scope="session")
+def long_conversation(tmp_path_factory) -> Path:
+  """One synthetic conversation of 12 sessions of 16 turns (192 turns), for what needs more
+  units than `three` holds."""
+  return synthetic_locomo.write(tmp_path_factory.mktemp("data") / "long.json", 1, sessions=12,
+                                turns=16)

@@ -94,7 +94,8 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
   if small:  # checked before anything is embedded
     cid, n = min(small.items(), key=lambda item: item[1])
     raise ValueError(f"k={k} candidates, but conversation {cid} has only {n} {units} units "
-                     f"({len(small)} conversations have fewer than {k}): expected k <= "
+                     f"({len(small)} conversation{'s' if len(small) > 1 else ''} "
+                     f"{'have' if len(small) > 1 else 'has'} fewer than {k}): expected k <= "
                      f"{min(small.values())} for these conversations")
   for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):

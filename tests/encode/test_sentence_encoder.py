@@ -18,21 +18,21 @@ def encoder():
   return SentenceEncoder(batch_size=32)
 
 
-def _turn_texts(locomo_path, n):
-  conv = load_locomo(locomo_path)[0][1]
+def _turn_texts(source, n):
+  conv = load_locomo(source)[0][1]
   texts = sorted({u.text for u in build_units(conv, "turn")}, key=len)
   # Short and long turns alike, including the longest (several length buckets).
   return texts[:: max(1, len(texts) // n)][:n] + texts[-3:]
 
 
-def test_matches_sentence_transformers_on_real_turns(encoder, locomo_path):
+def test_matches_sentence_transformers_on_locomo_turns(encoder, three):
   try:
     import sentence_transformers
   except ImportError:
     if os.environ.get("CI"):
       raise
     pytest.skip("the comparison needs sentence-transformers and torch: pip install -e '.[parity]'")
-  texts = _turn_texts(locomo_path, 120)
+  texts = _turn_texts(three, 120)
   ours = encoder.encode(texts)
   reference = sentence_transformers.SentenceTransformer(str(encoder.model_dir), device="cpu")
   theirs = reference.encode(texts, batch_size=32, normalize_embeddings=True)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import synthetic_locomo
 from hash_encoder import HashEncoder
 from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
@@ -34,8 +35,8 @@ from rmmjax.retrieve.units import build_units
 from rmmjax.train.loop import train
 
 
-def _write_subset(locomo_path, path, n, rename=None):
-  records = json.loads(locomo_path.read_text())[:n]
+def _write_subset(source, path, n, rename=None):
+  records = json.loads(source.read_text())[:n]
   if rename:
     for r in records:
       r["sample_id"] = rename + r["sample_id"]
@@ -44,11 +45,11 @@ def _write_subset(locomo_path, path, n, rename=None):
 
 
 @pytest.fixture(scope="module")
-def trained(locomo_path, tmp_path_factory):
-  """A reranker trained on the first 3 conversations of the dev file, the last held out; it
+def trained(three, tmp_path_factory):
+  """A reranker trained on the suite's three conversations, the last held out; it
   learns online fast enough (lr 1e-2) that prequential replay changes rankings."""
   root = tmp_path_factory.mktemp("trained")
-  data = _write_subset(locomo_path, root / "three.json", 3)
+  data = _write_subset(three, root / "three.json", 3)
   cfg = apply_overrides(get_config("locomo"), [
       f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40",
       "checkpoint_every=20", "holdout=1",
@@ -64,8 +65,8 @@ def _eval(data, reranker, **kwargs):
 
 def test_workdir_records_what_it_trained_on(trained):
   record = json.loads((trained["workdir"] / "record.json").read_text())
-  assert [c["id"] for c in record["trained_conversations"]] == ["conv-26", "conv-30"]
-  assert [c["id"] for c in record["heldout_conversations"]] == ["conv-41"]
+  assert [c["id"] for c in record["trained_conversations"]] == ["syn-1", "syn-2"]
+  assert [c["id"] for c in record["heldout_conversations"]] == ["syn-3"]
   assert record["units"] == "turn" and record["retriever"] == "bm25" and record["k"] == 20
   assert len(record["data_sha256"]) == 64 and os.path.isabs(record["data"])
 
@@ -73,7 +74,7 @@ def test_workdir_records_what_it_trained_on(trained):
 @pytest.mark.parametrize("variant", ["byte copy elsewhere", "json lines", "superset",
                                      "renamed ids", "relative path"])
 def test_every_copy_of_the_training_data_leaves_the_trained_conversations_out(
-    trained, locomo_path, tmp_path, monkeypatch, variant):
+    trained, tmp_path, monkeypatch, variant):
   if variant == "byte copy elsewhere":
     data = tmp_path / "copy.json"
     shutil.copy(trained["data"], data)
@@ -82,15 +83,15 @@ def test_every_copy_of_the_training_data_leaves_the_trained_conversations_out(
     data.write_text("".join(json.dumps(r) + "\n" for r in json.loads(
         trained["data"].read_text())))
   elif variant == "superset":
-    data = _write_subset(locomo_path, tmp_path / "four.json", 4)
+    data = synthetic_locomo.write(tmp_path / "four.json", 4)  # the same three and one more
   elif variant == "renamed ids":  # the same turns under other ids are the same conversations
-    data = _write_subset(locomo_path, tmp_path / "renamed.json", 3, rename="copy-of-")
+    data = _write_subset(trained["data"], tmp_path / "renamed.json", 3, rename="copy-of-")
   else:
     monkeypatch.chdir(trained["root"])
     data = trained["data"].name
   report = _eval(data, trained["workdir"])
   kept = report["config"]["conversations"]
-  assert not {"conv-26", "conv-30", "copy-of-conv-26", "copy-of-conv-30"} & set(kept)
+  assert not {"syn-1", "syn-2", "copy-of-syn-1", "copy-of-syn-2"} & set(kept)
   assert len(report["config"]["excluded_conversations"]) == 2
   if variant != "superset":
     np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
@@ -102,7 +103,7 @@ def test_an_export_leaves_them_out_too_and_in_sample_must_be_asked_for(trained, 
   export_reranker(trained["workdir"], out)
   out.with_suffix(".json").unlink()  # the header alone is enough
   report = _eval(trained["data"], out)
-  assert report["config"]["conversations"] == ["conv-41"]
+  assert report["config"]["conversations"] == ["syn-3"]
   np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
                              trained["summary"]["recall_at_m_final"], atol=1e-6)
   in_sample = _eval(trained["data"], out, in_sample=True)
@@ -171,11 +172,10 @@ def test_a_latent_simulator_reranker_is_refused_on_real_conversations(trained, t
 
 
 @pytest.mark.parametrize("units", ["session", "mixed"])
-def test_recall_counts_evidence_turns_in_every_path(locomo_path, units):
+def test_recall_counts_evidence_turns_in_every_path(long_conversation, units):
   """For units spanning several turns the core's recall (in jit), the replay's host recall and
   `rmmjax eval`'s question metrics agree: evidence turns found / evidence turns."""
-  conversations, _ = load_locomo(locomo_path)
-  conv = conversations[1]
+  conv = load_locomo(long_conversation)[0][0]
   replay = build_replay([conv], units, "bm25", HashEncoder(), k=10)[0]
   pool = build_units(conv, units)
   for m in (1, 3, 10):
@@ -195,8 +195,9 @@ def test_recall_counts_evidence_turns_in_every_path(locomo_path, units):
   assert len(set(np.round(np.asarray(got), 3).tolist())) > 2
 
 
-def test_candidates_reach_past_the_default_depth(locomo_path):
-  conversations, _ = load_locomo(locomo_path)
+def test_candidates_reach_past_the_default_depth(tmp_path):
+  conversations, _ = load_locomo(synthetic_locomo.write(tmp_path / "long.json", 1, sessions=12,
+                                                        turns=16))
   conv = conversations[0]
   replay = build_replay([conv], "turn", "bm25", HashEncoder(), k=150)[0]
   assert replay.mask_NxK.all()  # no candidate masked although K > 100
@@ -207,8 +208,8 @@ def test_candidates_reach_past_the_default_depth(locomo_path):
   np.testing.assert_allclose(ceiling_recall(replay), want, atol=1e-6)
 
 
-def test_cross_validation_never_trains_on_a_held_out_conversation(locomo_path, monkeypatch):
-  conversations, _ = load_locomo(locomo_path)
+def test_cross_validation_never_trains_on_a_held_out_conversation(tmp_path, monkeypatch):
+  conversations, _ = load_locomo(synthetic_locomo.write(tmp_path / "four.json", 4))
   replays = build_replay(conversations[:4], "turn", "bm25", HashEncoder(), k=10)
   seen = []
   real = protocols.to_sequence, protocols.to_questions
@@ -234,15 +235,15 @@ def test_cross_validation_never_trains_on_a_held_out_conversation(locomo_path, m
   np.testing.assert_allclose(result["heldout"].mean(), pooled)
 
 
-def test_split_fold_refuses_a_split_that_trains_on_everything(locomo_path):
+def test_split_fold_refuses_a_split_that_trains_on_everything():
   with pytest.raises(ValueError, match="at least one conversation to train on"):
     protocols.split_fold(["a", "b"], [0, 1])
   with pytest.raises(ValueError, match="do not name distinct conversations"):
     protocols.split_fold(["a", "b"], [0, 0])
 
 
-def test_held_out_conversations_draw_their_own_randomness(locomo_path):
-  conversations, _ = load_locomo(locomo_path)
+def test_held_out_conversations_draw_their_own_randomness(three):
+  conversations, _ = load_locomo(three)
   replay = build_replay(conversations[:1], "turn", "bm25", HashEncoder(), k=10)[0]
   spec = core.CoreSpec(dim=32, k=10, m=3, batch=4, rank_prior=True)
   state = core.init_state(spec, core.HParams.create(lr=1e-2))

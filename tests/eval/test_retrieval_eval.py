@@ -62,8 +62,8 @@ def test_malformed_files_name_file_record_and_field(tmp_path):
     load_locomo(tmp_path / "missing.json")
 
 
-def test_units_cover_every_turn_once_per_granularity(locomo_path):
-  conv = load_locomo(locomo_path)[0][0]
+def test_units_cover_every_turn_once_per_granularity(three):
+  conv = load_locomo(three)[0][0]
   turns = [t for s in conv.sessions for t in s.turns]
   for granularity, copies in (("turn", 1), ("session", 1), ("mixed", 2)):
     units = build_units(conv, granularity)
@@ -128,9 +128,9 @@ def test_eval_command_reproduces_the_bm25_turn_baseline(locomo_path, tmp_path, c
     (["--retriever", "tfidf"], "invalid choice: 'tfidf'"),
     (["--dataset", "msc"], "invalid choice: 'msc' (choose from 'locomo', 'longmemeval')"),
 ])
-def test_eval_offers_only_what_it_can_evaluate(locomo_path, capsys, flags, message):
+def test_eval_offers_only_what_it_can_evaluate(three, capsys, flags, message):
   with pytest.raises(SystemExit) as exit_info:
-    main(["eval", "--data", str(locomo_path), *flags])
+    main(["eval", "--data", str(three), *flags])
   assert exit_info.value.code == 2
   assert message in capsys.readouterr().err
 
@@ -155,24 +155,24 @@ PROC = Path("/proc/self")  # a directory in which nobody, root included, can cre
     pytest.param(lambda d: PROC / "eval.json", "is not writable",
                  marks=pytest.mark.skipif(not PROC.is_dir(), reason="no /proc here")),
 ])
-def test_eval_checks_its_output_path_before_the_work(locomo_path, tmp_path, capsys, make_out,
+def test_eval_checks_its_output_path_before_the_work(three, tmp_path, capsys, make_out,
                                                       message):
   (tmp_path / "afile").write_text("x")
   out = make_out(tmp_path)
-  assert main(["eval", "--data", str(locomo_path), "--quiet", "--out", str(out)]) == 2
+  assert main(["eval", "--data", str(three), "--quiet", "--out", str(out)]) == 2
   err = capsys.readouterr().err
   assert message in err and str(out) in err and "R@5" not in err
 
 
-def test_dense_and_hybrid_retrieval_rank_the_evidence(locomo_path, tmp_path):
+def test_dense_and_hybrid_retrieval_rank_the_evidence(long_conversation, tmp_path):
   """One conversation end to end with the real encoder: dense and the BM25 fusion find evidence
   far above chance, and fusion is at least as good as the weaker of its two inputs."""
   from rmmjax.encode.encoder import SentenceEncoder
   from rmmjax.eval.retrieval import evaluate_retrieval
 
-  records = json.loads(locomo_path.read_text())
+  records = json.loads(long_conversation.read_text())
   subset = tmp_path / "one.json"
-  record = next(r for r in records if r["sample_id"] == "conv-30")
+  record = next(r for r in records if r["sample_id"] == "syn-1")
   subset.write_text(json.dumps([record]))
   encoder = SentenceEncoder()
   recall = {}

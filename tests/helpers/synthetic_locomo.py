@@ -89,8 +89,9 @@ def conversation(index: int, sessions: int = 5, turns: int = 14) -> dict:
   by_speaker: dict[str, list] = {}
   for event in events:
     by_speaker.setdefault(event[0], []).append(event)
-  for speaker, evs in by_speaker.items():  # multi-hop: two of one speaker's events
-    for first, second in list(zip(evs[::2], evs[1::2]))[:3]:
+  for speaker, evs in by_speaker.items():  # multi-hop: two of one speaker's events, far apart
+    half = len(evs) // 2
+    for first, second in list(zip(evs[:half], evs[half:]))[:3]:
       qa.append({"question": f"Which places did {speaker} go to, for {first[2]} and for "
                              f"{second[2]}?", "answer": f"{first[3]} and {second[3]}",
                  "evidence": [first[5], second[5]], "category": 1})

@@ -23,7 +23,7 @@ from rmmjax.memory import (
     bank as bank_module, generate_key, key_from_env)
 from rmmjax.memory.lace import LaceMem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vec(seed: int, dim: int = 8) -> np.ndarray:

@@ -16,8 +16,8 @@ from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
 from rmmjax.memory.reflection import OfflineReflector, Reflector, reflect_session
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 CAT = "Alice adopted a grey cat named Pixel in May"
 
 
@@ -133,10 +133,10 @@ def test_chats_and_ingests_of_one_user_at_once_lose_nothing(tmp_path):
     bank.add_user("u")
   data = json.dumps(_dataset())
   procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_CHAT), str(path), tag, str(n),
-                             str(TESTS)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             str(HELPERS)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for tag in ("ann", "ben")]
   procs += [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_INGEST), str(path), data,
-                              str(TESTS)], cwd=ROOT, stdout=subprocess.PIPE,
+                              str(HELPERS)], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
   outs = []
   for proc in procs:

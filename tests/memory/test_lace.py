@@ -6,6 +6,7 @@ import sqlite3
 
 import numpy as np
 import pytest
+import synthetic_locomo
 from hash_encoder import HashEncoder
 
 from rmmjax.data.locomo import load_locomo
@@ -158,14 +159,14 @@ def test_streaming_and_blocked_batch_match_brute_force_with_ties(rule):
       assert max(len(graph.linked(i, rule)) for i in range(150)) <= 3
 
 
-def test_streaming_a_conversation_equals_the_batch_build(locomo_path):
-  conv = load_locomo(locomo_path)[0][0]
+def test_streaming_a_conversation_equals_the_batch_build(tmp_path):
+  conv = load_locomo(synthetic_locomo.write(tmp_path / "c.json", 1, sessions=24, turns=24))[0][0]
   # A small chunk makes the batch build cross many blocks.
   for settings in (LaceSettings(), LaceSettings(chunk=256, max_semantic=3, semantic_rule="either",
                                                 session_window=3)):
     batch = LaceMem.from_conversation(conv, HashEncoder(), settings=settings)
     stream = _stream_conversation(conv, HashEncoder(), settings)
-    assert len(batch) > 1000 and batch.facts == stream.facts and batch.turns == stream.turns
+    assert len(batch) > 2 * 256 and batch.facts == stream.facts and batch.turns == stream.turns
     edges, streamed = batch.edges(), stream.edges()
     assert edges.keys() == streamed.keys()
     assert max(abs(edges[e] - streamed[e]) for e in edges) <= 1e-6
@@ -173,8 +174,8 @@ def test_streaming_a_conversation_equals_the_batch_build(locomo_path):
     assert len(semantic) > 0.2 * len(batch)  # the semantic layer is really exercised
 
 
-def test_adding_turns_in_chunks_equals_the_batch_build(locomo_path):
-  conv = load_locomo(locomo_path)[0][0]
+def test_adding_turns_in_chunks_equals_the_batch_build(three):
+  conv = load_locomo(three)[0][0]
   turns = [(t.turn_id, s.session_id, s.date, t.speaker,
             f"{t.text} [shares an image: {t.caption}]" if t.caption else t.text)
            for s in conv.sessions for t in s.turns]

@@ -284,8 +284,8 @@ def test_a_reflector_that_breaks_its_contract_is_named(tmp_path):
     reflect_session(bank, "u", "S1", Broken(), encoder, top_k=0)
 
 
-def test_topic_units_of_a_locomo_conversation(locomo_path):
-  conv = load_locomo(locomo_path)[0][0]
+def test_topic_units_of_a_locomo_conversation(three):
+  conv = load_locomo(three)[0][0]
   with pytest.raises(ValueError, match="'topic' need an encoder"):
     conversation_units(conv, "topic")
   encoder = HashEncoder()

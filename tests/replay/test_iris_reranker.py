@@ -266,20 +266,20 @@ def test_steps_replay_the_same_batches_when_split_and_each_pass_sees_each_episod
     np.testing.assert_array_equal(a, b)
 
 
-def _first_conversations(locomo_path, tmp_path, n):
+def _first_conversations(source, tmp_path, n):
   path = tmp_path / f"locomo_first{n}.json"
-  path.write_text(json.dumps(json.loads(locomo_path.read_text())[:n]))
+  path.write_text(json.dumps(json.loads(source.read_text())[:n]))
   return path
 
 
-def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_path, tmp_path):
-  data = _first_conversations(locomo_path, tmp_path, 3)
+def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, tmp_path):
+  data = _first_conversations(three, tmp_path, 3)
   cfg = apply_overrides(get_config("locomo"), [
       "learner=reranker", "units=lace", f"data={data}", "dim=32", "k=24", "steps=20",
       "checkpoint_every=10", "holdout=1", "pretrain_epochs=2", "verdict_reward=1.0"]).validate()
   wd = tmp_path / "run"
   summary = train(cfg, wd, progress=False, encoder=HashEncoder())
-  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["heldout_conversations"] == ["syn-3"]
   assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
   rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 2
@@ -295,7 +295,7 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
   # FactReranker over freshly logged episodes of the held-out conversation.
   from rmmjax.io.reranker_load import load_reranker
   loaded = load_reranker(wd)
-  conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "conv-41")
+  conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "syn-3")
   store = LaceMem.from_conversation(conv, HashEncoder())
   # The held-out Recall@M of IRIS's own order and of all K = 24 candidates, counted from
   # plain IRIS runs: the turns of the first M = 5 and 24 facts against the evidence turns.
@@ -323,7 +323,7 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
                               **kw)
 
   plain, reranked = evaluate(iris=True), evaluate(iris=True, reranker=wd, rerank_mode="alone")
-  assert reranked["config"]["conversations"] == ["conv-41"]
+  assert reranked["config"]["conversations"] == ["syn-3"]
   assert reranked["config"]["reranker_record"]["iris"] == "default"
   # The same held-out conversation by hand: IRIS with the trained reranker inside.
   ranker = FactReranker(loaded.params, loaded.spec, store, mode="alone")
@@ -357,7 +357,7 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(locomo_p
   assert (config["reranker_step"], config["reranker_steps_planned"]) == (20, 30)
 
 
-def test_lace_training_settings_are_checked(locomo_path):
+def test_lace_training_settings_are_checked(three):
   base = get_config("locomo")
   for changes, message in (
       (["units=lace", "learner=query_encoder"], "set learner=reranker"),
@@ -367,7 +367,7 @@ def test_lace_training_settings_are_checked(locomo_path):
       (["units=turn", "learner=reranker", "verdict_reward=0.5"], "learns from citations alone"),
       (["units=turn", "learner=reranker", "iris=wide"], "or leave iris at default")):
     with pytest.raises(ValueError, match=message):
-      apply_overrides(base, [f"data={locomo_path}", *changes]).validate()
+      apply_overrides(base, [f"data={three}", *changes]).validate()
   # The latent simulator refuses the replay's keys instead of storing values it never uses.
   for changes in (["verdict_reward=1"], ["units=lace", "iris=wide"]):
     with pytest.raises(ValueError, match="the latent simulator does not use them"):
@@ -379,7 +379,7 @@ def test_lace_training_settings_are_checked(locomo_path):
     (["--units", "lace", "--iris", "--rerank-mode", "alone"], "--rerank-mode alone orders"),
     (["--units", "turn", "--rerank-mode", "fused"], "--rerank-mode fused orders"),
 ])
-def test_eval_refuses_flags_that_would_change_nothing(locomo_path, capsys, flags, message):
+def test_eval_refuses_flags_that_would_change_nothing(three, capsys, flags, message):
   from rmmjax.cli import main
-  assert main(["eval", "--data", str(locomo_path), "--quiet", *flags]) == 2
+  assert main(["eval", "--data", str(three), "--quiet", *flags]) == 2
   assert message in capsys.readouterr().err

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import synthetic_locomo
 from hash_encoder import HashEncoder
 from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
@@ -25,13 +26,13 @@ from rmmjax.train.loop import train
 
 
 @pytest.fixture
-def two_conversations(locomo_path):
-  conversations, _ = load_locomo(locomo_path)
+def two_conversations(three):
+  conversations, _ = load_locomo(three)
   return conversations[:2]
 
 
-def _subset_file(locomo_path, tmp_path, n):
-  data = json.loads(locomo_path.read_text())
+def _subset_file(source, tmp_path, n):
+  data = json.loads(source.read_text())
   path = tmp_path / f"locomo_first{n}.json"
   path.write_text(json.dumps(data[:n]))
   return path
@@ -102,8 +103,9 @@ def test_pretraining_fits_the_labelled_questions(two_conversations):
   assert float(jnp.mean(after)) > float(jnp.mean(before)) + 0.05
 
 
-def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path, tmp_path):
-  data = _subset_file(locomo_path, tmp_path, 3)
+def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
+  # 112 turns a conversation: a word budget reaches past the first 100 units.
+  data = synthetic_locomo.write(tmp_path / "three.json", 3, sessions=8)
   cfg = apply_overrides(get_config("locomo"), ["learner=reranker", "retriever=bm25",
       f"data={data}", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2"]).validate()
@@ -111,13 +113,13 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
   summary = train(cfg, wd, progress=False, encoder=HashEncoder())
   for name in ("summary.json", "curves.png", "metrics.jsonl", "pretrain.json", "config.json"):
     assert (wd / name).exists(), name
-  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["heldout_conversations"] == ["syn-3"]
   assert 0.0 <= summary["recall_at_m_base"] <= summary["recall_at_k"] <= 1.0
   assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
   # The same held-out recall through the evaluation path (ranked lists and question metrics).
   report = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), encoder=HashEncoder(),
                               reranker=wd)
-  assert report["config"]["conversations"] == ["conv-41"]
+  assert report["config"]["conversations"] == ["syn-3"]
   np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
   online = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), encoder=HashEncoder(),
@@ -128,9 +130,9 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(locomo_path,
   budget = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), budget_words=10**6,
                               encoder=HashEncoder(), reranker=wd)["metrics"]["overall"]
   assert budget["recall_all@budget"] == 1.0
-  small = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), budget_words=300,
+  small = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), budget_words=60,
                              encoder=HashEncoder(), reranker=wd)["metrics"]["overall"]
-  assert small["words@budget"] <= 300 and 0 < small["recall_all@budget"] < 1
+  assert small["words@budget"] <= 60 and 0 < small["recall_all@budget"] < 1
   # The exported weights score like the trained reranker, rank prior included, without JAX.
   from rmmjax.io.export import export_reranker, load_trained_params
   from rmmjax.io.serving import NumpyReranker
@@ -163,7 +165,7 @@ def test_locomo_config_refuses_missing_or_absent_data(tmp_path):
     apply_overrides(get_config("locomo"), [f"data={tmp_path}", "retriever=tfidf"]).validate()
 
 
-def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
+def test_query_encoder_pretraining_and_reinforce(three, tmp_path):
   """Supervised steps and REINFORCE through the real MiniLM: the query encoder moves, the
   memories' embeddings do not, and with the untouched encoder the retrieval path reproduces the
   base retriever's recall."""
@@ -171,7 +173,7 @@ def test_query_encoder_pretraining_and_reinforce(locomo_path, tmp_path):
   from rmmjax.encode.tuned import TunedQueryEncoder
   from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
   encoder = SentenceEncoder()
-  conversations, _ = load_locomo(_subset_file(locomo_path, tmp_path, 1))
+  conversations, _ = load_locomo(_subset_file(three, tmp_path, 1))
   conv = conversations[0]
   short = conv.__class__(conv.conversation_id, conv.sessions[:3], tuple(
       q for q in conv.questions if all(e.split(":")[0] in ("D1", "D2", "D3") for e in q.evidence)
@@ -219,13 +221,13 @@ def test_train_locomo_on_a_malformed_file_fails_naming_it_and_writes_nothing(tmp
   assert not wd.exists()
 
 
-def test_holdout_zero_trains_on_every_conversation(locomo_path, tmp_path):
-  data = _subset_file(locomo_path, tmp_path, 2)
+def test_holdout_zero_trains_on_every_conversation(three, tmp_path):
+  data = _subset_file(three, tmp_path, 2)
   cfg = apply_overrides(get_config("locomo"), [
       "learner=reranker", "retriever=bm25", f"data={data}", "dim=32", "steps=20",
       "checkpoint_every=10", "holdout=0", "pretrain_epochs=1"]).validate()
   summary = train(cfg, tmp_path / "run", progress=False, encoder=HashEncoder())
-  assert summary["trained_conversations"] == ["conv-26", "conv-30"]
+  assert summary["trained_conversations"] == ["syn-1", "syn-2"]
   assert summary["heldout_conversations"] == [] and "recall_at_m_final" not in summary
   record = json.loads((tmp_path / "run" / "record.json").read_text())
-  assert [c["id"] for c in record["trained_conversations"]] == ["conv-26", "conv-30"]
+  assert [c["id"] for c in record["trained_conversations"]] == ["syn-1", "syn-2"]

@@ -35,7 +35,7 @@ def test_an_iris_run_writes_its_models_and_every_output_of_a_run(iris_run):
   assert set(json.loads((iris_run / "fit_losses.json").read_text())) == {"anchor", "refine",
                                                                           "judge"}
   summary = json.loads((iris_run / "summary.json").read_text())
-  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["heldout_conversations"] == ["syn-3"]
   assert len(summary["trained_conversations"]) == 2
   for key in ("iris_recall_at_10", "iris_recall_at_10_single_pass_base",
               "iris_recall_at_10_single_pass_tuned"):
@@ -69,7 +69,7 @@ def _eval(three, out, *flags):
 
 def test_eval_with_the_learned_models_and_with_their_export(three, iris_run, tmp_path):
   learned = _eval(three, tmp_path / "a.json", "--iris", "learned", "--iris-model", str(iris_run))
-  assert learned["config"]["conversations"] == ["conv-41"]  # trained conversations left out
+  assert learned["config"]["conversations"] == ["syn-3"]  # trained conversations left out
   assert main(["export", "--workdir", str(iris_run), "--out", str(tmp_path / "x")]) == 0
   for name in ("anchor_encoder/model.safetensors", "refine_encoder/model.safetensors",
                "judge.safetensors"):
@@ -80,7 +80,7 @@ def test_eval_with_the_learned_models_and_with_their_export(three, iris_run, tmp
     assert exported["metrics"]["overall"][key] == pytest.approx(
         learned["metrics"]["overall"][key], abs=1e-9)
   single = _eval(three, tmp_path / "c.json", "--encoder", str(iris_run))
-  assert single["config"]["conversations"] == ["conv-41"]
+  assert single["config"]["conversations"] == ["syn-3"]
   assert single["metrics"]["overall"]["iterations_mean"] == 1.0
 
 
@@ -141,9 +141,9 @@ def test_eval_through_the_learned_models_says_what_it_left_out_and_can_be_in_sam
           "--iris-model", str(iris_run)]
   assert main(args) == 0
   out = capsys.readouterr().out
-  assert "left out 2 conversations trained on: conv-26, conv-30" in out
+  assert "left out 2 conversations trained on: syn-1, syn-2" in out
   assert main([*args, "--in-sample"]) == 0
-  assert "IN-SAMPLE: 2 of them were trained on (conv-26, conv-30)" in capsys.readouterr().out
+  assert "IN-SAMPLE: 2 of them were trained on (syn-1, syn-2)" in capsys.readouterr().out
   assert main(["eval", "--data", str(three), "--units", "lace", "--quiet", "--encoder",
                str(iris_run)]) == 0
   assert "left out 2 conversations trained on" in capsys.readouterr().out
@@ -157,7 +157,7 @@ def test_a_run_on_every_conversation_checks_its_fit_on_a_validation_split(three,
                *_sets(f"data={three}", "holdout=0", *small)]) == 0
   out = capsys.readouterr().out
   summary = json.loads((wd / "summary.json").read_text())
-  assert summary["validation_conversations"] == ["conv-41"]
+  assert summary["validation_conversations"] == ["syn-3"]
   assert summary["heldout_conversations"] == [] and len(summary["trained_conversations"]) == 2
   assert "Recall@10 (validation), single pass, tuned anchor" in out
   assert summary["iris_validation"] and ("iris_warning" in summary) == (

@@ -31,7 +31,7 @@ def test_query_encoder_run_writes_what_a_reranker_run_writes(encoder_run):
   assert sorted(p.name for p in (encoder_run / "checkpoints").iterdir() if p.name.isdigit()) == [
       "10", "20"]
   summary = json.loads((encoder_run / "summary.json").read_text())
-  assert summary["heldout_conversations"] == ["conv-41"]
+  assert summary["heldout_conversations"] == ["syn-3"]
   assert summary["recall_at_m_final"] != summary["recall_at_m_base"]  # the encoder moved
   assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"]
   rows = [json.loads(line) for line in (encoder_run / "metrics.jsonl").read_text().splitlines()]
@@ -55,8 +55,8 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   args = ["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet"]
   assert main([*args, "--encoder", str(encoder_run), "--out", str(out)]) == 0
   report = json.loads(out.read_text())
-  assert report["config"]["conversations"] == ["conv-41"]
-  assert report["config"]["excluded_conversations"] == ["conv-26", "conv-30"]
+  assert report["config"]["conversations"] == ["syn-3"]
+  assert report["config"]["excluded_conversations"] == ["syn-1", "syn-2"]
   np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
   export = tmp_path / "exported"
@@ -137,7 +137,7 @@ def test_training_steps_never_free_the_encoders_own_weights():
 
 def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
     three, encoder_run, tmp_path, capsys):
-  """encoder_run trained on conv-26 and conv-30; conv-41 was held out."""
+  """encoder_run trained on syn-1 and syn-2; syn-3 was held out."""
   wd = tmp_path / "reranker"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_sets(f"data={three}", "learner=reranker", f"query_encoder={encoder_run}",
@@ -145,16 +145,16 @@ def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
                       "pretrain_epochs=1", "retriever=hybrid", "k=10")]) == 0
   record = json.loads((wd / "record.json").read_text())
   assert [a["source"] for a in record["ancestors"]] == [str(encoder_run.resolve())]
-  assert {e["id"] for e in record["trained_conversations"]} == {"conv-26", "conv-30"}
+  assert {e["id"] for e in record["trained_conversations"]} == {"syn-1", "syn-2"}
   # Holding out a conversation the encoder trained on would report in-sample numbers.
   for learner, units in (("reranker", "turn"), ("iris", "lace")):
     bad = tmp_path / f"bad-{learner}"
     assert main(["train", "--config", "locomo", "--workdir", str(bad), "--quiet",
                  *_sets(f"data={three}", f"learner={learner}", f"units={units}",
                         f"query_encoder={encoder_run}", "holdout=2")]) == 2
-    assert "trained on conv-30, which this run would hold out" in capsys.readouterr().err
+    assert "trained on syn-2, which this run would hold out" in capsys.readouterr().err
     assert not bad.exists()
   # eval --encoder says what it left out, on the console as in the JSON.
   assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--quiet", "--encoder",
                str(encoder_run)]) == 0
-  assert "left out 2 conversations trained on: conv-26, conv-30" in capsys.readouterr().out
+  assert "left out 2 conversations trained on: syn-1, syn-2" in capsys.readouterr().out
