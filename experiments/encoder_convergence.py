@@ -31,7 +31,8 @@ from rmmjax import core  # noqa: E402
 from rmmjax.config import get_config  # noqa: E402
 from rmmjax.data.locomo import load_locomo  # noqa: E402
 from rmmjax.encode.cache import EmbeddingCache  # noqa: E402
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: E402
+from rmmjax.encode.cache import cache_path
+from rmmjax.encode.encoder import SentenceEncoder  # noqa: E402
 from rmmjax.replay.candidates import build_replay, to_sequence  # noqa: E402
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.query_encoder import (encoder_replay_steps, pretrain_query_encoder, question_tokens, retrieval_recall)
@@ -48,7 +49,7 @@ def main() -> None:
   args = parser.parse_args()
   cfg = dataclasses.replace(get_config("locomo"), retriever="hybrid")
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   replays = build_replay(conversations, "turn", "hybrid", encoder, cfg.k)
   train, test = replays[:-cfg.holdout], conversations[-cfg.holdout:]
 

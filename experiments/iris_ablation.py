@@ -23,8 +23,8 @@ import numpy as np
 
 from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics, make_judge
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
@@ -59,7 +59,7 @@ def main() -> None:
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   args = parser.parse_args()
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   start = time.time()
   stores = [LaceMem.from_conversation(c, encoder) for c in conversations]
   # Every query is embedded afresh (no cache), by single-pass and IRIS alike, so latencies

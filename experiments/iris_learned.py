@@ -44,8 +44,8 @@ from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, f
 from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.classifier import reliability, roc_auc
 from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
@@ -230,7 +230,7 @@ def main() -> None:
   if args.rewrite:
     write(json.loads(OUT.with_suffix(".json").read_text()))
     return
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   convs = [c for c in load_locomo(args.data)[0] if c.questions]
   raw = {r["sample_id"]: r for r in json.loads(Path(args.data).read_text())}
   data = [raw[c.conversation_id] for c in convs]

@@ -44,8 +44,8 @@ from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, f
 from rmmjax import core
 from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
 from rmmjax.eval.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
@@ -142,7 +142,7 @@ def main() -> None:
     write(json.loads(OUT.with_suffix(".json").read_text()))
     return
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   stores = [LaceMem.from_conversation(c, encoder) for c in conversations]
   max_evidence = max(len(set(q.evidence)) for c in conversations for q in c.questions)
   start = time.time()

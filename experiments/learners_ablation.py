@@ -33,8 +33,8 @@ from replay_common import DEFAULT_DATA, RESULTS
 from rmmjax import core
 from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.candidates import build_replay, ceiling_recall, folds
 from rmmjax.replay.protocols import Protocol, run_fold
 from rmmjax.encode.tuned import TunedQueryEncoder
@@ -62,7 +62,7 @@ def main() -> None:
   args = parser.parse_args()
   cfg = get_config("locomo")
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   results: dict[str, list] = {}
 
   def add(label, values):

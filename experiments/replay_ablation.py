@@ -32,8 +32,8 @@ from replay_common import DEFAULT_DATA, RESULTS, seed_hparams
 from rmmjax import core
 from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.protocols import Protocol, cross_validate
 from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
@@ -63,7 +63,7 @@ def main() -> None:
   args = parser.parse_args()
   cfg = get_config("locomo")
   conversations, _ = load_locomo(Path(args.data))
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   results = {}
   for retriever in RETRIEVERS:
     replays = build_replay(conversations, "turn", retriever, encoder, cfg.k)

@@ -11,8 +11,8 @@ import numpy as np
 from rmmjax import core
 
 from rmmjax.data.locomo import load_locomo
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.candidates import build_replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,5 +64,5 @@ def seed_hparams(cfg, seeds: int, **changes) -> core.HParams:
 
 def locomo_replays(data: Path, retriever: str, k: int, units: str = "turn"):
   conversations, _ = load_locomo(Path(data))
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   return build_replay(conversations, units, retriever, encoder, k)

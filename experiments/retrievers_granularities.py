@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from replay_common import DEFAULT_DATA, RESULTS
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
 
 BUDGET = 1000
@@ -24,7 +24,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   args = parser.parse_args()
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   lines = ["# Base retrievers x granularities, LoCoMo dev (8 conversations, 1,584 questions)", "",
            "`python experiments/retrievers_granularities.py`", "",
            "| units | retriever | Recall@5 (all) | Recall@10 (all) | Recall@5 (any) | NDCG@10 | "

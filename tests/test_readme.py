@@ -32,3 +32,34 @@ def test_the_python_api_section_runs(tmp_path, monkeypatch, capsys):
   assert namespace["scorer"].score(namespace["eval_batch"].q_BxD[0],
                                    namespace["eval_batch"].mem_BxKxD[0]).shape == (20,)
   assert namespace["chosen"].shape == (2,)
+
+
+ROOT = README.parent
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "README.md"]
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a heading: lower case, punctuation gone, spaces as hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_of_the_documents_resolves_inside_the_repository():
+  broken = []
+  for doc in DOCUMENTS:
+    text = doc.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"[a-z]+://", target):
+        broken.append(f"{doc.name}: {target} (outside the repository)")
+        continue
+      path, _, anchor = target.partition("#")
+      file = (doc.parent / path).resolve() if path else doc
+      if not file.exists() or ROOT not in file.parents and file != ROOT:
+        broken.append(f"{doc.relative_to(ROOT)}: {target}")
+      elif anchor and file.suffix == ".md":
+        anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+        if anchor not in anchors:
+          broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+  assert not broken, "links that do not resolve:\n" + "\n".join(broken)
+  # Nothing points at files outside the repository (the design notes beside it included).
+  for doc in DOCUMENTS:
+    assert "shared/DESIGN" not in doc.read_text(), doc

@@ -164,12 +164,12 @@ def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
   if data is None:
     return None
   from rmmjax.data.locomo import load_locomo  # noqa: PLC0415  (only with --data)
-  from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
-  from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
+  from rmmjax.encode.cache import EmbeddingCache, cache_path  # noqa: PLC0415
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   from rmmjax.memory.ingest import ingest_conversations  # noqa: PLC0415
   from rmmjax.memory.topics import OfflineReflector  # noqa: PLC0415
   convs = load_locomo(data)[0][:conversations]
-  cached = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  cached = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   out = {"conversations": len(convs)}
   # Without a cache every turn and summary is embedded (the real cost of new sessions); with a
   # warm one only segmentation, reflection and the bank's writes remain.

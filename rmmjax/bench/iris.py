@@ -75,10 +75,10 @@ def _latencies(store, questions, categories) -> dict:
 def bench_conversation(data: Path) -> dict:
   """Streaming ingestion of the first LoCoMo conversation and latencies over its questions."""
   from rmmjax.data.locomo import load_locomo  # noqa: PLC0415  (only with --data)
-  from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415
-  from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
+  from rmmjax.encode.cache import EmbeddingCache, cache_path  # noqa: PLC0415
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   conv = load_locomo(data)[0][0]
-  encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   LaceMem.from_conversation(conv, encoder)  # fills the embedding cache: time the layers only
   store = LaceMem(encoder)
   turns = [(t, s) for s in conv.sessions for t in s.turns]

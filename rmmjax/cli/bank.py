@@ -17,8 +17,7 @@ from rmmjax.cli.common import bank, encoder_for
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.msc import load_msc
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE
+from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
@@ -119,13 +118,13 @@ def _cmd_delete(args) -> None:
     texts = embedded_texts(memory_bank, args.user)
     # The cache first: a kill between the two leaves the user in the bank, so the same command
     # can run again; the other way round their vectors would stay in the cache for good.
-    if not memory_bank.cipher.encrypted and Path(DEFAULT_CACHE).is_file():
-      cache = EmbeddingCache(DEFAULT_CACHE)
+    if not memory_bank.cipher.encrypted and Path(cache_path()).is_file():
+      cache = EmbeddingCache(cache_path())
       try:
         gone = cache.forget(texts)
       finally:
         cache.close()
-      print(f"removed {gone} embeddings of their texts from the cache {DEFAULT_CACHE}")
+      print(f"removed {gone} embeddings of their texts from the cache {cache_path()}")
     memory_bank.delete_user(args.user)
   print(f"deleted user {args.user!r} from {args.db}")
 

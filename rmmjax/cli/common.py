@@ -23,8 +23,8 @@ def bank(path: str, must_exist: bool):
 def encoder_for(memory_bank):
   """The sentence encoder, with the embedding cache only where the bank is not encrypted: a
   cache row is a plaintext vector keyed by a hash of its text."""
-  from rmmjax.encode.cache import EmbeddingCache  # noqa: PLC0415  (loads the weights: only here)
-  from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder  # noqa: PLC0415
+  from rmmjax.encode.cache import EmbeddingCache, cache_path  # noqa: PLC0415  (loads the weights: only here)
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   if memory_bank is not None and memory_bank.cipher.encrypted:
     return SentenceEncoder(cache=None)
-  return SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))
+  return SentenceEncoder(cache=EmbeddingCache(cache_path()))

@@ -12,8 +12,8 @@ from rmmjax.bench import core as bench_core
 from rmmjax.bench import iris as bench_iris
 from rmmjax.bench import retrieval as bench_retrieval
 from rmmjax.bench import scaling as bench_scaling
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_file
 
 BENCHMARKS = ("core", "search", "encode", "agent", "iris", "scaling")
@@ -31,7 +31,7 @@ def cmd_embed(args) -> None:
   if out.suffix != ".npy":
     raise ValueError(f"--out {out}: expected a file name ending in .npy")
   check_output_file(out, "--out")
-  cache = None if args.no_cache else EmbeddingCache(args.cache or DEFAULT_CACHE)
+  cache = None if args.no_cache else EmbeddingCache(args.cache or cache_path())
   encoder = SentenceEncoder(args.model, cache=cache)
   embeddings = encoder.encode(texts)
   out.parent.mkdir(parents=True, exist_ok=True)

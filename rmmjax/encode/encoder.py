@@ -18,12 +18,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from rmmjax.encode.bert import BertConfig, BertEncoder, check_params, load_params
-from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.cache import EmbeddingCache
 
 # Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile
 # each) up to 128, coarser beyond where few texts reach.
 BUCKETS = tuple(range(8, 129, 8)) + (160, 192, 256, 384, 512)
-DEFAULT_CACHE = cache_path()
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # XLA's CPU backend hands each matmul to YNNPACK together with the elementwise ops around it
 # (GELU, LayerNorm, softmax); those run faster in XLA's own loop fusions, so only the matmuls go

@@ -9,8 +9,8 @@ from tqdm import tqdm
 from rmmjax.config import EVALUABLE_DATASETS, UNITS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.leakage import check_fit, unseen
 from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
@@ -115,7 +115,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     raise ValueError(f"{data} holds no question with evidence labels; it cannot be evaluated "
                      "for retrieval")
   if (retriever != "bm25" or loaded or units in ("topic", "lace")) and encoder is None:
-    encoder = SentenceEncoder(cache=EmbeddingCache(DEFAULT_CACHE))  # loads weights: only here
+    encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))  # loads weights: only here
   lace_anchor = (query_encoder is not None and units == "lace"
                  and _is_iris_model(Path(query_encoder)))
   model = load_iris_model(Path(iris_model), encoder) if iris_model is not None else None

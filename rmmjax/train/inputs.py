@@ -9,8 +9,8 @@ from rmmjax import distributed
 from rmmjax.config import Config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.schema import Conversation
-from rmmjax.encode.cache import EmbeddingCache
-from rmmjax.encode.encoder import DEFAULT_CACHE, SentenceEncoder
+from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.encode.encoder import SentenceEncoder
 
 
 def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], object, object]:
@@ -22,7 +22,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
     raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                      f"holdout={cfg.holdout} would leave none to train on")
   if encoder is None:
-    encoder = SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(DEFAULT_CACHE)))
+    encoder = SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(cache_path())))
   if encoder.dim != cfg.dim:
     raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
   return data, conversations, report, encoder

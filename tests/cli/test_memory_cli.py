@@ -10,7 +10,6 @@ import sqlite3
 import pytest
 
 from rmmjax import cli
-from rmmjax.encode import encoder as encoder_module
 from rmmjax.encode.cache import text_key
 from rmmjax.memory import KEY_ENV, MemoryBank, generate_key
 
@@ -44,7 +43,7 @@ OTHER = ["Bob repairs old motorcycles.", "He moved to Oslo last winter.",
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
   path = tmp_path / "cache" / "embeddings.sqlite"
-  monkeypatch.setattr(encoder_module, "DEFAULT_CACHE", path)
+  monkeypatch.setenv("RMMJAX_CACHE", str(path))  # a file name: the cache file itself
   monkeypatch.delenv(KEY_ENV, raising=False)
   return path
 
