@@ -76,7 +76,8 @@ def msc_path() -> Path:
 def three(tmp_path_factory) -> Path:
   """Three synthetic LoCoMo conversations (syn-1, syn-2, syn-3): small training runs and every
   test of the pipeline that does not test the real file itself."""
-  return synthetic_locomo.write(tmp_path_factory.mktemp("data") / "three.json", 3)
+  return synthetic_locomo.write(tmp_path_factory.mktemp("data") / "three.json", 3, sessions=4,
+                                turns=12)
 
 
 @pytest.fixture(scope="session")

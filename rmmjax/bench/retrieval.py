@@ -82,10 +82,12 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
   except ImportError:
     print("sentence-transformers is not installed: pip install -e '.[parity]' for the reference")
   else:
+    import torch  # noqa: PLC0415  (installed with sentence-transformers)
     reference = SentenceTransformer(str(ours.model_dir), device="cpu")
     reference.encode(texts[:64])
     rows.append({"method": "sentence-transformers (PyTorch)", "seconds": median_time(
-        lambda: reference.encode(texts, batch_size=64, show_progress_bar=False), 3)})
+        lambda: reference.encode(texts, batch_size=64, show_progress_bar=False), 3),
+                 "torch": torch.__version__, "torch_threads": torch.get_num_threads()})
   for row in rows:
     row["sentences_per_s"] = len(texts) / row["seconds"]
   training = bench_encoder_training(ours, texts, repeats=3 if quick else 5)
@@ -94,7 +96,8 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
   for row in rows:
     print(f"{row['method']:36s}{row['sentences_per_s']:10.1f} sentences/s")
   if len(rows) == 2:
-    print(f"Flax / PyTorch speed: {rows[0]['sentences_per_s'] / rows[1]['sentences_per_s']:.2f}")
+    print(f"Flax / PyTorch speed: {rows[0]['sentences_per_s'] / rows[1]['sentences_per_s']:.2f} "
+          f"(torch {rows[1]['torch']}, {rows[1]['torch_threads']} threads)")
   print(f"\nquery-encoder training (forward and backward through MiniLM, K={K} candidates; "
         f"median of {training[0]['repeats']})")
   for row in training:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import synthetic_locomo
 
 from rmmjax.distributed import check_flags
 
@@ -74,12 +75,13 @@ def test_flags_are_checked_before_anything_starts():
       check_flags(*flags)
 
 
-def test_data_parallel_training_equals_one_device(three, tmp_path):
+def test_data_parallel_training_equals_one_device(tmp_path):
   """Every training path on 4 devices against devices=1 in the same process: the supervised
   pretraining's losses and the online metrics to float tolerance, and the exported weights (the
   encoder's through Adam, whose normalised steps carry reduction-order differences further)."""
   out = tmp_path / "report.json"
-  run = subprocess.run([sys.executable, str(HELPERS / "parallel_runs.py"), str(out), str(three),
+  data = synthetic_locomo.write(tmp_path / "two.json", 2, sessions=3, turns=12)
+  run = subprocess.run([sys.executable, str(HELPERS / "parallel_runs.py"), str(out), str(data),
                         str(tmp_path)], env=_env(4), capture_output=True, text=True,
                        timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]

@@ -263,13 +263,13 @@ def test_sweep_progress_moves_as_chunks_finish(monkeypatch):
 
 
 def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
-  import rmmjax.train.loop as loop
+  import rmmjax.cli.training as training
   from rmmjax.cli import main
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(loop, "train", interrupted)
+  monkeypatch.setattr(training, "train", interrupted)
   assert main(["train", "--workdir", str(tmp_path / "run"), "--quiet"]) == 130
   err = capsys.readouterr().err
   assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
