@@ -157,7 +157,7 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   passes over batches of `batch` examples in a new order each pass (the tail that does not
   fill a batch is left out of that pass). Returns the parameters and every step's loss. With a
   mesh of several devices each batch is split over them."""
-  if len(examples) < batch:
+  if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
   params = jax.tree.map(jnp.copy, params)

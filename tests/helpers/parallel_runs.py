@@ -32,7 +32,9 @@ PATHS = {
     # after it; its encoders' offline fits are compared on their own in _fits.
     "iris_online": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
                     "--set", "learner=iris", "--set", "units=lace", "--set",
-                    "encoder_pretrain_epochs=0", "--set", "iris_k=16"],
+                    "encoder_pretrain_epochs=0", "--set", "iris_k=16",
+                    # Both conversations: the first alone holds two refinement examples.
+                    "--set", "holdout=0", "--set", "validation=0"],
 }
 
 
@@ -110,7 +112,8 @@ def main_(out: str, data: str, root: str) -> None:
     report[name] = {
         "rows": [len(rows1), len(rows4)],
         "metrics": max(abs(a[k] - b[k]) for a, b in zip(rows1, rows4) for k in a),
-        "summary": max(abs(s1[k] - s4[k]) for k in s1 if isinstance(s1[k], float)),
+        "summary": max((abs(s1[k] - s4[k]) for k in s1 if isinstance(s1[k], float)),
+                       default=0.0),
         "weights": max(float(np.max(np.abs(w1[k] - w4[k]))) for k in w1),
         "tensors": [len(w1), len(w4)],
         "pretrain": _pretrain_diff(one, every)}

@@ -243,7 +243,7 @@ def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_
                                                                   monkeypatch, capsys):
   _, db, user = small_bank
   questions = ["What did Caroline go to?", "What does Melanie paint?",
-               "Where is Caroline from?", "What is Melanie's family like?"] * 2
+               "Where is Caroline from?", "What is Melanie's family like?"]
   monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n/quit\n"))
   workdir = tmp_path / "agent"
   assert main(["chat", "--db", str(db), "--user", user, "--llm-url", server, "--model",
@@ -252,7 +252,7 @@ def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_
   out = capsys.readouterr().out
   stats = json.loads((workdir / "agent.json").read_text())["stats"]
   assert f"reranker updates: {stats['updates']}" in out
-  assert stats["queries"] == 8 and stats["updates"] >= 1, stats  # batch 1: any rewarded answer
+  assert stats["queries"] == 4 and stats["updates"] >= 1, stats  # batch 1: any rewarded answer
   steps = Checkpointer(workdir / "checkpoints", read_only=True).all_steps()
   assert steps and steps[-1] == stats["updates"]
   with MemoryBank(db) as bank:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -98,7 +99,9 @@ def test_data_parallel_training_equals_one_device(tmp_path):
   unfitted = ("latent", "iris_online")  # no pretraining (iris_online: 0 epochs of its fits)
   for name, r in report.items():
     assert r["rows"][0] == r["rows"][1] > 0 and r["tensors"][0] == r["tensors"][1] > 0, name
-    assert r["metrics"] < 1e-5 and r["summary"] < 1e-5, (name, r)
+    # An encoder's metrics pass through MiniLM's float32 forward, its sums split over devices.
+    tolerance = 1e-4 if name in encoders else 1e-5
+    assert r["metrics"] < tolerance and r["summary"] < tolerance, (name, r)
     # Weights trained by Adam carry a summation order's difference further where gradients are
     # near zero (its step is g / sqrt(v)): on the suite's conversations, whose candidates BM25
     # already orders well, the reranker's moved 4e-5 (its metrics agree to 4e-6).
@@ -164,15 +167,36 @@ def test_a_coordinator_nothing_listens_at_is_refused_within_the_timeout(tmp_path
   assert time.monotonic() - start < 60 and not (tmp_path / "w").exists()
 
 
-def test_a_run_resumed_on_other_devices_continues_it(tmp_path):
+LATENT = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
+
+
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory) -> Path:
+  """The latent run of 100 steps on one device, uninterrupted: what the resumed runs below
+  must end as."""
+  workdir = tmp_path_factory.mktemp("latent") / "one"
+  _one([*LATENT, "--set", "steps=100", "--set", "devices=1"], workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def half_run(tmp_path_factory) -> Path:
+  """The same run stopped at step 50 (its checkpoint); tests copy it before resuming it."""
+  workdir = tmp_path_factory.mktemp("latent") / "half"
+  _one([*LATENT, "--set", "steps=50", "--set", "devices=1"], workdir)
+  return workdir
+
+
+def _rows(workdir: Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_resumed_on_other_devices_continues_it(one_device_run, half_run, tmp_path):
   """Half a run on one device, resumed on four: the state is placed on the mesh again and the
   run ends as one on one device does, to float tolerance."""
-  args = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
-  _one([*args, "--set", "steps=100", "--set", "devices=1"], tmp_path / "one")
-  _one([*args, "--set", "steps=50", "--set", "devices=1"], tmp_path / "moved")
-  _one([*args, "--set", "steps=100", "--set", "devices=4"], tmp_path / "moved")
-  rows = [[json.loads(line) for line in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
-          for w in ("one", "moved")]
+  shutil.copytree(half_run, tmp_path / "moved")
+  _one([*LATENT, "--set", "steps=100", "--set", "devices=4"], tmp_path / "moved")
+  rows = [_rows(one_device_run), _rows(tmp_path / "moved")]
   assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] and len(rows[0]) == 10
   assert max(abs(a[k] - b[k]) for a, b in zip(*rows) for k in a) <= 1e-5
   config = json.loads((tmp_path / "moved" / "config.json").read_text())
@@ -199,11 +223,11 @@ def test_a_refusal_on_one_process_reaches_every_process(tmp_path):
   assert time.monotonic() - start < 120 and not (tmp_path / "w").exists()
 
 
-def test_processes_that_would_start_from_different_steps_are_refused(tmp_path):
+def test_processes_that_would_start_from_different_steps_are_refused(half_run, tmp_path):
   """A workdir that is not shared: one process would resume, the other start afresh, and their
   collectives would differ (a hang)."""
-  args = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
-  _one([*args, "--set", "steps=50"], tmp_path / "resumed")
+  args = LATENT
+  shutil.copytree(half_run, tmp_path / "resumed")
   before = sorted(str(p) for p in (tmp_path / "resumed").rglob("*"))
   port = _free_port()
   base = [*args, "--set", "steps=100", "--quiet", "--coordinator", f"127.0.0.1:{port}",
@@ -233,15 +257,13 @@ def test_a_batch_that_does_not_divide_is_refused_before_the_workdir_is_touched(t
   assert not (tmp_path / "query_encoder").exists() and not (tmp_path / "iris").exists()
 
 
-def test_a_two_process_run_resumed_by_two_processes_equals_one_process(tmp_path):
-  """Half a run over two processes, killed by its end, resumed over two processes: the
+def test_a_two_process_run_resumed_by_two_processes_equals_one_process(one_device_run,
+                                                                      tmp_path):
+  """Half a run over two processes, ended by its step count, resumed over two processes: the
   checkpoint is restored by both (Orbax, a collective) and the run ends as one process's."""
-  args = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
-  _one([*args, "--set", "steps=100"], tmp_path / "one")
   for steps in (50, 100):
-    for rc, err in _two([*args, "--set", f"steps={steps}"], tmp_path / "two"):
+    for rc, err in _two([*LATENT, "--set", f"steps={steps}"], tmp_path / "two"):
       assert rc == 0, err[-2000:]
-  rows = [[json.loads(line) for line in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
-          for w in ("one", "two")]
+  rows = [_rows(one_device_run), _rows(tmp_path / "two")]
   assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] and len(rows[0]) == 10
   assert max(abs(a[k] - b[k]) for a, b in zip(*rows) for k in a) <= 1e-5

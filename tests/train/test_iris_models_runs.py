@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+import synthetic_locomo
 from cli_args import sets as _sets
 from rmmjax.cli import main
 
@@ -17,6 +18,14 @@ pytestmark = pytest.mark.slow
 SMALL = ["learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
          "log_every=5", "encoder_pretrain_epochs=1", "encoder_pretrain_batch=4",
          "retriever=hybrid", "iris_k=32"]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+  """Three conversations of five sessions: enough multi-hop questions that the refinement
+  encoder has examples left once the anchor finds most evidence in one pass."""
+  return synthetic_locomo.write(tmp_path_factory.mktemp("data") / "three.json", 3, sessions=5,
+                                turns=14)
 
 
 @pytest.fixture(scope="module")
