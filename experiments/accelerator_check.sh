@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One prepared check of rmmjax on an accelerator (at most about 10 minutes): the parity tests
 # at precision=highest (fast scorer = naive formula, export = JAX to 1e-5, encoder =
-# sentence-transformers), `rmmjax bench core`, `bench encode` and `bench scaling`, and one
-# `train --config locomo`; every number is written under OUT with the device named.
+# sentence-transformers, the cross reranker's core), `rmmjax bench core`, `bench encode`,
+# `bench cross` and `bench scaling`, one `train --config locomo` and a short cross-reranker run
+# in bfloat16; every number is written under OUT with the device named.
 #
 #   pip install -e '.[parity]' && pip install -U "jax[cuda12]"   # or "jax[tpu]" on a TPU VM
 #   OUT=results/accelerator DATA=../shared/data/locomo/locomo_dev8.json \
@@ -21,15 +22,21 @@ if info["backend"] == "cpu":
 EOF
 # The parity tests (they compare against independent computations at full float32).
 timeout 300 python -m pytest -q -p no:cacheprovider \
-  tests/test_reranker.py tests/test_step.py tests/test_selection.py tests/test_cli.py \
-  tests/test_encode.py -k "naive or equals or matches or export or sentence" \
+  tests/core/test_reranker.py tests/core/test_step.py tests/core/test_selection.py \
+  tests/core/test_cross.py tests/cli/test_cli.py tests/encode \
+  -k "naive or equals or matches or export or sentence or cross or bfloat16 or compile" \
   2>&1 | tail -5 | tee "$OUT/parity.txt"
 timeout 120 rmmjax bench core --quick --out "$OUT/bench_core.json" | tee "$OUT/bench_core.txt"
 timeout 120 rmmjax bench encode --quick --data "$DATA" --out "$OUT/bench_encode.json" \
   | tee "$OUT/bench_encode.txt"
+timeout 150 rmmjax bench cross --quick --data "$DATA" --out "$OUT/bench_cross.json" \
+  | tee "$OUT/bench_cross.txt"
 timeout 150 rmmjax bench scaling --quick --out "$OUT/bench_scaling.json" \
   | tee "$OUT/bench_scaling.txt"
 rm -rf "$OUT/train"
 timeout 150 rmmjax train --config locomo --set data="$DATA" --set steps=100 \
   --set checkpoint_every=50 --workdir "$OUT/train" --quiet | tee "$OUT/train.txt"
+rm -rf "$OUT/cross"
+timeout 240 rmmjax train --config locomo --set data="$DATA" --set variant=cross \
+  --set compute_dtype=bfloat16 --set steps=20 --workdir "$OUT/cross" | tee "$OUT/cross.txt"
 echo "wrote $OUT"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rmmjax"
 MAX_LINES = 400
-# The modules at the package root: its face and the two cross-cutting leaves.
-ROOT_MODULES = {"__init__", "config", "distributed"}
+# The modules at the package root: its face and the cross-cutting device leaf (the config is a
+# folder of its own: the keys, their checks and the named configurations).
+ROOT_MODULES = {"__init__", "distributed"}
 # Each folder (or root module) may import only from folders of a lower rank, and from itself:
 # the entry point, then the agents and the training and evaluation shells, the replay of data,
 # the layered memory above the bank, the files of runs and exports, the config, retrieval, the

@@ -26,13 +26,14 @@ import numpy as np
 from rmmjax import core
 from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.agent.workdir import AgentWorkdir
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
+from rmmjax.replay.cross_pairs import pair_tokens
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit
 
@@ -124,16 +125,18 @@ class Agent(ChatAgent):
     spec = core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m, batch=settings.batch,
                          rank_prior=True)
     self.mismatches = []
+    # A cross reranker reads the query beside each candidate's text, cut by its tokenizer.
+    self._pair_length = None
+    if reranker is not None and reranker.spec.variant == "cross":
+      check_cross_encoder(reranker, encoder)
+      self._pair_length = reranker.record["cross"]["max_length"]
     if reranker is not None:
       self.mismatches = self._check_reranker(reranker, allow_mismatch)
       spec = dataclasses.replace(reranker.spec, m=settings.m, batch=settings.batch)
-    self.state = core.init_state(spec, hp)
-    if reranker is not None:
-      self.state = self.state.replace(params=reranker.params,
-                                      opt_state=core.adam_init(reranker.params))
+    self.state = core.init_state(spec, hp, reranker.params if reranker is not None else None)
     self.stats = dict.fromkeys(STATS, 0)
     self._pending: list[tuple] = []
-    self._scores = jax.jit(core.batch_scores, static_argnums=3)
+    self._scores = jax.jit(core.scores, static_argnums=2)
     self._update = jax.jit(core.reinforce_update)
     self.workdir = None
     if workdir is not None:
@@ -209,9 +212,20 @@ class Agent(ChatAgent):
                           f"{len(known)} users{': ' + ', '.join(known[:5]) if known else ''}"
                           f"{'...' if len(known) > 5 else ''}); add the user first")
 
-  def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray) -> tuple:
+  def _batch(self, q_D, mem_KxD, mask_K, tokens) -> core.Batch:
+    """One query's candidates as a batch of one (with their pair tokens for a cross reranker)."""
+    ids, token_mask = tokens if tokens is not None else (None, None)
+    return core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
+                      relevant_BxK=np.zeros_like(mask_K[None]),
+                      num_relevant_B=np.ones(1, np.int32),
+                      tokens_BxKxL=None if ids is None else ids[None],
+                      token_mask_BxKxL=None if ids is None else token_mask[None])
+
+  def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
+              tokens=None) -> tuple:
     spec = self.state.spec
-    scores_K = np.asarray(self._scores(self.state.params, q_D[None], mem_KxD[None], spec))[0]
+    scores_K = np.asarray(self._scores(self.state.params,
+                                       self._batch(q_D, mem_KxD, mask_K, tokens), spec))[0]
     if self.learning:
       key = jax.random.fold_in(jax.random.PRNGKey(self.settings.seed), self.stats["queries"])
       selected = core.gumbel_top_m(key, jnp.asarray(scores_K), spec.m, self.state.hparams.tau,
@@ -221,7 +235,8 @@ class Agent(ChatAgent):
     return scores_K, np.asarray(selected)
 
   def _candidates(self, user: str, query: str) -> tuple:
-    """The query's embedding, its K candidates (padded, masked) and their memories."""
+    """The query's embedding, its K candidates (padded, masked), their memories, and (for a
+    cross reranker) the pair tokens of the query with each memory's text."""
     spec = self.state.spec
     index = self.search.index(user)
     q_D = self.query_encoder.encode([query])[0]
@@ -230,14 +245,22 @@ class Agent(ChatAgent):
     mask_K = np.arange(spec.k) < len(rows)
     if len(rows):
       mem_KxD[:len(rows)] = index.emb_NxD[rows]
-    return q_D, mem_KxD, mask_K, [index.memories[r] for r in rows]
+    memories = [index.memories[r] for r in rows]
+    tokens = None
+    if self._pair_length is not None:
+      texts = [memory_prompt_text(m) for m in memories] + [None] * (spec.k - len(memories))
+      pairs = pair_tokens(self.encoder.tokenizer, [query], [texts], self._pair_length,
+                          length=self._pair_length)  # one length: one compiled scorer
+      tokens = (pairs.ids_NxKxL[0], pairs.mask_NxKxL[0])
+    return q_D, mem_KxD, mask_K, memories, tokens
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
     """The M memories that would be handed to the LLM and their scores (top M, no learning)."""
     _check_query(query)
     self._require_user(user)
-    q_D, mem_KxD, mask_K, candidates = self._candidates(user, query)
-    scores_K = np.asarray(self._scores(self.state.params, q_D[None], mem_KxD[None],
+    q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
+    scores_K = np.asarray(self._scores(self.state.params,
+                                       self._batch(q_D, mem_KxD, mask_K, tokens),
                                        self.state.spec))[0]
     top = [int(s) for s in np.asarray(core.top_m(jnp.asarray(scores_K), self.state.spec.m,
                                                  jnp.asarray(mask_K))) if s >= 0]
@@ -265,8 +288,8 @@ class Agent(ChatAgent):
   def _exchange(self, user: str, query: str, record: bool) -> Response:
     _check_query(query)
     self._require_user(user)
-    q_D, mem_KxD, mask_K, candidates = self._candidates(user, query)
-    scores_K, selected_M = self._select(q_D, mem_KxD, mask_K)
+    q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
+    scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens)
     taken = [int(s) for s in selected_M if s >= 0]
     shown = tuple(candidates[s] for s in taken)
     self.stats["queries"] += 1
@@ -285,7 +308,7 @@ class Agent(ChatAgent):
       rewards_M = np.where(selected_M >= 0, -1.0, 0.0).astype(np.float32)
       rewards_M[list(cited)] = 1.0
       self._pending.append((q_D, mem_KxD, mask_K.astype(bool), selected_M.astype(np.int32),
-                            rewards_M))
+                            rewards_M) + (tokens if tokens is not None else ()))
       if len(self._pending) >= self.state.spec.batch:
         # The counters first: a kill between the update's checkpoint and save() must not leave
         # a restored agent with fewer queries than its updates learnt from (the next query's
@@ -305,9 +328,12 @@ class Agent(ChatAgent):
 
   def _learn(self) -> None:
     batch_size = self.state.spec.batch
-    q, mem, mask, selected, rewards = (np.stack(x) for x in zip(*self._pending[:batch_size]))
+    q, mem, mask, selected, rewards, *tokens = (np.stack(x)
+                                                for x in zip(*self._pending[:batch_size]))
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,
-                       relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32))
+                       relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32),
+                       tokens_BxKxL=tokens[0] if tokens else None,
+                       token_mask_BxKxL=tokens[1] if tokens else None)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)

@@ -35,6 +35,7 @@ FIXED_SETTINGS = ("retriever", "k", "m", "batch", "tau", "lr", "baseline", "base
                   "seed", "reranker", "query_encoder")
 SERVING_SETTINGS = ("retriever", "k", "reranker", "query_encoder")
 PENDING_FIELDS = ("q", "mem", "mask", "selected", "rewards")
+CROSS_FIELDS = ("tokens", "token_mask")  # a cross reranker's answers keep their pair tokens
 
 
 class AgentWorkdir:
@@ -130,7 +131,8 @@ class AgentWorkdir:
                        f"one, or damaged); use that key, or a new --workdir") from None
     with np.load(io.BytesIO(sealed)) as data:
       base = int(data["base_step"])
-      items = list(zip(*(data[name] for name in PENDING_FIELDS)))
+      names = PENDING_FIELDS + (CROSS_FIELDS if CROSS_FIELDS[0] in data.files else ())
+      items = list(zip(*(data[name] for name in names)))
     if base == step:
       return items
     if base > step:
@@ -140,8 +142,9 @@ class AgentWorkdir:
 
   def save_pending(self, step: int, pending: list[tuple]) -> None:
     """The rewarded answers of the unfinished batch, building on checkpoint `step`."""
+    names = PENDING_FIELDS + (CROSS_FIELDS if pending and len(pending[0]) > 5 else ())
     arrays = {name: np.stack([item[i] for item in pending]) if pending else np.zeros((0,))
-              for i, name in enumerate(PENDING_FIELDS)}
+              for i, name in enumerate(names)}
     buffer = io.BytesIO()
     np.savez(buffer, base_step=np.int64(step), **arrays)
     fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pending.", suffix=".npz")

@@ -183,6 +183,41 @@ def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
   return out
 
 
+def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> dict:
+  """The respond path's p50/p95 with a cross reranker at K = 20 (untrained weights: the cost
+  does not depend on them), over a bank embedded by `encoder` (MiniLM), beside the same path
+  with the linear reranker; the query embedded by MiniLM in both, as chat does."""
+  from rmmjax import core  # noqa: PLC0415
+  from rmmjax.encode.bert import load_pooler  # noqa: PLC0415
+  from rmmjax.encode.protocol import tokenizer_identity  # noqa: PLC0415
+  from rmmjax.io.reranker_load import LoadedReranker  # noqa: PLC0415
+  settings = AgentSettings(k=20, m=5, learn=False)
+  weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}
+  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=20, m=5, batch=4, bert=encoder.cfg)
+  record = {"units": "topic", "retriever": settings.retriever, "encoder": encoder.identity,
+            "dim": encoder.dim, "k": 20, "query_encoder": None,
+            "cross": {"tokenizer": tokenizer_identity(encoder), "max_length": 128}}
+  cross = LoadedReranker("bench", core.init_cross_params(weights, 20, 1.0), spec,
+                         core.HParams.create(), record)
+  with tempfile.TemporaryDirectory() as folder:
+    bank = _synthetic_bank(Path(folder) / "bank.sqlite", memories, encoder)
+    agents = {"linear": Agent(bank, encoder, settings),
+              "cross": Agent(bank, encoder, settings, reranker=cross)}
+    rng = np.random.default_rng(2)
+    texts = [" ".join(rng.choice(WORDS, 6)) for _ in range(queries)]
+    for agent in agents.values():
+      agent.recall("u", texts[0])  # compiled
+    times = {name: [] for name in agents}
+    for text in texts:
+      for name, agent in agents.items():
+        t0 = time.perf_counter()
+        agent.recall("u", text)
+        times[name].append(time.perf_counter() - t0)
+    bank.close()
+  return {"memories": memories, "queries": queries, "pair_length": 128,
+          **{f"{name}_p{p}_ms": _ms(times[name], p) for name in times for p in (50, 95)}}
+
+
 def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,
                 large: bool = False) -> dict:
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415  (loads the weights)
@@ -191,7 +226,9 @@ def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,
   respond = bench_respond(sizes, queries=20 if quick else 100, query_encoder=minilm)
   statements = bench_statements(minilm, 2_000 if quick else 10_000, 10 if quick else 30)
   ingest = bench_ingest(data, conversations=1)
-  result = {"respond": respond, "statements": statements, "ingest": ingest}
+  cross = bench_respond_cross(minilm, 500 if quick else 2_000, 10 if quick else 30)
+  result = {"respond": respond, "statements": statements, "ingest": ingest,
+            "respond_cross": cross}
   print("respond without the LLM (hybrid retrieval from the bank, rerank K=20, top M=5): with "
         "the query embedded by MiniLM as chat does, and with a random query vector (retrieval "
         "alone), beside its floor: dense top-200 alone")
@@ -209,6 +246,10 @@ def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,
         f"embedded, linked, saved) p50 {st['statement_p50_ms']:.1f} ms, p95 "
         f"{st['statement_p95_ms']:.1f} ms; IRIS's respond path after it p50 "
         f"{st['iris_respond_p50_ms']:.1f} ms, p95 {st['iris_respond_p95_ms']:.1f} ms")
+  print(f"\nrespond with a cross reranker at K = 20 ({cross['memories']:,} memories, pairs "
+        f"padded to {cross['pair_length']} tokens): p50 {cross['cross_p50_ms']:.0f} ms, p95 "
+        f"{cross['cross_p95_ms']:.0f} ms; with the linear reranker p50 "
+        f"{cross['linear_p50_ms']:.1f} ms, p95 {cross['linear_p95_ms']:.1f} ms")
   if ingest:
     print(f"\ningest, offline reflection, {ingest['turns']} LoCoMo turns: "
           f"{ingest['embedding_turns_per_s']:.0f} turns/s embedding every turn and summary, "

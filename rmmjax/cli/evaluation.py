@@ -11,6 +11,7 @@ from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
 from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
 from rmmjax.io.outputs import check_output_file
+from rmmjax.io.reranker_load import reranker_record
 from rmmjax.replay.iris_reranker import RERANK_MODES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
@@ -44,7 +45,9 @@ def cmd_eval(args) -> None:
   if args.out:
     check_output_file(args.out, "--out")
   apply_precision(args.precision)
-  retriever = args.retriever or ("hybrid" if args.units == "lace" else "bm25")
+  # A reranker ranks the candidates of the retriever it trained over: that is the default.
+  trained_over = reranker_record(Path(args.reranker)).get("retriever") if args.reranker else None
+  retriever = args.retriever or trained_over or ("hybrid" if args.units == "lace" else "bm25")
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
@@ -101,7 +104,8 @@ def add_parser(sub) -> None:
                       "the evidence labels: a ceiling)")
   add_llm_flags(p, what="with --judge llm: the sufficiency judge")
   p.add_argument("--retriever", default=None, choices=RETRIEVERS,
-                 help="default: bm25, and hybrid for --units lace")
+                 help="default: the one --reranker trained over; else bm25, and hybrid for "
+                      "--units lace")
   p.add_argument("--k", default="5,10", help="distinct recall cut-offs, comma-separated")
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")

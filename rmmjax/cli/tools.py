@@ -9,6 +9,7 @@ import numpy as np
 
 from rmmjax.bench import agent as bench_agent
 from rmmjax.bench import core as bench_core
+from rmmjax.bench import cross as bench_cross
 from rmmjax.bench import iris as bench_iris
 from rmmjax.bench import retrieval as bench_retrieval
 from rmmjax.bench import scaling as bench_scaling
@@ -16,7 +17,7 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_file
 
-BENCHMARKS = ("core", "search", "encode", "agent", "iris", "scaling")
+BENCHMARKS = ("core", "search", "encode", "cross", "agent", "iris", "scaling")
 
 
 def cmd_embed(args) -> None:
@@ -54,6 +55,10 @@ def cmd_bench(args) -> None:
     bench_agent.bench_agent(out, data, quick=args.quick, large=args.large)
   elif args.what == "search":
     bench_retrieval.bench_search(out, quick=args.quick)
+  elif args.what == "cross":
+    if data is None:
+      raise ValueError("bench cross needs --data PATH (a LoCoMo file, for real pairs)")
+    bench_cross.bench_cross(out, data, quick=args.quick)
   else:
     if data is None:
       raise ValueError("bench encode needs --data PATH (a LoCoMo file, for real sentences)")
@@ -74,8 +79,8 @@ def add_parsers(sub) -> None:
   p = sub.add_parser("bench", help="benchmarks that print a table")
   p.add_argument("what", choices=BENCHMARKS)
   p.add_argument("--data", default=None,
-                 help="encode: the LoCoMo file whose turns are encoded; agent: whose sessions "
-                      "are ingested")
+                 help="encode: the LoCoMo file whose turns are encoded; cross: whose questions "
+                      "and turns are paired; agent: whose sessions are ingested")
   p.add_argument("--out", default=None, help="write the results as JSON")
   p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
   p.add_argument("--large", action="store_true",

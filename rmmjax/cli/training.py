@@ -10,7 +10,9 @@ from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import CONFIGS, Config, apply_overrides, apply_precision, get_config
 from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.io.cross_export import export_cross_run
 from rmmjax.io.export import export_reranker
+from rmmjax.io.kinds import CROSS_RECORD
 from rmmjax.io.iris_models import export_iris_model
 from rmmjax.io.outputs import check_output_dir, check_output_file
 from rmmjax.io.query_encoders import export_query_encoder
@@ -20,7 +22,7 @@ from rmmjax.train.loop import train
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
 LoCoMo file: --set data=PATH). Every key, its default and what it means is in
-rmmjax/config.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
+rmmjax/config/__init__.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
 Running the same command again resumes the workdir."""
 
 
@@ -119,8 +121,16 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_export(args) -> None:
-  learner = read_config(Path(args.workdir)).learner
+  cfg = read_config(Path(args.workdir))
+  learner = cfg.learner
   out = Path(args.out)
+  if cfg.variant == "cross" and learner == "reranker":
+    check_output_dir(out, "--out")
+    export_cross_run(Path(args.workdir), out, SentenceEncoder())
+    print(f"wrote {out}: a Hugging Face directory that sentence_transformers.CrossEncoder "
+          f"loads; {out / CROSS_RECORD} says how rmmjax's score adds the rank prior to its "
+          "logit")
+    return
   if learner == "reranker":
     check_output_file(out, "--out")
     meta = export_reranker(Path(args.workdir), out)
@@ -142,7 +152,11 @@ def cmd_export(args) -> None:
   encoder_dir = workdir if learner == "query_encoder" else workdir / "query_encoder"
   export_query_encoder(encoder_dir, out if learner == "query_encoder" else out / "query_encoder",
                        SentenceEncoder())
-  if learner == "both":
+  if learner == "both" and cfg.variant == "cross":
+    export_cross_run(workdir, out / "reranker", SentenceEncoder())
+    print(f"wrote {out / 'reranker'}: the cross reranker over the tuned encoder's candidates "
+          "(sentence_transformers.CrossEncoder loads it)")
+  elif learner == "both":
     export_reranker(workdir, out / "reranker.safetensors")
     print(f"wrote {out / 'reranker.safetensors'} (evaluate with --encoder "
           f"{out / 'query_encoder'})")
@@ -159,7 +173,7 @@ def add_parsers(sub) -> None:
                    help="named config (default: latent)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config value (repeatable); keys and defaults: "
-                        "rmmjax/config.py")
+                        "rmmjax/config/__init__.py")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_process_flags(p)
@@ -181,6 +195,6 @@ def add_parsers(sub) -> None:
                                     "or IRIS's models (Hugging Face-format directories)")
   p.add_argument("--workdir", required=True)
   p.add_argument("--out", required=True,
-                 help="reranker: FILE.safetensors (FILE.json goes beside it); query encoder, "
-                      "IRIS's models or learner=both: DIR")
+                 help="reranker: FILE.safetensors (FILE.json goes beside it); a cross "
+                      "reranker, query encoder, IRIS's models or learner=both: DIR")
   p.set_defaults(func=cmd_export)

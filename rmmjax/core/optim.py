@@ -58,11 +58,14 @@ def adam_init(params) -> AdamState:
 
 
 def adam_update(params, state: AdamState, grads, lr: jax.Array, b1: float = 0.9,
-                b2: float = 0.999, eps: float = 1e-8, active: jax.Array | bool = True):
+                b2: float = 0.999, eps: float = 1e-8, active: jax.Array | bool = True,
+                lr_scales=None):
   """One Adam step; grads leaves may be dense arrays or LowRank. Returns (params, state).
 
   With active False the step is skipped: parameters, moments and count stay as they were. The
   switch acts through scalar factors, so it costs no extra pass over the parameters.
+  `lr_scales` (a tree of floats in the structure of params, or None) multiplies each leaf's
+  learning rate: a head that starts at zero can learn faster than the encoder below it.
   """
   active = jnp.asarray(active, bool)
   count = state.count + active.astype(state.count.dtype)
@@ -73,17 +76,19 @@ def adam_update(params, state: AdamState, grads, lr: jax.Array, b1: float = 0.9,
   b1 = jnp.where(active, b1, 1.0)  # a skipped step keeps the moments: mu = 1 * mu + 0 * g
   b2 = jnp.where(active, b2, 1.0)
 
-  def leaf(p, mu, nu, g):
+  def leaf(p, mu, nu, g, scale):
     g = g.dense() if _is_low_rank(g) else g
     mu = b1 * mu + (1.0 - b1) * g
     nu = b2 * nu + (1.0 - b2) * (g * g)
-    p = p - step_size * mu / (jnp.sqrt(nu * nu_scale) + eps)
+    size = step_size if scale == 1.0 else step_size * jnp.float32(scale)
+    p = p - size * mu / (jnp.sqrt(nu * nu_scale) + eps)
     return p, mu, nu
 
   flat_p, treedef = jax.tree.flatten(params)
   flat_mu, flat_nu = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
   flat_g = treedef.flatten_up_to(grads)
-  new = [leaf(*xs) for xs in zip(flat_p, flat_mu, flat_nu, flat_g)]
+  flat_s = treedef.flatten_up_to(lr_scales) if lr_scales is not None else [1.0] * len(flat_p)
+  new = [leaf(*xs) for xs in zip(flat_p, flat_mu, flat_nu, flat_g, flat_s)]
   unflat = lambda i: treedef.unflatten([x[i] for x in new])  # noqa: E731
   return unflat(0), AdamState(count=count, mu=unflat(1), nu=unflat(2))
 

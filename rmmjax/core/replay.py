@@ -28,7 +28,7 @@ def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
 
 def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
   """Deterministic top-M recall of each query, recall_B, and the reranker's scores_BxK."""
-  scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+  scores_BxK = reranker.scores(params, batch, spec)
   top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m, batch.mask_BxK)
   return recall_per_query(top_BxM, batch), scores_BxK
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rmmjax.core import cross
 from rmmjax.core.optim import LowRank
-from rmmjax.core.types import CoreSpec
+from rmmjax.core.types import Batch, CoreSpec
 
 
 def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   """Parameters that make the reranker the identity map."""
+  if spec.variant == "cross":
+    raise ValueError("a cross reranker starts from a pretrained encoder's weights: build its "
+                     "parameters with core.init_cross_params and pass them to init_state")
   d = spec.dim
   prior = {"rank_bias": jnp.zeros((spec.k,), jnp.float32)} if spec.rank_prior else {}
   if spec.variant == "linear":
@@ -114,6 +118,33 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
     _, v_BxD = _linear_query_map(params, q_BxD)
     return _add_rank_prior(params, jnp.einsum("bkd,bd->bk", mem_BxKxD, v_BxD))
   return jax.vmap(score, in_axes=(None, 0, 0, None))(params, q_BxD, mem_BxKxD, spec.variant)
+
+
+def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
+  """The reranker's scores of a batch's candidates, scores_BxK, whatever its variant: the cross
+  reranker reads the batch's pair tokens, the others its embeddings."""
+  if spec.variant == "cross":
+    if spec.bert is None:
+      raise ValueError("variant=cross needs its encoder's configuration: CoreSpec(bert=...)")
+    if batch.tokens_BxKxL is None:
+      raise ValueError("variant=cross scores (question, memory) pairs: the batch has no "
+                       "tokens_BxKxL (see rmmjax.replay.cross_pairs)")
+    return cross.cross_scores(params, batch.tokens_BxKxL, batch.token_mask_BxKxL, spec.bert,
+                              spec.compute_dtype, batch.positions_BxK)
+  return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+
+
+def lr_scales(params: dict, spec: CoreSpec):
+  """Each parameter's learning-rate multiplier (None: all 1): the cross reranker's scoring
+  layer and rank prior learn at head_lr_scale times the encoder's rate, since a head that
+  starts at zero passes no gradient to the encoder until it has grown."""
+  if spec.variant != "cross" or spec.head_lr_scale == 1.0:
+    return None
+  scales = jax.tree.map(lambda _: 1.0, params)
+  scales["rank_bias"] = spec.head_lr_scale
+  scales["encoder"]["classifier"] = jax.tree.map(lambda _: spec.head_lr_scale,
+                                                 params["encoder"]["classifier"])
+  return scales
 
 
 def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,

@@ -12,10 +12,12 @@ from rmmjax.core.simulate import simulate_citations
 from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
 
 
-def init_state(spec: CoreSpec, hparams: HParams) -> TrainState:
-  """A fresh run: identity reranker, Adam state, root key from hparams.seed."""
+def init_state(spec: CoreSpec, hparams: HParams, params=None) -> TrainState:
+  """A fresh run: identity reranker (or the given parameters: a cross reranker's come from a
+  pretrained encoder), Adam state, root key from hparams.seed."""
   key = jax.random.PRNGKey(hparams.seed)
-  params = reranker.init_params(jax.random.fold_in(key, 0), spec)
+  if params is None:
+    params = reranker.init_params(jax.random.fold_in(key, 0), spec)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optim.adam_init(params), hparams=hparams,
                     reward_mean=jnp.zeros((), jnp.float32), key=key, spec=spec)
@@ -32,8 +34,7 @@ def scores_and_pullback(params: dict, batch: Batch,
     scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
     return scores_BxK, lambda g_BxK: reranker.linear_grad_factors(
         params, batch.q_BxD, batch.mem_BxKxD, g_BxK)
-  scores_BxK, vjp = jax.vjp(
-      lambda p: reranker.batch_scores(p, batch.q_BxD, batch.mem_BxKxD, spec), params)
+  scores_BxK, vjp = jax.vjp(lambda p: reranker.scores(p, batch, spec), params)
   return scores_BxK, lambda g_BxK: vjp(g_BxK)[0]
 
 
@@ -77,7 +78,8 @@ def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
 def _apply(state: TrainState, grads, active: jax.Array) -> TrainState:
   """Adam on the gradients; a batch without any present query leaves the state as it was."""
   params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr,
-                                        active=active)
+                                        active=active,
+                                        lr_scales=reranker.lr_scales(state.params, state.spec))
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
@@ -157,7 +159,7 @@ def supervised_step(state: TrainState, batch: Batch,
 
 def evaluate(params, batch: Batch, spec: CoreSpec) -> dict:
   """Deterministic top-M recall of the reranker, the base order, and all K candidates."""
-  scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+  scores_BxK = reranker.scores(params, batch, spec)
   reranked_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m,
                                                                   batch.mask_BxK)
   base_BxM = jnp.where(batch.mask_BxK[:, :spec.m], jnp.arange(spec.m)[None, :], -1)

@@ -14,7 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-VARIANTS = ("linear", "mlp")
+from rmmjax.core.bert import BertConfig
+
+VARIANTS = ("linear", "mlp", "cross")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 FORMULATIONS = ("fast", "naive")
 BASELINE_KINDS = ("constant", "running", "batch")
 CREDITS = ("set", "position")
@@ -51,9 +54,26 @@ class CoreSpec:
   # what the base retriever knew but the embeddings do not (BM25's term matches, say): the
   # identity reranker plus a rank prior can learn to follow the base order where it is right.
   rank_prior: bool = False
+  # The cross variant (rmmjax.core.cross): the encoder that reads each (question, memory) pair,
+  # the dtype it computes in (bfloat16 on accelerators; parameters and Adam's moments stay
+  # float32), and how far apart its rank prior starts the base positions.
+  bert: BertConfig | None = None
+  compute_dtype: str = "float32"
+  prior_scale: float = 1.0
+  head_lr_scale: float = 1.0  # its scoring layer's and prior's learning rate, times lr
 
   def __post_init__(self):
     _check_choice("variant", self.variant, VARIANTS)
+    _check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+    # (A cross spec without `bert` is valid: a config is checked before its encoder loads;
+    # scoring with it is refused.)
+    if self.bert is not None and self.variant != "cross":
+      raise ValueError(f"variant={self.variant!r} with a BERT encoder: only the cross variant "
+                       "reads pairs with one")
+    if not self.head_lr_scale > 0:
+      raise ValueError(f"head_lr_scale={self.head_lr_scale!r}: expected a value > 0")
+    if not self.prior_scale >= 0:
+      raise ValueError(f"prior_scale={self.prior_scale!r}: expected a value >= 0")
     _check_choice("formulation", self.formulation, FORMULATIONS)
     _check_choice("credit", self.credit, CREDITS)
     _check_choice("log_prob", self.log_prob, LOG_PROBS)
@@ -113,6 +133,13 @@ class Batch(struct.PyTreeNode):
   # that spans several turns (a session, a topic) covers several; recall then counts evidence
   # items found, the definition every evaluation uses, not relevant units selected.
   evidence_BxKxE: jax.Array | None = None
+  # The cross variant's input: int32 ids of "[CLS] question [SEP] memory [SEP]" for every
+  # candidate, 0-padded, and which are real tokens (rmmjax.replay.cross_pairs).
+  tokens_BxKxL: jax.Array | None = None
+  token_mask_BxKxL: jax.Array | None = None
+  # int32, optional: each candidate's position in the base order (default 0..K-1). A batch of
+  # a subset of each query's candidates (pretraining on a few negatives) keeps their rank prior.
+  positions_BxK: jax.Array | None = None
 
 
 class TrainState(struct.PyTreeNode):

@@ -1,114 +1,31 @@
-"""A BERT-family sentence encoder in Flax: mean pooling over tokens, then L2 normalisation.
-
-Loads a Hugging Face-format directory (config.json, model.safetensors, tokenizer.json). The
-parameters are an ordinary pytree, so the encoder itself can be fine-tuned.
+"""Loading a BERT-family encoder from a Hugging Face-format directory (config.json,
+model.safetensors) into the core's Flax modules (`rmmjax.core.bert`), and the table of weight
+names the loader and the exporters share. The parameters are an ordinary pytree, so the encoder
+itself can be fine-tuned.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file
 
+from rmmjax.core.bert import BertConfig, BertCrossEncoder, BertEncoder
 
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-  vocab_size: int
-  hidden_size: int
-  num_hidden_layers: int
-  num_attention_heads: int
-  intermediate_size: int
-  max_position_embeddings: int
-  type_vocab_size: int
-  layer_norm_eps: float
-  hidden_act: str = "gelu"
-
-  @classmethod
-  def from_dir(cls, model_dir: Path) -> "BertConfig":
-    path = Path(model_dir) / "config.json"
-    if not path.exists():
-      raise FileNotFoundError(f"{path} not found: expected a Hugging Face model directory")
-    data = json.loads(path.read_text())
-    if data.get("model_type", "bert") not in ("bert",):
-      raise ValueError(f"{path}: model_type {data.get('model_type')!r} is not a BERT encoder")
-    if data.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "relu"):
-      raise ValueError(f"{path}: hidden_act {data['hidden_act']!r} is not supported")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in fields})
+__all__ = ["BertConfig", "BertCrossEncoder", "BertEncoder", "check_params", "config_from_dir",
+           "load_params", "load_pooler", "param_at", "weight_names"]
 
 
-def _gelu_erf(x):
-  # The erf form PyTorch's BERT uses; jax.nn.gelu's exact form goes through erfc, which costs
-  # about twice as much on a CPU for the same values to rounding.
-  return 0.5 * x * (1.0 + jax.lax.erf(x * np.float32(np.sqrt(0.5))))
-
-
-def _activation(name: str):
-  return {"gelu": _gelu_erf, "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-          "relu": jax.nn.relu}[name]
-
-
-class _Weights(nn.Module):
-  """A Dense layer's kernel and bias (same names and shapes), for layers that fuse matmuls."""
-
-  features: int
-
-  @nn.compact
-  def __call__(self, in_features: int):
-    kernel = self.param("kernel", nn.initializers.lecun_normal(), (in_features, self.features))
-    return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,))
-
-
-class _Layer(nn.Module):
-  cfg: BertConfig
-
-  @nn.compact
-  def __call__(self, h_BxTxH, bias_Bx1x1xT):
-    cfg = self.cfg
-    heads, size = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    # Query, key and value as one (H, 3H) matmul: one pass over the activations instead of three.
-    qkv = [_Weights(cfg.hidden_size, name=n)(cfg.hidden_size) for n in ("query", "key", "value")]
-    kernel_Hx3H = jnp.concatenate([w for w, _ in qkv], axis=1)
-    bias_1x1x3H = jnp.concatenate([b for _, b in qkv])[None, None, :]
-    qkv_BxTx3H = h_BxTxH @ kernel_Hx3H + bias_1x1x3H
-    qkv_BxTx3xNxD = qkv_BxTx3H.reshape(h_BxTxH.shape[:2] + (3, heads, size))
-    q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
-    attn = jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1x1xT)
-    attn = nn.Dense(cfg.hidden_size, name="attention_out")(attn.reshape(h_BxTxH.shape))
-    h_BxTxH = nn.LayerNorm(cfg.layer_norm_eps, name="attention_norm")(h_BxTxH + attn)
-    inner = _activation(cfg.hidden_act)(nn.Dense(cfg.intermediate_size, name="intermediate")(
-        h_BxTxH))
-    out = nn.Dense(cfg.hidden_size, name="output")(inner)
-    return nn.LayerNorm(cfg.layer_norm_eps, name="output_norm")(h_BxTxH + out)
-
-
-class BertEncoder(nn.Module):
-  """Token ids (B, T) and attention mask (B, T) -> unit-norm sentence embeddings (B, H)."""
-
-  cfg: BertConfig
-
-  @nn.compact
-  def __call__(self, ids_BxT, mask_BxT):
-    cfg = self.cfg
-    positions = jnp.arange(ids_BxT.shape[1])[None, :]
-    h = (nn.Embed(cfg.vocab_size, cfg.hidden_size, name="word")(ids_BxT)
-         + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position")(positions)
-         + nn.Embed(cfg.type_vocab_size, cfg.hidden_size, name="token_type")(
-             jnp.zeros_like(ids_BxT)))
-    h = nn.LayerNorm(cfg.layer_norm_eps, name="embed_norm")(h)
-    # Padding keys get a large negative logit: one (B, 1, 1, T) bias for every layer and head.
-    bias_Bx1x1xT = jnp.where(mask_BxT, 0.0, -1e9).astype(h.dtype)[:, None, None, :]
-    for i in range(cfg.num_hidden_layers):
-      h = _Layer(cfg, name=f"layer_{i}")(h, bias_Bx1x1xT)
-    weights = mask_BxT.astype(h.dtype)[..., None]
-    pooled = jnp.sum(h * weights, 1) / jnp.maximum(jnp.sum(weights, 1), 1e-9)
-    return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+def config_from_dir(model_dir: Path) -> BertConfig:
+  """The configuration in a model directory's config.json."""
+  path = Path(model_dir) / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} not found: expected a Hugging Face model directory")
+  return BertConfig.from_dict(json.loads(path.read_text()), where=str(path))
 
 
 def weight_names(cfg: BertConfig) -> list[tuple[tuple[str, str], str, bool]]:
@@ -164,6 +81,17 @@ def load_params(model_dir: Path, cfg: BertConfig) -> dict:
       node = node.setdefault(key, {})
     node[leaf] = w[name].T if transposed else w[name]
   return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
+def load_pooler(model_dir: Path) -> dict | None:
+  """BERT's pooler (the dense layer over the [CLS] state) from the weights file, as a Flax Dense
+  layer's parameters; None when the file has none."""
+  w = load_file(str(Path(model_dir) / "model.safetensors"))
+  w = {k.removeprefix("bert."): v for k, v in w.items() if "pooler" in k}
+  if "pooler.dense.weight" not in w:
+    return None
+  return {"kernel": jnp.asarray(w["pooler.dense.weight"].T, jnp.float32),
+          "bias": jnp.asarray(w["pooler.dense.bias"], jnp.float32)}
 
 
 def check_params(params: dict, cfg: BertConfig) -> None:

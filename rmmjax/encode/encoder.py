@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from rmmjax.encode.bert import BertConfig, BertEncoder, check_params, load_params
+from rmmjax.encode.bert import BertEncoder, check_params, config_from_dir, load_params
 from rmmjax.encode.cache import EmbeddingCache
 
 # Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile
@@ -81,7 +81,7 @@ class SentenceEncoder:
                cache: EmbeddingCache | None = None):
     self.model_dir = Path(model_dir) if model_dir else default_model_dir()
     check_model_dir(self.model_dir)
-    self.cfg = BertConfig.from_dir(self.model_dir)
+    self.cfg = config_from_dir(self.model_dir)
     tokenizer_path = self.model_dir / "tokenizer.json"
     st_config = self.model_dir / "sentence_bert_config.json"
     self.max_length = min(json.loads(st_config.read_text()).get("max_seq_length", 512)

@@ -6,6 +6,8 @@ random vectors all have these."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -23,3 +25,16 @@ class Encoder(Protocol):
 def encoder_identity(encoder: Encoder) -> str:
   """The encoder's identity (name and weights hash)."""
   return encoder.identity
+
+
+def tokenizer_identity(encoder) -> str:
+  """The sha256 of a BERT encoder's tokenizer file (what text pairs are cut by: a cross
+  reranker records it and is refused beside another)."""
+  return hashlib.sha256((Path(encoder.model_dir) / "tokenizer.json").read_bytes()).hexdigest()
+
+
+def require_bert(encoder, what: str) -> None:
+  """Refuses an encoder without a BERT's weights and tokenizer (the suite's stand-ins)."""
+  if not all(hasattr(encoder, name) for name in ("tokenizer", "params", "cfg", "model_dir")):
+    raise ValueError(f"{what} reads text with a BERT encoder's weights and tokenizer "
+                     f"(rmmjax.encode.SentenceEncoder); {type(encoder).__name__} has none")

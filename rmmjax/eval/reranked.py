@@ -13,22 +13,30 @@ import jax
 import numpy as np
 
 from rmmjax import core
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
 from rmmjax.replay.candidates import ConversationReplay, to_streams
+from rmmjax.replay.cross_pairs import replay_pairs
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
 
 def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
-                    online: bool) -> list[np.ndarray]:
-  """Per conversation, the reranked unit order of every question, order_NxR."""
+                    online: bool, encoder=None) -> list[np.ndarray]:
+  """Per conversation, the reranked unit order of every question, order_NxR. A cross reranker
+  reads each question with its candidates' texts, cut by `encoder`'s tokenizer (the one it
+  trained with: refused otherwise)."""
   spec = reranker.spec
-  for conv in replays:
-    if conv.q_NxD.shape[1] != spec.dim:
-      raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
-                       f"{conv.q_NxD.shape[1]}")
-  state = core.init_state(spec, reranker.hparams).replace(params=reranker.params)
+  pairs = None
+  if spec.variant == "cross":
+    check_cross_encoder(reranker, encoder)
+    pairs = replay_pairs(encoder.tokenizer, replays, reranker.record["cross"]["max_length"])
+  else:
+    for conv in replays:
+      if conv.q_NxD.shape[1] != spec.dim:
+        raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
+                         f"{conv.q_NxD.shape[1]}")
+  state = core.init_state(spec, reranker.hparams, reranker.params)
   replay = jax.jit(heldout_replay, static_argnums=3)
-  out = replay(state, to_streams(replays, spec.batch), stream_ids(replays), online)
+  out = replay(state, to_streams(replays, spec.batch, pairs=pairs), stream_ids(replays), online)
   scores = np.asarray(out["scores_SxBxK"])
   orders = []
   for conv, scores_SxBxK in zip(replays, scores):
@@ -38,3 +46,4 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
                                                                   kind="stable"), 1)
     orders.append(np.concatenate([ranked, conv.order_NxR[:, k:]], 1))
   return orders
+

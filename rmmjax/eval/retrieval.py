@@ -45,7 +45,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        in_sample: bool = False, allow_mismatch: bool = False,
                        progress: bool = False, query_encoder: Path | None = None,
                        iris: bool | str = False, judge: str = "heuristic", llm=None,
-                       rerank_mode: str = "fused", iris_model: Path | None = None) -> dict:
+                       rerank_mode: str = "fused", iris_model: Path | None = None,
+                       per_question: bool = False) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report.
 
   `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
@@ -171,14 +172,19 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
   if loaded:
     rows = _reranked_rows(conversations, pools, units, retriever, memory_encoder, loaded, online,
-                          ks, budget_words, progress, query_side)
+                          ks, budget_words, progress, query_side, encoder)
   else:
     rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
                       progress, query_side)
   config["conversations"] = [c.conversation_id for c in conversations]
-  return {"config": config,
-          "load_report": {"counts": dict(report.counts), "examples": report.examples},
-          "metrics": aggregate(rows)}
+  out = {"config": config,
+         "load_report": {"counts": dict(report.counts), "examples": report.examples},
+         "metrics": aggregate(rows)}
+  if per_question:  # for intervals over conversations: each question's metrics, in order
+    out["per_question"] = [{"conversation": c.conversation_id, "category": category} | metrics
+                           for c, (category, metrics) in zip(
+                               [c for c in conversations for _ in c.questions], rows)]
+  return out
 
 
 def _is_iris_model(path: Path) -> bool:
@@ -198,14 +204,14 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 
 
 def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
-                   budget_words, progress, tuned) -> list:
+                   budget_words, progress, tuned, text_encoder) -> list:
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
                          progress=progress, query_encoder=tuned,
                          unit_builder=lambda conv, _: pools[conv.conversation_id])
   rows = []
-  for conv, orders in zip(conversations, reranked_orders(replays, loaded, online)):
+  for conv, orders in zip(conversations, reranked_orders(replays, loaded, online, text_encoder)):
     rows += _rows_from_orders(conv, pools[conv.conversation_id], orders, ks, budget_words)
   return rows
 

@@ -50,7 +50,8 @@ def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
-    template = core.init_state(cfg.core_spec(), cfg.hparams())
+    template = core.init_state(trained_spec(cfg, workdir), cfg.hparams(),
+                               _params_template(cfg, workdir))
     step, state, _ = checkpointer.restore_latest(template)  # the newest that reads back
   finally:
     checkpointer.close()
@@ -58,6 +59,20 @@ def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
     raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
                             "trained reranker")
   return jax.device_get(state.params), cfg, step
+
+
+def trained_spec(cfg, workdir: Path) -> core.CoreSpec:
+  """The core spec a workdir's reranker was trained with (a cross reranker's encoder
+  configuration is in its record)."""
+  if cfg.variant != "cross":
+    return cfg.core_spec()
+  return cfg.core_spec(bert=core.BertConfig(**read_record(workdir)["cross"]["bert"]))
+
+
+def _params_template(cfg, workdir: Path):
+  if cfg.variant != "cross":
+    return None  # the identity initialisation has the structure
+  return core.cross_params_template(trained_spec(cfg, workdir).bert, cfg.k)
 
 
 def describe(cfg, record: dict, step: int) -> dict:

@@ -31,7 +31,11 @@ KINDS = {
                     "--iris-model, with --iris"),
     "sweep": ("a sweep's workdir (it holds no trained model)", "nothing: train a model first"),
     "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
+    "cross export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
+                     "directory, for serving)", "sentence_transformers.CrossEncoder; rmmjax "
+                     "takes its training workdir as --reranker"),
 }
+CROSS_RECORD = "rmmjax_cross.json"  # what marks an exported cross reranker
 
 
 def model_kind(path: Path) -> str | None:
@@ -55,6 +59,8 @@ def model_kind(path: Path) -> str | None:
     return "iris export"
   if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():
     return "both export"
+  if (path / CROSS_RECORD).is_file():
+    return "cross export"
   if (path / "model.safetensors").is_file():
     return "query encoder export" if (path / EXPORT_RECORD).is_file() else "encoder"
   return None

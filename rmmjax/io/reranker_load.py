@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
+from rmmjax.io.export import load_trained_params, read_record, trained_spec
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.reranker_format import read_reranker
 
@@ -40,6 +41,15 @@ def _nest(flat: dict[str, np.ndarray]) -> dict:
   return out
 
 
+def reranker_record(path: Path) -> dict:
+  """What a reranker (a workdir or an exported file) was trained on, without its weights."""
+  path = Path(path)
+  refuse_unless(path, "--reranker", ("reranker", "reranker file", "both"))
+  if path.is_dir():
+    return read_record(path)
+  return load_reranker(path).record
+
+
 def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
@@ -47,8 +57,8 @@ def load_reranker(path: Path) -> LoadedReranker:
   if path.is_dir():
     record = read_record(path)
     params, cfg, step = load_trained_params(path)
-    return LoadedReranker(str(path), params, cfg.core_spec(), cfg.hparams(), record, step,
-                          cfg.steps)
+    return LoadedReranker(str(path), params, trained_spec(cfg, path), cfg.hparams(), record,
+                          step, cfg.steps)
   if path.suffix != ".safetensors":
     raise ValueError(f"--reranker {path}: expected a training workdir or an exported "
                      ".safetensors file")
@@ -58,3 +68,17 @@ def load_reranker(path: Path) -> LoadedReranker:
                        hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
   return LoadedReranker(str(path), _nest(weights), spec, core.HParams.create(**meta["hparams"]),
                         meta["record"], meta.get("step"))
+
+
+def check_cross_encoder(reranker: LoadedReranker, encoder) -> None:
+  """Refuses a cross reranker beside an encoder or tokenizer other than the ones it trained
+  with, naming both."""
+  require_bert(encoder, f"the cross reranker {reranker.source}")
+  trained, here = reranker.record.get("encoder"), encoder_identity(encoder)
+  if trained != here:
+    raise ValueError(f"the cross reranker {reranker.source} was trained beside the encoder "
+                     f"{trained}; this one is {here}")
+  trained, here = reranker.record["cross"]["tokenizer"], tokenizer_identity(encoder)
+  if trained != here:
+    raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
+                     f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")

@@ -46,6 +46,12 @@ class ConversationReplay:
   unit_turns: tuple[tuple[str, ...], ...]
   unit_words: tuple[int, ...]
   evidence: tuple[tuple[str, ...], ...]
+  unit_texts: tuple[str, ...] = ()  # what a cross reranker reads beside each question
+
+  def candidate_texts(self) -> list[list[str | None]]:
+    """The text of each question's K candidates, base order (None: no candidate)."""
+    k = self.mask_NxK.shape[1]
+    return [[self.unit_texts[u] if u >= 0 else None for u in row[:k]] for row in self.order_NxR]
 
 
 def conversation_fingerprint(conv: Conversation) -> str:
@@ -139,28 +145,43 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
         num_relevant_N=num_relevant.astype(np.int32), order_NxR=order_NxR,
         unit_emb_UxD=unit_emb, unit_relevant_NxU=covers,
         unit_turns=tuple(u.turn_ids for u in pool), unit_words=tuple(u.words for u in pool),
-        evidence=tuple(evidence)))
+        evidence=tuple(evidence), unit_texts=tuple(texts)))
   return out
 
 
 def _batch(arrays: dict) -> Batch:
   return Batch(q_BxD=arrays["q"], mem_BxKxD=arrays["mem"], mask_BxK=arrays["mask"],
                relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_evidence"],
-               evidence_BxKxE=arrays["evidence"])
+               evidence_BxKxE=arrays["evidence"], tokens_BxKxL=arrays.get("tokens"),
+               token_mask_BxKxL=arrays.get("token_mask"))
 
 
-def _arrays(conv: ConversationReplay, length: int, num_e: int) -> dict:
-  """The conversation's questions padded with absent ones to `length`, evidence to num_e."""
+def _arrays(conv: ConversationReplay, length: int, num_e: int, pairs=None) -> dict:
+  """The conversation's questions padded with absent ones to `length`, evidence to num_e (and
+  its candidates' pair tokens, `pairs`, a `cross_pairs.PairTokens`, when given)."""
   n, k, d = conv.mem_NxKxD.shape
   pad = length - n
   evidence = np.zeros((length, k, num_e), bool)
   evidence[:n, :, :conv.evidence_NxKxE.shape[2]] = conv.evidence_NxKxE
-  return {"q": np.concatenate([conv.q_NxD, np.zeros((pad, d), np.float32)]),
-          "mem": np.concatenate([conv.mem_NxKxD, np.zeros((pad, k, d), np.float32)]),
-          "mask": np.concatenate([conv.mask_NxK, np.zeros((pad, k), bool)]),
-          "relevant": np.concatenate([conv.relevant_NxK, np.zeros((pad, k), bool)]),
-          "num_evidence": np.concatenate([conv.num_evidence_N, np.ones(pad, np.int32)]),
-          "evidence": evidence}
+  out = {"q": np.concatenate([conv.q_NxD, np.zeros((pad, d), np.float32)]),
+         "mem": np.concatenate([conv.mem_NxKxD, np.zeros((pad, k, d), np.float32)]),
+         "mask": np.concatenate([conv.mask_NxK, np.zeros((pad, k), bool)]),
+         "relevant": np.concatenate([conv.relevant_NxK, np.zeros((pad, k), bool)]),
+         "num_evidence": np.concatenate([conv.num_evidence_N, np.ones(pad, np.int32)]),
+         "evidence": evidence}
+  if pairs is not None:
+    shape = (pad,) + pairs.ids_NxKxL.shape[1:]
+    out["tokens"] = np.concatenate([pairs.ids_NxKxL, np.zeros(shape, np.int32)])
+    out["token_mask"] = np.concatenate([pairs.mask_NxKxL, np.zeros(shape, bool)])
+  return out
+
+
+def _pairs_of(convs: list[ConversationReplay], pairs) -> list:
+  if pairs is None:
+    return [None] * len(convs)
+  if len(pairs) != len(convs):
+    raise ValueError(f"{len(pairs)} pair tensors for {len(convs)} conversations")
+  return list(pairs)
 
 
 def _num_evidence(convs: list[ConversationReplay]) -> int:
@@ -171,24 +192,30 @@ def stream_steps(conv: ConversationReplay, batch: int) -> int:
   return -(-len(conv.questions) // batch)
 
 
-def to_streams(convs: list[ConversationReplay], batch: int, steps: int | None = None) -> Batch:
-  """Conversations as parallel streams, stream_CxSxB, all padded to the longest (or `steps`)."""
+def to_streams(convs: list[ConversationReplay], batch: int, steps: int | None = None,
+               pairs=None) -> Batch:
+  """Conversations as parallel streams, stream_CxSxB, all padded to the longest (or `steps`).
+  `pairs` (one `cross_pairs.PairTokens` per conversation, of one length) adds the cross
+  reranker's tokens; likewise below."""
   steps = steps or max(stream_steps(c, batch) for c in convs)
-  stacked = [_arrays(c, steps * batch, _num_evidence(convs)) for c in convs]
+  stacked = [_arrays(c, steps * batch, _num_evidence(convs), p)
+             for c, p in zip(convs, _pairs_of(convs, pairs))]
   return _batch({name: np.stack([s[name] for s in stacked]).reshape(
       (len(convs), steps, batch) + stacked[0][name].shape[1:]) for name in stacked[0]})
 
 
-def to_sequence(convs: list[ConversationReplay], batch: int) -> Batch:
+def to_sequence(convs: list[ConversationReplay], batch: int, pairs=None) -> Batch:
   """Conversations one after another as one stream, stream_SxB (each padded to whole steps)."""
-  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs)) for c in convs]
+  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs), p)
+           for c, p in zip(convs, _pairs_of(convs, pairs))]
   flat = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
   return _batch({name: x.reshape((-1, batch) + x.shape[1:]) for name, x in flat.items()})
 
 
-def to_questions(convs: list[ConversationReplay]) -> Batch:
+def to_questions(convs: list[ConversationReplay], pairs=None) -> Batch:
   """Every question of the conversations as one pool, questions_N (for pretraining)."""
-  parts = [_arrays(c, len(c.questions), _num_evidence(convs)) for c in convs]
+  parts = [_arrays(c, len(c.questions), _num_evidence(convs), p)
+           for c, p in zip(convs, _pairs_of(convs, pairs))]
   return _batch({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
 
 

@@ -58,10 +58,12 @@ class Protocol:
 
 def train_reranker(spec: core.CoreSpec, hparams: core.HParams, pretrain_hparams: core.HParams,
                    train_qs: core.Batch, train_seq: core.Batch, protocol: Protocol,
-                   online_steps: int, batch_sharding=None) -> tuple[core.TrainState, dict]:
+                   online_steps: int, batch_sharding=None,
+                   params=None) -> tuple[core.TrainState, dict]:
   """Pretraining then online REINFORCE on the training conversations (pure, jittable;
-  `batch_sharding` splits the pretraining batches over devices)."""
-  state = core.init_state(spec, pretrain_hparams)
+  `batch_sharding` splits the pretraining batches over devices; `params` are those training
+  starts from, by default the reranker's identity initialisation)."""
+  state = core.init_state(spec, pretrain_hparams, params)
   logs = {}
   if protocol.pretrains:
     state, logs["pretrain_loss"] = core_replay.pretrain(state, train_qs, protocol.pretrain_epochs,

@@ -140,7 +140,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
   eval_first = task.evaluate(task.template)
-  if state is None:
+  pretrained = state is None
+  if pretrained:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
     if writes and task.pretrain_loss is not None:
       atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
@@ -153,6 +154,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   try:
     for bad in unreadable:
       checkpointer.delete(bad)  # redone below; a save of the same step would be refused
+    if pretrained and task.checkpoint_pretrained:
+      checkpointer.save(0, state)  # a resume starts from here rather than pretraining again
     writer = tensorboard.appender(workdir / "tb") if writes else None
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress) as bar:
@@ -198,12 +201,13 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     for key in eval_final:  # what only some tasks report
       if key in ("recall_at_m_prequential", "recall_at_m_alone") or key.startswith("iris_"):
         summary[key] = eval_final[key]
+  summary |= task.input_notes
   pretrain_path = workdir / "pretrain.json"
   loss = ([{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
           if pretrain_path.exists() else [])
   if loss:  # (a fit of 0 epochs has none)
     summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
-  for metric in ("reward", "citation_rate"):
+  for metric in ("reward", "citation_rate") if rows else ():  # (none with steps=0)
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
   if not writes:
     return summary

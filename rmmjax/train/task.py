@@ -26,6 +26,11 @@ class Task(abc.ABC):
   test_convs: list = []  # those held out
   # The supervised pretraining's per-step loss (pretrain.json), for the tasks that pretrain.
   pretrain_loss: np.ndarray | None = None
+  # Whether the state after pretraining is checkpointed as step 0 (where pretraining takes
+  # long enough that a resume should not redo it).
+  checkpoint_pretrained: bool = False
+  # What the run's summary reports of its inputs beyond the metrics (pairs cut to length, say).
+  input_notes: dict = {}
 
   def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
     """The mesh every batch of this task is split over; each named batch size must divide

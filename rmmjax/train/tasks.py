@@ -1,33 +1,21 @@
 """What a training run learns from: the latent simulator, or a replayed labelled dataset.
 
 A task gives the training loop its first state, a compiled way to advance it by n online steps,
-and an evaluation; the loop (train.py) does the logging, checkpointing and resuming for both.
+and an evaluation; the loop (loop.py) does the logging, checkpointing and resuming for both.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from rmmjax import core
+from rmmjax import core, distributed
 from rmmjax.config import Config
-from rmmjax.core import replay as core_replay
-from rmmjax.memory.topic_units import conversation_units
-from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
-                                     to_sequence, to_streams)
-from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
-                                     train_reranker)
-from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
-from rmmjax.replay.query_encoder import retrieval_encoders
-from rmmjax.io.record import latent_record, replay_record, with_ancestors
-from rmmjax import distributed
+from rmmjax.io.record import latent_record
+from rmmjax.train.cross_task import CrossRerankerTask
 from rmmjax.train.encoder_task import QueryEncoderTask
 from rmmjax.train.iris_models_task import IrisLearnedTask
 from rmmjax.train.iris_reranker_task import IrisTask
-from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.replay_task import ReplayTask
 from rmmjax.train.task import Task
 
 
@@ -62,81 +50,6 @@ class LatentTask(Task):
         self._evaluate(self._replicated(state).params, self.eval_batch, self.spec)).items()}
 
 
-class ReplayTask(Task):
-  """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
-  rest are pretrained on (when the mode says so) and then replayed as an online stream."""
-
-  def __init__(self, cfg: Config, encoder=None, progress: bool = False):
-    self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
-    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
-    # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
-    # candidates and the questions' embeddings; the units keep the base encoder's.
-    tuned = load_query_encoder(cfg.query_encoder, encoder) if cfg.query_encoder else None
-    tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
-    memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
-    replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
-                           progress=progress, query_encoder=query_encoder,
-                           unit_builder=functools.partial(conversation_units, encoder=encoder))
-    split = len(replays) - cfg.holdout
-    self.train_convs, self.test_convs = replays[:split], replays[split:]
-    record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
-        "learner": "reranker", "query_encoder": tuned.identity if tuned else None,
-        "query_encoder_path": cfg.query_encoder or None}
-    # The candidates come from the tuned encoder: what it trained on is this model's too.
-    self.record = with_ancestors(record, [(cfg.query_encoder, query_encoder_record(
-        cfg.query_encoder))] if tuned else [])
-    self.train_qs = to_questions(self.train_convs)
-    self.train_seq = to_sequence(self.train_convs, cfg.batch)
-    self.test_streams = to_streams(self.test_convs, cfg.batch) if self.test_convs else None
-    self.test_ids = stream_ids(self.test_convs)
-    self.template = core.init_state(self.spec, self.hp)
-    self.eval_queries = sum(len(c.questions) for c in self.test_convs)
-    # Data parallel over the mesh: each step's batch (axis 1 of the stream) split over it.
-    self._data_parallel(cfg.devices, {"batch": cfg.batch})
-    if self._parallel:
-      self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)
-    self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
-    self._replay = jax.jit(heldout_replay, static_argnums=3)
-
-  def initial_state(self) -> core.TrainState:
-    """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
-    cfg = self.cfg
-    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
-                                  tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
-    protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs)
-    # No online steps here: the training loop takes them, in checkpointed segments.
-    state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6, 7))(
-        self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0,
-        distributed.batch_sharding(self.mesh, axis=1))
-    if "pretrain_loss" in logs:
-      self.pretrain_loss = distributed.gather(logs["pretrain_loss"])
-    return state
-
-  def advance(self, state: core.TrainState, n: int):
-    state, metrics = self._advance(self._replicated(state), self.train_seq, n)
-    metrics = distributed.gather(metrics)
-    # Prequential recall of the training stream: each batch scored before its update.
-    metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
-        metrics.pop("present"), 1.0)
-    return state, metrics
-
-  def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M (evidence turns found / evidence turns): base order, the reranker as
-    it stands, and prequential (`heldout_replay`: a fresh optimizer, learning online as each
-    held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
-    if not self.test_convs:  # holdout=0: every conversation was trained on
-      return {}
-    state = self._host(state)
-    m = self.spec.m
-    frozen = self._replay(state, self.test_streams, self.test_ids, False)["recall_SxB"]
-    adapting = self._replay(state, self.test_streams, self.test_ids, True)["recall_SxB"]
-    mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
-    return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
-            "recall_at_m": float(per_question(frozen, self.test_convs).mean()),
-            "recall_at_m_prequential": float(per_question(adapting, self.test_convs).mean()),
-            "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
-
-
 def make_task(cfg: Config, encoder=None, progress: bool = False, workdir=None):
   """What `cfg` learns from. learner=both trains the reranker here (its query encoder, the
   first stage, is trained by the loop before)."""
@@ -148,4 +61,6 @@ def make_task(cfg: Config, encoder=None, progress: bool = False, workdir=None):
     return IrisLearnedTask(cfg, encoder, progress, workdir)
   if cfg.units == "lace":
     return IrisTask(cfg, encoder, progress)
+  if cfg.variant == "cross":
+    return CrossRerankerTask(cfg, encoder, progress)
   return ReplayTask(cfg, encoder, progress)

@@ -14,44 +14,14 @@ from typing import Any
 import jax
 
 from rmmjax import core
-from rmmjax.retrieve.iris import IRIS_PRESETS
-from rmmjax.retrieve.rankers import RETRIEVERS
-from rmmjax.retrieve.units import GRANULARITIES
+from rmmjax.config import checks
+from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
+                                   P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE,
+                                   TRAIN_UNITS, TUNES, UNITS)
 
-# Values a sweep may vary without recompiling (leaves of core.HParams).
-# Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
-# labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
-MODES = ("rl", "pretrain", "pretrain+rl")
-LEARNERS = ("reranker", "query_encoder", "both", "iris")
-# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
-# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
-TUNES = ("query", "both")
-
-PRECISIONS = ("highest", "high", "default")
-# Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
-# no questions).
-EVALUABLE_DATASETS = ("locomo", "longmemeval")
-# Memory units: per-session granularities, and topics (the memories of Prospective Reflection,
-# rmmjax.memory.units).
-UNITS = GRANULARITIES + ("topic",)
-# A reranker also trains on LaceMem's atomic facts, ranking the evidence IRIS gathers.
-TRAIN_UNITS = UNITS + ("lace",)
-
-SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
-# Keys of the replay of a labelled dataset, which the latent config has no use for.
-REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "pretrain_epochs",
-               "pretrain_lr", "pretrain_tau", "learner", "query_encoder", "tune",
-               "encoder_pretrain_epochs", "encoder_pretrain_lr", "encoder_pretrain_tau",
-               "encoder_pretrain_batch", "encoder_lr", "iris", "citation_reward",
-               "verdict_reward", "iris_k", "iris_hard_share", "validation")
-
-# Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
-# 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of
-# the ones it finds not useful (recall of "not useful"): it cites an irrelevant one 15.4% of
-# the time.
-P_REL_DEFAULT = 0.911
-P_IRR_DEFAULT = 1.0 - 0.846
-
+__all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
+           "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
+           "apply_precision", "from_json", "get_config", "parse_value", "VARIANT_DEFAULTS"]
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -157,12 +127,29 @@ class Config:
   # the fits, so the summary can compare the tuned anchor with the base encoder on conversations
   # it did not fit (and warn when it is worse).
   validation: int = 1
+  # The cross reranker (variant=cross, rmmjax.core.cross): each (question, memory) pair is cut
+  # to cross_max_length tokens; its pretraining ranks cross_pretrain_candidates of each
+  # question's K candidates (the relevant ones, at most half, then others at random), which
+  # costs that share of a pass over all K; compute_dtype is the encoder's computation dtype
+  # (bfloat16 on accelerators; parameters and optimizer state stay float32); prior_scale
+  # spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
+  # layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
+  # learn at head_lr_scale times lr (pretrain_lr in pretraining).
+  cross_max_length: int = 128
+  cross_pretrain_candidates: int = 8
+  compute_dtype: str = "float32"
+  prior_scale: float = 1.0
+  head_lr_scale: float = 50.0
 
-  def core_spec(self) -> core.CoreSpec:
+  def core_spec(self, bert: core.BertConfig | None = None) -> core.CoreSpec:
+    """The core's static spec; a cross reranker's names its encoder's configuration `bert`
+    (known once the encoder is loaded)."""
     return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
                          hidden=self.hidden, k=self.k, m=self.m, batch=self.batch,
                          credit=self.credit, log_prob=self.log_prob, sampling=self.sampling,
-                         running_decay=self.running_decay, rank_prior=self.rank_prior)
+                         running_decay=self.running_decay, rank_prior=self.rank_prior,
+                         bert=bert, compute_dtype=self.compute_dtype,
+                         prior_scale=self.prior_scale, head_lr_scale=self.head_lr_scale)
 
   def sim_spec(self) -> core.SimSpec:
     # Banks smaller than k are padded; the padding is masked out of every candidate list.
@@ -183,7 +170,7 @@ class Config:
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
     if self.config != "latent":
-      self._validate_replay()
+      checks.check_replay(self, CONFIGS["latent"])
     else:
       # Refused rather than ignored: a value stored in config.json but never used would also
       # block resuming the run with the value that does apply.
@@ -192,10 +179,20 @@ class Config:
       if changed:
         raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
                          "(--config locomo); the latent simulator does not use them")
+      if self.variant == "cross":
+        raise ValueError("variant=cross reads the text of questions and memories; the latent "
+                         "simulator has embeddings only (use --config locomo)")
       if spec.k > sim.bank_size:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")
-    for name in ("steps", "checkpoint_every", "log_every", "eval_sessions"):
+    # A cross reranker's pretraining is a run of its own (steps=0: its checkpoint is step 0).
+    if self.variant == "cross" and isinstance(self.steps, int) and self.steps == 0:
+      pass
+    elif not isinstance(self.steps, int) or self.steps < 1:
+      raise ValueError(f"steps={self.steps!r}: expected a positive integer"
+                       + (" (or 0 for variant=cross: its pretraining alone)"
+                          if self.config != "latent" else ""))
+    for name in ("checkpoint_every", "log_every", "eval_sessions"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}: expected a positive integer")
@@ -212,90 +209,6 @@ class Config:
       raise ValueError(f"checkpoint_every={self.checkpoint_every} is not a multiple of "
                        f"log_every={self.log_every}")
     return self
-
-  def _validate_replay(self) -> None:
-    choices = {"dataset": ("locomo",), "units": TRAIN_UNITS, "iris": tuple(IRIS_PRESETS),
-               "retriever": RETRIEVERS,
-               "mode": tuple(m for m in MODES if m != "pretrain")}  # training runs learn online
-    for name, options in choices.items():
-      if getattr(self, name) not in options:
-        raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(options)}")
-    if not self.data:
-      raise ValueError(f"config {self.config} replays a dataset file: pass --set data=PATH "
-                       "(for example the LoCoMo dev file locomo_dev8.json)")
-    if not Path(self.data).is_file():
-      raise ValueError(f"data={self.data!r}: no such file")
-    if self.holdout < 0 or self.pretrain_epochs < 0:
-      raise ValueError(f"holdout={self.holdout}, pretrain_epochs={self.pretrain_epochs}: "
-                       "expected holdout >= 0 (0 trains on every conversation) and "
-                       "pretrain_epochs >= 0")
-    if not (self.pretrain_lr > 0 and self.pretrain_tau > 0):
-      raise ValueError(f"pretrain_lr={self.pretrain_lr}, pretrain_tau={self.pretrain_tau}: "
-                       "expected both > 0")
-    if self.learner not in LEARNERS:
-      raise ValueError(f"learner={self.learner!r} is not one of {', '.join(LEARNERS)}")
-    if self.tune not in TUNES:
-      raise ValueError(f"tune={self.tune!r} is not one of {', '.join(TUNES)}")
-    if self.learner != "reranker" and self.retriever == "bm25":
-      raise ValueError(f"learner={self.learner} tunes the dense retriever's query encoder, but "
-                       "retriever=bm25 does not use it: set retriever=dense or hybrid")
-    if self.learner == "query_encoder" and self.query_encoder:
-      raise ValueError(f"query_encoder={self.query_encoder!r} gives a reranker its candidates; "
-                       "learner=query_encoder trains one from the loaded encoder")
-    if self.query_encoder and not Path(self.query_encoder).is_dir():
-      raise ValueError(f"query_encoder={self.query_encoder!r}: expected a query_encoder "
-                       "training workdir")
-    if self.learner == "iris" and self.units != "lace":
-      raise ValueError(f"learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set "
-                       f"units=lace (not {self.units!r})")
-    if self.units == "lace" and self.learner not in ("reranker", "iris"):
-      raise ValueError(f"units=lace trains a model of IRIS: set learner=reranker (it ranks "
-                       f"IRIS's evidence) or learner=iris (IRIS's own models), not "
-                       f"learner={self.learner!r}")
-    if self.units == "lace" and self.learner == "reranker" and self.query_encoder:
-      raise ValueError("units=lace with learner=reranker ranks IRIS's evidence by the base "
-                       "encoder: leave query_encoder unset (learner=iris takes one as anchor)")
-    if self.citation_reward < 0 or self.verdict_reward < 0 or not (
-        self.citation_reward or self.verdict_reward):
-      raise ValueError(f"citation_reward={self.citation_reward}, verdict_reward="
-                       f"{self.verdict_reward}: expected weights >= 0, not both 0")
-    if self.units != "lace" and self.iris != "default":
-      raise ValueError(f"iris={self.iris!r} sets how IRIS gathers a reranker's candidates; "
-                       f"units={self.units!r} takes them from the base retriever: set "
-                       "units=lace, or leave iris at default")
-    if self.units != "lace" and (self.verdict_reward or self.citation_reward != 1.0):
-      raise ValueError(f"citation_reward and verdict_reward weigh the rewards of units=lace "
-                       f"(IRIS's judge); units={self.units!r} learns from citations alone")
-    self._validate_iris()
-    if self.encoder_pretrain_epochs < 0 or self.encoder_pretrain_batch < 1:
-      raise ValueError(f"encoder_pretrain_epochs={self.encoder_pretrain_epochs}, "
-                       f"encoder_pretrain_batch={self.encoder_pretrain_batch}: expected epochs "
-                       ">= 0 and a batch >= 1")
-    for name in ("encoder_pretrain_lr", "encoder_pretrain_tau", "encoder_lr"):
-      if not getattr(self, name) > 0:
-        raise ValueError(f"{name}={getattr(self, name)}: expected a value > 0")
-
-  def _validate_iris(self) -> None:
-    default = CONFIGS["latent"]
-    if self.learner != "iris":
-      changed = [f"{name}={getattr(self, name)!r}" for name in ("iris_k", "iris_hard_share",
-                                                                 "validation")
-                 if getattr(self, name) != getattr(default, name)]
-      if changed:
-        raise ValueError(f"{', '.join(changed)}: these keys configure learner=iris, not "
-                         f"learner={self.learner}")
-      return
-    if self.iris_k < max(4, self.m):
-      raise ValueError(f"iris_k={self.iris_k}: expected at least 4 candidate facts per example "
-                       f"(a quarter of them evidence) and at least m={self.m}")
-    if not 0.0 <= self.iris_hard_share <= 1.0:
-      raise ValueError(f"iris_hard_share={self.iris_hard_share}: expected a share in [0, 1]")
-    if self.validation < 0:
-      raise ValueError(f"validation={self.validation}: expected 0 (no check) or a number of "
-                       "conversations")
-    if self.holdout and self.validation != default.validation:
-      raise ValueError(f"validation={self.validation} applies with holdout=0; with "
-                       f"holdout={self.holdout} the held-out conversations check the fit")
 
   def resolved(self) -> "Config":
     """The config with its paths made absolute (what a workdir records)."""
@@ -327,6 +240,17 @@ CONFIGS = {
                      baseline=0.0, baseline_kind="running", lr=1e-4, steps=600,
                      checkpoint_every=100, log_every=10, eval_sessions=1,
                      encoder="all-MiniLM-L6-v2"),
+}
+
+
+# What `--set variant=...` brings with it on a replay config (keys given alongside win). The
+# cross reranker learns at the rates and temperature of fine-tuning an encoder, and trains
+# over the candidates of the hybrid retriever; see experiments/cross_reranker.py for how each
+# value was chosen.
+VARIANT_DEFAULTS = {
+    "cross": {"learner": "reranker", "retriever": "hybrid", "pretrain_epochs": 1,
+              "pretrain_lr": 2e-5, "pretrain_tau": 1.0, "tau": 1.0, "lr": 1e-5, "steps": 60,
+              "checkpoint_every": 20, "log_every": 5},
 }
 
 
@@ -374,6 +298,9 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
       raise ValueError(f"override {item!r}: expected key=value")
     key, text = item.split("=", 1)
     changes[key.strip()] = parse_value(key.strip(), text.strip(), cfg)
+  variant = changes.get("variant")
+  if cfg.config != "latent" and variant in VARIANT_DEFAULTS:
+    changes = VARIANT_DEFAULTS[variant] | changes
   return dataclasses.replace(cfg, **changes)
 
 

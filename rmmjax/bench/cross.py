@@ -1,0 +1,166 @@
+"""`rmmjax bench cross`: the cross reranker's pairs per second, scoring and training, against
+sentence-transformers' PyTorch CrossEncoder on the same pairs and batches, in one run.
+
+The pairs are LoCoMo questions with turns of their own conversation ("[date] Speaker: text",
+as the reranker reads them), cut to 128 tokens. Scoring: batches of 4 questions x 20 candidates
+(80 pairs: one online step's ranking). Training: batches of 4 questions x 8 candidates (32
+pairs: one pretraining step of the listwise loss, forward, backward and Adam; the reference
+takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax pads a batch to its length bucket
+(replay.cross_pairs.PAIR_BUCKETS), the CrossEncoder to its longest pair; both lengths are
+printed. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
+that for training, so both sides are compute bound on a CPU: the ratio compares how well each
+uses the same cores.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+from rmmjax.bench.core import median_time, write_result
+from rmmjax.bench.machine import describe, machine_info
+
+MAX_LENGTH, QUESTIONS = 128, 4
+SCORE_K, TRAIN_K = 20, 8
+
+
+def _pairs(data: Path, batches: int, k: int) -> list[tuple[list[str], list[list[str]]]]:
+  from rmmjax.data.locomo import load_locomo
+  from rmmjax.retrieve.units import build_units
+  conversations, _ = load_locomo(data)
+  rng = np.random.default_rng(0)
+  out = []
+  for b in range(batches):
+    conv = conversations[b % len(conversations)]
+    texts = [u.text for u in build_units(conv, "turn")]
+    qs = [q.question for q in conv.questions]
+    picks = rng.choice(len(qs), QUESTIONS, replace=False)
+    out.append(([qs[i] for i in picks],
+                [[texts[j] for j in rng.choice(len(texts), k, replace=False)] for _ in picks]))
+  return out
+
+
+def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
+  from rmmjax.encode.bert import load_pooler
+  from rmmjax.encode.encoder import SentenceEncoder
+  from rmmjax.io.cross_export import export_cross
+  from rmmjax.replay.cross_pairs import pair_tokens
+
+  encoder = SentenceEncoder()
+  cfg = encoder.cfg
+  weights = dict(encoder.params)
+  pooler = load_pooler(encoder.model_dir)
+  if pooler is not None:
+    weights["pooler"] = pooler
+  params = core.init_cross_params(weights, SCORE_K, 1.0)
+  # A head away from zero, so both sides compute every layer of the score.
+  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  repeats = 2 if quick else 5
+  batches = 2 if quick else 4
+  score_sets = _pairs(data, batches, SCORE_K)
+  train_sets = _pairs(data, batches, TRAIN_K)
+  tok = lambda qs, texts: pair_tokens(encoder.tokenizer, qs, texts, MAX_LENGTH)  # noqa: E731
+  score_tokens = [tok(*s) for s in score_sets]
+  train_tokens = [tok(*s) for s in train_sets]
+
+  score = jax.jit(lambda p, t, m: core.cross_scores(p, t, m, cfg))
+  spec = core.CoreSpec(variant="cross", dim=cfg.hidden_size, k=TRAIN_K, m=2, batch=QUESTIONS,
+                       bert=cfg)
+  relevant = np.zeros((QUESTIONS, TRAIN_K), bool)
+  relevant[:, 0] = True
+  train_params = dict(params, rank_bias=params["rank_bias"][:TRAIN_K])
+  step = jax.jit(core.supervised_step)
+
+  def ours_score():
+    for t in score_tokens:
+      score(params, t.ids_NxKxL, t.mask_NxKxL).block_until_ready()
+
+  box = [core.init_state(spec, core.HParams.create(lr=2e-5, tau=1.0), train_params)]
+  train_batches = [core.Batch(
+      q_BxD=np.zeros((QUESTIONS, cfg.hidden_size), np.float32),
+      mem_BxKxD=np.zeros((QUESTIONS, TRAIN_K, cfg.hidden_size), np.float32),
+      mask_BxK=np.ones((QUESTIONS, TRAIN_K), bool), relevant_BxK=relevant,
+      num_relevant_B=np.ones(QUESTIONS, np.int32), tokens_BxKxL=t.ids_NxKxL,
+      token_mask_BxKxL=t.mask_NxKxL) for t in train_tokens]
+
+  def ours_train():
+    for batch in train_batches:
+      box[0] = jax.block_until_ready(step(box[0], batch)[0])
+
+  ours_score(), ours_train()  # compile every length first
+  score_pairs = batches * QUESTIONS * SCORE_K
+  train_pairs = batches * QUESTIONS * TRAIN_K
+  lengths = sorted({t.ids_NxKxL.shape[-1] for t in score_tokens + train_tokens})
+  rows = [{"method": "rmmjax (JAX, float32)", "lengths": lengths,
+           "score_pairs_per_s": score_pairs / median_time(ours_score, repeats),
+           "train_pairs_per_s": train_pairs / median_time(ours_train, repeats)}]
+  try:
+    import torch
+    from sentence_transformers import CrossEncoder
+  except ImportError:
+    print("sentence-transformers is not installed: pip install -e '.[parity]' for the reference")
+  else:
+    rows.append(_reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets,
+                           repeats, score_pairs, train_pairs, export_cross))
+  result = {"machine": machine_info(), "max_length": MAX_LENGTH, "repeats": repeats,
+            "score_batch": f"{QUESTIONS} x {SCORE_K}", "train_batch": f"{QUESTIONS} x {TRAIN_K}",
+            "rows": rows}
+  print(f"cross reranker on {describe(result['machine'])}: {score_pairs} scoring pairs in "
+        f"batches of {QUESTIONS} x {SCORE_K}, {train_pairs} training pairs in batches of "
+        f"{QUESTIONS} x {TRAIN_K}, median of {repeats}")
+  print(f"{'':34s}{'score pairs/s':>15s}{'train pairs/s':>15s}  padded lengths")
+  for row in rows:
+    print(f"{row['method']:34s}{row['score_pairs_per_s']:15.1f}{row['train_pairs_per_s']:15.1f}"
+          f"  {row['lengths']}")
+  if len(rows) == 2:
+    result["score_ratio"] = rows[0]["score_pairs_per_s"] / rows[1]["score_pairs_per_s"]
+    result["train_ratio"] = rows[0]["train_pairs_per_s"] / rows[1]["train_pairs_per_s"]
+    print(f"rmmjax / PyTorch: scoring {result['score_ratio']:.2f}, training "
+          f"{result['train_ratio']:.2f} (torch {rows[1]['torch']}, {rows[1]['torch_threads']} "
+          "threads)")
+  write_result(result, out)
+  return result
+
+
+def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets, repeats,
+               score_pairs, train_pairs, export_cross) -> dict:
+  """The same pairs through sentence-transformers' CrossEncoder of the same weights."""
+  with tempfile.TemporaryDirectory() as tmp:
+    served = export_cross(jax.device_get(params), cfg, encoder.model_dir, Path(tmp) / "cross",
+                          {}, MAX_LENGTH)
+    model = CrossEncoder(str(served), device="cpu", max_length=MAX_LENGTH)
+  flat = [[(q, t) for q, row in zip(qs, texts) for t in row] for qs, texts in score_sets]
+
+  def theirs_score():
+    for pairs in flat:
+      model.predict(pairs, batch_size=len(pairs), show_progress_bar=False)
+
+  net = model.model
+  optimizer = torch.optim.Adam(net.parameters(), lr=2e-5)
+  features = []
+  for qs, texts in train_sets:
+    pairs = [(q, t) for q, row in zip(qs, texts) for t in row]
+    features.append(model.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], padding=True,
+                                    truncation="longest_first", max_length=MAX_LENGTH,
+                                    return_tensors="pt"))
+  target = torch.zeros(QUESTIONS, dtype=torch.long)
+
+  def theirs_train():  # in eval mode: no dropout, the function rmmjax trains
+    for f in features:
+      logits = net(**f).logits.view(QUESTIONS, TRAIN_K)
+      loss = torch.nn.functional.cross_entropy(logits, target)
+      optimizer.zero_grad()
+      loss.backward()
+      optimizer.step()
+
+  theirs_score(), theirs_train()
+  lengths = sorted({int(f["input_ids"].shape[1]) for f in features})
+  return {"method": "sentence-transformers CrossEncoder", "lengths": lengths,
+          "score_pairs_per_s": score_pairs / median_time(theirs_score, repeats),
+          "train_pairs_per_s": train_pairs / median_time(theirs_train, repeats),
+          "torch": torch.__version__, "torch_threads": torch.get_num_threads()}

@@ -1,0 +1,44 @@
+"""The choices and key groups of the experiment configuration (rmmjax.config)."""
+
+from __future__ import annotations
+
+from rmmjax.retrieve.units import GRANULARITIES
+
+# Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
+# labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
+MODES = ("rl", "pretrain", "pretrain+rl")
+LEARNERS = ("reranker", "query_encoder", "both", "iris")
+# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
+# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
+TUNES = ("query", "both")
+
+PRECISIONS = ("highest", "high", "default")
+# Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
+# no questions).
+EVALUABLE_DATASETS = ("locomo", "longmemeval")
+# Memory units: per-session granularities, and topics (the memories of Prospective Reflection,
+# rmmjax.memory.units).
+UNITS = GRANULARITIES + ("topic",)
+# A reranker also trains on LaceMem's atomic facts, ranking the evidence IRIS gathers.
+TRAIN_UNITS = UNITS + ("lace",)
+
+# Values a sweep may vary without recompiling (leaves of core.HParams).
+SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
+# Keys of the replay of a labelled dataset, which the latent config has no use for.
+REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "pretrain_epochs",
+               "pretrain_lr", "pretrain_tau", "learner", "query_encoder", "tune",
+               "encoder_pretrain_epochs", "encoder_pretrain_lr", "encoder_pretrain_tau",
+               "encoder_pretrain_batch", "encoder_lr", "iris", "citation_reward",
+               "verdict_reward", "iris_k", "iris_hard_share", "validation", "cross_max_length",
+               "cross_pretrain_candidates", "compute_dtype", "prior_scale",
+               "head_lr_scale")
+# Keys only the cross reranker uses.
+CROSS_KEYS = ("cross_max_length", "cross_pretrain_candidates", "compute_dtype", "prior_scale",
+              "head_lr_scale")
+
+# Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
+# 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of
+# the ones it finds not useful (recall of "not useful"): it cites an irrelevant one 15.4% of
+# the time.
+P_REL_DEFAULT = 0.911
+P_IRR_DEFAULT = 1.0 - 0.846

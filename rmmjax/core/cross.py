@@ -1,0 +1,103 @@
+"""The cross-encoder reranker: a BERT-family encoder reads the question and one candidate memory
+together and scores the pair, so it sees which words of the question a memory shares and what
+answers a "when" (the linear and MLP rerankers only see two fixed sentence embeddings).
+
+Candidate k of a query scores s_k = rank_bias_k + head(pooler(h_CLS)), where h_CLS is the
+encoder's output at the [CLS] token of "[CLS] question [SEP] memory [SEP]" and pooler is BERT's
+own (a dense layer and tanh). The head (a dense layer to one number) starts at zero and the rank
+prior at a decreasing curve of the base position, so a fresh cross reranker reproduces the base
+retriever's order, as every reranker of the core does; online learning starts from the
+retriever, not from noise. The score is a pure function of (params, tokens_BxKxL, mask_BxKxL):
+the segment ids follow from the tokens (after the first [SEP], the memory's), so the core's
+Gumbel top-M selection, Plackett-Luce log-probability, REINFORCE and listwise losses apply as
+they are.
+
+With compute_dtype "bfloat16" the encoder runs in bfloat16 (an accelerator's fast path) while
+the parameters, their gradients and Adam's moments stay float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from rmmjax.core.bert import BertConfig, BertCrossEncoder
+
+# BERT's [SEP] token in the uncased vocabularies (MiniLM's included): the segment boundary.
+SEP_ID = 102
+
+
+def rank_prior_init(k: int, scale: float) -> jax.Array:
+  """A decreasing prior over the K base positions: -scale * log(1 + position). With the head at
+  zero the scores follow the base order; `scale` sets how far apart the positions start (in
+  units of the temperature, it sets how concentrated the first samples are)."""
+  return -jnp.float32(scale) * jnp.log1p(jnp.arange(k, dtype=jnp.float32))
+
+
+def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
+  """The cross reranker's parameters from a pretrained encoder's (its embeddings and layers, and
+  its pooler when it has one): the scoring layer at zero, the rank prior decreasing."""
+  encoder = dict(encoder_params)
+  h = _hidden(encoder)
+  if "pooler" not in encoder:  # a checkpoint without BERT's pooler: tanh of the [CLS] state
+    encoder["pooler"] = {"kernel": jnp.eye(h, dtype=jnp.float32),
+                         "bias": jnp.zeros((h,), jnp.float32)}
+  encoder["classifier"] = {"kernel": jnp.zeros((h, 1), jnp.float32),
+                           "bias": jnp.zeros((1,), jnp.float32)}
+  return {"encoder": encoder, "rank_bias": rank_prior_init(k, prior_scale)}
+
+
+def _hidden(encoder_params: dict) -> int:
+  return int(encoder_params["word"]["embedding"].shape[1])
+
+
+def segment_ids(ids_NxL: jax.Array, mask_NxL: jax.Array, sep_id: int = SEP_ID) -> jax.Array:
+  """0 up to and including the first [SEP] (the question), 1 after it (the memory)."""
+  is_sep = (ids_NxL == sep_id).astype(jnp.int32)
+  before = jnp.cumsum(is_sep, axis=-1) - is_sep  # [SEP]s strictly before each position
+  return ((before >= 1) & mask_NxL).astype(jnp.int32)
+
+
+def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
+                 cfg: BertConfig, dtype: str = "float32",
+                 positions_BxK: jax.Array | None = None) -> jax.Array:
+  """Scores of every (question, candidate) pair, scores_BxK: the encoder's score of the pair
+  plus the rank prior of the candidate's base position.
+
+  Args:
+    params: from `init_cross_params` ({"encoder", "rank_bias"}).
+    tokens_BxKxL: int32 ids of "[CLS] question [SEP] memory [SEP]", padded with 0.
+    mask_BxKxL: bool, the real tokens (a missing candidate has none: its score is the prior's,
+      and the candidate mask keeps it out of every selection).
+    cfg: the encoder's configuration.
+    dtype: the encoder's computation dtype (float32, or bfloat16 on an accelerator).
+    positions_BxK: each candidate's base position (default 0..K-1: all K candidates in order).
+  """
+  if tokens_BxKxL.ndim != 3 or mask_BxKxL.shape != tokens_BxKxL.shape:
+    raise ValueError(f"expected tokens and mask of one shape (B, K, L), got {tokens_BxKxL.shape} "
+                     f"and {mask_BxKxL.shape}")
+  b, k, length = tokens_BxKxL.shape
+  prior = params["rank_bias"]
+  if positions_BxK is None:
+    if prior.shape[0] != k:
+      raise ValueError(f"{k} candidates, but the rank prior was trained for k={prior.shape[0]}")
+    prior_BxK = jnp.broadcast_to(prior, (b, k))
+  else:
+    prior_BxK = prior[positions_BxK]
+  ids = jnp.asarray(tokens_BxKxL).reshape(b * k, length)
+  mask = jnp.asarray(mask_BxKxL).reshape(b * k, length)
+  # A row without tokens (a missing candidate) attends to its first position alone, so no
+  # softmax runs over nothing; its score is masked out by the candidate mask anyway.
+  mask = mask.at[:, 0].set(True)
+  pair_N = BertCrossEncoder(cfg, dtype=dtype).apply({"params": params["encoder"]}, ids, mask,
+                                                     segment_ids(ids, mask))
+  return pair_N.reshape(b, k) + prior_BxK
+
+
+def cross_params_template(cfg: BertConfig, k: int) -> dict:
+  """Zeros in the structure of a cross reranker's parameters (what a checkpoint restores into,
+  without the pretrained weights at hand)."""
+  ids = jnp.zeros((1, 2), jnp.int32)
+  shapes = jax.eval_shape(lambda: BertCrossEncoder(cfg).init(
+      jax.random.PRNGKey(0), ids, ids > 0, ids))["params"]
+  encoder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return {"encoder": encoder, "rank_bias": jnp.zeros((k,), jnp.float32)}

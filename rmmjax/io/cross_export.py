@@ -1,0 +1,104 @@
+"""A trained cross reranker as a Hugging Face directory that sentence-transformers' CrossEncoder
+loads: BERT's weights, pooler and a one-label classifier (BertForSequenceClassification), the
+base encoder's tokenizer files, and `rmmjax_cross.json`, which says how the served score is
+formed. The CrossEncoder's score of a (question, memory) pair is the pair's logit (no sigmoid:
+its config names the identity as the activation); rmmjax's score of the candidate at base
+position k adds the rank prior `rank_bias[k]`, listed in that file, for a server that keeps the
+base retriever's order of the candidates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from rmmjax.encode.bert import param_at, weight_names
+from rmmjax.encode.export import TOKENIZER_FILES
+from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
+from rmmjax.io.export import load_trained_params, read_record, trained_spec
+from rmmjax.io.kinds import CROSS_RECORD
+from rmmjax.io.workdir import atomic_write_json
+
+CROSS_FORMAT = "rmmjax-cross-reranker-1"
+HOW_TO_SCORE = (
+    "score(question, memory at base position k) = CrossEncoder(DIR).predict([(question, "
+    "memory)]) + rank_bias[k]: the pair's logit (activation: identity) plus the rank prior of "
+    "the candidate's position in the base retriever's order (0 = its best). Ranking the K "
+    "candidates by the logit alone drops the prior, which the reranker was trained with.")
+
+
+def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
+  """The Hugging Face tensors of a cross reranker's encoder parameters."""
+  encoder = params["encoder"]
+  tensors = {}
+  for path, name, transposed in weight_names(cfg):
+    value = np.asarray(param_at(encoder, path), np.float32)
+    tensors["bert." + name] = np.ascontiguousarray(value.T if transposed else value)
+  for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
+    tensors[f"{hf_name}.weight"] = np.ascontiguousarray(
+        np.asarray(encoder[flax_name]["kernel"], np.float32).T)
+    tensors[f"{hf_name}.bias"] = np.asarray(encoder[flax_name]["bias"], np.float32)
+  bad = [k for k, v in tensors.items() if not np.all(np.isfinite(v))]
+  if bad:
+    raise ValueError(f"the cross reranker's {bad[0]} holds non-finite values; refusing to export")
+  return tensors
+
+
+def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
+                 max_length: int) -> Path:
+  """Writes the directory (see the module docstring); `base_dir` is the encoder it started from
+  (its config and tokenizer files)."""
+  out = Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  config = json.loads((Path(base_dir) / "config.json").read_text())
+  config |= {"architectures": ["BertForSequenceClassification"], "num_labels": 1,
+             "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+             "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}
+  atomic_write_json(out / "config.json", config)
+  for name in TOKENIZER_FILES:
+    if (Path(base_dir) / name).exists():
+      shutil.copyfile(Path(base_dir) / name, out / name)
+  tokenizer_config = out / "tokenizer_config.json"
+  if tokenizer_config.exists():  # the pair length rmmjax scored with
+    data = json.loads(tokenizer_config.read_text())
+    atomic_write_json(tokenizer_config, data | {"model_max_length": max_length})
+  tmp = out / ".model.safetensors.partial"
+  save_file(cross_tensors(params, cfg), str(tmp), metadata={"format": "pt"})
+  tmp.replace(out / "model.safetensors")
+  atomic_write_json(out / CROSS_RECORD, {
+      "format": CROSS_FORMAT, "how_to_score": HOW_TO_SCORE, "max_length": max_length,
+      "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(), "record": record})
+  return out
+
+
+def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
+  """A cross reranker's training workdir as the directory above. `encoder` is the one it
+  started from (its config and tokenizer files; refused when it is another). The directory is
+  written beside `out` and renamed into place: a failed export leaves nothing half-written."""
+  workdir, out = Path(workdir), Path(out)
+  record = read_record(workdir)
+  params, cfg, step = load_trained_params(workdir)
+  for what, trained, here in (("encoder", record.get("encoder"), encoder_identity(encoder)),
+                              ("tokenizer", record["cross"]["tokenizer"],
+                               tokenizer_identity(encoder))):
+    if trained != here:
+      raise ValueError(f"{workdir} trained from the {what} {trained}; the one at hand is "
+                       f"{here}: export it beside the encoder it started from")
+  if out.exists() and any(out.iterdir()):
+    raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+  try:
+    export_cross(params, trained_spec(cfg, workdir).bert, encoder.model_dir, staging,
+                 record | {"step": step}, record["cross"]["max_length"])
+    if out.exists():
+      out.rmdir()
+    staging.rename(out)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return out

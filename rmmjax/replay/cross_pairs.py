@@ -1,0 +1,116 @@
+"""The cross reranker's inputs: each question paired with the text of each of its K candidates,
+tokenised once on the host as "[CLS] question [SEP] memory [SEP]" and padded to one of a few
+lengths, so that a run compiles once.
+
+A pair longer than `max_length` tokens is cut, the longer of its two sides first (the
+tokenizer's longest-first truncation), and counted; an empty memory text is a pair of the
+question alone, scored like any other; a missing candidate (fewer than K units) has no tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import final
+
+import numpy as np
+
+# Padded pair lengths: a run pads every pair to the first of these that holds its longest one.
+PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class PairTokens:
+  ids_NxKxL: np.ndarray  # int32, 0-padded
+  mask_NxKxL: np.ndarray  # bool: the real tokens
+  truncated: int  # pairs cut to max_length
+  pairs: int  # pairs tokenised (candidates that exist)
+
+
+def pair_tokenizer(tokenizer, max_length: int):
+  """A copy of a `tokenizers.Tokenizer` that encodes pairs cut to max_length, unpadded."""
+  pairs = copy.deepcopy(tokenizer)
+  pairs.no_padding()
+  pairs.enable_truncation(max_length, strategy="longest_first")
+  return pairs
+
+
+def bucket(length: int, max_length: int) -> int:
+  """The padded length of pairs whose longest has `length` tokens."""
+  return next((b for b in PAIR_BUCKETS if b >= length and b <= max_length), max_length)
+
+
+def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequence[str | None]],
+                max_length: int, length: int | None = None) -> PairTokens:
+  """The pairs of each question with its candidates' texts (None: no candidate), padded to
+  `length` (default: the bucket of the longest pair). `tokenizer` is a `tokenizers.Tokenizer`
+  with BERT's pair template (the packaged MiniLM's)."""
+  if len(questions) != len(texts_NxK):
+    raise ValueError(f"{len(questions)} questions but {len(texts_NxK)} candidate lists")
+  k = max((len(row) for row in texts_NxK), default=0)
+  cut = pair_tokenizer(tokenizer, max_length)
+  whole = pair_tokenizer(tokenizer, 10**6)
+  flat = [(n, j, questions[n], text) for n, row in enumerate(texts_NxK)
+          for j, text in enumerate(row) if text is not None]
+  encoded = cut.encode_batch([(q, t) for _, _, q, t in flat]) if flat else []
+  full_lengths = [len(e.ids) for e in whole.encode_batch([(q, t) for _, _, q, t in flat])] \
+      if flat else []
+  longest = max((len(e.ids) for e in encoded), default=1)
+  length = length or bucket(longest, max_length)
+  if longest > length:
+    raise ValueError(f"a pair of {longest} tokens does not fit the run's length {length}")
+  ids = np.zeros((len(questions), k, length), np.int32)
+  mask = np.zeros((len(questions), k, length), bool)
+  for (n, j, _, _), e in zip(flat, encoded):
+    ids[n, j, :len(e.ids)] = e.ids
+    mask[n, j, :len(e.ids)] = True
+  truncated = sum(full > max_length for full in full_lengths)
+  return PairTokens(ids, mask, truncated, len(flat))
+
+
+def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
+  """The pair tokens of every question and candidate of replayed conversations
+  (`candidates.ConversationReplay`), all padded to one length: the bucket of the longest pair
+  of any of them, so their streams stack and one program serves them all."""
+  first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(), max_length) for c in convs]
+  length = max((p.ids_NxKxL.shape[2] for p in first), default=PAIR_BUCKETS[0])
+  return [p if p.ids_NxKxL.shape[2] == length else _padded(p, length) for p in first]
+
+
+def _padded(pairs: PairTokens, length: int) -> PairTokens:
+  extra = length - pairs.ids_NxKxL.shape[2]
+  width = ((0, 0), (0, 0), (0, extra))
+  return dataclasses.replace(pairs, ids_NxKxL=np.pad(pairs.ids_NxKxL, width),
+                             mask_NxKxL=np.pad(pairs.mask_NxKxL, width))
+
+
+def candidate_subset(questions_N, n: int, seed: int):
+  """A pool of questions (a host `core.Batch`, questions_N) with `n` of each one's K candidates:
+  its relevant ones first (at most half of n, drawn at random), the rest drawn from the
+  irrelevant ones that exist; each keeps its base position (positions_BxK) and so its rank prior. A listwise
+  loss over these n costs n/K of one over all K: what makes pretraining a cross reranker on
+  every labelled question affordable."""
+  mask, relevant = np.asarray(questions_N.mask_BxK), np.asarray(questions_N.relevant_BxK)
+  num, k = mask.shape
+  if not 2 <= n <= k:
+    raise ValueError(f"cross_pretrain_candidates={n}: expected 2 to k={k}")
+  rng = np.random.default_rng(seed)
+  keys = rng.random((num, k))
+  # Sort key per candidate: relevant ones (up to n // 2 of them) first, then the irrelevant
+  # existing ones, then the remaining relevant ones (only where too few others exist), each
+  # group in a random order; missing candidates last.
+  rank_rel = np.argsort(np.argsort(np.where(relevant & mask, keys, 2.0), 1), 1)
+  take_rel = relevant & mask & (rank_rel < max(1, n // 2))
+  group = np.where(take_rel, 0.0, np.where(mask & ~relevant, 1.0,
+                                           np.where(mask, 2.0, 3.0)))
+  cols = np.sort(np.argsort(group + keys, 1, kind="stable")[:, :n], 1)  # kept in base order
+  take = lambda x: np.take_along_axis(np.asarray(x), cols.reshape(  # noqa: E731
+      cols.shape + (1,) * (np.ndim(x) - 2)), 1)
+  return questions_N.replace(
+      q_BxD=np.asarray(questions_N.q_BxD), mem_BxKxD=take(questions_N.mem_BxKxD),
+      mask_BxK=take(mask), relevant_BxK=take(relevant),
+      evidence_BxKxE=take(questions_N.evidence_BxKxE),
+      tokens_BxKxL=take(questions_N.tokens_BxKxL),
+      token_mask_BxKxL=take(questions_N.token_mask_BxKxL), positions_BxK=cols.astype(np.int32))

@@ -1,0 +1,110 @@
+"""The agent with a cross reranker: it scores each memory's text beside the query as the core
+does, learns from the LLM's citations, keeps the pending answers' pair tokens in its workdir,
+and refuses an encoder other than the one the reranker trained beside."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hash_encoder import HashEncoder
+from rmmjax import core
+from rmmjax.agent import Agent, AgentSettings
+from rmmjax.agent.rmm import memory_prompt_text
+from rmmjax.encode.bert import load_pooler
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.encode.protocol import tokenizer_identity
+from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.llm.fake import ScriptedLLM
+from rmmjax.memory import MemoryBank, NewMemory
+from rmmjax.replay.cross_pairs import pair_tokens
+
+FACTS = ["Alice adopted a grey cat named Pixel in May", "Alice runs marathons in the spring",
+         "Alice works as a nurse at the city hospital", "Alice plays the cello on Sundays",
+         "Alice's sister lives in Lisbon"]
+SETTINGS = AgentSettings(retriever="hybrid", k=5, m=2, batch=2, lr=1e-3)
+LENGTH = 48
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return SentenceEncoder()
+
+
+@pytest.fixture
+def bank(tmp_path, encoder):
+  with MemoryBank(tmp_path / "bank.sqlite") as bank:
+    bank.add_user("alice")
+    bank.start_session("alice", "s1", "2023-05-08")
+    bank.add_turns("alice", "s1", [(f"t{i}", "alice", f) for i, f in enumerate(FACTS)])
+    bank.apply_reflection("alice", "s1", [NewMemory(f, [f"t{i}"], encoder.encode([f])[0])
+                                          for i, f in enumerate(FACTS)], [], encoder.identity)
+    yield bank
+
+
+def _reranker(encoder, record=None):
+  weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}
+  params = core.init_cross_params(weights, SETTINGS.k, 1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.asarray(
+      np.random.default_rng(0).normal(0, 0.2, (encoder.dim, 1)), jnp.float32)
+  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=SETTINGS.k, m=2, batch=2,
+                       bert=encoder.cfg)
+  record = {"units": "topic", "retriever": "hybrid", "encoder": encoder.identity,
+            "dim": encoder.dim, "k": SETTINGS.k, "query_encoder": None,
+            "cross": {"tokenizer": tokenizer_identity(encoder), "max_length": LENGTH}} | (
+                record or {})
+  return LoadedReranker("cross-run", params, spec, core.HParams.create(), record)
+
+
+def test_the_agent_scores_memory_texts_as_the_core_does(bank, encoder):
+  loaded = _reranker(encoder)
+  agent = Agent(bank, encoder, SETTINGS, reranker=loaded)
+  query = "what is the cat called?"
+  shown, scores = agent.recall("alice", query)
+  assert len(shown) == 2
+  # Independently: the pairs of the query with the shown memories' texts, in the order the
+  # agent's candidates came (their base positions give the rank prior).
+  _, _, _, candidates, _ = agent._candidates("alice", query)
+  texts = [memory_prompt_text(m) for m in candidates]
+  pairs = pair_tokens(encoder.tokenizer, [query], [texts], LENGTH, length=LENGTH)
+  want = np.asarray(core.cross_scores(loaded.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+                                      encoder.cfg))[0]
+  order = np.argsort(-want, kind="stable")[:2]
+  assert [m.summary for m in shown] == [candidates[i].summary for i in order]
+  np.testing.assert_allclose(scores, want[order], rtol=1e-5, atol=1e-5)
+
+
+def test_citations_update_the_cross_reranker_and_pending_tokens_persist(bank, encoder,
+                                                                        tmp_path):
+  loaded = _reranker(encoder)
+  cite = json.dumps({"answer": "Pixel", "citations": [1, 2]})  # a set reward of +1
+  agent = Agent(bank, encoder, SETTINGS, llm=ScriptedLLM([cite] * 3), reranker=loaded,
+                workdir=tmp_path / "w")
+  before = np.asarray(agent.state.params["encoder"]["classifier"]["kernel"])
+  assert [agent.respond("alice", "the cat?").updated for _ in range(3)] == [False, True, False]
+  after = np.asarray(agent.state.params["encoder"]["classifier"]["kernel"])
+  assert np.abs(after - before).max() > 0
+  agent.close()
+  again = Agent(bank, encoder, SETTINGS, llm=ScriptedLLM([cite]), reranker=loaded,
+                workdir=tmp_path / "w")
+  assert again.stats["updates"] == 1 and again.pending == 1
+  assert again._pending[0][5].shape == (SETTINGS.k, LENGTH)  # the pair tokens came back
+  assert again.respond("alice", "the cat?").updated  # the pending one completes a batch
+  leaves = jax.tree.leaves(again.state.params)
+  assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
+  again.close()
+
+
+def test_another_encoder_or_tokenizer_is_refused_naming_both(bank, encoder):
+  with pytest.raises(ValueError, match="this one is"):
+    Agent(bank, encoder, SETTINGS, reranker=_reranker(encoder, {"encoder": "other/model:0123"}))
+  other = _reranker(encoder)
+  other = dataclasses.replace(other, record=other.record | {
+      "cross": {"tokenizer": "f" * 64, "max_length": LENGTH}})
+  with pytest.raises(ValueError, match="ffffffffffff"):
+    Agent(bank, encoder, SETTINGS, reranker=other)
+  with pytest.raises(ValueError, match="HashEncoder has none"):
+    Agent(bank, HashEncoder(), SETTINGS, reranker=_reranker(encoder))

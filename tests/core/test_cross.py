@@ -1,0 +1,172 @@
+"""The cross reranker in the core: the base order at initialisation, gradients that match finite
+differences, one compile for every batch of a shape, bfloat16 computation over float32 state,
+segment ids against a loop, and the core's losses and steps unchanged over it."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rmmjax import core
+from rmmjax.core.cross import SEP_ID, segment_ids
+
+TINY = core.BertConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=32, max_position_embeddings=24,
+                       type_vocab_size=2, layer_norm_eps=1e-12)
+B, K, L = 3, 5, 12
+
+
+def _encoder_params(seed=0):
+  ids = jnp.zeros((1, L), jnp.int32)
+  params = core.bert.BertCrossEncoder(TINY).init(jax.random.PRNGKey(seed), ids, ids >= 0,
+                                                 ids)["params"]
+  return {name: value for name, value in params.items() if name != "classifier"}
+
+
+def _pairs(seed=0, b=B, k=K, length=L):
+  """Random pairs "[CLS] q [SEP] m [SEP]" of varied lengths, 0-padded, one candidate missing."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros((b, k, length), np.int32)
+  for i in range(b):
+    for j in range(k):
+      q, m = rng.integers(1, 4), rng.integers(0, length - 6)  # an empty memory text included
+      row = [101, *rng.integers(1, 100, q), SEP_ID, *rng.integers(1, 100, m), SEP_ID]
+      ids[i, j, :len(row)] = row
+  ids[0, -1] = 0  # a missing candidate
+  return jnp.asarray(ids), jnp.asarray(ids > 0)
+
+
+def _spec(**kw):
+  return core.CoreSpec(variant="cross", dim=16, k=K, m=2, batch=B, bert=TINY, **kw)
+
+
+def _batch(seed=0):
+  tokens, mask = _pairs(seed)
+  rng = np.random.default_rng(seed + 1)
+  cand = np.asarray(mask.any(-1))
+  relevant = (rng.random((B, K)) < 0.4) & cand
+  relevant[:, 0] |= True
+  return core.Batch(q_BxD=jnp.zeros((B, 16)), mem_BxKxD=jnp.zeros((B, K, 16)),
+                    mask_BxK=jnp.asarray(cand), relevant_BxK=jnp.asarray(relevant),
+                    num_relevant_B=jnp.asarray(relevant.sum(1), jnp.int32), tokens_BxKxL=tokens,
+                    token_mask_BxKxL=mask)
+
+
+def test_a_fresh_cross_reranker_keeps_the_base_order():
+  params = core.init_cross_params(_encoder_params(), K, prior_scale=1.0)
+  tokens, mask = _pairs()
+  scores = core.cross_scores(params, tokens, mask, TINY)
+  want = -np.log1p(np.arange(K))
+  np.testing.assert_array_equal(np.asarray(scores), np.broadcast_to(want, (B, K)).astype(
+      np.float32))
+  batch = _batch()
+  top = jax.vmap(core.top_m, in_axes=(0, None, 0))(scores, 2, batch.mask_BxK)
+  np.testing.assert_array_equal(np.asarray(top), np.tile([0, 1], (B, 1)))
+
+
+def test_segment_ids_match_a_loop():
+  tokens, mask = _pairs(3)
+  flat, flat_mask = tokens.reshape(-1, L), mask.reshape(-1, L)
+  got = np.asarray(segment_ids(flat, flat_mask, SEP_ID))
+  for row, row_mask, seg in zip(np.asarray(flat), np.asarray(flat_mask), got):
+    seen = False
+    for tok, real, s in zip(row, row_mask, seg):
+      assert s == (1 if (seen and real) else 0)
+      seen |= tok == SEP_ID
+
+
+def test_positions_pick_the_rank_prior_of_the_base_order():
+  params = core.init_cross_params(_encoder_params(), 8, prior_scale=2.0)
+  tokens, mask = _pairs()
+  positions = jnp.asarray(np.tile([0, 2, 3, 6, 7], (B, 1)), jnp.int32)
+  scores = core.cross_scores(params, tokens, mask, TINY, positions_BxK=positions)
+  np.testing.assert_allclose(np.asarray(scores[0]), -2.0 * np.log1p([0, 2, 3, 6, 7]), rtol=1e-6)
+  with pytest.raises(ValueError, match="k=8"):
+    core.cross_scores(params, tokens, mask, TINY)
+
+
+def test_listwise_gradient_matches_finite_differences():
+  params = core.init_cross_params(_encoder_params(1), K, prior_scale=1.0)
+  rng = np.random.default_rng(0)
+  params["encoder"]["classifier"]["kernel"] = jnp.asarray(rng.normal(0, 0.5, (16, 1)),
+                                                          jnp.float32)
+  batch, spec = _batch(2), _spec()
+
+  def loss(p):
+    return core.listwise_loss(core.scores(p, batch, spec), batch.relevant_BxK, batch.mask_BxK,
+                              jnp.float32(1.0))
+
+  grads = jax.grad(loss)(params)
+  # Central differences in float64 NumPy arithmetic of the loss, on a few coordinates of the
+  # head, the pooler, an attention kernel and the rank prior.
+  probes = [("encoder", "classifier", "kernel", (3, 0)), ("encoder", "pooler", "kernel", (2, 5)),
+            ("encoder", "layer_1", "query", "kernel", (4, 7)), ("rank_bias", (2,))]
+  eps = 1e-2
+  for *path, index in probes:
+    def at(p, delta, path=path, index=index):
+      p = jax.tree.map(lambda x: x, p)
+      node = p
+      for name in path[:-1]:
+        node = node[name]
+      node[path[-1]] = node[path[-1]].at[index].add(delta)
+      return float(loss(p))
+    numeric = (at(params, eps) - at(params, -eps)) / (2 * eps)
+    g = grads
+    for name in path:
+      g = g[name]
+    assert float(g[index]) == pytest.approx(numeric, rel=0.05, abs=2e-4), path
+
+
+def test_one_compile_serves_every_batch_of_a_shape(caplog):
+  spec = _spec()
+  state = core.init_state(spec, core.HParams.create(lr=1e-3, tau=1.0),
+                          core.init_cross_params(_encoder_params(), K, 1.0))
+  step = jax.jit(core.supervised_step)
+  train = jax.jit(core.train_step)
+  with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+    for seed in range(3):
+      state, _ = step(state, _batch(seed))
+      state, _ = train(state, _batch(seed + 5), jax.random.PRNGKey(seed))
+  compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
+              and ("supervised_step" in r.getMessage() or "train_step" in r.getMessage())]
+  assert len(compiles) == 2, compiles
+
+
+def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state():
+  params = core.init_cross_params(_encoder_params(), K, 1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.full((16, 1), 0.3, jnp.float32)
+  batch = _batch()
+  full = core.scores(params, batch, _spec())
+  half = core.scores(params, batch, _spec(compute_dtype="bfloat16"))
+  assert half.dtype == jnp.float32
+  assert not np.array_equal(np.asarray(full), np.asarray(half))  # really computed otherwise
+  np.testing.assert_allclose(np.asarray(half), np.asarray(full), atol=0.1)
+  state = core.init_state(_spec(compute_dtype="bfloat16"), core.HParams.create(lr=1e-3),
+                          params)
+  state, metrics = jax.jit(core.supervised_step)(state, batch)
+  assert np.isfinite(float(metrics["loss"]))
+  dtypes = {x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
+            if jnp.issubdtype(x.dtype, jnp.floating)}
+  assert dtypes == {jnp.dtype(jnp.float32)}
+
+
+def test_a_cross_spec_is_refused_where_it_cannot_score():
+  with pytest.raises(ValueError, match="compute_dtype"):
+    _spec(compute_dtype="float16")
+  with pytest.raises(ValueError, match="only the cross variant"):
+    core.CoreSpec(variant="linear", dim=16, k=K, m=2, bert=TINY)
+  with pytest.raises(ValueError, match="init_cross_params"):
+    core.init_params(jax.random.PRNGKey(0), _spec())
+  batch = _batch().replace(tokens_BxKxL=None)
+  with pytest.raises(ValueError, match="tokens_BxKxL"):
+    core.scores(core.init_cross_params(_encoder_params(), K, 1.0), batch, _spec())
+
+
+def test_template_has_the_structure_of_the_initial_parameters():
+  params = core.init_cross_params(_encoder_params(), K, 1.0)
+  template = core.cross_params_template(TINY, K)
+  assert jax.tree.structure(params) == jax.tree.structure(template)
+  assert [x.shape for x in jax.tree.leaves(params)] == [x.shape for x in
+                                                         jax.tree.leaves(template)]

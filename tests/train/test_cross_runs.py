@@ -1,0 +1,183 @@
+"""`rmmjax train --set variant=cross` as a user runs it, then `eval --reranker` and `export`:
+the run's record and report, SIGKILL in pretraining and between checkpoints, a tokenizer that
+differs refused naming both, the export scored by sentence-transformers' CrossEncoder as rmmjax
+scores it, a step too large for the device refused before the run starts."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from cli_args import sets as _sets
+from rmmjax import core
+from rmmjax.cli import main
+from rmmjax.config import apply_overrides, get_config
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.io.cross_export import export_cross
+from rmmjax.io.reranker_load import load_reranker
+from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.train import cross_task
+
+SMALL = ("variant=cross", "holdout=1", "k=5", "m=2", "batch=2", "steps=4", "log_every=2",
+         "checkpoint_every=2", "cross_max_length=48", "cross_pretrain_candidates=4")
+
+
+def _args(three, *extra):
+  return _sets(f"data={three}", *SMALL, *extra)
+
+
+@pytest.fixture(scope="module")
+def cross_run(three, tmp_path_factory):
+  wd = tmp_path_factory.mktemp("cross") / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three)]) == 0
+  return wd
+
+
+def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
+  record = json.loads((cross_run / "record.json").read_text())
+  summary = json.loads((cross_run / "summary.json").read_text())
+  assert record["variant"] == "cross" and record["retriever"] == "hybrid"
+  assert len(record["cross"]["tokenizer"]) == 64 and record["cross"]["max_length"] == 48
+  assert summary["cross_pairs"] == record["cross"]["pairs"] > 0
+  # Turns with their dates run past 48 tokens beside a question: cut and counted.
+  assert 0 < summary["cross_pairs_truncated"] < summary["cross_pairs"]
+  assert summary["cross_pair_length"] == 48
+  assert len(json.loads((cross_run / "pretrain.json").read_text())["loss"]) > 0
+  assert np.isfinite(summary["recall_at_m_final"])
+  # The fresh reranker is the base order (its head starts at zero).
+  assert summary["recall_at_m_first"] == pytest.approx(summary["recall_at_m_base"])
+  loaded = load_reranker(cross_run)
+  assert loaded.step == 4 and loaded.spec.variant == "cross" and loaded.spec.bert is not None
+  assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
+
+
+def test_eval_takes_the_retriever_from_the_run_and_refuses_another_tokenizer(
+    cross_run, three, tmp_path, capsys):
+  out = tmp_path / "report.json"
+  assert main(["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn",
+               "--reranker", str(cross_run), "--k", "2,5", "--quiet", "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["config"]["retriever"] == "hybrid"
+  assert report["config"]["conversations"] == ["syn-3"]  # what it did not train on
+  other = tmp_path / "other"
+  shutil.copytree(cross_run, other)
+  record = json.loads((other / "record.json").read_text())
+  record["cross"]["tokenizer"] = "0" * 64
+  (other / "record.json").write_text(json.dumps(record))
+  capsys.readouterr()
+  assert main(["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn",
+               "--reranker", str(other), "--quiet"]) == 2
+  err = capsys.readouterr().err
+  trained = json.loads((cross_run / "record.json").read_text())["cross"]["tokenizer"]
+  assert "000000000000" in err and trained[:12] in err
+
+
+def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
+  st = pytest.importorskip("sentence_transformers",
+                           reason="the comparison needs sentence-transformers and torch: "
+                                  "pip install -e '.[parity]'")
+  out = tmp_path / "served"
+  assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 0
+  header = json.loads((out / "rmmjax_cross.json").read_text())
+  assert "rank_bias[k]" in header["how_to_score"] and len(header["rank_bias"]) == 5
+  assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 2  # not over it
+  assert "not empty" in capsys.readouterr().err
+  assert main(["eval", "--dataset", "locomo", "--data", "x.json", "--reranker", str(out)]) == 2
+  assert "exported cross reranker" in capsys.readouterr().err
+  # A head far from zero, so that every part of the score counts.
+  loaded = load_reranker(cross_run)
+  params = jax.tree.map(np.asarray, loaded.params)
+  rng = np.random.default_rng(0)
+  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.3, (384, 1)).astype(np.float32)
+  params["encoder"]["classifier"]["bias"] = np.array([0.7], np.float32)
+  encoder = SentenceEncoder()
+  served = export_cross(params, loaded.spec.bert, encoder.model_dir, tmp_path / "random",
+                        loaded.record, 48)
+  questions = ["When did Caroline go to the LGBTQ support group?", "what does Mel paint?"]
+  texts = [["[8 May 2023] Caroline: I went to a support group yesterday", "",
+            " ".join(["a very long memory"] * 40), "Mel: sunsets, mostly", "ok"]] * 2
+  pairs = pair_tokens(encoder.tokenizer, questions, texts, 48)
+  ours = np.asarray(core.cross_scores(params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+                                      loaded.spec.bert))
+  model = st.CrossEncoder(str(served), device="cpu")
+  theirs = np.array([model.predict([(q, t) for t in row]) for q, row in zip(questions, texts)])
+  # The served score, as its header says: the CrossEncoder's logit plus the rank prior.
+  served_bias = np.asarray(json.loads((served / "rmmjax_cross.json").read_text())["rank_bias"])
+  np.testing.assert_allclose(ours, theirs + served_bias[None, :], atol=1e-4)
+
+
+def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path,
+                                                                   monkeypatch, capsys):
+  monkeypatch.setattr(cross_task, "device_memory_bytes", lambda: 2**20)
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three)]) == 2
+  err = capsys.readouterr().err
+  assert "lower batch (now 2), k (5) or cross_max_length (48)" in err
+  assert not wd.exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["units=lace"], "units=lace"),
+    (["learner=query_encoder"], "set learner=reranker"),
+    (["cross_pretrain_candidates=9"], "expected 2 to k=5"),
+    (["compute_dtype=float16"], "compute_dtype"),
+    (["cross_max_length=1024"], "expected 16 to 512"),
+])
+def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
+  cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL, *overrides])
+  with pytest.raises(ValueError, match=message):
+    cfg.validate()
+
+
+def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
+  data = f"data={three}"
+  with pytest.raises(ValueError, match="configure variant=cross"):
+    apply_overrides(get_config("locomo"), [data, "prior_scale=2.0"]).validate()
+  with pytest.raises(ValueError, match="or 0 for variant=cross"):
+    apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
+  apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
+  with pytest.raises(ValueError, match="latent"):
+    apply_overrides(get_config("latent"), ["variant=cross"]).validate()
+
+
+def test_a_stand_in_encoder_is_refused(three):
+  from hash_encoder import HashEncoder
+  cfg = apply_overrides(get_config("locomo"), [f"data={three}", "dim=32", *SMALL])
+  with pytest.raises(ValueError, match="has none"):
+    cross_task.CrossRerankerTask(cfg, HashEncoder())
+
+
+@pytest.mark.slow
+def test_killed_runs_resume_to_the_uninterrupted_summary(cross_run, three, tmp_path):
+  killed = tmp_path / "killed"
+  cmd = [sys.executable, "-m", "rmmjax.cli", "train", "--config", "locomo", "--workdir",
+         str(killed), "--quiet", *_args(three)]
+
+  def run_until(done, what):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not done():
+      assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+      assert time.time() < deadline, what
+      time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+  # Killed in pretraining (the record is written just before it), then between checkpoints.
+  run_until(lambda: (killed / "record.json").exists(), "pretraining")
+  assert not (killed / "checkpoints").exists()
+  run_until(lambda: (killed / "checkpoints" / "2").exists(), "the checkpoint of step 2")
+  assert not (killed / "summary.json").exists()
+  resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert json.loads((killed / "summary.json").read_text()) == json.loads(
+      (cross_run / "summary.json").read_text())
+  assert (killed / "metrics.jsonl").read_text() == (cross_run / "metrics.jsonl").read_text()
