@@ -34,6 +34,7 @@ from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit
 
@@ -136,8 +137,9 @@ class Agent(ChatAgent):
     self.state = core.init_state(spec, hp, reranker.params if reranker is not None else None)
     self.stats = dict.fromkeys(STATS, 0)
     self._pending: list[tuple] = []
-    self._scores = jax.jit(core.scores, static_argnums=2)
-    self._update = jax.jit(core.reinforce_update)
+    options = compiler_options() if self._pair_length is not None else None  # the encoder's
+    self._scores = jax.jit(core.scores, static_argnums=2, compiler_options=options)
+    self._update = jax.jit(core.reinforce_update, compiler_options=options)
     self.workdir = None
     if workdir is not None:
       fixed = dataclasses.asdict(settings) | {

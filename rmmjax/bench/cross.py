@@ -47,7 +47,7 @@ def _pairs(data: Path, batches: int, k: int) -> list[tuple[list[str], list[list[
 
 def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   from rmmjax.encode.bert import load_pooler
-  from rmmjax.encode.encoder import SentenceEncoder
+  from rmmjax.encode.encoder import SentenceEncoder, compiler_options
   from rmmjax.io.cross_export import export_cross
   from rmmjax.replay.cross_pairs import pair_tokens
 
@@ -68,13 +68,14 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   score_tokens = [tok(*s) for s in score_sets]
   train_tokens = [tok(*s) for s in train_sets]
 
-  score = jax.jit(lambda p, t, m: core.cross_scores(p, t, m, cfg))
+  score = jax.jit(lambda p, t, m: core.cross_scores(p, t, m, cfg),
+                  compiler_options=compiler_options())
   spec = core.CoreSpec(variant="cross", dim=cfg.hidden_size, k=TRAIN_K, m=2, batch=QUESTIONS,
                        bert=cfg)
   relevant = np.zeros((QUESTIONS, TRAIN_K), bool)
   relevant[:, 0] = True
   train_params = dict(params, rank_bias=params["rank_bias"][:TRAIN_K])
-  step = jax.jit(core.supervised_step)
+  step = jax.jit(core.supervised_step, compiler_options=compiler_options())
 
   def ours_score():
     for t in score_tokens:

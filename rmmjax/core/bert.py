@@ -81,17 +81,28 @@ class _Layer(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, h_BxTxH, bias_Bx1x1xT):
+  def __call__(self, h_BxTxH, bias_Bx1x1xT, first_only: bool = False):
+    """The layer's output states (B, T, H); with `first_only` only the first position's
+    (B, 1, H), which attends to every position: what a cross-encoder's last layer needs for its
+    [CLS] state (the keys and values of every token, the rest of the layer for one)."""
     cfg = self.cfg
     heads, size = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    dtype = h_BxTxH.dtype
     # Query, key and value as one (H, 3H) matmul: one pass over the activations instead of three.
     qkv = [_Weights(cfg.hidden_size, name=n)(cfg.hidden_size) for n in ("query", "key", "value")]
-    kernel_Hx3H = jnp.concatenate([w for w, _ in qkv], axis=1).astype(h_BxTxH.dtype)
-    bias_1x1x3H = jnp.concatenate([b for _, b in qkv])[None, None, :].astype(h_BxTxH.dtype)
-    qkv_BxTx3H = h_BxTxH @ kernel_Hx3H + bias_1x1x3H
-    qkv_BxTx3xNxD = qkv_BxTx3H.reshape(h_BxTxH.shape[:2] + (3, heads, size))
-    q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
-    dtype = h_BxTxH.dtype
+    kernel_Hx3H = jnp.concatenate([w for w, _ in qkv], axis=1).astype(dtype)
+    bias_1x1x3H = jnp.concatenate([b for _, b in qkv])[None, None, :].astype(dtype)
+    b, t = h_BxTxH.shape[:2]
+    if first_only:
+      q = (h_BxTxH[:, :1] @ kernel_Hx3H[:, :cfg.hidden_size]
+           + bias_1x1x3H[..., :cfg.hidden_size]).reshape(b, 1, heads, size)
+      kv_BxTx2xNxD = (h_BxTxH @ kernel_Hx3H[:, cfg.hidden_size:]
+                      + bias_1x1x3H[..., cfg.hidden_size:]).reshape(b, t, 2, heads, size)
+      k, v = kv_BxTx2xNxD[:, :, 0], kv_BxTx2xNxD[:, :, 1]
+      h_BxTxH = h_BxTxH[:, :1]
+    else:
+      qkv_BxTx3xNxD = (h_BxTxH @ kernel_Hx3H + bias_1x1x3H).reshape(b, t, 3, heads, size)
+      q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
     attn = (jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1x1xT) if dtype == jnp.float32
             else _attention_low_precision(q, k, v, bias_Bx1x1xT))
     attn = nn.Dense(cfg.hidden_size, name="attention_out", dtype=dtype)(
@@ -103,9 +114,11 @@ class _Layer(nn.Module):
     return _norm(cfg, "output_norm", h_BxTxH + out)
 
 
-def _hidden_states(cfg: BertConfig, ids_BxT, mask_BxT, types_BxT, dtype):
-  """The last layer's states (B, T, H). Called inside a module's compact method, so the
-  embeddings and layers are that module's own, under the names the weights file maps to."""
+def _hidden_states(cfg: BertConfig, ids_BxT, mask_BxT, types_BxT, dtype,
+                   first_only: bool = False):
+  """The last layer's states (B, T, H), or with `first_only` its first position's (B, 1, H).
+  Called inside a module's compact method, so the embeddings and layers are that module's own,
+  under the names the weights file maps to."""
   positions = jnp.arange(ids_BxT.shape[1])[None, :]
   h = (nn.Embed(cfg.vocab_size, cfg.hidden_size, name="word")(ids_BxT)
        + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position")(positions)
@@ -114,7 +127,8 @@ def _hidden_states(cfg: BertConfig, ids_BxT, mask_BxT, types_BxT, dtype):
   # Padding keys get a large negative logit: one (B, 1, 1, T) bias for every layer and head.
   bias_Bx1x1xT = jnp.where(mask_BxT, 0.0, -1e9).astype(dtype)[:, None, None, :]
   for i in range(cfg.num_hidden_layers):
-    h = _Layer(cfg, name=f"layer_{i}")(h, bias_Bx1x1xT)
+    last = i == cfg.num_hidden_layers - 1
+    h = _Layer(cfg, name=f"layer_{i}")(h, bias_Bx1x1xT, first_only and last)
   return h
 
 
@@ -143,7 +157,9 @@ class BertCrossEncoder(nn.Module):
   @nn.compact
   def __call__(self, ids_NxT, mask_NxT, types_NxT):
     dtype = jnp.dtype(self.dtype)
-    h = _hidden_states(self.cfg, ids_NxT, mask_NxT, types_NxT, dtype)
+    # Only the [CLS] state is scored: the last layer computes it alone (about a seventh less
+    # work than the whole last layer, with the same result).
+    h = _hidden_states(self.cfg, ids_NxT, mask_NxT, types_NxT, dtype, first_only=True)
     pooled = jnp.tanh(nn.Dense(self.cfg.hidden_size, name="pooler", dtype=dtype)(h[:, 0]))
     score = nn.Dense(1, name="classifier", dtype=dtype, kernel_init=nn.initializers.zeros)(pooled)
     return score[:, 0].astype(jnp.float32)

@@ -53,7 +53,7 @@ def check_model_dir(model_dir: Path) -> None:
 
 
 @functools.cache
-def _compiler_options() -> dict | None:
+def compiler_options() -> dict | None:
   """CPU_COMPILER_OPTIONS where this XLA is a CPU backend that accepts them, else None."""
   if jax.default_backend() != "cpu":
     return None
@@ -94,7 +94,7 @@ class SentenceEncoder:
     self.module = BertEncoder(self.cfg)
     self.apply = jax.jit(
         lambda params, ids, mask: self.module.apply({"params": params}, ids, mask),
-        compiler_options=_compiler_options())
+        compiler_options=compiler_options())
     self.batch_size = batch_size
     self.cache = cache
     self.identity = _model_identity(self.model_dir)

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from rmmjax import core
+from rmmjax.encode.encoder import compiler_options
 from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
 from rmmjax.replay.candidates import ConversationReplay, to_streams
 from rmmjax.replay.cross_pairs import replay_pairs
@@ -35,7 +36,9 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
         raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
                          f"{conv.q_NxD.shape[1]}")
   state = core.init_state(spec, reranker.hparams, reranker.params)
-  replay = jax.jit(heldout_replay, static_argnums=3)
+  # (The embedding rerankers compile as their training did, so eval --online repeats it.)
+  replay = jax.jit(heldout_replay, static_argnums=3,
+                   compiler_options=compiler_options() if pairs is not None else None)
   out = replay(state, to_streams(replays, spec.batch, pairs=pairs), stream_ids(replays), online)
   scores = np.asarray(out["scores_SxBxK"])
   orders = []

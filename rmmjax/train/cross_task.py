@@ -25,6 +25,7 @@ from tqdm import tqdm
 from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
 from rmmjax.encode.bert import load_pooler
+from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.replay.cross_pairs import candidate_subset, replay_pairs
@@ -94,7 +95,8 @@ class CrossRerankerTask(ReplayTask):
     per_epoch = num // b
     if per_epoch < 1:
       raise ValueError(f"{num} training questions cannot fill one batch of {b}")
-    step = jax.jit(core.supervised_step)  # no donation: the hyperparameters are shared
+    # No donation: the hyperparameters are shared with the task's.
+    step = jax.jit(core.supervised_step, compiler_options=compiler_options())
     sharding = distributed.batch_sharding(self.mesh)
     losses = []
     bar = tqdm(total=cfg.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
@@ -135,7 +137,7 @@ class CrossRerankerTask(ReplayTask):
     self.train_seq = self._host_seq
     state = self._replicated(self.template)
     fn = jax.jit(lambda state, stream: core_replay.replay_steps(state, stream, 1),
-                 donate_argnums=0)
+                 donate_argnums=0, compiler_options=compiler_options())
     compiled = fn.lower(state, self._one_step_stream(0)).compile()
     check_fits(compiled, self.cfg)
     return compiled
@@ -161,7 +163,8 @@ class CrossRerankerTask(ReplayTask):
       return {}
     params = self._host(state.params)
     recall = []
-    score = jax.jit(core_replay.rerank_recall, static_argnums=2)
+    score = jax.jit(core_replay.rerank_recall, static_argnums=2,
+                    compiler_options=compiler_options())
     streams = _split_streams(self.test_streams)
     total = sum(s.mask_BxK.shape[0] for s in streams)
     with tqdm(total=total, desc="held-out (cross)", unit="batch",
