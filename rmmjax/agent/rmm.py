@@ -150,6 +150,9 @@ class Agent(ChatAgent):
       self._restore()
 
   def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:
+    if reranker.spec.variant == "cross" and reranker.spec.k != self.settings.k:
+      raise ValueError(f"the cross reranker {reranker.source} scores {reranker.spec.k} "
+                       f"candidates; here {self.settings.k} are retrieved (--candidates)")
     if reranker.spec.dim != self.encoder.dim or reranker.spec.k != self.settings.k:
       # Weights of other shapes cannot score these candidates at all, mismatch allowed or not.
       raise ValueError(f"the reranker {reranker.source} scores {reranker.spec.k} candidates "

@@ -47,6 +47,9 @@ def cmd_eval(args) -> None:
   apply_precision(args.precision)
   # A reranker ranks the candidates of the retriever it trained over: that is the default.
   trained_over = reranker_record(Path(args.reranker)).get("retriever") if args.reranker else None
+  if trained_over is not None and trained_over not in RETRIEVERS and args.retriever is None:
+    raise ValueError(f"the reranker {args.reranker} records its candidates' retriever as "
+                     f"{trained_over!r}, not one of {', '.join(RETRIEVERS)}; pass --retriever")
   retriever = args.retriever or trained_over or ("hybrid" if args.units == "lace" else "bm25")
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,

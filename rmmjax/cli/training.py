@@ -54,11 +54,19 @@ def cmd_train(args) -> None:
   if "recall_at_m_alone" in summary:  # units lace: "after" fuses the reranker's and IRIS's order
     rows.append(("  the reranker's order alone (not fused with IRIS's)",
                  summary["recall_at_m_base"], summary["recall_at_m_alone"]))
-  rows += [("reward (first/last tenth of training)", summary["reward_first"],
-            summary["reward_last"]),
-           ("citation rate (first/last tenth)", summary["citation_rate_first"],
-            summary["citation_rate_last"])]
-  print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
+  if "reward_first" in summary:  # (a cross reranker's steps=0 run pretrains only)
+    rows += [("reward (first/last tenth of training)", summary["reward_first"],
+              summary["reward_last"]),
+             ("citation rate (first/last tenth)", summary["citation_rate_first"],
+              summary["citation_rate_last"])]
+  else:
+    print(f"\npretrained only (steps=0): {args.workdir} holds the reranker as its checkpoint of "
+          "step 0; the same command with more steps continues from it")
+  if "cross_pairs_truncated" in summary:
+    print(f"(question, memory) pairs: {summary['cross_pairs']}, cut to "
+          f"cross_max_length={cfg.cross_max_length}: {summary['cross_pairs_truncated']}")
+  if rows:
+    print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
     print(f"{name:58s}{before:10.3f}{after:10.3f}")
   if "iris_recall_at_10" in summary:  # learner=iris: held-out Recall@10 over turns

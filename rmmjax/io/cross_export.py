@@ -88,6 +88,9 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
     if trained != here:
       raise ValueError(f"{workdir} trained from the {what} {trained}; the one at hand is "
                        f"{here}: export it beside the encoder it started from")
+  if out.suffix == ".safetensors":
+    raise ValueError(f"--out {out}: a cross reranker exports as a directory (a CrossEncoder's); "
+                     "give a directory name")
   if out.exists() and any(out.iterdir()):
     raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +98,10 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   try:
     export_cross(params, trained_spec(cfg, workdir).bert, encoder.model_dir, staging,
                  record | {"step": step}, record["cross"]["max_length"])
+    # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.
+    staging.chmod(0o755)
+    for path in staging.iterdir():
+      path.chmod(0o644)
     if out.exists():
       out.rmdir()
     staging.rename(out)

@@ -39,7 +39,15 @@ def read_record(workdir: Path) -> dict:
   if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: {workdir} was trained by an older rmmjax "
                             "that did not record what it trained on; train it again")
-  return json.loads(path.read_text())
+  try:
+    record = json.loads(path.read_text())
+  except ValueError as err:
+    raise ValueError(f"{path} is not valid JSON ({err}); the workdir is damaged: train it "
+                     "again") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} holds a {type(record).__name__}, not a record of what the run "
+                     "trained on; the workdir is damaged: train it again")
+  return record
 
 
 def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
@@ -66,7 +74,26 @@ def trained_spec(cfg, workdir: Path) -> core.CoreSpec:
   configuration is in its record)."""
   if cfg.variant != "cross":
     return cfg.core_spec()
-  return cfg.core_spec(bert=core.BertConfig(**read_record(workdir)["cross"]["bert"]))
+  cross = cross_record(read_record(workdir), workdir)
+  return cfg.core_spec(bert=core.BertConfig(**cross["bert"]))
+
+
+def cross_record(record: dict, where) -> dict:
+  """The part of a cross reranker's record that says how it reads pairs, checked."""
+  cross = record.get("cross")
+  bert = cross.get("bert") if isinstance(cross, dict) else None
+  length = cross.get("max_length") if isinstance(cross, dict) else None
+  if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
+      or not isinstance(length, int) or not 16 <= length <= 512):
+    raise ValueError(f"{where}: its record.json does not say how the cross reranker reads "
+                     "pairs (cross.bert, cross.tokenizer, cross.max_length of 16 to 512); the "
+                     "workdir is damaged: train it again")
+  try:
+    core.BertConfig.from_dict(bert, where=f"{where}: record.json cross.bert")
+  except TypeError as err:
+    raise ValueError(f"{where}: record.json cross.bert is not a BERT configuration "
+                     f"({err})") from None
+  return cross
 
 
 def _params_template(cfg, workdir: Path):

@@ -41,6 +41,10 @@ class CrossRerankerTask(ReplayTask):
     self._progress = progress
     self._pair_counts = {"pairs": 0, "truncated": 0}
     super().__init__(cfg, encoder, progress)
+    num = int(self.train_qs.mask_BxK.shape[0])
+    if cfg.mode != "rl" and cfg.pretrain_epochs > 0 and num < self.spec.batch:
+      raise ValueError(f"batch={cfg.batch}: the {num} training questions cannot fill one "
+                       f"pretraining batch; expected batch <= {num}")
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(self.encoder.cfg),
         "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross_max_length,

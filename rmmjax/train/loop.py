@@ -132,7 +132,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
   progress = progress and writes
 
   # Nothing was written up to here; what follows makes the workdir this run's.
-  if step and progress:
+  if state is not None and progress:
     print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
   if writes:
     workdir.mkdir(parents=True, exist_ok=True)

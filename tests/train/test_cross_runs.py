@@ -77,6 +77,12 @@ def test_eval_takes_the_retriever_from_the_run_and_refuses_another_tokenizer(
   err = capsys.readouterr().err
   trained = json.loads((cross_run / "record.json").read_text())["cross"]["tokenizer"]
   assert "000000000000" in err and trained[:12] in err
+  # A damaged record is named, whatever is wrong with it.
+  for damage in ('{"units": "turn", "cros', "[1, 2]", json.dumps(record | {"cross": {}})):
+    (other / "record.json").write_text(damage)
+    assert main(["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn",
+                 "--reranker", str(other), "--quiet"]) == 2
+    assert "record.json" in capsys.readouterr().err
 
 
 def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
@@ -89,6 +95,11 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   assert "rank_bias[k]" in header["how_to_score"] and len(header["rank_bias"]) == 5
   assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 2  # not over it
   assert "not empty" in capsys.readouterr().err
+  assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}  # servable
+  assert oct(out.stat().st_mode & 0o777) == "0o755"
+  assert main(["export", "--workdir", str(cross_run), "--out", str(tmp_path / "x.safetensors")]
+              ) == 2
+  assert "exports as a directory" in capsys.readouterr().err
   assert main(["eval", "--dataset", "locomo", "--data", "x.json", "--reranker", str(out)]) == 2
   assert "exported cross reranker" in capsys.readouterr().err
   # A head far from zero, so that every part of the score counts.
@@ -181,3 +192,27 @@ def test_killed_runs_resume_to_the_uninterrupted_summary(cross_run, three, tmp_p
   assert json.loads((killed / "summary.json").read_text()) == json.loads(
       (cross_run / "summary.json").read_text())
   assert (killed / "metrics.jsonl").read_text() == (cross_run / "metrics.jsonl").read_text()
+
+
+def test_steps_0_pretrains_alone_and_more_steps_continue_from_it(cross_run, three, tmp_path,
+                                                                 capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "steps=0")]) == 0
+  assert "pretrained only (steps=0)" in capsys.readouterr().out
+  assert sorted(p.name for p in (wd / "checkpoints").iterdir()) == ["0"]
+  assert load_reranker(wd).step == 0
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three)]) == 0
+  # The same as the run that went through without stopping.
+  assert json.loads((wd / "summary.json").read_text()) == json.loads(
+      (cross_run / "summary.json").read_text())
+
+
+def test_a_batch_larger_than_the_training_questions_is_refused_before_anything_is_written(
+    three, tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "batch=500")]) == 2
+  assert "cannot fill one pretraining batch" in capsys.readouterr().err
+  assert not wd.exists()
