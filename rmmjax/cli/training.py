@@ -23,6 +23,9 @@ from rmmjax.train.loop import train
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
 LoCoMo file: --set data=PATH). Every key, its default and what it means is in
 rmmjax/config/__init__.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
+What learns: learner=query_encoder (locomo's default), reranker, both or iris; the reranker's
+variant=linear, mlp or cross (a cross-encoder reading each question beside a memory's text;
+it brings its own defaults, VARIANT_DEFAULTS, and steps=0 pretrains it alone).
 Running the same command again resumes the workdir."""
 
 
