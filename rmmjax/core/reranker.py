@@ -137,13 +137,14 @@ def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
 def lr_scales(params: dict, spec: CoreSpec):
   """Each parameter's learning-rate multiplier (None: all 1): the cross reranker's scoring
   layer and rank prior learn at head_lr_scale times the encoder's rate, since a head that
-  starts at zero passes no gradient to the encoder until it has grown."""
-  if spec.variant != "cross" or spec.head_lr_scale == 1.0:
+  starts at zero passes no gradient to the encoder until it has grown; its bias is frozen."""
+  if spec.variant != "cross":
     return None
   scales = jax.tree.map(lambda _: 1.0, params)
   scales["rank_bias"] = spec.head_lr_scale
-  scales["encoder"]["classifier"] = jax.tree.map(lambda _: spec.head_lr_scale,
-                                                 params["encoder"]["classifier"])
+  # The scoring layer's bias shifts every candidate's score alike, which no ranking objective
+  # sees: its gradient is rounding noise, which Adam would scale up into a random walk.
+  scales["encoder"]["classifier"] = {"kernel": spec.head_lr_scale, "bias": 0.0}
   return scales
 
 

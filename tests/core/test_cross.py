@@ -132,6 +132,9 @@ def test_one_compile_serves_every_batch_of_a_shape(caplog):
   compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
               and ("supervised_step" in r.getMessage() or "train_step" in r.getMessage())]
   assert len(compiles) == 2, compiles
+  # The head learned; its bias, which no ranking sees, stayed where it started.
+  assert float(jnp.abs(state.params["encoder"]["classifier"]["kernel"]).max()) > 0
+  assert float(jnp.abs(state.params["encoder"]["classifier"]["bias"]).max()) == 0.0
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state():

@@ -216,3 +216,37 @@ def test_a_batch_larger_than_the_training_questions_is_refused_before_anything_i
                *_args(three, "batch=500")]) == 2
   assert "cannot fill one pretraining batch" in capsys.readouterr().err
   assert not wd.exists()
+
+
+@pytest.mark.slow
+def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_four_devices):
+  cross_run, wd = tmp_path / "one", tmp_path / "four"  # batches of 4 divide over 4 devices
+  assert main(["train", "--config", "locomo", "--workdir", str(cross_run), "--quiet",
+               *_args(three, "batch=4", "devices=1")]) == 0
+  args = ["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+          *_args(three, "batch=4")]
+  out = on_four_devices(f"""
+      import jax
+      from rmmjax.cli import main
+      assert len(jax.devices()) == 4
+      assert main({args!r}) == 0
+      print("ok")
+  """)
+  assert out.strip().endswith("ok")
+  ours, one = (json.loads((d / "summary.json").read_text()) for d in (wd, cross_run))
+  assert ours.keys() == one.keys()
+  for key, value in one.items():
+    if isinstance(value, float):
+      assert ours[key] == pytest.approx(value, abs=1e-4), key
+    else:
+      assert ours[key] == value, key
+  mine, theirs = load_reranker(wd), load_reranker(cross_run)
+  diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+             for a, b in zip(jax.tree.leaves(mine.params), jax.tree.leaves(theirs.params)))
+  assert diff < 1e-4, diff
+  pairs = pair_tokens(SentenceEncoder().tokenizer, ["when did they go hiking?", "who paints?"],
+                      [["[3 May 2023] A: we went hiking", "B: I paint", "", "C: hello", "D"]] * 2,
+                      48)
+  scores = [np.asarray(core.cross_scores(r.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+                                         r.spec.bert)) for r in (mine, theirs)]
+  np.testing.assert_allclose(scores[0], scores[1], atol=2e-3)
