@@ -11,7 +11,8 @@ from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
 from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
 from rmmjax.io.outputs import check_output_file
-from rmmjax.io.reranker_load import reranker_record
+from rmmjax.io.kinds import model_kind
+from rmmjax.io.reranker_load import RERANKER_KINDS, reranker_record
 from rmmjax.replay.iris_reranker import RERANK_MODES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
@@ -46,7 +47,10 @@ def cmd_eval(args) -> None:
     check_output_file(args.out, "--out")
   apply_precision(args.precision)
   # A reranker ranks the candidates of the retriever it trained over: that is the default.
-  trained_over = reranker_record(Path(args.reranker)).get("retriever") if args.reranker else None
+  # (A model of another kind is refused by the evaluation, naming the flag that takes it.)
+  trained_over = (reranker_record(Path(args.reranker)).get("retriever")
+                  if args.reranker and model_kind(Path(args.reranker)) in RERANKER_KINDS
+                  else None)
   if trained_over is not None and trained_over not in RETRIEVERS and args.retriever is None:
     raise ValueError(f"the reranker {args.reranker} records its candidates' retriever as "
                      f"{trained_over!r}, not one of {', '.join(RETRIEVERS)}; pass --retriever")

@@ -41,10 +41,13 @@ def _nest(flat: dict[str, np.ndarray]) -> dict:
   return out
 
 
+RERANKER_KINDS = ("reranker", "reranker file", "both")  # what --reranker takes (io.kinds)
+
+
 def reranker_record(path: Path) -> dict:
   """What a reranker (a workdir or an exported file) was trained on, without its weights."""
   path = Path(path)
-  refuse_unless(path, "--reranker", ("reranker", "reranker file", "both"))
+  refuse_unless(path, "--reranker", RERANKER_KINDS)
   if path.is_dir():
     return read_record(path)
   return load_reranker(path).record
@@ -53,7 +56,7 @@ def reranker_record(path: Path) -> dict:
 def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
-  refuse_unless(path, "--reranker", ("reranker", "reranker file", "both"))
+  refuse_unless(path, "--reranker", RERANKER_KINDS)
   if path.is_dir():
     record = read_record(path)
     params, cfg, step = load_trained_params(path)
