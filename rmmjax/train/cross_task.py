@@ -178,13 +178,12 @@ class CrossRerankerTask(ReplayTask):
           batch = jax.tree.map(lambda x: x[s], stream)  # noqa: B023
           recall.append(np.asarray(score(params, batch, self.spec)[0]))
           bar.update(1)
-    per_conv = np.concatenate(recall)
-    present = np.concatenate([np.asarray(s.mask_BxK).any(-1).reshape(-1)
-                              for s in _split_streams(self.test_streams)])
+    recall_all = np.concatenate(recall)  # conversation, step, question order
+    present = np.asarray(self.test_streams.mask_BxK).any(-1).reshape(-1)
     m = self.spec.m
     mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
     return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
-            "recall_at_m": float(per_conv[present].mean()),
+            "recall_at_m": float(recall_all[present].mean()),
             "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
 
 
