@@ -49,6 +49,7 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
+from rmmjax.io.query_encoders import load_query_encoder
 from rmmjax.io.reranker_load import load_reranker
 from rmmjax.replay.candidates import build_replay, folds
 from rmmjax.replay.cross_pairs import pair_tokens
@@ -59,6 +60,9 @@ ONLINE_STEPS = 60  # the online phase measured (the variant's default is now non
 METRIC = "recall_all@5"
 ROWS = ("BM25", "hybrid", "linear reranker (hybrid candidates)", "cross, supervised only",
         "cross, after REINFORCE", "top-20 ceiling (hybrid; uses labels)")
+# learner=both: the query encoder tuned first, the cross reranker over its candidates.
+TUNED_ROWS = ("tuned query encoder (hybrid)", "cross over the tuned encoder's candidates",
+              "top-20 ceiling (tuned hybrid; uses labels)")
 
 
 def subset_file(raw: list, which: list[int], path: Path) -> Path:
@@ -73,12 +77,13 @@ def per_question(result: dict) -> dict:
           "conversations": [r["conversation"] for r in rows]}
 
 
-def ceiling(data: Path, encoder) -> dict:
+def ceiling(data: Path, encoder, query_encoder=None) -> dict:
   """The hybrid's top 20 in a perfect order: every evidence turn among them first."""
   convs, _ = load_locomo(data)
   convs = [c for c in convs if c.questions]
   out = {"per_question": [], "categories": [], "conversations": []}
-  for conv, replay in zip(convs, build_replay(convs, "turn", "hybrid", encoder, 20)):
+  for conv, replay in zip(convs, build_replay(convs, "turn", "hybrid", encoder, 20,
+                                              query_encoder=query_encoder)):
     for n, q in enumerate(conv.questions):
       # Evidence turns among the 20: a perfect order puts up to 5 of them in the top 5.
       found = replay.evidence_NxKxE[n].any(0)
@@ -107,6 +112,52 @@ def latency(workdir: Path, encoder, data: Path, questions: int = 100) -> dict:
           "p95_ms": 1e3 * float(np.percentile(times, 95)), "questions": len(times)}
 
 
+def fold_files(raw: list, heldout: list[int], fold_dir: Path) -> tuple[Path, Path]:
+  """The fold's training and held-out conversations, each in a file of its own."""
+  fold_dir.mkdir(parents=True, exist_ok=True)
+  train_file = subset_file(raw, [i for i in range(len(raw)) if i not in heldout],
+                           fold_dir / "train.json")
+  return train_file, subset_file(raw, heldout, fold_dir / "heldout.json")
+
+
+def run_tuned(args, saved: dict) -> dict:
+  """The rows of learner=both (`train --set variant=cross --set learner=both --set
+  holdout=0`: the query encoder tuned first, then the cross reranker pretrained over the tuned
+  hybrid's candidates), added to a saved run of the other rows on the same folds."""
+  raw = json.loads(Path(args.data).read_text())
+  encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
+  base = get_config("locomo")
+  results = {name: {"per_question": [], "categories": [], "conversations": []}
+             for name in TUNED_ROWS}
+  workdirs = Path(args.workdirs or tempfile.mkdtemp(prefix="cross_reranker."))
+  for f, heldout in enumerate(folds(len(raw), saved["folds"])):
+    fold_dir = workdirs / f"fold{f}"
+    train_file, test_file = fold_files(raw, heldout, fold_dir)
+    start = time.perf_counter()
+    train(apply_overrides(base, [f"data={train_file}", "holdout=0", "variant=cross",
+                                 "learner=both"]), fold_dir / "both", progress=True,
+          encoder=encoder)
+    saved["timing"][f"fold{f} learner=both training s"] = time.perf_counter() - start
+    stage = fold_dir / "both" / "query_encoder"
+    tuned = load_query_encoder(str(stage), encoder)
+    evaluate = lambda **kw: per_question(evaluate_retrieval(  # noqa: E731
+        "locomo", test_file, "turn", "hybrid", (5, 10), encoder=encoder, per_question=True,
+        **kw))
+    fold = {"tuned query encoder (hybrid)": evaluate(query_encoder=str(stage))}
+    start = time.perf_counter()
+    fold["cross over the tuned encoder's candidates"] = evaluate(reranker=fold_dir / "both")
+    saved["timing"][f"fold{f} learner=both evaluation s"] = time.perf_counter() - start
+    fold["top-20 ceiling (tuned hybrid; uses labels)"] = ceiling(test_file, encoder, tuned)
+    for name in TUNED_ROWS:
+      for key in ("per_question", "categories", "conversations"):
+        results[name][key] += fold[name][key]
+    print(f"fold {f}: " + ", ".join(f"{n} {np.mean(fold[n]['per_question']):.3f}"
+                                    for n in TUNED_ROWS), flush=True)
+  saved["results"] |= results
+  saved["tuned_defaults"] = VARIANT_DEFAULTS["cross"]
+  return saved
+
+
 def run(args) -> dict:
   raw = json.loads(Path(args.data).read_text())
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
@@ -116,12 +167,9 @@ def run(args) -> dict:
   workdirs = Path(args.workdirs or tempfile.mkdtemp(prefix="cross_reranker."))
   for f, heldout in enumerate(folds(len(raw), args.folds)):
     fold_dir = workdirs / f"fold{f}"
-    fold_dir.mkdir(parents=True, exist_ok=True)
     # The runs see the training conversations alone (holdout=0, as the target command runs);
     # the evaluation reads the held-out ones.
-    train_file = subset_file(raw, [i for i in range(len(raw)) if i not in heldout],
-                             fold_dir / "train.json")
-    test_file = subset_file(raw, heldout, fold_dir / "heldout.json")
+    train_file, test_file = fold_files(raw, heldout, fold_dir)
     common = [f"data={train_file}", "holdout=0"]
     evaluate = lambda **kw: per_question(evaluate_retrieval(  # noqa: E731
         "locomo", test_file, "turn", kw.pop("retriever", "hybrid"), (5, 10), encoder=encoder,
@@ -164,7 +212,7 @@ def write(saved: dict) -> None:
            "experiments/cross_reranker.py.", "",
            "| row | overall | " + " | ".join(CATEGORIES) + " |",
            "|---|---|" + "---|" * len(CATEGORIES)]
-  for name in ROWS:
+  for name in [n for n in ROWS + TUNED_ROWS if n in results]:
     r = results[name]
     cats = np.array(r["categories"])
     vals = np.array(r["per_question"])
@@ -175,14 +223,19 @@ def write(saved: dict) -> None:
   for a, b in (("cross, supervised only", "hybrid"),
                ("cross, after REINFORCE", "cross, supervised only"),
                ("cross, after REINFORCE", "linear reranker (hybrid candidates)"),
-               ("cross, after REINFORCE", "hybrid")):
-    lines.append(f"- {a} - {b}: {paired(results, a, b)}")
+               ("cross, after REINFORCE", "hybrid"),
+               ("cross over the tuned encoder's candidates", "tuned query encoder (hybrid)"),
+               ("cross over the tuned encoder's candidates", "cross, supervised only")):
+    if a in results and b in results:
+      lines.append(f"- {a} - {b}: {paired(results, a, b)}")
   t = saved["timing"]
   lines += ["", f"Latency of scoring one question's 20 candidates (on the CPU it ran on): p50 "
             f"{t['latency']['p50_ms']:.0f} ms, p95 {t['latency']['p95_ms']:.0f} ms.", "",
             "Training time per fold: " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()
                                                    if k != "latency"),
-            "", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}",
+            "", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}"
+            + (f"; when the learner=both rows ran: {json.dumps(saved['tuned_defaults'])}"
+               if "tuned_defaults" in saved else ""),
             "", "The online phase lowered recall on both folds: the variant's default is now "
             "steps=0 (pretraining alone, the \"supervised only\" row)."]
   OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -198,11 +251,14 @@ def main() -> None:
                       help=f"online steps of the cross reranker (default {ONLINE_STEPS}; a "
                            "smaller number only to try the script)")
   parser.add_argument("--rewrite", action="store_true")
+  parser.add_argument("--add-tuned", action="store_true",
+                      help="run the learner=both rows alone, added to the saved .json")
   args = parser.parse_args()
   if args.rewrite:
     write(json.loads(OUT.with_suffix(".json").read_text()))
     return
-  saved = run(args)
+  saved = (run_tuned(args, json.loads(OUT.with_suffix(".json").read_text())) if args.add_tuned
+           else run(args))
   OUT.with_suffix(".json").write_text(json.dumps(saved, default=float))
   write(saved)
 

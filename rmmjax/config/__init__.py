@@ -15,13 +15,14 @@ import jax
 
 from rmmjax import core
 from rmmjax.config import checks
-from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
-                                   P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE,
-                                   TRAIN_UNITS, TUNES, UNITS)
+from rmmjax.config.choices import (CROSS_KEYS, EVALUABLE_DATASETS, LEARNERS, MODES,
+                                   P_IRR_DEFAULT, P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS,
+                                   SWEEPABLE, TRAIN_UNITS, TUNES, UNITS)
 
 __all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
            "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
-           "apply_precision", "from_json", "get_config", "parse_value", "VARIANT_DEFAULTS"]
+           "apply_precision", "encoder_stage", "from_json", "get_config", "parse_value",
+           "VARIANT_DEFAULTS"]
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -258,6 +259,21 @@ VARIANT_DEFAULTS = {
               "pretrain_lr": 2e-5, "pretrain_tau": 1.0, "tau": 1.0, "lr": 1e-5, "steps": 0,
               "checkpoint_every": 20, "log_every": 5},
 }
+
+
+def encoder_stage(cfg: Config) -> Config:
+  """The first stage of learner=both: the query encoder, trained as learner=query_encoder
+  trains it. A variant's defaults (a cross reranker's rates, temperature and step count) are
+  the reranker's: the stage takes the named config's own, and the variant's keys go back to
+  their defaults (they configure nothing in the encoder)."""
+  stage = dataclasses.replace(cfg, learner="query_encoder")
+  if cfg.variant not in VARIANT_DEFAULTS:
+    return stage
+  named, default = get_config(cfg.config), Config()
+  keys = [k for k in VARIANT_DEFAULTS[cfg.variant] if k not in ("learner", "retriever")]
+  return dataclasses.replace(stage, variant=named.variant,
+                             **{k: getattr(named, k) for k in keys},
+                             **{k: getattr(default, k) for k in CROSS_KEYS})
 
 
 def apply_precision(precision: str) -> None:

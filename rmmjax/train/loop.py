@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax.config import Config, apply_precision
+from rmmjax.config import Config, apply_precision, encoder_stage
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.export import RECORD_FILE
@@ -105,7 +105,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any run);
     # then the reranker trains on the candidates the tuned encoder retrieves.
     stage = workdir.resolve() / "query_encoder"
-    train(dataclasses.replace(cfg, learner="query_encoder"), stage, progress, encoder)
+    train(encoder_stage(cfg), stage, progress, encoder)
   task_cfg = (dataclasses.replace(cfg, query_encoder=str(workdir.resolve() / "query_encoder"))
               if cfg.learner == "both" else cfg)
   log_path = workdir / "metrics.jsonl"
