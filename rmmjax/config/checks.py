@@ -111,9 +111,6 @@ def check_cross(cfg, default) -> None:
   if cfg.learner not in ("reranker", "both"):
     raise ValueError(f"variant=cross is a reranker: set learner=reranker (or both, to rerank a "
                      f"query encoder it tunes first), not learner={cfg.learner}")
-  if cfg.units == "lace":
-    raise ValueError("variant=cross trains on the base retriever's candidates: units=lace "
-                     "(IRIS's evidence) trains the embedding rerankers only")
   if not 16 <= cfg.cross_max_length <= 512:
     raise ValueError(f"cross_max_length={cfg.cross_max_length}: expected 16 to 512 tokens (the "
                      "encoder's window)")

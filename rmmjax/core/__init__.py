@@ -2,7 +2,7 @@
 
 from rmmjax.core.bert import BertConfig
 from rmmjax.core.cross import (cross_params_template, cross_scores, init_cross_params,
-                               rank_prior_init)
+                               pair_logits, rank_prior_init)
 from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss, reinforce_loss,
                                 set_reward)
 from rmmjax.core.optim import AdamState, LowRank, adam_init, adam_update, global_norm
@@ -23,7 +23,8 @@ __all__ = [
     "batch_scores", "citation_rewards", "cross_params_template", "cross_scores", "evaluate",
     "global_norm", "gumbel_top_m", "init_cross_params", "init_params", "init_state",
     "linear_grad_factors", "listwise_loss", "make_run", "make_sweep", "make_world",
-    "perturbed_top_m", "rank_prior_init", "recall_at_m", "reinforce_loss", "reinforce_update",
+    "pair_logits", "perturbed_top_m", "rank_prior_init", "recall_at_m", "reinforce_loss",
+    "reinforce_update",
     "run_steps", "sample_batch", "sample_eval_batch", "sample_selection", "score",
     "score_naive", "scores", "scores_and_pullback", "selection_entropy", "selection_log_prob",
     "selection_log_prob_terms", "set_reward", "simulate_citations", "stack_hparams",

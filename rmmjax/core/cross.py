@@ -75,7 +75,7 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
   if tokens_BxKxL.ndim != 3 or mask_BxKxL.shape != tokens_BxKxL.shape:
     raise ValueError(f"expected tokens and mask of one shape (B, K, L), got {tokens_BxKxL.shape} "
                      f"and {mask_BxKxL.shape}")
-  b, k, length = tokens_BxKxL.shape
+  b, k, _ = tokens_BxKxL.shape
   prior = params["rank_bias"]
   if positions_BxK is None:
     if prior.shape[0] != k:
@@ -83,6 +83,15 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
     prior_BxK = jnp.broadcast_to(prior, (b, k))
   else:
     prior_BxK = prior[positions_BxK]
+  return pair_logits(params, tokens_BxKxL, mask_BxKxL, cfg, dtype) + prior_BxK
+
+
+def pair_logits(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array, cfg: BertConfig,
+                dtype: str = "float32") -> jax.Array:
+  """The encoder's score of every pair alone, logits_BxK (`cross_scores` without the rank
+  prior): it depends on the question and the memory only, so a caller that sees one pair at
+  several positions may score it once."""
+  b, k, length = tokens_BxKxL.shape
   ids = jnp.asarray(tokens_BxKxL).reshape(b * k, length)
   mask = jnp.asarray(mask_BxKxL).reshape(b * k, length)
   # A row without tokens (a missing candidate) attends to its first position alone, so no
@@ -90,7 +99,7 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
   mask = mask.at[:, 0].set(True)
   pair_N = BertCrossEncoder(cfg, dtype=dtype).apply({"params": params["encoder"]}, ids, mask,
                                                      segment_ids(ids, mask))
-  return pair_N.reshape(b, k) + prior_BxK
+  return pair_N.reshape(b, k)
 
 
 def cross_params_template(cfg: BertConfig, k: int) -> dict:

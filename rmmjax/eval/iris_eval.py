@@ -17,6 +17,8 @@ from tqdm import tqdm
 
 from rmmjax.eval.metrics import MRR_DEPTH, question_metrics
 from rmmjax.memory.lace import LaceMem, LaceSettings
+from rmmjax.io.reranker_load import check_cross_encoder
+from rmmjax.replay.iris_cross import CrossFactReranker
 from rmmjax.replay.iris_reranker import FactReranker
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, LLMJudge, OracleJudge
@@ -40,6 +42,16 @@ def single_pass(store: LaceMem, question: str, depth: int) -> tuple[list[str], f
     if turn not in turns:
       turns.append(turn)
   return turns, time.perf_counter() - start
+
+
+def fact_reranker(reranker, store, encoder, mode: str):
+  """IRIS's reranker from a LoadedReranker: a cross reranker reads the facts' texts with the
+  tokenizer it trained with (another is refused), the others the store's embeddings."""
+  if reranker.spec.variant == "cross":
+    check_cross_encoder(reranker, encoder)
+    return CrossFactReranker(reranker.params, reranker.spec, encoder.tokenizer,
+                             reranker.record["cross"]["max_length"], mode)
+  return FactReranker(reranker.params, reranker.spec, store, mode)
 
 
 def make_judge(name: str, question, store, llm=None):
@@ -71,8 +83,7 @@ def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: st
                    unit="conversation", disable=not progress):
     store = LaceMem.from_conversation(conv, encoder, settings=LaceSettings(retrieval=retriever))
     store.query_encoder = query_encoder
-    ranker = (FactReranker(reranker.params, reranker.spec, store, rerank_mode) if reranker
-              else None)
+    ranker = fact_reranker(reranker, store, encoder, rerank_mode) if reranker else None
     refiner = EmbeddingRefiner(iris_model.refine) if iris_model is not None else None
     for question in conv.questions:
       if iris:

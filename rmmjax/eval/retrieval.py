@@ -165,9 +165,10 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     config |= {"iris": iris, "judge": judge if iris else None,
                "rerank_mode": rerank_mode if loaded else None,
                "conversations": [c.conversation_id for c in conversations]}
-    return {"config": config,
-            "load_report": {"counts": dict(report.counts), "examples": report.examples},
-            "metrics": summarise(aggregate(rows), rows)}
+    out = {"config": config,
+           "load_report": {"counts": dict(report.counts), "examples": report.examples},
+           "metrics": summarise(aggregate(rows), rows)}
+    return out | (_per_question(conversations, rows) if per_question else {})
   # Units once per conversation (topics replay the conversation through reflection).
   pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
   if loaded:
@@ -180,11 +181,14 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   out = {"config": config,
          "load_report": {"counts": dict(report.counts), "examples": report.examples},
          "metrics": aggregate(rows)}
-  if per_question:  # for intervals over conversations: each question's metrics, in order
-    out["per_question"] = [{"conversation": c.conversation_id, "category": category} | metrics
+  return out | (_per_question(conversations, rows) if per_question else {})
+
+
+def _per_question(conversations, rows) -> dict:
+  """Each question's metrics in order, for intervals over conversations."""
+  return {"per_question": [{"conversation": c.conversation_id, "category": category} | metrics
                            for c, (category, metrics) in zip(
-                               [c for c in conversations for _ in c.questions], rows)]
-  return out
+                               [c for c in conversations for _ in c.questions], rows)]}
 
 
 def _is_iris_model(path: Path) -> bool:

@@ -60,6 +60,10 @@ class IrisEpisode:
   mem_KxD: np.ndarray  # padded with zero rows to K
   evidence_KxE: np.ndarray  # fact k comes from evidence turn e (padded with False)
   num_evidence: int
+  # A cross reranker's input (rmmjax.replay.iris_cross.with_pair_tokens): the question paired
+  # with each fact's text, tokenised, and which tokens are real.
+  tokens_KxL: np.ndarray | None = None
+  token_mask_KxL: np.ndarray | None = None
 
 
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
@@ -95,14 +99,18 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
 
 def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   """The episodes in the core's Batch layout (one query each); relevant = from an evidence
-  turn, and recall counts evidence turns found."""
+  turn, and recall counts evidence turns found. Episodes with pair tokens bring them along."""
   if not episodes:
     raise ValueError("no episodes to batch")
   mask = np.zeros((len(episodes), episodes[0].mem_KxD.shape[0]), bool)
   for i, episode in enumerate(episodes):
     mask[i, :len(episode.facts)] = True
   evidence = np.stack([e.evidence_KxE for e in episodes])
-  return core.Batch(
+  tokens = {}
+  if episodes[0].tokens_KxL is not None:
+    tokens = {"tokens_BxKxL": jnp.asarray(np.stack([e.tokens_KxL for e in episodes])),
+              "token_mask_BxKxL": jnp.asarray(np.stack([e.token_mask_KxL for e in episodes]))}
+  return core.Batch(**tokens,
       q_BxD=jnp.asarray(np.stack([e.q_D for e in episodes])),
       mem_BxKxD=jnp.asarray(np.stack([e.mem_KxD for e in episodes])),
       mask_BxK=jnp.asarray(mask), relevant_BxK=jnp.asarray(evidence.any(-1)),
@@ -156,7 +164,7 @@ def _sample(state: core.TrainState, batch: core.Batch, key: jax.Array):
   spec, hp = state.spec, state.hparams
   b, k = batch.mask_BxK.shape
   u = jax.random.uniform(key, (b, k + spec.m), minval=jnp.finfo(jnp.float32).tiny)
-  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, spec)
+  scores = core.scores(state.params, batch, spec)
   selected = core.sample_selection(scores, batch.mask_BxK, -jnp.log(-jnp.log(u[:, :k])), spec,
                                    hp.tau)
   relevant = jnp.take_along_axis(batch.relevant_BxK, jnp.maximum(selected, 0), -1)

@@ -72,11 +72,7 @@ class CrossRerankerTask(ReplayTask):
     return pairs
 
   def _initial_params(self):
-    encoder = dict(self.encoder.params)
-    pooler = load_pooler(self.encoder.model_dir)
-    if pooler is not None:
-      encoder["pooler"] = pooler
-    return core.init_cross_params(encoder, self.cfg.k, self.cfg.prior_scale)
+    return cross_initial_params(self.encoder, self.cfg.k, self.cfg.prior_scale)
 
   # -- pretraining ---------------------------------------------------------------------------
 
@@ -89,40 +85,9 @@ class CrossRerankerTask(ReplayTask):
                                   tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
     state = core.init_state(self.spec, pretrain_hp, self.template.params)
     if cfg.mode != "rl" and cfg.pretrain_epochs > 0:
-      state = self._pretrain(state)
+      state, self.pretrain_loss = pretrain_cross(state, self.train_qs, cfg, self.mesh,
+                                                 self._replicated, self._progress)
     return core_replay.restart_optimizer(state, self.hp)
-
-  def _pretrain(self, state: core.TrainState) -> core.TrainState:
-    cfg, b = self.cfg, self.spec.batch
-    questions = jax.tree.map(np.asarray, self.train_qs)
-    num = questions.mask_BxK.shape[0]
-    per_epoch = num // b
-    if per_epoch < 1:
-      raise ValueError(f"{num} training questions cannot fill one batch of {b}")
-    # No donation: the hyperparameters are shared with the task's.
-    step = jax.jit(core.supervised_step, compiler_options=compiler_options())
-    sharding = distributed.batch_sharding(self.mesh)
-    losses = []
-    bar = tqdm(total=cfg.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
-               disable=not self._progress)
-    with bar:
-      for epoch in range(cfg.pretrain_epochs):
-        # The epoch's subset and order come from the run's seed and the epoch alone.
-        seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
-        subset = candidate_subset(questions, cfg.cross_pretrain_candidates, int(seed))
-        order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
-        for i in range(per_epoch):
-          rows = order[i * b:(i + 1) * b]
-          batch = jax.tree.map(lambda x: x[rows], subset)  # noqa: B023
-          if sharding is not None:
-            batch = distributed.shard_leading(batch, self.mesh)
-          state, metrics = step(self._replicated(state), batch)
-          losses.append(float(metrics["loss"]))
-          bar.update(1)
-          if i % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
-    self.pretrain_loss = np.asarray(losses, np.float32)
-    return state
 
   # -- online steps --------------------------------------------------------------------------
 
@@ -185,6 +150,53 @@ class CrossRerankerTask(ReplayTask):
     return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
             "recall_at_m": float(recall_all[present].mean()),
             "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
+
+
+def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
+  """A fresh cross reranker's parameters: the encoder's weights (with BERT's pooler where its
+  checkpoint has one), the scoring layer at zero, the rank prior decreasing."""
+  params = dict(encoder.params)
+  pooler = load_pooler(encoder.model_dir)
+  if pooler is not None:
+    params["pooler"] = pooler
+  return core.init_cross_params(params, k, prior_scale)
+
+
+def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, replicated,
+                   progress: bool) -> tuple[core.TrainState, np.ndarray]:
+  """cfg.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
+  every question, with pair tokens), one compiled step at a time from the host, each epoch over
+  a fresh subset of cfg.cross_pretrain_candidates candidates per question in a fresh order,
+  both drawn from (seed, epoch) alone. `replicated` places the state on the mesh. Returns the
+  state and every step's loss."""
+  b = state.spec.batch
+  questions = jax.tree.map(np.asarray, questions)
+  num = questions.mask_BxK.shape[0]
+  per_epoch = num // b
+  if per_epoch < 1:
+    raise ValueError(f"{num} training questions cannot fill one batch of {b}")
+  # No donation: the hyperparameters are shared with the task's.
+  step = jax.jit(core.supervised_step, compiler_options=compiler_options())
+  sharding = distributed.batch_sharding(mesh)
+  losses = []
+  bar = tqdm(total=cfg.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
+             disable=not progress)
+  with bar:
+    for epoch in range(cfg.pretrain_epochs):
+      seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
+      subset = candidate_subset(questions, cfg.cross_pretrain_candidates, int(seed))
+      order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
+      for i in range(per_epoch):
+        rows = order[i * b:(i + 1) * b]
+        batch = jax.tree.map(lambda x: x[rows], subset)  # noqa: B023
+        if sharding is not None:
+          batch = distributed.shard_leading(batch, mesh)
+        state, metrics = step(replicated(state), batch)
+        losses.append(float(metrics["loss"]))
+        bar.update(1)
+        if i % 10 == 0:
+          bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+  return state, np.asarray(losses, np.float32)
 
 
 def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:

@@ -1,4 +1,6 @@
-"""A reranker learning to rank the evidence IRIS gathers (units `lace`).
+"""A reranker learning to rank the evidence IRIS gathers (units `lace`): an embedding
+reranker, or the cross reranker (variant=cross, which reads each question with each fact's
+text: rmmjax.replay.iris_cross).
 
 Each conversation becomes a LaceMem (its retriever as the config's), every question's IRIS run
 with the offline heuristic judge is logged as an episode (`rmmjax.replay.iris_reranker`), the
@@ -19,7 +21,10 @@ from tqdm import tqdm
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.memory.lace import LaceMem, LaceSettings
+from rmmjax.core import replay as core_replay
+from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.replay.candidates import conversation_fingerprint
+from rmmjax.replay.iris_cross import episode_scores, with_pair_tokens
 from rmmjax.replay.iris_reranker import (IrisEpisode, RewardMix, collect_episodes,
                                          episodes_batch, fuse_with_order, pretrain_on_episodes,
                                          reinforce_steps)
@@ -27,6 +32,7 @@ from rmmjax.replay.protocols import Protocol
 from rmmjax.io.record import replay_record
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
+from rmmjax.train.cross_task import cross_initial_params, pretrain_cross
 from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.task import Task
 
@@ -42,8 +48,14 @@ class IrisTask(Task):
   """The training loop's task (see task.py) for units `lace`."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
-    self.cfg, self.spec, self.hp = cfg, cfg.core_spec(), cfg.hparams()
+    self.cfg, self.hp, self._progress = cfg, cfg.hparams(), progress
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
+    self.cross = cfg.variant == "cross"
+    if self.cross:
+      require_bert(encoder, "variant=cross")
+    self.spec = cfg.core_spec(bert=encoder.cfg) if self.cross else cfg.core_spec()
+    # A cross reranker's pretraining takes minutes: a resume should not redo it.
+    self.checkpoint_pretrained = self.cross
     settings, judge = IRIS_PRESETS[cfg.iris], HeuristicJudge()
     max_evidence = max(len(set(q.evidence)) for c in conversations for q in c.questions)
     logged = []
@@ -63,16 +75,47 @@ class IrisTask(Task):
         "learner": "reranker", "query_encoder": None, "query_encoder_path": None,
         "iris": cfg.iris, "citation_reward": cfg.citation_reward,
         "verdict_reward": cfg.verdict_reward}
+    params = None
+    if self.cross:
+      self._cross_inputs(encoder)
+      params = cross_initial_params(encoder, cfg.k, cfg.prior_scale)
     self.mix = RewardMix(cfg.citation_reward, cfg.verdict_reward)
     self.judge = judge
-    self.template = core.init_state(self.spec, self.hp)
+    self.template = core.init_state(self.spec, self.hp, params)
     self.eval_queries = len(self.test_episodes)
     self._scores = jax.jit(core.batch_scores, static_argnums=3)
     self._data_parallel(cfg.devices, {"batch": cfg.batch})  # each update's batch split over it
 
+  def _cross_inputs(self, encoder) -> None:
+    """Every episode's (question, fact) pairs tokenised, counted in the record and summary."""
+    cfg = self.cfg
+    self.train_episodes, train = with_pair_tokens(self.train_episodes, encoder.tokenizer,
+                                                  cfg.cross_max_length)
+    self.test_episodes, test = with_pair_tokens(self.test_episodes, encoder.tokenizer,
+                                                cfg.cross_max_length)
+    counts = {"pairs": train["pairs"] + test["pairs"],
+              "truncated": train["truncated"] + test["truncated"]}
+    self.record = self.record | {"variant": "cross", "cross": {
+        "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
+        "max_length": cfg.cross_max_length, "length": train["length"], **counts}}
+    self.input_notes = {"cross_pairs": counts["pairs"],
+                        "cross_pairs_truncated": counts["truncated"],
+                        "cross_pair_length": train["length"]}
+
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
     cfg, state = self.cfg, self.template
+    if self.cross and Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
+      # The cross reranker's pretraining runs from the host over a few candidates per episode
+      # (see cross_task.pretrain_cross): one step over all K pairs of every episode would not
+      # fit in one program.
+      hp = state.hparams
+      state = state.replace(hparams=hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
+                                               tau=jnp.asarray(cfg.pretrain_tau, jnp.float32)))
+      state, self.pretrain_loss = pretrain_cross(state, episodes_batch(self.train_episodes),
+                                                 cfg, self.mesh, self._replicated,
+                                                 self._progress)
+      return core_replay.restart_optimizer(state, hp)
     if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(
           state, self.train_episodes, cfg.pretrain_epochs, cfg.pretrain_lr, cfg.pretrain_tau,
@@ -91,8 +134,10 @@ class IrisTask(Task):
       return {}
     batch = episodes_batch(self.test_episodes)
     m, mask = self.spec.m, np.asarray(batch.mask_BxK)
-    scores = np.asarray(self._scores(distributed.gather(state.params), batch.q_BxD,
-                                     batch.mem_BxKxD, self.spec))
+    params = distributed.gather(state.params)
+    scores = (episode_scores(params, self.spec, self.test_episodes, self._progress)
+              if self.cross else
+              np.asarray(self._scores(params, batch.q_BxD, batch.mem_BxKxD, self.spec)))
     fused = np.full(scores.shape, -np.inf)
     for i, row in enumerate(mask):  # the valid candidates are a prefix of each row
       fused[i, :row.sum()] = fuse_with_order(scores[i, :row.sum()])

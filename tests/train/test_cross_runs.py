@@ -3,6 +3,7 @@ the run's record and report, SIGKILL in pretraining and between checkpoints, a t
 differs refused naming both, the export scored by sentence-transformers' CrossEncoder as rmmjax
 scores it, a step too large for the device refused before the run starts."""
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -17,7 +18,7 @@ import pytest
 from cli_args import sets as _sets
 from rmmjax import core
 from rmmjax.cli import main
-from rmmjax.config import apply_overrides, get_config
+from rmmjax.config import apply_overrides, encoder_stage, get_config
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.cross_export import export_cross
 from rmmjax.io.reranker_load import load_reranker
@@ -136,7 +137,7 @@ def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_pa
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["units=lace"], "units=lace"),
+    (["units=lace", "learner=both"], "units=lace trains a model of IRIS"),
     (["learner=query_encoder"], "set learner=reranker"),
     (["cross_pretrain_candidates=9"], "expected 2 to k=5"),
     (["compute_dtype=float16"], "compute_dtype"),
@@ -157,6 +158,44 @@ def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
   apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
   with pytest.raises(ValueError, match="latent"):
     apply_overrides(get_config("latent"), ["variant=cross"]).validate()
+
+
+def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(three):
+  """learner=both with variant=cross: the query encoder first, with the named config's own
+  rates, temperature and steps (not the cross reranker's), and no cross keys."""
+  locomo = get_config("locomo")
+  cfg = apply_overrides(locomo, [f"data={three}", "variant=cross", "learner=both",
+                                 "cross_max_length=64"]).validate()
+  assert (cfg.steps, cfg.tau, cfg.lr) == (0, 1.0, 1e-5)  # the reranker's
+  stage = encoder_stage(cfg).validate()
+  alone = apply_overrides(locomo, [f"data={three}", "learner=query_encoder"]).validate()
+  assert stage == alone
+  linear = apply_overrides(locomo, [f"data={three}", "learner=both", "steps=40"]).validate()
+  assert encoder_stage(linear) == dataclasses.replace(linear, learner="query_encoder")
+
+
+@pytest.mark.slow
+def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_path):
+  wd = tmp_path / "both"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "learner=both", "steps=0")]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  stage = json.loads((wd / "query_encoder" / "record.json").read_text())
+  assert record["query_encoder"].startswith(stage["encoder"] + "+tuned:")
+  assert record["variant"] == "cross"
+  summary = json.loads((wd / "summary.json").read_text())
+  encoder_summary = json.loads((wd / "query_encoder" / "summary.json").read_text())
+  # The cross reranker's base order is the tuned encoder's hybrid order.
+  np.testing.assert_allclose(summary["recall_at_m_base"], encoder_summary["recall_at_m_final"],
+                             atol=1e-6)
+  out = tmp_path / "eval.json"
+  assert main(["eval", "--data", str(three), "--k", "2", "--quiet", "--reranker", str(wd),
+               "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["config"]["retriever"] == "hybrid"  # from the run's record
+  assert report["config"]["query_encoder"] == str(wd / "query_encoder")
+  np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@2"],
+                             summary["recall_at_m_final"], atol=1e-6)
 
 
 def test_a_stand_in_encoder_is_refused(three):

@@ -1,0 +1,115 @@
+"""The cross reranker inside IRIS: it reads the question beside the text of each fact IRIS has
+gathered (units `lace`), where the embedding rerankers of iris_reranker.py compare two fixed
+embeddings.
+
+Training uses the logged episodes of iris_reranker.py with each (question, fact) pair tokenised
+once (`with_pair_tokens`), so pretraining, REINFORCE and their rewards are the ones every
+reranker of IRIS learns by. Inside IRIS (`CrossFactReranker`) the loop hands the reranker its
+evidence after every search; a fact already read with this question keeps its pair score, so a
+question's run reads each of its facts once, and only the rank prior of its new position is
+added afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import final
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from rmmjax import core
+from rmmjax.encode.encoder import compiler_options
+from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pair_tokens
+from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
+                                         fuse_with_order)
+from rmmjax.retrieve.evidence import Fact
+
+
+def with_pair_tokens(episodes: Sequence[IrisEpisode], tokenizer, max_length: int
+                     ) -> tuple[list[IrisEpisode], dict]:
+  """The episodes with each question paired with its K facts' texts (a missing fact: no
+  tokens), all padded to one length; and the count of pairs and of those cut to max_length."""
+  if not episodes:
+    return [], {"pairs": 0, "truncated": 0, "length": PAIR_BUCKETS[0]}
+  k = episodes[0].mem_KxD.shape[0]
+  texts = [[f.text for f in e.facts] + [None] * (k - len(e.facts)) for e in episodes]
+  pairs = pair_tokens(tokenizer, [e.question for e in episodes], texts, max_length)
+  out = [dataclasses.replace(e, tokens_KxL=pairs.ids_NxKxL[n], token_mask_KxL=pairs.mask_NxKxL[n])
+         for n, e in enumerate(episodes)]
+  return out, {"pairs": pairs.pairs, "truncated": pairs.truncated,
+               "length": int(pairs.ids_NxKxL.shape[2])}
+
+
+def episode_scores(params, spec: core.CoreSpec, episodes: Sequence[IrisEpisode],
+                   progress: bool = False) -> np.ndarray:
+  """The reranker's scores of every episode's candidates, scores_NxK, a batch of spec.batch
+  episodes at a time (all at once would hold every pair's activations)."""
+  score = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
+  b = spec.batch
+  out = []
+  for at in tqdm(range(0, len(episodes), b), desc="held-out (cross, IRIS)", unit="batch",
+                 disable=not progress):
+    chunk = list(episodes[at:at + b])
+    chunk += [chunk[-1]] * (b - len(chunk))  # one shape: the last batch padded by repetition
+    out.append(np.asarray(score(params, episodes_batch(chunk), spec)))
+  return np.concatenate(out)[:len(episodes)]
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4), compiler_options=compiler_options())
+def _logits(params, tokens_1xKxL, mask_1xKxL, bert: core.BertConfig, dtype: str):
+  return core.pair_logits(params, tokens_1xKxL, mask_1xKxL, bert, dtype)[0]
+
+
+@final
+class CrossFactReranker:
+  """A trained cross reranker as IRIS's `reranker(question, facts) -> scores` (the interface of
+  iris_reranker.FactReranker, with the same modes).
+
+  The first spec.k facts are scored: each one's pair score (read once per question and fact,
+  then kept) plus the rank prior of its position in the order given; later facts rank after
+  them in that order. Pairs are cut to the run's max_length and padded to one length, so one
+  program serves every call.
+  """
+
+  def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
+               mode: str = "fused", fusion_c: float = 60.0):
+    if mode not in RERANK_MODES:
+      raise ValueError(f"mode {mode!r} is not one of {', '.join(RERANK_MODES)}")
+    if spec.variant != "cross" or spec.bert is None:
+      raise ValueError(f"CrossFactReranker serves a cross reranker, not variant={spec.variant}")
+    self.params, self.spec, self.tokenizer = params, spec, tokenizer
+    self.max_length, self.mode, self.fusion_c = max_length, mode, fusion_c
+    self._prior = np.asarray(params["rank_bias"], np.float64)
+    self._question: str | None = None
+    self._read: dict[int, float] = {}  # fact_id -> pair score, for the current question
+    self.pairs_read = 0  # pairs the encoder has scored (for benchmarks and tests)
+
+  def _pair_scores(self, question: str, facts: Sequence[Fact]) -> np.ndarray:
+    if question != self._question:
+      self._question, self._read = question, {}
+    new = [f for f in dict.fromkeys(facts) if f.fact_id not in self._read]
+    k = self.spec.k
+    for at in range(0, len(new), k):
+      chunk = new[at:at + k]
+      texts = [f.text for f in chunk] + [None] * (k - len(chunk))
+      pairs = pair_tokens(self.tokenizer, [question], [texts], self.max_length,
+                          length=self.max_length)
+      logits = np.asarray(_logits(self.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+                                  self.spec.bert, self.spec.compute_dtype))
+      self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
+      self.pairs_read += len(chunk)
+    return np.array([self._read[f.fact_id] for f in facts])
+
+  def __call__(self, question: str, facts: Sequence[Fact]) -> list[float]:
+    head = list(facts[:self.spec.k])
+    if not head:
+      return []
+    scores = self._pair_scores(question, head) + self._prior[:len(head)]
+    if self.mode == "fused":
+      scores = fuse_with_order(scores, self.fusion_c)
+    low = float(scores.min())
+    return [float(s) for s in scores] + [low - 1.0 - i for i in range(len(facts) - len(head))]

@@ -1,0 +1,134 @@
+"""The cross reranker inside IRIS: its scores of IRIS's facts against the core's scoring of the
+same pairs, each (question, fact) pair read once per question, the episodes' pair tokens, and
+`train --set variant=cross --set units=lace` then `eval --units lace --iris --reranker`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from cli_args import sets as _sets
+from rmmjax import core
+from rmmjax.cli import main
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.replay.iris_cross import CrossFactReranker, episode_scores, with_pair_tokens
+from rmmjax.replay.iris_reranker import IrisEpisode, fuse_with_order
+from rmmjax.retrieve.evidence import Fact
+
+K = 4
+TEXTS = ["[9 May 2023] Ana: signed up for a pottery class", "[9 May 2023] Ben: sister is a potter",
+         "", "[20 June 2023] Ben: drove to the coast to watch whales " * 6,
+         "[2 July 2023] Ana: made a small whale in pottery class",
+         "[2 July 2023] Ben: walked Biscuit to the coast"]
+FACTS = [Fact(i, "x", "said", t, "2023", f"D{i}", "S1", t) for i, t in enumerate(TEXTS)]
+QUESTION = "What did Ana make in her pottery class?"
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return SentenceEncoder(cache=None)
+
+
+@pytest.fixture(scope="module")
+def trained(encoder):
+  """A cross reranker with a scoring layer far from zero, so every pair scores differently."""
+  params = core.init_cross_params(dict(encoder.params), K, prior_scale=1.0)
+  rng = np.random.default_rng(0)
+  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.5, (384, 1)).astype(np.float32)
+  spec = core.CoreSpec(variant="cross", dim=384, k=K, m=2, batch=2, bert=encoder.cfg)
+  return params, spec
+
+
+def _core_scores(params, spec, tokenizer, question, facts, max_length=48):
+  """The core's scores of these facts at positions 0.., padded to the bucket of the longest."""
+  texts = [f.text for f in facts] + [None] * (spec.k - len(facts))
+  pairs = pair_tokens(tokenizer, [question], [texts], max_length)
+  scores = core.cross_scores(params, pairs.ids_NxKxL, pairs.mask_NxKxL, spec.bert)
+  return np.asarray(scores)[0, :len(facts)]
+
+
+def test_iris_facts_score_as_the_core_scores_their_pairs(encoder, trained):
+  params, spec = trained
+  ranker = CrossFactReranker(params, spec, encoder.tokenizer, 48, mode="alone")
+  head = FACTS[:K]  # an empty text and one cut to 48 tokens among them
+  scores = ranker(QUESTION, FACTS[:K + 2])
+  np.testing.assert_allclose(scores[:K], _core_scores(params, spec, encoder.tokenizer, QUESTION,
+                                                      head), atol=1e-4)
+  assert scores[K] < min(scores[:K]) and scores[K + 1] < scores[K]  # the tail, in its order
+  assert ranker.pairs_read == K
+  # A new order with one new fact: only it is read; the others keep their pair score and take
+  # the prior of their new position.
+  order = [FACTS[5], FACTS[2], FACTS[0], FACTS[3]]
+  np.testing.assert_allclose(ranker(QUESTION, order), _core_scores(
+      params, spec, encoder.tokenizer, QUESTION, order), atol=1e-4)
+  assert ranker.pairs_read == K + 1
+  # Another question reads its pairs afresh.
+  ranker("Where did Ben go?", order)
+  assert ranker.pairs_read == 2 * K + 1
+  fused = CrossFactReranker(params, spec, encoder.tokenizer, 48, mode="fused")(QUESTION, head)
+  np.testing.assert_allclose(fused, fuse_with_order(np.asarray(scores[:K])), atol=1e-9)
+  assert ranker(QUESTION, []) == []
+
+
+def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
+  params, spec = trained
+  episodes = [IrisEpisode(QUESTION, "single-hop", tuple(FACTS[i:i + n]), {},
+                          np.zeros(384, np.float32), np.zeros((K, 384), np.float32),
+                          np.zeros((K, 1), bool), 1) for i, n in ((0, 4), (2, 3), (1, 4))]
+  with_tokens, counts = with_pair_tokens(episodes, encoder.tokenizer, 48)
+  assert counts["pairs"] == 11 and counts["truncated"] == 3  # the long text, in each one
+  assert not with_tokens[1].token_mask_KxL[3].any()  # a missing fact has no tokens
+  # Three episodes in batches of two (the last padded): each row as the core scores it alone.
+  scores = episode_scores(params, spec, with_tokens)
+  assert scores.shape == (3, K)
+  for e, row in zip(with_tokens, scores):
+    n = len(e.facts)
+    np.testing.assert_allclose(row[:n], _core_scores(params, spec, encoder.tokenizer, QUESTION,
+                                                     e.facts), atol=1e-4)
+
+
+def test_an_embedding_reranker_is_not_served_as_a_cross_one(encoder):
+  spec = core.CoreSpec(dim=384, k=K, m=2, batch=2)
+  with pytest.raises(ValueError, match="not variant=linear"):
+    CrossFactReranker(core.init_params(jax.random.PRNGKey(0), spec), spec, encoder.tokenizer, 48)
+
+
+SMALL = ("variant=cross", "units=lace", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
+         "log_every=1", "checkpoint_every=2", "cross_max_length=48",
+         "cross_pretrain_candidates=4")
+
+
+def test_train_a_cross_reranker_on_iris_evidence_then_evaluate_it_inside_iris(
+    three, tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *SMALL)]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  summary = json.loads((wd / "summary.json").read_text())
+  assert record["variant"] == "cross" and record["units"] == "lace"
+  assert summary["cross_pairs"] == record["cross"]["pairs"] > 0
+  assert 0 < summary["cross_pairs_truncated"] < summary["cross_pairs"]
+  # A fresh cross reranker scores by its rank prior alone: IRIS's own order, fused or not.
+  assert summary["recall_at_m_first"] == pytest.approx(summary["recall_at_m_base"])
+  assert len(json.loads((wd / "pretrain.json").read_text())["loss"]) > 0
+  out = tmp_path / "report.json"
+  assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--reranker", str(wd),
+               "--k", "5", "--quiet", "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["config"]["conversations"] == ["syn-3"]
+  assert report["config"]["rerank_mode"] == "fused"
+  assert 0 <= report["metrics"]["overall"]["recall_all@5"] <= 1
+  # Another tokenizer is refused, naming both.
+  other = tmp_path / "other"
+  shutil.copytree(wd, other)
+  record["cross"]["tokenizer"] = "0" * 64
+  (other / "record.json").write_text(json.dumps(record))
+  capsys.readouterr()
+  assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--reranker",
+               str(other), "--quiet"]) == 2
+  assert "000000000000" in capsys.readouterr().err
