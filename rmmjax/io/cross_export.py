@@ -49,9 +49,10 @@ def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
 
 
 def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
-                 max_length: int) -> Path:
+                 max_length: int, run_config: dict | None = None) -> Path:
   """Writes the directory (see the module docstring); `base_dir` is the encoder it started from
-  (its config and tokenizer files)."""
+  (its config and tokenizer files); `run_config`, the training run's (Config.to_json), lets rmmjax
+  serve the directory as --reranker."""
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   config = json.loads((Path(base_dir) / "config.json").read_text())
@@ -71,7 +72,8 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
   tmp.replace(out / "model.safetensors")
   atomic_write_json(out / CROSS_RECORD, {
       "format": CROSS_FORMAT, "how_to_score": HOW_TO_SCORE, "max_length": max_length,
-      "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(), "record": record})
+      "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(), "record": record,
+      "config": run_config})
   return out
 
 
@@ -97,7 +99,8 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
   try:
     export_cross(params, trained_spec(cfg, workdir).bert, encoder.model_dir, staging,
-                 record | {"step": step}, record["cross"]["max_length"])
+                 record | {"step": step}, record["cross"]["max_length"],
+                 json.loads(cfg.to_json()))
     # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.
     staging.chmod(0o755)
     for path in staging.iterdir():

@@ -32,8 +32,7 @@ KINDS = {
     "sweep": ("a sweep's workdir (it holds no trained model)", "nothing: train a model first"),
     "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
     "cross export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
-                     "directory, for serving)", "sentence_transformers.CrossEncoder; rmmjax "
-                     "takes its training workdir as --reranker"),
+                     "directory)", "--reranker, or sentence_transformers.CrossEncoder"),
 }
 CROSS_RECORD = "rmmjax_cross.json"  # what marks an exported cross reranker
 

@@ -4,15 +4,21 @@ readable checkpoint, config and record) or from an exported .safetensors file (i
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
+from safetensors.numpy import load_file
+
 from rmmjax import core
+from rmmjax.config import from_json
+from rmmjax.encode.bert import load_params
 from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
-from rmmjax.io.export import load_trained_params, read_record, trained_spec
-from rmmjax.io.kinds import refuse_unless
+from rmmjax.io.cross_export import CROSS_FORMAT
+from rmmjax.io.export import cross_record, load_trained_params, read_record, trained_spec
+from rmmjax.io.kinds import CROSS_RECORD, refuse_unless
 from rmmjax.io.reranker_format import read_reranker
 
 
@@ -41,13 +47,16 @@ def _nest(flat: dict[str, np.ndarray]) -> dict:
   return out
 
 
-RERANKER_KINDS = ("reranker", "reranker file", "both")  # what --reranker takes (io.kinds)
+# What --reranker takes (io.kinds).
+RERANKER_KINDS = ("reranker", "reranker file", "both", "cross export")
 
 
 def reranker_record(path: Path) -> dict:
   """What a reranker (a workdir or an exported file) was trained on, without its weights."""
   path = Path(path)
-  refuse_unless(path, "--reranker", RERANKER_KINDS)
+  kind = refuse_unless(path, "--reranker", RERANKER_KINDS)
+  if kind == "cross export":
+    return cross_export_header(path)["record"]
   if path.is_dir():
     return read_record(path)
   return load_reranker(path).record
@@ -56,7 +65,8 @@ def reranker_record(path: Path) -> dict:
 def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
-  refuse_unless(path, "--reranker", RERANKER_KINDS)
+  if refuse_unless(path, "--reranker", RERANKER_KINDS) == "cross export":
+    return load_cross_export(path)
   if path.is_dir():
     record = read_record(path)
     params, cfg, step = load_trained_params(path)
@@ -85,3 +95,45 @@ def check_cross_encoder(reranker: LoadedReranker, encoder) -> None:
   if trained != here:
     raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
                      f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")
+
+
+def cross_export_header(path: Path) -> dict:
+  """An exported cross reranker's rmmjax_cross.json, checked for what serving it needs."""
+  where = Path(path) / CROSS_RECORD
+  try:
+    header = json.loads(where.read_text())
+  except (OSError, ValueError) as err:
+    raise ValueError(f"{where} cannot be read as JSON ({err}): export the run again") from None
+  config, record = header.get("config"), header.get("record")
+  if header.get("format") != CROSS_FORMAT or not isinstance(config, dict) or not isinstance(
+      record, dict) or not isinstance(header.get("rank_bias"), list):
+    raise ValueError(f"{where} is not an rmmjax cross export of format {CROSS_FORMAT} with the "
+                     "run's config, record and rank_bias (an export of an older rmmjax has no "
+                     "config): export the training workdir again, or give it as --reranker")
+  cross_record(record, where)
+  return header
+
+
+def load_cross_export(path: Path) -> LoadedReranker:
+  """A cross reranker from its export (a CrossEncoder directory with rmmjax_cross.json): the
+  BERT weights, pooler and scoring layer from model.safetensors, the rank prior and the run's
+  config and record from the header."""
+  path = Path(path)
+  header = cross_export_header(path)
+  cfg = from_json(json.dumps(header["config"]))
+  bert = core.BertConfig(**header["record"]["cross"]["bert"])
+  encoder = load_params(path, bert)
+  weights = load_file(str(path / "model.safetensors"))
+  for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
+    if f"{hf_name}.weight" not in weights:
+      raise ValueError(f"{path / 'model.safetensors'}: no {hf_name}.weight (not a cross "
+                       "reranker's export)")
+    encoder[flax_name] = {"kernel": jnp.asarray(weights[f"{hf_name}.weight"].T, jnp.float32),
+                          "bias": jnp.asarray(weights[f"{hf_name}.bias"], jnp.float32)}
+  rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)
+  if rank_bias.shape != (cfg.k,):
+    raise ValueError(f"{path / CROSS_RECORD}: {rank_bias.shape[0]} rank_bias values for "
+                     f"k={cfg.k}")
+  return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
+                        cfg.core_spec(bert=bert), cfg.hparams(), header["record"],
+                        header["record"].get("step"))

@@ -158,7 +158,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       checkpointer.save(0, state)  # a resume starts from here rather than pretraining again
     writer = tensorboard.appender(workdir / "tb") if writes else None
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
-              disable=not progress) as bar:
+              disable=not progress or cfg.steps == 0) as bar:  # steps=0: pretraining alone
       while step < cfg.steps:
         # Segments end on multiples of checkpoint_every, as in an uninterrupted run, so a run
         # extended from any step saves the same checkpoints.

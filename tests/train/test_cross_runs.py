@@ -101,8 +101,6 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   assert main(["export", "--workdir", str(cross_run), "--out", str(tmp_path / "x.safetensors")]
               ) == 2
   assert "exports as a directory" in capsys.readouterr().err
-  assert main(["eval", "--dataset", "locomo", "--data", "x.json", "--reranker", str(out)]) == 2
-  assert "exported cross reranker" in capsys.readouterr().err
   # A head far from zero, so that every part of the score counts.
   loaded = load_reranker(cross_run)
   params = jax.tree.map(np.asarray, loaded.params)
@@ -123,6 +121,30 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   # The served score, as its header says: the CrossEncoder's logit plus the rank prior.
   served_bias = np.asarray(json.loads((served / "rmmjax_cross.json").read_text())["rank_bias"])
   np.testing.assert_allclose(ours, theirs + served_bias[None, :], atol=1e-4)
+
+
+def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsys):
+  out = tmp_path / "served"
+  assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 0
+  served, trained = load_reranker(out), load_reranker(cross_run)
+  assert served.spec == trained.spec and served.step == trained.step
+  assert jax.tree.structure(served.params) == jax.tree.structure(trained.params)
+  for a, b in zip(jax.tree.leaves(served.params), jax.tree.leaves(trained.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  reports = []
+  for model in (cross_run, out):
+    report = tmp_path / f"{model.name}.json"
+    assert main(["eval", "--data", str(three), "--reranker", str(model), "--k", "2,5",
+                 "--quiet", "--out", str(report)]) == 0
+    reports.append(json.loads(report.read_text()))
+  assert reports[1]["config"]["conversations"] == ["syn-3"]  # its record came along
+  assert reports[1]["metrics"] == reports[0]["metrics"]
+  # An export without the run's config (an older rmmjax's) is refused, naming its header.
+  header = json.loads((out / "rmmjax_cross.json").read_text())
+  (out / "rmmjax_cross.json").write_text(json.dumps(header | {"config": None}))
+  capsys.readouterr()
+  assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
+  assert "rmmjax_cross.json is not an rmmjax cross export" in capsys.readouterr().err
 
 
 def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path,
