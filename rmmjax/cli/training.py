@@ -25,7 +25,8 @@ LoCoMo file: --set data=PATH). Every key, its default and what it means is in
 rmmjax/config/__init__.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
 What learns: learner=query_encoder (locomo's default), reranker, both or iris; the reranker's
 variant=linear, mlp or cross (a cross-encoder reading each question beside a memory's text;
-it brings its own defaults, VARIANT_DEFAULTS, and steps=0 pretrains it alone).
+it brings its own defaults, VARIANT_DEFAULTS: learner=both, a query encoder tuned first, except
+with units=lace or query_encoder=W; and steps=0, pretraining alone).
 Running the same command again resumes the workdir."""
 
 
@@ -166,7 +167,8 @@ def cmd_export(args) -> None:
   if learner == "both" and cfg.variant == "cross":
     export_cross_run(workdir, out / "reranker", SentenceEncoder())
     print(f"wrote {out / 'reranker'}: the cross reranker over the tuned encoder's candidates "
-          "(sentence_transformers.CrossEncoder loads it)")
+          f"(sentence_transformers.CrossEncoder loads it; evaluate with --reranker "
+          f"{out / 'reranker'} --encoder {out / 'query_encoder'})")
   elif learner == "both":
     export_reranker(workdir, out / "reranker.safetensors")
     print(f"wrote {out / 'reranker.safetensors'} (evaluate with --encoder "

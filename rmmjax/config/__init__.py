@@ -255,7 +255,7 @@ CONFIGS = {
 # labels pretraining used, with noise. `--set steps=N` adds them (the agent learns online from
 # an LLM's real citations either way). The other values were not searched over.
 VARIANT_DEFAULTS = {
-    "cross": {"learner": "reranker", "retriever": "hybrid", "pretrain_epochs": 1,
+    "cross": {"learner": "both", "retriever": "hybrid", "pretrain_epochs": 1,
               "pretrain_lr": 2e-5, "pretrain_tau": 1.0, "tau": 1.0, "lr": 1e-5, "steps": 0,
               "checkpoint_every": 20, "log_every": 5},
 }
@@ -322,7 +322,11 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     changes[key.strip()] = parse_value(key.strip(), text.strip(), cfg)
   variant = changes.get("variant")
   if cfg.config != "latent" and variant in VARIANT_DEFAULTS:
-    changes = VARIANT_DEFAULTS[variant] | changes
+    defaults = dict(VARIANT_DEFAULTS[variant])
+    # Over IRIS's evidence, or over a query encoder trained before, nothing is tuned first.
+    if changes.get("units", cfg.units) == "lace" or changes.get("query_encoder"):
+      defaults["learner"] = "reranker"
+    changes = defaults | changes
   return dataclasses.replace(cfg, **changes)
 
 

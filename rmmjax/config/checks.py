@@ -39,6 +39,10 @@ def check_replay(cfg, default) -> None:
   if cfg.learner != "reranker" and cfg.retriever == "bm25":
     raise ValueError(f"learner={cfg.learner} tunes the dense retriever's query encoder, but "
                      "retriever=bm25 does not use it: set retriever=dense or hybrid")
+  if cfg.learner == "both" and cfg.query_encoder:
+    raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker the candidates of "
+                     "an encoder trained before, and learner=both tunes its own first: set "
+                     "learner=reranker to use it")
   if cfg.learner == "query_encoder" and cfg.query_encoder:
     raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker its candidates; "
                      "learner=query_encoder trains one from the loaded encoder")

@@ -25,7 +25,7 @@ from rmmjax.io.reranker_load import load_reranker
 from rmmjax.replay.cross_pairs import pair_tokens
 from rmmjax.train import cross_task
 
-SMALL = ("variant=cross", "holdout=1", "k=5", "m=2", "batch=2", "steps=4", "log_every=2",
+SMALL = ("variant=cross", "learner=reranker", "holdout=1", "k=5", "m=2", "batch=2", "steps=4", "log_every=2",
          "checkpoint_every=2", "cross_max_length=48", "cross_pretrain_candidates=4")
 
 
@@ -182,6 +182,19 @@ def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
     apply_overrides(get_config("latent"), ["variant=cross"]).validate()
 
 
+def test_the_cross_variant_tunes_a_query_encoder_first_unless_it_has_one(three, tmp_path):
+  locomo, data = get_config("locomo"), f"data={three}"
+  assert apply_overrides(locomo, [data, "variant=cross"]).learner == "both"
+  assert apply_overrides(locomo, [data, "variant=cross", "units=lace"]).learner == "reranker"
+  tuned = tmp_path / "tuned"
+  tuned.mkdir()
+  assert apply_overrides(locomo, [data, "variant=cross", f"query_encoder={tuned}"]
+                         ).learner == "reranker"
+  with pytest.raises(ValueError, match="learner=both tunes its own first"):
+    apply_overrides(locomo, [data, "variant=cross", "learner=both",
+                             f"query_encoder={tuned}"]).validate()
+
+
 def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(three):
   """learner=both with variant=cross: the query encoder first, with the named config's own
   rates, temperature and steps (not the cross reranker's), and no cross keys."""
@@ -218,6 +231,14 @@ def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_pa
   assert report["config"]["query_encoder"] == str(wd / "query_encoder")
   np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@2"],
                              summary["recall_at_m_final"], atol=1e-6)
+  # Exported, the two serve as the workdir does.
+  served = tmp_path / "served"
+  assert main(["export", "--workdir", str(wd), "--out", str(served)]) == 0
+  again = tmp_path / "again.json"
+  assert main(["eval", "--data", str(three), "--k", "2", "--quiet", "--reranker",
+               str(served / "reranker"), "--encoder", str(served / "query_encoder"), "--out",
+               str(again)]) == 0
+  assert json.loads(again.read_text())["metrics"] == report["metrics"]
 
 
 def test_a_stand_in_encoder_is_refused(three):
