@@ -269,7 +269,9 @@ def write(saved: dict) -> None:
             "Training time per fold: " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()
                                                    if k != "latency"),
             "", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}"
-            + (f"; when the learner=both rows ran: {json.dumps(saved['tuned_defaults'])}"
+            + ("; the learner=both rows set learner=both, with the variant's other defaults "
+               "then: " + json.dumps({k: v for k, v in saved["tuned_defaults"].items()
+                                     if k != "learner"})
                if "tuned_defaults" in saved else ""),
             "", "The online phase lowered recall on both folds: the variant's default is now "
             "steps=0 (pretraining alone, the \"supervised only\" row)."]
