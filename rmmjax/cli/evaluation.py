@@ -117,8 +117,9 @@ def add_parser(sub) -> None:
   p.add_argument("--budget-words", type=int, default=None,
                  help="also report recall of units taken in rank order up to this many words")
   p.add_argument("--reranker", default=None,
-                 help="a training workdir or exported .safetensors: rerank the K candidates "
-                      "(conversations it trained on are left out)")
+                 help="a training workdir, an exported .safetensors or an exported cross "
+                      "reranker's directory: rerank the K candidates (conversations it trained "
+                      "on are left out; a learner=both run brings its query encoder)")
   p.add_argument("--iris-model", default=None,
                  help="with --units lace --iris: a learner=iris workdir or its export (learned "
                       "judge, refinement and anchor encoders); --iris learned suits it")

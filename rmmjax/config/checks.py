@@ -46,6 +46,9 @@ def check_replay(cfg, default) -> None:
   if cfg.learner == "query_encoder" and cfg.query_encoder:
     raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker its candidates; "
                      "learner=query_encoder trains one from the loaded encoder")
+  if cfg.query_encoder and cfg.retriever == "bm25":
+    raise ValueError(f"query_encoder={cfg.query_encoder!r} embeds the questions of dense "
+                     "search, which retriever=bm25 does not use: set retriever=dense or hybrid")
   if cfg.query_encoder and not Path(cfg.query_encoder).is_dir():
     raise ValueError(f"query_encoder={cfg.query_encoder!r}: expected a query_encoder "
                      "training workdir")

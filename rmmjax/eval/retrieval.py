@@ -109,7 +109,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                      "--retriever dense or hybrid")
   loaded = load_reranker(Path(reranker)) if reranker is not None else None
   if loaded and query_encoder is None and loaded.record.get("query_encoder_path"):
-    query_encoder = Path(loaded.record["query_encoder_path"])  # the candidates it trained on
+    query_encoder = recorded_query_encoder(Path(reranker), loaded.record)
   conversations, report = DATASETS[dataset](data)
   conversations = [c for c in conversations if c.questions]
   if not conversations:
@@ -189,6 +189,18 @@ def _per_question(conversations, rows) -> dict:
   return {"per_question": [{"conversation": c.conversation_id, "category": category} | metrics
                            for c, (category, metrics) in zip(
                                [c for c in conversations for _ in c.questions], rows)]}
+
+
+def recorded_query_encoder(reranker: Path, record: dict) -> Path:
+  """The tuned query encoder whose candidates a reranker trained on: a learner=both workdir's
+  own query_encoder/, else the one its record names, else (an export of learner=both, moved)
+  the query_encoder/ beside it. Which one it is, is checked against the record's identity."""
+  recorded = Path(record["query_encoder_path"])
+  for candidate in (reranker / "query_encoder", recorded, reranker.parent / "query_encoder"):
+    if candidate.is_dir() and candidate.resolve() != reranker.resolve():
+      return candidate
+  raise ValueError(f"the reranker {reranker} ranks the candidates of the query encoder "
+                   f"{recorded}, which is not there (moved?): pass it as --encoder DIR")
 
 
 def _is_iris_model(path: Path) -> bool:

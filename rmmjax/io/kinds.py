@@ -58,11 +58,21 @@ def model_kind(path: Path) -> str | None:
     return "iris export"
   if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():
     return "both export"
-  if (path / CROSS_RECORD).is_file():
-    return "cross export"
+  if (path / CROSS_RECORD).is_file() or _is_cross_encoder(path):
+    return "cross export"  # (without its header the loader says what is missing)
   if (path / "model.safetensors").is_file():
     return "query encoder export" if (path / EXPORT_RECORD).is_file() else "encoder"
   return None
+
+
+def _is_cross_encoder(path: Path) -> bool:
+  """A Hugging Face directory of a sequence classifier (what a cross reranker exports as)."""
+  try:
+    config = json.loads((path / "config.json").read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(config, dict) and "BertForSequenceClassification" in (
+      config.get("architectures") or [])
 
 
 def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...]) -> str | None:

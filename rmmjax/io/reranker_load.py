@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
+from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from rmmjax import core
@@ -100,6 +102,9 @@ def check_cross_encoder(reranker: LoadedReranker, encoder) -> None:
 def cross_export_header(path: Path) -> dict:
   """An exported cross reranker's rmmjax_cross.json, checked for what serving it needs."""
   where = Path(path) / CROSS_RECORD
+  if not where.is_file():
+    raise ValueError(f"{path} holds a cross-encoder but no {CROSS_RECORD} (what rmmjax's "
+                     "export writes beside it): export the training workdir again")
   try:
     header = json.loads(where.read_text())
   except (OSError, ValueError) as err:
@@ -110,7 +115,19 @@ def cross_export_header(path: Path) -> dict:
     raise ValueError(f"{where} is not an rmmjax cross export of format {CROSS_FORMAT} with the "
                      "run's config, record and rank_bias (an export of an older rmmjax has no "
                      "config): export the training workdir again, or give it as --reranker")
-  cross_record(record, where)
+  cross = cross_record(record, where)
+  bias = header["rank_bias"]
+  if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bias):
+    raise ValueError(f"{where}: rank_bias holds a value that is not a finite number")
+  # The header must agree with itself: the pair length and units the reranker trained with.
+  for what, value, want in (("max_length", header.get("max_length"), cross["max_length"]),
+                            ("config.cross_max_length", config.get("cross_max_length"),
+                             cross["max_length"]),
+                            ("config.units", config.get("units"), record.get("units")),
+                            ("config.k", config.get("k"), len(bias))):
+    if value != want:
+      raise ValueError(f"{where}: {what} is {value!r}, but the record says {want!r}: the file "
+                       "was edited or damaged; export the training workdir again")
   return header
 
 
@@ -120,10 +137,18 @@ def load_cross_export(path: Path) -> LoadedReranker:
   config and record from the header."""
   path = Path(path)
   header = cross_export_header(path)
-  cfg = from_json(json.dumps(header["config"]))
+  try:
+    cfg = from_json(json.dumps(header["config"]))
+  except (TypeError, ValueError) as err:
+    raise ValueError(f"{path / CROSS_RECORD}: its config is not an rmmjax config ({err})"
+                     ) from None
   bert = core.BertConfig(**header["record"]["cross"]["bert"])
-  encoder = load_params(path, bert)
-  weights = load_file(str(path / "model.safetensors"))
+  try:
+    encoder = load_params(path, bert)
+    weights = load_file(str(path / "model.safetensors"))
+  except SafetensorError as err:
+    raise ValueError(f"{path / 'model.safetensors'} cannot be read ({err}): the export is "
+                     "damaged; export the training workdir again") from None
   for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
     if f"{hf_name}.weight" not in weights:
       raise ValueError(f"{path / 'model.safetensors'}: no {hf_name}.weight (not a cross "

@@ -139,12 +139,27 @@ def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsy
     reports.append(json.loads(report.read_text()))
   assert reports[1]["config"]["conversations"] == ["syn-3"]  # its record came along
   assert reports[1]["metrics"] == reports[0]["metrics"]
-  # An export without the run's config (an older rmmjax's) is refused, naming its header.
+  # A damaged export is refused in one line naming what is wrong, before any work.
   header = json.loads((out / "rmmjax_cross.json").read_text())
-  (out / "rmmjax_cross.json").write_text(json.dumps(header | {"config": None}))
-  capsys.readouterr()
+  bias = list(header["rank_bias"])
+  weights = (out / "model.safetensors").read_bytes()
+  for damage, message in (
+      ({"config": None}, "rmmjax_cross.json is not an rmmjax cross export"),  # an older one
+      ({"rank_bias": [bias[0], float("nan"), *bias[2:]]}, "not a finite number"),
+      ({"max_length": 600}, "max_length is 600, but the record says 48"),
+      ({"config": header["config"] | {"units": "session"}}, "config.units is 'session'")):
+    (out / "rmmjax_cross.json").write_text(json.dumps(header | damage))
+    capsys.readouterr()
+    assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
+    assert message in capsys.readouterr().err
+  (out / "rmmjax_cross.json").write_text(json.dumps(header))
+  (out / "model.safetensors").write_bytes(weights[:1000])
   assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
-  assert "rmmjax_cross.json is not an rmmjax cross export" in capsys.readouterr().err
+  assert "model.safetensors cannot be read" in capsys.readouterr().err
+  (out / "model.safetensors").write_bytes(weights)
+  (out / "rmmjax_cross.json").unlink()
+  assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
+  assert "no rmmjax_cross.json" in capsys.readouterr().err
 
 
 def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path,
@@ -190,6 +205,9 @@ def test_the_cross_variant_tunes_a_query_encoder_first_unless_it_has_one(three, 
   tuned.mkdir()
   assert apply_overrides(locomo, [data, "variant=cross", f"query_encoder={tuned}"]
                          ).learner == "reranker"
+  with pytest.raises(ValueError, match="which retriever=bm25 does not use"):
+    apply_overrides(locomo, [data, "variant=cross", f"query_encoder={tuned}",
+                             "retriever=bm25"]).validate()
   with pytest.raises(ValueError, match="learner=both tunes its own first"):
     apply_overrides(locomo, [data, "variant=cross", "learner=both",
                              f"query_encoder={tuned}"]).validate()
@@ -239,6 +257,13 @@ def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_pa
                str(served / "reranker"), "--encoder", str(served / "query_encoder"), "--out",
                str(again)]) == 0
   assert json.loads(again.read_text())["metrics"] == report["metrics"]
+  # Moved, the workdir brings its own query encoder, and the export the one beside it.
+  moved = tmp_path / "moved"
+  wd.rename(moved)
+  for model in (moved, served / "reranker"):
+    assert main(["eval", "--data", str(three), "--k", "2", "--quiet", "--reranker", str(model),
+                 "--out", str(again)]) == 0
+    assert json.loads(again.read_text())["metrics"] == report["metrics"]
 
 
 def test_a_stand_in_encoder_is_refused(three):
