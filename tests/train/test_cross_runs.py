@@ -25,8 +25,9 @@ from rmmjax.io.reranker_load import load_reranker
 from rmmjax.replay.cross_pairs import pair_tokens
 from rmmjax.train import cross_task
 
-SMALL = ("variant=cross", "learner=reranker", "holdout=1", "k=5", "m=2", "batch=2", "steps=4", "log_every=2",
-         "checkpoint_every=2", "cross_max_length=48", "cross_pretrain_candidates=4")
+SMALL = ("variant=cross", "learner=reranker", "holdout=1", "k=5", "m=2", "batch=2", "steps=4",
+         "log_every=2", "checkpoint_every=2", "cross_max_length=48",
+         "cross_pretrain_candidates=4")
 
 
 def _args(three, *extra):
