@@ -100,7 +100,7 @@ def test_an_embedding_reranker_is_not_served_as_a_cross_one(encoder):
 
 SMALL = ("variant=cross", "units=lace", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
          "log_every=1", "checkpoint_every=2", "cross_max_length=48",
-         "cross_pretrain_candidates=4")
+         "cross_pretrain_candidates=4", "pretrain_epochs=1")
 
 
 def test_train_a_cross_reranker_on_iris_evidence_then_evaluate_it_inside_iris(

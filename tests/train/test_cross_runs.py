@@ -27,7 +27,7 @@ from rmmjax.train import cross_task
 
 SMALL = ("variant=cross", "learner=reranker", "holdout=1", "k=5", "m=2", "batch=2", "steps=4",
          "log_every=2", "checkpoint_every=2", "cross_max_length=48",
-         "cross_pretrain_candidates=4")
+         "cross_pretrain_candidates=4", "pretrain_epochs=1")
 
 
 def _args(three, *extra):
