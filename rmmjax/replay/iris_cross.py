@@ -44,18 +44,21 @@ def with_pair_tokens(episodes: Sequence[IrisEpisode], tokenizer, max_length: int
                "length": int(pairs.ids_NxKxL.shape[2])}
 
 
+# Compiled once per process (a task evaluates before and after training).
+_scores = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
+
+
 def episode_scores(params, spec: core.CoreSpec, episodes: Sequence[IrisEpisode],
                    progress: bool = False) -> np.ndarray:
   """The reranker's scores of every episode's candidates, scores_NxK, a batch of spec.batch
   episodes at a time (all at once would hold every pair's activations)."""
-  score = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
   b = spec.batch
   out = []
   for at in tqdm(range(0, len(episodes), b), desc="held-out (cross, IRIS)", unit="batch",
                  disable=not progress):
     chunk = list(episodes[at:at + b])
     chunk += [chunk[-1]] * (b - len(chunk))  # one shape: the last batch padded by repetition
-    out.append(np.asarray(score(params, episodes_batch(chunk), spec)))
+    out.append(np.asarray(_scores(params, episodes_batch(chunk), spec)))
   return np.concatenate(out)[:len(episodes)]
 
 
