@@ -66,3 +66,26 @@ def locomo_replays(data: Path, retriever: str, k: int, units: str = "turn"):
   conversations, _ = load_locomo(Path(data))
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   return build_replay(conversations, units, retriever, encoder, k)
+
+
+def provenance() -> dict:
+  """What a results file records of how it was made: the command line and the commit it ran
+  at (with whether the work tree had changes beside it)."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,  # noqa
+                                  text=True).stdout.strip()
+  return {"command": "python " + " ".join(["experiments/" + Path(sys.argv[0]).name]
+                                          + sys.argv[1:]),
+          "commit": git("rev-parse", "HEAD") or "unknown",
+          "uncommitted_changes": bool(git("status", "--porcelain", "--", "rmmjax",
+                                          "experiments/*.py"))}
+
+
+def provenance_line(saved: dict) -> str:
+  """One line for a results .md: the command and the commit that made the saved rows."""
+  made = saved.get("provenance")
+  if not made:
+    return "Command and commit: not recorded (the run predates their recording)."
+  dirty = " with uncommitted changes" if made["uncommitted_changes"] else ""
+  return f"Made by `{made['command']}` at commit {made['commit'][:12]}{dirty}."
