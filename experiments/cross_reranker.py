@@ -154,7 +154,7 @@ def latency(workdir: Path, encoder, data: Path, questions: int = 100) -> dict:
     start = time.perf_counter()
     pairs = pair_tokens(encoder.tokenizer, replay.questions[n:n + 1], texts[n:n + 1], max_length,
                         length=max_length)
-    score(loaded.params, pairs.ids_NxKxL, pairs.mask_NxKxL).block_until_ready()
+    score(loaded.params, pairs.ids_NxKxL, pairs.segments_NxKxL).block_until_ready()
     if n:  # the first call compiles
       times.append(time.perf_counter() - start)
   return {"p50_ms": 1e3 * float(np.percentile(times, 50)),

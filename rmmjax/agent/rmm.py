@@ -219,12 +219,12 @@ class Agent(ChatAgent):
 
   def _batch(self, q_D, mem_KxD, mask_K, tokens) -> core.Batch:
     """One query's candidates as a batch of one (with their pair tokens for a cross reranker)."""
-    ids, token_mask = tokens if tokens is not None else (None, None)
+    ids, segments = tokens if tokens is not None else (None, None)
     return core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
                       relevant_BxK=np.zeros_like(mask_K[None]),
                       num_relevant_B=np.ones(1, np.int32),
                       tokens_BxKxL=None if ids is None else ids[None],
-                      token_mask_BxKxL=None if ids is None else token_mask[None])
+                      token_segments_BxKxL=None if ids is None else segments[None])
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
               tokens=None) -> tuple:
@@ -256,7 +256,7 @@ class Agent(ChatAgent):
       texts = [memory_prompt_text(m) for m in memories] + [None] * (spec.k - len(memories))
       pairs = pair_tokens(self.encoder.tokenizer, [query], [texts], self._pair_length,
                           length=self._pair_length)  # one length: one compiled scorer
-      tokens = (pairs.ids_NxKxL[0], pairs.mask_NxKxL[0])
+      tokens = (pairs.ids_NxKxL[0], pairs.segments_NxKxL[0])
     return q_D, mem_KxD, mask_K, memories, tokens
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
@@ -338,7 +338,7 @@ class Agent(ChatAgent):
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,
                        relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32),
                        tokens_BxKxL=tokens[0] if tokens else None,
-                       token_mask_BxKxL=tokens[1] if tokens else None)
+                       token_segments_BxKxL=tokens[1] if tokens else None)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)

@@ -35,7 +35,7 @@ FIXED_SETTINGS = ("retriever", "k", "m", "batch", "tau", "lr", "baseline", "base
                   "seed", "reranker", "query_encoder")
 SERVING_SETTINGS = ("retriever", "k", "reranker", "query_encoder")
 PENDING_FIELDS = ("q", "mem", "mask", "selected", "rewards")
-CROSS_FIELDS = ("tokens", "token_mask")  # a cross reranker's answers keep their pair tokens
+CROSS_FIELDS = ("tokens", "token_segments")  # a cross reranker's answers keep their pair tokens
 
 
 class AgentWorkdir:
@@ -132,7 +132,10 @@ class AgentWorkdir:
     with np.load(io.BytesIO(sealed)) as data:
       base = int(data["base_step"])
       names = PENDING_FIELDS + (CROSS_FIELDS if CROSS_FIELDS[0] in data.files else ())
-      items = list(zip(*(data[name] for name in names)))
+      arrays = {name: data[name] for name in names if name in data.files}
+      if "tokens" in arrays and "token_segments" not in arrays:  # written before segments
+        arrays["token_segments"] = _segments_of_old_mask(data["tokens"], data["token_mask"])
+      items = list(zip(*(arrays[name] for name in names)))
     if base == step:
       return items
     if base > step:
@@ -174,3 +177,11 @@ class AgentWorkdir:
     if self._lock is not None:
       self._lock.close()
       self._lock = None
+
+
+def _segments_of_old_mask(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """Segments (0 padding, 1 question, 2 memory) of pending pair tokens saved with a boolean
+  mask, as that version read them: the memory's segment starts after the first [SEP] (102)."""
+  sep = ids == 102
+  after = (np.cumsum(sep, axis=-1) - sep) >= 1
+  return np.where(mask, np.where(after, 2, 1), 0).astype(np.int8)

@@ -79,7 +79,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
 
   def ours_score():
     for t in score_tokens:
-      score(params, t.ids_NxKxL, t.mask_NxKxL).block_until_ready()
+      score(params, t.ids_NxKxL, t.segments_NxKxL).block_until_ready()
 
   box = [core.init_state(spec, core.HParams.create(lr=2e-5, tau=1.0), train_params)]
   train_batches = [core.Batch(
@@ -87,7 +87,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
       mem_BxKxD=np.zeros((QUESTIONS, TRAIN_K, cfg.hidden_size), np.float32),
       mask_BxK=np.ones((QUESTIONS, TRAIN_K), bool), relevant_BxK=relevant,
       num_relevant_B=np.ones(QUESTIONS, np.int32), tokens_BxKxL=t.ids_NxKxL,
-      token_mask_BxKxL=t.mask_NxKxL) for t in train_tokens]
+      token_segments_BxKxL=t.segments_NxKxL) for t in train_tokens]
 
   def ours_train():
     for batch in train_batches:

@@ -60,19 +60,21 @@ class _Weights(nn.Module):
     return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,))
 
 
-def _attention_low_precision(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1x1xS):
-  """Attention with bfloat16 matmuls and a float32 softmax (what jax.nn.dot_product_attention
-  computes, written out: its implementation mixes the two dtypes implicitly)."""
-  scale = np.float32(1.0 / np.sqrt(q_BxTxNxD.shape[-1]))
-  logits = jnp.einsum("btnd,bsnd->bnts", q_BxTxNxD, k_BxSxNxD).astype(jnp.float32) * scale
-  probs = jax.nn.softmax(logits + bias_Bx1x1xS.astype(jnp.float32), axis=-1)
+def _attention_written_out(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1x1xS):
+  """Attention with matmuls in the activations' dtype and the softmax in float32 for bfloat16
+  (what jax.nn.dot_product_attention computes, written out: its implementation mixes the two
+  dtypes implicitly), in float64 for float64 (which it would round through float32)."""
+  soft = jnp.float64 if q_BxTxNxD.dtype == jnp.float64 else jnp.float32
+  scale = (1.0 / np.sqrt(q_BxTxNxD.shape[-1])).astype(soft)
+  logits = jnp.einsum("btnd,bsnd->bnts", q_BxTxNxD, k_BxSxNxD).astype(soft) * scale
+  probs = jax.nn.softmax(logits + bias_Bx1x1xS.astype(soft), axis=-1)
   return jnp.einsum("bnts,bsnd->btnd", probs.astype(q_BxTxNxD.dtype), v_BxSxNxD)
 
 
 def _norm(cfg: BertConfig, name: str, x):
   """Layer normalisation computed in float32 whatever the activations' dtype (its variance is
   what low precision gets wrong), returned in theirs."""
-  if x.dtype == jnp.float32:
+  if jnp.finfo(x.dtype).bits >= 32:
     return nn.LayerNorm(cfg.layer_norm_eps, name=name)(x)
   return nn.LayerNorm(cfg.layer_norm_eps, name=name)(x.astype(jnp.float32)).astype(x.dtype)
 
@@ -104,7 +106,7 @@ class _Layer(nn.Module):
       qkv_BxTx3xNxD = (h_BxTxH @ kernel_Hx3H + bias_1x1x3H).reshape(b, t, 3, heads, size)
       q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
     attn = (jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1x1xT) if dtype == jnp.float32
-            else _attention_low_precision(q, k, v, bias_Bx1x1xT))
+            else _attention_written_out(q, k, v, bias_Bx1x1xT))
     attn = nn.Dense(cfg.hidden_size, name="attention_out", dtype=dtype)(
         attn.reshape(h_BxTxH.shape))
     h_BxTxH = _norm(cfg, "attention_norm", h_BxTxH + attn)
@@ -162,4 +164,4 @@ class BertCrossEncoder(nn.Module):
     h = _hidden_states(self.cfg, ids_NxT, mask_NxT, types_NxT, dtype, first_only=True)
     pooled = jnp.tanh(nn.Dense(self.cfg.hidden_size, name="pooler", dtype=dtype)(h[:, 0]))
     score = nn.Dense(1, name="classifier", dtype=dtype, kernel_init=nn.initializers.zeros)(pooled)
-    return score[:, 0].astype(jnp.float32)
+    return score[:, 0].astype(dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32)

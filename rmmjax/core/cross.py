@@ -22,10 +22,6 @@ import jax
 import jax.numpy as jnp
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
 
-# BERT's [SEP] token in the uncased vocabularies (MiniLM's included): the segment boundary.
-SEP_ID = 102
-
-
 def rank_prior_init(k: int, scale: float) -> jax.Array:
   """A decreasing prior over the K base positions: -scale * log(1 + position). With the head at
   zero the scores follow the base order; `scale` sets how far apart the positions start (in
@@ -50,14 +46,7 @@ def _hidden(encoder_params: dict) -> int:
   return int(encoder_params["word"]["embedding"].shape[1])
 
 
-def segment_ids(ids_NxL: jax.Array, mask_NxL: jax.Array, sep_id: int = SEP_ID) -> jax.Array:
-  """0 up to and including the first [SEP] (the question), 1 after it (the memory)."""
-  is_sep = (ids_NxL == sep_id).astype(jnp.int32)
-  before = jnp.cumsum(is_sep, axis=-1) - is_sep  # [SEP]s strictly before each position
-  return ((before >= 1) & mask_NxL).astype(jnp.int32)
-
-
-def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
+def cross_scores(params: dict, tokens_BxKxL: jax.Array, segments_BxKxL: jax.Array,
                  cfg: BertConfig, dtype: str = "float32",
                  positions_BxK: jax.Array | None = None) -> jax.Array:
   """Scores of every (question, candidate) pair, scores_BxK: the encoder's score of the pair
@@ -66,15 +55,13 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
   Args:
     params: from `init_cross_params` ({"encoder", "rank_bias"}).
     tokens_BxKxL: int32 ids of "[CLS] question [SEP] memory [SEP]", padded with 0.
-    mask_BxKxL: bool, the real tokens (a missing candidate has none: its score is the prior's,
-      and the candidate mask keeps it out of every selection).
+    segments_BxKxL: int, 1 for the question's tokens, 2 for the memory's, 0 for padding (a
+      missing candidate has none: its score is the prior's, and the candidate mask keeps it
+      out of every selection).
     cfg: the encoder's configuration.
     dtype: the encoder's computation dtype (float32, or bfloat16 on an accelerator).
     positions_BxK: each candidate's base position (default 0..K-1: all K candidates in order).
   """
-  if tokens_BxKxL.ndim != 3 or mask_BxKxL.shape != tokens_BxKxL.shape:
-    raise ValueError(f"expected tokens and mask of one shape (B, K, L), got {tokens_BxKxL.shape} "
-                     f"and {mask_BxKxL.shape}")
   b, k, _ = tokens_BxKxL.shape
   prior = params["rank_bias"]
   if positions_BxK is None:
@@ -83,22 +70,23 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array,
     prior_BxK = jnp.broadcast_to(prior, (b, k))
   else:
     prior_BxK = prior[positions_BxK]
-  return pair_logits(params, tokens_BxKxL, mask_BxKxL, cfg, dtype) + prior_BxK
+  return pair_logits(params, tokens_BxKxL, segments_BxKxL, cfg, dtype) + prior_BxK
 
 
-def pair_logits(params: dict, tokens_BxKxL: jax.Array, mask_BxKxL: jax.Array, cfg: BertConfig,
-                dtype: str = "float32") -> jax.Array:
+def pair_logits(params: dict, tokens_BxKxL: jax.Array, segments_BxKxL: jax.Array,
+                cfg: BertConfig, dtype: str = "float32") -> jax.Array:
   """The encoder's score of every pair alone, logits_BxK (`cross_scores` without the rank
   prior): it depends on the question and the memory only, so a caller that sees one pair at
   several positions may score it once."""
   b, k, length = tokens_BxKxL.shape
   ids = jnp.asarray(tokens_BxKxL).reshape(b * k, length)
-  mask = jnp.asarray(mask_BxKxL).reshape(b * k, length)
+  segments = jnp.asarray(segments_BxKxL).reshape(b * k, length)
+  mask = segments > 0
   # A row without tokens (a missing candidate) attends to its first position alone, so no
   # softmax runs over nothing; its score is masked out by the candidate mask anyway.
   mask = mask.at[:, 0].set(True)
   pair_N = BertCrossEncoder(cfg, dtype=dtype).apply({"params": params["encoder"]}, ids, mask,
-                                                     segment_ids(ids, mask))
+                                                     (segments == 2).astype(jnp.int32))
   return pair_N.reshape(b, k)
 
 

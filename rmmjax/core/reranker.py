@@ -129,7 +129,7 @@ def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
     if batch.tokens_BxKxL is None:
       raise ValueError("variant=cross scores (question, memory) pairs: the batch has no "
                        "tokens_BxKxL (see rmmjax.replay.cross_pairs)")
-    return cross.cross_scores(params, batch.tokens_BxKxL, batch.token_mask_BxKxL, spec.bert,
+    return cross.cross_scores(params, batch.tokens_BxKxL, batch.token_segments_BxKxL, spec.bert,
                               spec.compute_dtype, batch.positions_BxK)
   return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
 

@@ -136,7 +136,7 @@ class Batch(struct.PyTreeNode):
   # The cross variant's input: int32 ids of "[CLS] question [SEP] memory [SEP]" for every
   # candidate, 0-padded, and which are real tokens (rmmjax.replay.cross_pairs).
   tokens_BxKxL: jax.Array | None = None
-  token_mask_BxKxL: jax.Array | None = None
+  token_segments_BxKxL: jax.Array | None = None
   # int32, optional: each candidate's position in the base order (default 0..K-1). A batch of
   # a subset of each query's candidates (pretraining on a few negatives) keeps their rank prior.
   positions_BxK: jax.Array | None = None

@@ -2,7 +2,9 @@
 loads: BERT's weights, pooler and a one-label classifier (BertForSequenceClassification), the
 base encoder's tokenizer files, and `rmmjax_cross.json`, which says how the served score is
 formed. The CrossEncoder's score of a (question, memory) pair is the pair's logit (no sigmoid:
-its config names the identity as the activation); rmmjax's score of the candidate at base
+its config names the identity as the activation, under the key sentence-transformers 4 and
+later read and under the one 3.x read, which otherwise put a sigmoid on a one-label model);
+rmmjax's score of the candidate at base
 position k adds the rank prior `rank_bias[k]`, listed in that file, for a server that keeps the
 base retriever's order of the candidates."""
 
@@ -24,6 +26,7 @@ from rmmjax.io.kinds import CROSS_RECORD
 from rmmjax.io.workdir import atomic_write_json
 
 CROSS_FORMAT = "rmmjax-cross-reranker-1"
+IDENTITY = "torch.nn.modules.linear.Identity"
 HOW_TO_SCORE = (
     "score(question, memory at base position k) = CrossEncoder(DIR).predict([(question, "
     "memory)]) + rank_bias[k]: the pair's logit (activation: identity) plus the rank prior of "
@@ -58,7 +61,8 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
   config = json.loads((Path(base_dir) / "config.json").read_text())
   config |= {"architectures": ["BertForSequenceClassification"], "num_labels": 1,
              "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
-             "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}
+             "sentence_transformers": {"activation_fn": IDENTITY},
+             "sbert_ce_default_activation_function": IDENTITY}
   atomic_write_json(out / "config.json", config)
   for name in TOKENIZER_FILES:
     if (Path(base_dir) / name).exists():

@@ -153,7 +153,7 @@ def _batch(arrays: dict) -> Batch:
   return Batch(q_BxD=arrays["q"], mem_BxKxD=arrays["mem"], mask_BxK=arrays["mask"],
                relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_evidence"],
                evidence_BxKxE=arrays["evidence"], tokens_BxKxL=arrays.get("tokens"),
-               token_mask_BxKxL=arrays.get("token_mask"))
+               token_segments_BxKxL=arrays.get("token_segments"))
 
 
 def _arrays(conv: ConversationReplay, length: int, num_e: int, pairs=None) -> dict:
@@ -172,7 +172,7 @@ def _arrays(conv: ConversationReplay, length: int, num_e: int, pairs=None) -> di
   if pairs is not None:
     shape = (pad,) + pairs.ids_NxKxL.shape[1:]
     out["tokens"] = np.concatenate([pairs.ids_NxKxL, np.zeros(shape, np.int32)])
-    out["token_mask"] = np.concatenate([pairs.mask_NxKxL, np.zeros(shape, bool)])
+    out["token_segments"] = np.concatenate([pairs.segments_NxKxL, np.zeros(shape, np.int8)])
   return out
 
 

@@ -24,7 +24,10 @@ PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 @dataclasses.dataclass(frozen=True)
 class PairTokens:
   ids_NxKxL: np.ndarray  # int32, 0-padded
-  mask_NxKxL: np.ndarray  # bool: the real tokens
+  # int8: which side of the pair each token is on, as the tokenizer's type ids say (1 the
+  # question's, [CLS] and its [SEP] included; 2 the memory's; 0 padding). A "[SEP]" typed in a
+  # question is its own token on the question's side, as in Hugging Face's tokenizer.
+  segments_NxKxL: np.ndarray
   truncated: int  # pairs cut to max_length
   pairs: int  # pairs tokenised (candidates that exist)
 
@@ -62,12 +65,12 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
   if longest > length:
     raise ValueError(f"a pair of {longest} tokens does not fit the run's length {length}")
   ids = np.zeros((len(questions), k, length), np.int32)
-  mask = np.zeros((len(questions), k, length), bool)
+  segments = np.zeros((len(questions), k, length), np.int8)
   for (n, j, _, _), e in zip(flat, encoded):
     ids[n, j, :len(e.ids)] = e.ids
-    mask[n, j, :len(e.ids)] = True
+    segments[n, j, :len(e.ids)] = np.asarray(e.type_ids, np.int8) + 1
   truncated = sum(full > max_length for full in full_lengths)
-  return PairTokens(ids, mask, truncated, len(flat))
+  return PairTokens(ids, segments, truncated, len(flat))
 
 
 def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
@@ -83,7 +86,7 @@ def _padded(pairs: PairTokens, length: int) -> PairTokens:
   extra = length - pairs.ids_NxKxL.shape[2]
   width = ((0, 0), (0, 0), (0, extra))
   return dataclasses.replace(pairs, ids_NxKxL=np.pad(pairs.ids_NxKxL, width),
-                             mask_NxKxL=np.pad(pairs.mask_NxKxL, width))
+                             segments_NxKxL=np.pad(pairs.segments_NxKxL, width))
 
 
 def candidate_subset(questions_N, n: int, seed: int):
@@ -113,4 +116,4 @@ def candidate_subset(questions_N, n: int, seed: int):
       mask_BxK=take(mask), relevant_BxK=take(relevant),
       evidence_BxKxE=take(questions_N.evidence_BxKxE),
       tokens_BxKxL=take(questions_N.tokens_BxKxL),
-      token_mask_BxKxL=take(questions_N.token_mask_BxKxL), positions_BxK=cols.astype(np.int32))
+      token_segments_BxKxL=take(questions_N.token_segments_BxKxL), positions_BxK=cols.astype(np.int32))

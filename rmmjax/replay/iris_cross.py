@@ -38,7 +38,7 @@ def with_pair_tokens(episodes: Sequence[IrisEpisode], tokenizer, max_length: int
   k = episodes[0].mem_KxD.shape[0]
   texts = [[f.text for f in e.facts] + [None] * (k - len(e.facts)) for e in episodes]
   pairs = pair_tokens(tokenizer, [e.question for e in episodes], texts, max_length)
-  out = [dataclasses.replace(e, tokens_KxL=pairs.ids_NxKxL[n], token_mask_KxL=pairs.mask_NxKxL[n])
+  out = [dataclasses.replace(e, tokens_KxL=pairs.ids_NxKxL[n], token_segments_KxL=pairs.segments_NxKxL[n])
          for n, e in enumerate(episodes)]
   return out, {"pairs": pairs.pairs, "truncated": pairs.truncated,
                "length": int(pairs.ids_NxKxL.shape[2])}
@@ -101,7 +101,7 @@ class CrossFactReranker:
       texts = [f.text for f in chunk] + [None] * (k - len(chunk))
       pairs = pair_tokens(self.tokenizer, [question], [texts], self.max_length,
                           length=self.max_length)
-      logits = np.asarray(_logits(self.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+      logits = np.asarray(_logits(self.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                   self.spec.bert, self.spec.compute_dtype))
       self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
       self.pairs_read += len(chunk)

@@ -63,7 +63,7 @@ class IrisEpisode:
   # A cross reranker's input (rmmjax.replay.iris_cross.with_pair_tokens): the question paired
   # with each fact's text, tokenised, and which tokens are real.
   tokens_KxL: np.ndarray | None = None
-  token_mask_KxL: np.ndarray | None = None
+  token_segments_KxL: np.ndarray | None = None
 
 
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
@@ -109,7 +109,7 @@ def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   tokens = {}
   if episodes[0].tokens_KxL is not None:
     tokens = {"tokens_BxKxL": jnp.asarray(np.stack([e.tokens_KxL for e in episodes])),
-              "token_mask_BxKxL": jnp.asarray(np.stack([e.token_mask_KxL for e in episodes]))}
+              "token_segments_BxKxL": jnp.asarray(np.stack([e.token_segments_KxL for e in episodes]))}
   return core.Batch(**tokens,
       q_BxD=jnp.asarray(np.stack([e.q_D for e in episodes])),
       mem_BxKxD=jnp.asarray(np.stack([e.mem_KxD for e in episodes])),

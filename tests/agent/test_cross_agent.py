@@ -70,7 +70,7 @@ def test_the_agent_scores_memory_texts_as_the_core_does(bank, encoder):
   _, _, _, candidates, _ = agent._candidates("alice", query)
   texts = [memory_prompt_text(m) for m in candidates]
   pairs = pair_tokens(encoder.tokenizer, [query], [texts], LENGTH, length=LENGTH)
-  want = np.asarray(core.cross_scores(loaded.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+  want = np.asarray(core.cross_scores(loaded.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                       encoder.cfg))[0]
   order = np.argsort(-want, kind="stable")[:2]
   assert [m.summary for m in shown] == [candidates[i].summary for i in order]

@@ -26,10 +26,30 @@ def test_pairs_follow_the_template_and_long_ones_are_cut_and_counted(tokenizer):
   want = tokenizer.encode("when did she paint it?", "she painted a sunrise last Saturday").ids
   want = [i for i in want if i != 0]
   np.testing.assert_array_equal(out.ids_NxKxL[0, 0, :len(want)], want)
-  assert out.mask_NxKxL[0, 0].sum() == len(want)
-  assert list(out.ids_NxKxL[0, 1][out.mask_NxKxL[0, 1]][-2:]) == [102, 102]  # empty memory
-  assert out.mask_NxKxL[0, 2].sum() == 64  # cut to the window, still a pair
-  assert not out.mask_NxKxL[1, 0].any() and not out.mask_NxKxL[1, 2].any()  # missing ones
+  assert (out.segments_NxKxL[0, 0] > 0).sum() == len(want)
+  assert list(out.ids_NxKxL[0, 1][out.segments_NxKxL[0, 1] > 0][-2:]) == [102, 102]  # empty
+  assert (out.segments_NxKxL[0, 2] > 0).sum() == 64  # cut to the window, still a pair
+  assert not out.segments_NxKxL[1, 0].any() and not out.segments_NxKxL[1, 2].any()  # missing ones
+
+
+@pytest.mark.parametrize("question, memory", [
+    ("what does [SEP] mean in the notes?", "Caroline wrote [SEP] between the two lists"),
+    ("[SEP] [CLS] twice [SEP]", "plain text"),
+    ("who painted it?", "Melanie: I painted a lake sunrise [SEP] last year"),
+])
+def test_segments_are_the_tokenizers_type_ids_even_with_sep_typed_in_a_text(question, memory):
+  # Hugging Face's own tokenizer (what sentence-transformers' CrossEncoder calls) keeps a
+  # typed "[SEP]" on the side of the pair it was typed in.
+  transformers = pytest.importorskip("transformers")
+  hf = transformers.AutoTokenizer.from_pretrained(str(SentenceEncoder().model_dir))
+  want = hf(question, memory, truncation=True, max_length=64)
+  out = pair_tokens(SentenceEncoder().tokenizer, [question], [[memory]], max_length=64)
+  n = len(want["input_ids"])
+  np.testing.assert_array_equal(out.ids_NxKxL[0, 0, :n], want["input_ids"])
+  np.testing.assert_array_equal(out.segments_NxKxL[0, 0, :n],
+                                np.asarray(want["token_type_ids"]) + 1)
+  assert not out.segments_NxKxL[0, 0, n:].any()
+  assert (np.asarray(want["input_ids"]) == 102).sum() > 2  # the typed [SEP] is a special token
 
 
 def test_lengths_pad_to_buckets_within_the_window():
@@ -50,7 +70,7 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
                      mask_BxK=mask, relevant_BxK=relevant, num_relevant_B=relevant.sum(1),
                      evidence_BxKxE=relevant[..., None],
                      tokens_BxKxL=np.arange(n * k * 3).reshape(n, k, 3),
-                     token_mask_BxKxL=np.ones((n, k, 3), bool))
+                     token_segments_BxKxL=np.ones((n, k, 3), np.int8))
   sub = candidate_subset(batch, 4, seed=1)
   pos = sub.positions_BxK
   assert pos.shape == (n, 4)

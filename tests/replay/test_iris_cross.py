@@ -48,7 +48,7 @@ def _core_scores(params, spec, tokenizer, question, facts, max_length=48):
   """The core's scores of these facts at positions 0.., padded to the bucket of the longest."""
   texts = [f.text for f in facts] + [None] * (spec.k - len(facts))
   pairs = pair_tokens(tokenizer, [question], [texts], max_length)
-  scores = core.cross_scores(params, pairs.ids_NxKxL, pairs.mask_NxKxL, spec.bert)
+  scores = core.cross_scores(params, pairs.ids_NxKxL, pairs.segments_NxKxL, spec.bert)
   return np.asarray(scores)[0, :len(facts)]
 
 
@@ -82,7 +82,7 @@ def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
                           np.zeros((K, 1), bool), 1) for i, n in ((0, 4), (2, 3), (1, 4))]
   with_tokens, counts = with_pair_tokens(episodes, encoder.tokenizer, 48)
   assert counts["pairs"] == 11 and counts["truncated"] == 3  # the long text, in each one
-  assert not with_tokens[1].token_mask_KxL[3].any()  # a missing fact has no tokens
+  assert not with_tokens[1].token_segments_KxL[3].any()  # a missing fact has no tokens
   # Three episodes in batches of two (the last padded): each row as the core scores it alone.
   scores = episode_scores(params, spec, with_tokens)
   assert scores.shape == (3, K)

@@ -111,12 +111,18 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   encoder = SentenceEncoder()
   served = export_cross(params, loaded.spec.bert, encoder.model_dir, tmp_path / "random",
                         loaded.record, 48)
-  questions = ["When did Caroline go to the LGBTQ support group?", "what does Mel paint?"]
+  # Typed "[SEP]"s too: Hugging Face keeps each on the side of the pair it was typed in.
+  questions = ["When did Caroline go to the LGBTQ support group?", "what does Mel paint?",
+               "what does [SEP] mean here?"]
   texts = [["[8 May 2023] Caroline: I went to a support group yesterday", "",
-            " ".join(["a very long memory"] * 40), "Mel: sunsets, mostly", "ok"]] * 2
+            " ".join(["a very long memory"] * 40), "Mel: sunsets, mostly", "ok [SEP] then"]] * 3
   pairs = pair_tokens(encoder.tokenizer, questions, texts, 48)
-  ours = np.asarray(core.cross_scores(params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+  ours = np.asarray(core.cross_scores(params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                       loaded.spec.bert))
+  config = json.loads((served / "config.json").read_text())
+  # What sentence-transformers 4 and later read, and what 3.x read (else a sigmoid).
+  assert config["sentence_transformers"]["activation_fn"].endswith("Identity")
+  assert config["sbert_ce_default_activation_function"].endswith("Identity")
   model = st.CrossEncoder(str(served), device="cpu")
   theirs = np.array([model.predict([(q, t) for t in row]) for q, row in zip(questions, texts)])
   # The served score, as its header says: the CrossEncoder's logit plus the rank prior.
@@ -355,6 +361,6 @@ def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_f
   pairs = pair_tokens(SentenceEncoder().tokenizer, ["when did they go hiking?", "who paints?"],
                       [["[3 May 2023] A: we went hiking", "B: I paint", "", "C: hello", "D"]] * 2,
                       48)
-  scores = [np.asarray(core.cross_scores(r.params, pairs.ids_NxKxL, pairs.mask_NxKxL,
+  scores = [np.asarray(core.cross_scores(r.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                          r.spec.bert)) for r in (mine, theirs)]
   np.testing.assert_allclose(scores[0], scores[1], atol=2e-3)
