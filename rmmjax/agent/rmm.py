@@ -33,6 +33,7 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
+from rmmjax.memory.topic_units import topic_text
 from rmmjax.replay.cross_pairs import pair_tokens
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import encoder_identity
@@ -163,8 +164,16 @@ class Agent(ChatAgent):
               "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
               "k": self.settings.k,
               "query_encoder": self.tuned_query_encoder}
-    return check_fit(f"the reranker {reranker.source}", reranker.record, wanted,
-                     allow_mismatch, use="this agent's memories", used="served")
+    found = check_fit(f"the reranker {reranker.source}", reranker.record, wanted, True,
+                      use="this agent's memories", used="served")
+    if found and not allow_mismatch:
+      units = ("; a bank's memories are topics (what Prospective Reflection keeps of each "
+               "session, scored by their summary): train a reranker for a bank with --set "
+               "units=topic," if reranker.record.get("units") != UNITS else ":")
+      raise ValueError(f"the reranker {reranker.source} does not fit this agent's memories ("
+                       + "; ".join(found) + f"){units} use it with the settings it was trained "
+                       "with, or pass --allow-mismatch to use it anyway")
+    return found
 
   # Persistence ------------------------------------------------------------------------------
 
@@ -253,7 +262,8 @@ class Agent(ChatAgent):
     memories = [index.memories[r] for r in rows]
     tokens = None
     if self._pair_length is not None:
-      texts = [memory_prompt_text(m) for m in memories] + [None] * (spec.k - len(memories))
+      # The text a topic unit holds, which the reranker read in training (not the prompt's).
+      texts = [topic_text(m) for m in memories] + [None] * (spec.k - len(memories))
       pairs = pair_tokens(self.encoder.tokenizer, [query], [texts], self._pair_length,
                           length=self._pair_length)  # one length: one compiled scorer
       tokens = (pairs.ids_NxKxL[0], pairs.segments_NxKxL[0])

@@ -12,9 +12,11 @@ from rmmjax.cli.chat_loop import chat_loop
 from rmmjax.cli.common import bank, encoder_for
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
+from rmmjax.encode.protocol import encoder_identity
+from rmmjax.eval.retrieval import recorded_query_encoder
 from rmmjax.io.iris_models import load_iris_model
 from rmmjax.io.outputs import check_output_file
-from rmmjax.io.query_encoders import load_query_encoder
+from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
 from rmmjax.io.reranker_load import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.llm.base import LLMError
@@ -22,6 +24,11 @@ from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 SETTINGS = AgentSettings()  # the agent's defaults are the flags' defaults
+CROSS_SERVED = (
+    "the cross reranker is served without learning from the LLM's citations: in replay "
+    "(experiments/cross_reranker.py) 60 online REINFORCE steps at its run's rates lowered its "
+    "held-out Recall@5 from 0.575 to 0.555, and no rate has been measured that helps; pass "
+    "--learn-cross to learn anyway (at its run's lr and tau unless --lr and --tau say otherwise)")
 
 
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
@@ -35,8 +42,29 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
                      f" {m}) but only --candidates {args.candidates} retrieved: hand over at "
                      f"most as many as are retrieved")
   reranker = load_reranker(Path(args.reranker)) if args.reranker else None
-  query_encoder = load_query_encoder(Path(args.encoder), encoder) if args.encoder else None
-  extra = {"tau": args.tau, "lr": args.lr} if args.command == "chat" else {}
+  encoder_path = args.encoder
+  if reranker is not None and not encoder_path and reranker.record.get("query_encoder_path"):
+    # Its candidates came from a tuned query encoder: the one its workdir or export holds.
+    encoder_path = recorded_query_encoder(Path(args.reranker), reranker.record)
+  query_encoder = load_query_encoder(Path(encoder_path), encoder) if encoder_path else None
+  # The trained models the agent uses, for the report and what answer may evaluate on.
+  args.used = {"reranker": reranker.source if reranker is not None else None,
+               "reranker_record": reranker.record if reranker is not None else None,
+               "query_encoder": str(encoder_path) if encoder_path else None,
+               "query_encoder_record": (query_encoder_record(Path(encoder_path))
+                                        if encoder_path else None)}
+  extra = {}
+  if args.command == "chat":
+    cross = reranker is not None and reranker.spec.variant == "cross"
+    if cross and learn and not args.learn_cross:
+      print(CROSS_SERVED, file=sys.stderr)
+      learn = False
+    # A cross reranker learns at its own run's online rate and temperature unless told.
+    run = reranker.hparams if cross else None
+    extra = {"tau": args.tau if args.tau is not None else
+             (float(run.tau) if run is not None else SETTINGS.tau),
+             "lr": args.lr if args.lr is not None else
+             (float(run.lr) if run is not None else SETTINGS.lr)}
   settings = AgentSettings(retriever=args.retriever, k=args.candidates, m=m,
                            batch=getattr(args, "batch", SETTINGS.batch), learn=learn, **extra)
   agent = Agent(memory_bank, encoder, settings, llm=llm, workdir=workdir, reranker=reranker,
@@ -149,6 +177,9 @@ def cmd_answer(args) -> None:
   if not args.iris and not args.db:
     raise ValueError("rmmjax answer needs --db FILE (a bank built with ingest "
                      "--user-per-conversation), or --iris to answer from LaceMem")
+  if args.in_sample and not (args.reranker or args.encoder):
+    raise ValueError("--in-sample applies to a trained model: pass --reranker or --encoder as "
+                     "well")
   llm = llm_from_flags(args)
   if llm is None:
     raise ValueError("rmmjax answer needs an LLM: --llm-url URL --model NAME")
@@ -160,10 +191,17 @@ def cmd_answer(args) -> None:
   else:
     with bank(args.db, must_exist=True) as memory_bank:
       agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=False, m=args.m, llm=llm)
+      used = args.used
+      models = [(used[key], used[f"{key}_record"]) for key in ("reranker", "query_encoder")
+                if used[key] is not None]
       report = evaluate_answers(args.dataset, Path(args.data), agent_answerer(agent), llm,
                                 limit=args.limit, progress=not args.quiet,
                                 config={"memory": "bank", "retriever": args.retriever,
-                                        "k": agent.settings.k, "m": args.m})
+                                        "k": agent.settings.k, "m": args.m,
+                                        "encoder": encoder_identity(agent.encoder),
+                                        "query_encoder_identity": agent.tuned_query_encoder,
+                                        "mismatches": agent.mismatches} | used,
+                                models=models, in_sample=args.in_sample)
       report["agent"] = dict(agent.stats)
   atomic_write_json(Path(args.out), report)
   print(json.dumps(report["metrics"]["overall"], indent=2))
@@ -217,9 +255,15 @@ def add_parsers(sub) -> None:
   p.add_argument("--m", type=int, default=SETTINGS.m, help="memories shown per answer")
   p.add_argument("--batch", type=int, default=SETTINGS.batch,
                  help="rewarded answers per reranker update")
-  p.add_argument("--tau", type=float, default=SETTINGS.tau, help="Gumbel sampling temperature")
-  p.add_argument("--lr", type=float, default=SETTINGS.lr,
-                 help="the reranker's Adam learning rate")
+  p.add_argument("--tau", type=float, default=None,
+                 help=f"Gumbel sampling temperature (default {SETTINGS.tau}; a cross reranker's "
+                      "run's own)")
+  p.add_argument("--lr", type=float, default=None,
+                 help=f"the reranker's Adam learning rate (default {SETTINGS.lr}; a cross "
+                      "reranker's run's own)")
+  p.add_argument("--learn-cross", action="store_true",
+                 help="let a cross reranker learn from the citations (off by default: no rate "
+                      "measured for it helps)")
   p.add_argument("--workdir", default=None,
                  help="where the reranker is checkpointed (every update) and resumed from")
   p.add_argument("--serve", action="store_true", help="never update the reranker")
@@ -236,6 +280,9 @@ def add_parsers(sub) -> None:
                  help="answer from IRIS's final evidence over a LaceMem per conversation")
   p.add_argument("--m", type=int, default=SETTINGS.m, help="memories shown per answer")
   p.add_argument("--limit", type=int, default=None, help="answer at most this many questions")
+  p.add_argument("--in-sample", action="store_true",
+                 help="answer the conversations the reranker or encoder trained on too (left "
+                      "out by default)")
   p.add_argument("--out", required=True)
   p.add_argument("--quiet", action="store_true")
   retrieval_flags(p)

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.answers import aggregate_answers, answer_row, citation_agreement, judge_answer
+from rmmjax.eval.leakage import unseen
 from rmmjax.llm.base import LLM, LLMError
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.llm.parse import LLMOutputError
@@ -117,12 +118,19 @@ def iris_answerer(encoder, llm: LLM, m: int, settings=None) -> IrisAnswerer:
 
 def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
                      limit: int | None = None, progress: bool = False,
-                     config: dict | None = None) -> dict:
-  """Answers, judges and scores up to `limit` questions in file order; returns the report."""
+                     config: dict | None = None, models: list[tuple[str, dict]] = (),
+                     in_sample: bool = False) -> dict:
+  """Answers, judges and scores up to `limit` questions in file order; returns the report.
+  Conversations that one of the trained `models` (source, record) or their ancestors trained
+  on are left out, as `eval` leaves them out, unless `in_sample`."""
   if dataset not in LOADERS:
     raise ValueError(f"--dataset {dataset!r} is not one of {', '.join(LOADERS)}")
   conversations, report = LOADERS[dataset](data)
   conversations = [c for c in conversations if c.questions]
+  config = dict(config or {})
+  if models:
+    conversations, account = unseen(conversations, list(models), in_sample)
+    config |= account
   todo = [(c, q) for c in conversations for q in c.questions][:limit]
   answerer.check(list(dict.fromkeys(c for c, _ in todo)))
   rows, answers, counts = [], [], {"judge_errors": 0, "cut_prompts": 0}
@@ -158,7 +166,7 @@ def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
                  f"stopped after {len(rows)} of {len(todo)} questions")
       break
   return {"config": {"dataset": dataset, "data": str(Path(data).resolve()), "limit": limit}
-                    | (config or {}),
+                    | config,
           "complete": stopped is None, "stopped": stopped, "counts": counts,
           "load_report": {"counts": dict(report.counts)},
           "metrics": aggregate_answers(rows), "answers": answers}

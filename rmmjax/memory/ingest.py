@@ -21,7 +21,7 @@ from tqdm import tqdm
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.llm.base import LLMError
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import BankTurn, SessionEnded
+from rmmjax.memory.records import BankTurn, Memory, SessionEnded
 from rmmjax.memory.reflection import Encoder, Reflector, reflect_session
 from rmmjax.memory.topics import OfflineReflector, turn_text
 
@@ -184,13 +184,12 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
 
 
 def replay_topics(conversation: Conversation, encoder: Encoder,
-                  reflector: Reflector | None = None) -> list[tuple[str, tuple[str, ...]]]:
-  """(summary, turn ids of all its snippets) of each memory that replaying the conversation
-  through a fresh bank leaves, oldest first; the offline reflector unless one is given."""
+                  reflector: Reflector | None = None) -> list[Memory]:
+  """The memories that replaying the conversation through a fresh bank leaves, oldest first;
+  the offline reflector unless one is given."""
   reflector = OfflineReflector(encoder) if reflector is None else reflector
   with tempfile.TemporaryDirectory(prefix="rmmjax-topics-") as folder:
     with MemoryBank(Path(folder) / "memory.sqlite") as bank:
       ingest_conversations(bank, [conversation], reflector, encoder,
                            user=conversation.conversation_id)
-      return [(m.summary, tuple(s.turn_id for s in m.snippets))
-              for m in bank.memories(conversation.conversation_id)]
+      return bank.memories(conversation.conversation_id)

@@ -1,6 +1,8 @@
-"""The agent with a cross reranker: it scores each memory's text beside the query as the core
-does, learns from the LLM's citations, keeps the pending answers' pair tokens in its workdir,
-and refuses an encoder other than the one the reranker trained beside."""
+"""The agent with a cross reranker: it scores each bank memory by the text a topic unit holds
+(what a reranker trained on topic units read), as the training path builds it from the same
+conversation; learns from the LLM's citations, keeps the pending answers' pair tokens in its
+workdir, refuses an encoder other than the one the reranker trained beside, and says which units
+a bank holds to a reranker trained on others."""
 
 import dataclasses
 import json
@@ -13,13 +15,16 @@ import pytest
 from hash_encoder import HashEncoder
 from rmmjax import core
 from rmmjax.agent import Agent, AgentSettings
-from rmmjax.agent.rmm import memory_prompt_text
+from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.protocol import tokenizer_identity
 from rmmjax.io.reranker_load import LoadedReranker
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
+from rmmjax.memory.ingest import ingest_conversations
+from rmmjax.memory.reflection import OfflineReflector
+from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.cross_pairs import pair_tokens
 
 FACTS = ["Alice adopted a grey cat named Pixel in May", "Alice runs marathons in the spring",
@@ -45,36 +50,52 @@ def bank(tmp_path, encoder):
     yield bank
 
 
-def _reranker(encoder, record=None):
+def _reranker(encoder, record=None, k=SETTINGS.k):
   weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}
-  params = core.init_cross_params(weights, SETTINGS.k, 1.0)
+  params = core.init_cross_params(weights, k, 1.0)
   params["encoder"]["classifier"]["kernel"] = jnp.asarray(
       np.random.default_rng(0).normal(0, 0.2, (encoder.dim, 1)), jnp.float32)
-  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=SETTINGS.k, m=2, batch=2,
+  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=k, m=2, batch=2,
                        bert=encoder.cfg)
   record = {"units": "topic", "retriever": "hybrid", "encoder": encoder.identity,
-            "dim": encoder.dim, "k": SETTINGS.k, "query_encoder": None,
+            "dim": encoder.dim, "k": k, "query_encoder": None,
             "cross": {"tokenizer": tokenizer_identity(encoder), "max_length": LENGTH}} | (
                 record or {})
   return LoadedReranker("cross-run", params, spec, core.HParams.create(), record)
 
 
-def test_the_agent_scores_memory_texts_as_the_core_does(bank, encoder):
-  loaded = _reranker(encoder)
-  agent = Agent(bank, encoder, SETTINGS, reranker=loaded)
-  query = "what is the cat called?"
-  shown, scores = agent.recall("alice", query)
-  assert len(shown) == 2
-  # Independently: the pairs of the query with the shown memories' texts, in the order the
-  # agent's candidates came (their base positions give the rank prior).
-  _, _, _, candidates, _ = agent._candidates("alice", query)
-  texts = [memory_prompt_text(m) for m in candidates]
-  pairs = pair_tokens(encoder.tokenizer, [query], [texts], LENGTH, length=LENGTH)
+def test_the_agent_scores_a_bank_as_training_read_its_topic_units(three, tmp_path, encoder):
+  # One conversation through both paths: `ingest` into a bank (what the agent serves), and the
+  # topic units training and eval build from the same file (replayed through a fresh bank).
+  conv = load_locomo(three)[0][0]
+  units = conversation_units(conv, "topic", encoder)
+  with MemoryBank(tmp_path / "ingested.sqlite") as bank:
+    ingest_conversations(bank, [conv], OfflineReflector(encoder), encoder, user="u")
+    settings = dataclasses.replace(SETTINGS, k=min(5, len(units)))
+    # Pairs as long as BERT reads, so that every word of a memory's text counts.
+    loaded = _reranker(encoder, {"cross": {"tokenizer": tokenizer_identity(encoder),
+                                           "max_length": 512}}, k=settings.k)
+    agent = Agent(bank, encoder, settings, reranker=loaded)
+    query = conv.questions[0].question
+    shown, scores = agent.recall("u", query)
+    _, _, _, candidates, _ = agent._candidates("u", query)
+  # The training path's text of each candidate: the unit covering the same turns.
+  text_of = {frozenset(u.turn_ids): u.text for u in units}
+  texts = [text_of[frozenset(s.turn_id for s in m.snippets)] for m in candidates]
+  pairs = pair_tokens(encoder.tokenizer, [query], [texts], 512, length=512)
   want = np.asarray(core.cross_scores(loaded.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                       encoder.cfg))[0]
-  order = np.argsort(-want, kind="stable")[:2]
-  assert [m.summary for m in shown] == [candidates[i].summary for i in order]
+  order = np.argsort(-want, kind="stable")[:settings.m]
+  assert [m.id for m in shown] == [candidates[i].id for i in order]
   np.testing.assert_allclose(scores, want[order], rtol=1e-5, atol=1e-5)
+
+
+def test_a_reranker_trained_on_turns_is_told_what_a_bank_holds(bank, encoder):
+  with pytest.raises(ValueError, match="units=topic"):
+    Agent(bank, encoder, SETTINGS, reranker=_reranker(encoder, {"units": "turn"}))
+  agent = Agent(bank, encoder, SETTINGS, reranker=_reranker(encoder, {"units": "turn"}),
+                allow_mismatch=True)
+  assert any("units" in m for m in agent.mismatches)
 
 
 def test_citations_update_the_cross_reranker_and_pending_tokens_persist(bank, encoder,
