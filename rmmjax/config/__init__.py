@@ -170,6 +170,9 @@ class Config:
       raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
+    for name, high in (("lr", 1.0), ("tau", 100.0)):  # far outside, nothing learns
+      if not 0 < getattr(self, name) <= high:
+        raise ValueError(f"{name}={getattr(self, name):g}: expected a value in (0, {high:g}]")
     if self.config != "latent":
       checks.check_replay(self, CONFIGS["latent"])
     else:

@@ -11,6 +11,13 @@ from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 
+# Far outside these no run learns anything (a learning rate of 10 sends the listwise loss from
+# 1.8 to 768; a head at 1e9 times the encoder's rate, to 37,125): refused rather than run.
+WORKING_RANGES = {"pretrain_lr": (0.0, 0.1), "encoder_pretrain_lr": (0.0, 0.1),
+                  "encoder_lr": (0.0, 0.1), "pretrain_tau": (0.0, 100.0),
+                  "encoder_pretrain_tau": (0.0, 100.0), "head_lr_scale": (0.0, 1e4)}
+
+
 def check_replay(cfg, default) -> None:
   """The keys of a replayed dataset (configs other than latent); `default` is the latent
   config, whose values mean "not set"."""
@@ -29,9 +36,6 @@ def check_replay(cfg, default) -> None:
     raise ValueError(f"holdout={cfg.holdout}, pretrain_epochs={cfg.pretrain_epochs}: "
                      "expected holdout >= 0 (0 trains on every conversation) and "
                      "pretrain_epochs >= 0")
-  if not (cfg.pretrain_lr > 0 and cfg.pretrain_tau > 0):
-    raise ValueError(f"pretrain_lr={cfg.pretrain_lr}, pretrain_tau={cfg.pretrain_tau}: "
-                     "expected both > 0")
   if cfg.learner not in LEARNERS:
     raise ValueError(f"learner={cfg.learner!r} is not one of {', '.join(LEARNERS)}")
   if cfg.tune not in TUNES:
@@ -75,13 +79,17 @@ def check_replay(cfg, default) -> None:
                      f"(IRIS's judge); units={cfg.units!r} learns from citations alone")
   check_iris(cfg, default)
   check_cross(cfg, default)
+  if cfg.steps == 0 and (cfg.mode == "rl" or cfg.pretrain_epochs == 0):
+    raise ValueError(f"steps=0 with {'mode=rl' if cfg.mode == 'rl' else 'pretrain_epochs=0'}: "
+                     "nothing would learn (no pretraining and no online step); give steps > 0 "
+                     "or pretrain_epochs > 0 with mode=pretrain+rl")
   if cfg.encoder_pretrain_epochs < 0 or cfg.encoder_pretrain_batch < 1:
     raise ValueError(f"encoder_pretrain_epochs={cfg.encoder_pretrain_epochs}, "
                      f"encoder_pretrain_batch={cfg.encoder_pretrain_batch}: expected epochs "
                      ">= 0 and a batch >= 1")
-  for name in ("encoder_pretrain_lr", "encoder_pretrain_tau", "encoder_lr"):
-    if not getattr(cfg, name) > 0:
-      raise ValueError(f"{name}={getattr(cfg, name)}: expected a value > 0")
+  for name, (low, high) in WORKING_RANGES.items():
+    if not low < getattr(cfg, name) <= high:
+      raise ValueError(f"{name}={getattr(cfg, name):g}: expected a value in ({low:g}, {high:g}]")
 
 def check_iris(cfg, default) -> None:
   """The keys of learner=iris."""
@@ -118,6 +126,9 @@ def check_cross(cfg, default) -> None:
   if cfg.learner not in ("reranker", "both"):
     raise ValueError(f"variant=cross is a reranker: set learner=reranker (or both, to rerank a "
                      f"query encoder it tunes first), not learner={cfg.learner}")
+  if not 0 <= cfg.prior_scale <= 100:
+    raise ValueError(f"prior_scale={cfg.prior_scale:g}: expected a value in [0, 100] (the "
+                     "spread of the base positions' starting prior, in temperature units)")
   if not 16 <= cfg.cross_max_length <= 512:
     raise ValueError(f"cross_max_length={cfg.cross_max_length}: expected 16 to 512 tokens (the "
                      "encoder's window)")

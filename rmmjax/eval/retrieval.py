@@ -33,10 +33,13 @@ EVAL_UNITS = UNITS + ("lace",)  # lace: LaceMem's atomic facts (rmmjax.eval.iris
 assert tuple(DATASETS) == EVALUABLE_DATASETS
 
 
+MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measures nothing
+
+
 def check_cutoffs(ks: tuple[int, ...]) -> None:
-  if not ks or min(ks) < 1 or len(set(ks)) != len(ks):
-    raise ValueError(f"--k {','.join(map(str, ks))}: expected distinct positive cut-offs such "
-                     "as 5,10")
+  if not ks or min(ks) < 1 or max(ks) > MAX_CUTOFF or len(set(ks)) != len(ks):
+    raise ValueError(f"--k {','.join(map(str, ks))}: expected distinct cut-offs from 1 to "
+                     f"{MAX_CUTOFF:,} such as 5,10")
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],

@@ -8,9 +8,11 @@ A workdir belongs to one kind of run, recorded in run.json: "train" (resumable, 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,38 @@ from rmmjax.config import Config, from_json
 EXTENDABLE_KEYS = ("steps", "devices")
 RUN_FILE = "run.json"
 KINDS = ("train", "sweep")
+LOCK_FILE = ".lock"  # held (flock) by the one process that trains or sweeps into a workdir
+
+
+@contextlib.contextmanager
+def held(workdir: Path, command: str) -> Iterator[None]:
+  """Holds `workdir` for this process while the block runs: a second `train` or `sweep` into it
+  is refused in one line naming the holder. The kernel releases the lock when the holder exits,
+  SIGKILL included; a workdir the block created and left holding nothing is removed again, so
+  a refusal leaves no trace."""
+  workdir = Path(workdir)
+  created = not workdir.exists()
+  workdir.mkdir(parents=True, exist_ok=True)
+  lock = open(workdir / LOCK_FILE, "a+")  # noqa: SIM115  (held until the block ends)
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    lock.seek(0)
+    holder = lock.read().strip() or "another process"
+    lock.close()
+    raise ValueError(f"{workdir} is in use by {holder}: one process at a time trains or sweeps "
+                     "into a workdir; wait for it to end, or use another workdir") from None
+  lock.seek(0)
+  lock.truncate()
+  lock.write(f"rmmjax {command} (pid {os.getpid()} on {socket.gethostname()})")
+  lock.flush()
+  try:
+    yield
+  finally:
+    if created and [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
+      (workdir / LOCK_FILE).unlink()
+      workdir.rmdir()
+    lock.close()
 
 
 def _umask() -> int:

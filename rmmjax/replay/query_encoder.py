@@ -16,6 +16,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from rmmjax import core, distributed
 from rmmjax.data.schema import Conversation
@@ -55,12 +56,16 @@ def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
   return ids_NxT.reshape(shape), mask_NxT.reshape(shape)
 
 
+PRETRAIN_CHUNK = 16  # batches per compiled scan of the query encoder's pretraining
+
+
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                            hparams: core.HParams, epochs: int, params=None,
-                           mesh=None) -> tuple[dict, np.ndarray]:
+                           mesh=None, progress: bool = False) -> tuple[dict, np.ndarray]:
   """Supervised listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes
   over batches of spec.batch consecutive questions, the batches in a new order each pass. With
-  a mesh of several devices each batch is split over them (data parallel)."""
+  a mesh of several devices each batch is split over them (data parallel). Each pass runs as
+  scans of PRETRAIN_CHUNK batches, so a progress bar moves every few seconds."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
   state = encoder_state(encoder, spec, hparams, params)
@@ -75,15 +80,24 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
 
   run = jax.jit(lambda s, xs: jax.lax.scan(body, s, xs))
   rng = np.random.default_rng(int(hparams.seed))
+  num = stream_SxB.mask_BxK.shape[0]
   losses = []
-  for _ in range(epochs):
-    order = rng.permutation(stream_SxB.mask_BxK.shape[0])
-    shuffled = (jax.tree.map(lambda x, o=order: np.asarray(x)[o], stream_SxB),
-                np.asarray(ids_SxBxT)[order], np.asarray(mask_SxBxT)[order])
-    if parallel:
-      shuffled = distributed.shard_leading(shuffled, mesh, axis=1)
-    state, metrics = run(state, shuffled)
-    losses.append(distributed.gather(metrics["loss"]))
+  with tqdm(total=epochs * num, desc="pretrain (query encoder)", unit="batch",
+            disable=not progress) as bar:
+    for _ in range(epochs):
+      order = rng.permutation(num)
+      for lo in range(0, num, PRETRAIN_CHUNK):
+        part = order[lo:lo + PRETRAIN_CHUNK]
+        xs = (jax.tree.map(lambda x, o=part: np.asarray(x)[o], stream_SxB),
+              np.asarray(ids_SxBxT)[part], np.asarray(mask_SxBxT)[part])
+        if parallel:
+          xs = distributed.shard_leading(xs, mesh, axis=1)
+        state, metrics = run(state, xs)
+        losses.append(metrics["loss"])
+        if progress:  # the bar follows the computation, not its dispatch
+          metrics["loss"].block_until_ready()
+          bar.update(len(part))
+  losses = [distributed.gather(x) for x in losses]
   return (distributed.gather(state.params) if parallel else state.params), np.concatenate(losses)
 
 

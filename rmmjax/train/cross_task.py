@@ -36,15 +36,12 @@ class CrossRerankerTask(ReplayTask):
   """The training loop's task (see task.py) for variant=cross."""
 
   checkpoint_pretrained = True  # pretraining takes minutes: a resume should not redo it
+  steps_from_host = True  # one compiled step at a time (each costs seconds on a CPU)
 
   def __init__(self, cfg, encoder=None, progress: bool = False):
     self._progress = progress
     self._pair_counts = {"pairs": 0, "truncated": 0}
     super().__init__(cfg, encoder, progress)
-    num = int(self.train_qs.mask_BxK.shape[0])
-    if cfg.mode != "rl" and cfg.pretrain_epochs > 0 and num < self.spec.batch:
-      raise ValueError(f"batch={cfg.batch}: the {num} training questions cannot fill one "
-                       f"pretraining batch; expected batch <= {num}")
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(self.encoder.cfg),
         "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross_max_length,
@@ -56,11 +53,10 @@ class CrossRerankerTask(ReplayTask):
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
             f"memory) pairs are longer than cross_max_length={cfg.cross_max_length} tokens and "
             "were cut to it (the longer side first)", file=sys.stderr)
-    self._step = self._compile_online_step()
+    self._step = None  # the online step, compiled when the first one is taken
 
   def _core_spec(self, encoder) -> core.CoreSpec:
-    require_bert(encoder, "variant=cross")
-    return self.cfg.core_spec(bert=encoder.cfg)
+    return self.cfg.core_spec(bert=encoder.cfg)  # (a BERT: check_cross_run saw to it)
 
   def _pairs(self, convs) -> list | None:
     if not convs:
@@ -92,37 +88,44 @@ class CrossRerankerTask(ReplayTask):
   # -- online steps --------------------------------------------------------------------------
 
   def _one_step_stream(self, index: int) -> core.Batch:
-    num_steps = self.train_seq.mask_BxK.shape[0]
-    stream = jax.tree.map(lambda x: np.asarray(x)[index % num_steps][None], self._host_seq)
+    num_steps = self._host_seq.mask_BxK.shape[0]
+    stream = jax.tree.map(lambda x: x[index % num_steps][None], self._host_seq)
     if self._parallel:
       stream = distributed.shard_leading(stream, self.mesh, axis=1)
     return stream
 
-  def _compile_online_step(self):
-    """The online step compiled ahead, and refused before the run starts when it would not fit
-    in the device's memory (naming the settings that set its size)."""
-    self._host_seq = jax.tree.map(np.asarray, distributed.gather(self.train_seq))
-    # The stream stays on the host: one step's batch goes to the devices at a time.
-    self.train_seq = self._host_seq
-    state = self._replicated(self.template)
-    fn = jax.jit(lambda state, stream: core_replay.replay_steps(state, stream, 1),
-                 donate_argnums=0, compiler_options=compiler_options())
-    compiled = fn.lower(state, self._one_step_stream(0)).compile()
-    check_fits(compiled, self.cfg)
-    return compiled
-
-  def advance(self, state: core.TrainState, n: int):
+  def advance(self, state: core.TrainState, n: int, on_step=None):
     state = self._replicated(state)
+    if self._step is None:
+      self._step = jax.jit(lambda state, stream: core_replay.replay_steps(state, stream, 1),
+                           donate_argnums=0, compiler_options=compiler_options())
     rows = []
     for _ in range(n):
       state, metrics = self._step(state, self._one_step_stream(int(state.step)))
-      rows.append(distributed.gather(metrics))
+      rows.append(metrics)
+      if on_step is not None:
+        on_step(1)
+    rows = [distributed.gather(r) for r in rows]  # the host waits once per segment
     metrics = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
     metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
         metrics.pop("present"), 1.0)
     return state, metrics
 
   # -- evaluation ----------------------------------------------------------------------------
+
+  def evaluate_first(self) -> dict:
+    """A fresh cross reranker orders the candidates as the base retriever does (its head is
+    zero and its prior decreasing), so its held-out recall is the base order's: known without
+    running the encoder over every held-out pair."""
+    base = self._base_metrics()
+    return base | {"recall_at_m": base["recall_at_m_base"]} if base else {}
+
+  def _base_metrics(self) -> dict:
+    if not self.test_convs:
+      return {}
+    mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
+    return {"recall_at_m_base": mean([base_recall(c, self.spec.m) for c in self.test_convs]),
+            "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out Recall@M of the reranker as it stands (no prequential replay: each of its
@@ -145,11 +148,7 @@ class CrossRerankerTask(ReplayTask):
           bar.update(1)
     recall_all = np.concatenate(recall)  # conversation, step, question order
     present = np.asarray(self.test_streams.mask_BxK).any(-1).reshape(-1)
-    m = self.spec.m
-    mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
-    return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
-            "recall_at_m": float(recall_all[present].mean()),
-            "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
+    return self._base_metrics() | {"recall_at_m": float(recall_all[present].mean())}
 
 
 def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
@@ -217,16 +216,50 @@ def device_memory_bytes() -> int | None:
     return None
 
 
-def check_fits(compiled, cfg) -> None:
-  """Refuses a compiled step whose arguments, outputs and temporaries exceed the device."""
-  analysis = compiled.memory_analysis()
+def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
+  """The checks of a cross reranker's run that need no candidates, made before anything of the
+  run is written (before a learner=both run trains its query encoder): the encoder is a BERT
+  with a tokenizer, the training questions fill a pretraining batch, and each kind of step the
+  run will take fits the device (pretraining over cross_pretrain_candidates per question,
+  online steps over all k); a kind it will not take is neither compiled nor measured."""
+  require_bert(encoder, "variant=cross")
+  pretrains = cfg.mode != "rl" and cfg.pretrain_epochs > 0
+  if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
+    num = sum(len(c.questions) for c in conversations[:len(conversations) - cfg.holdout])
+    if num < cfg.batch:
+      raise ValueError(f"batch={cfg.batch}: the {num} training questions cannot fill one "
+                       f"pretraining batch; expected batch <= {num}")
+  phases = {}
+  if pretrains:
+    phases["a pretraining step"] = ("cross_pretrain_candidates", cfg.cross_pretrain_candidates)
+  if cfg.steps > 0:
+    phases["an online step"] = ("k", cfg.k)
+  for what, (key, candidates) in phases.items():
+    _check_fits(what, cfg, encoder.cfg, key, candidates, devices)
+
+
+def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
+  """Refuses a step whose memory (the encoder's forward and backward over the step's pairs on
+  one device, at the longest length a pair may have, with Adam's two moments of every
+  parameter beside it) exceeds 90% of the device's."""
   limit = device_memory_bytes()
-  if analysis is None or limit is None:
+  if limit is None:
     return
+  batch, length = max(1, cfg.batch // devices), cfg.cross_max_length
+  params = jax.eval_shape(lambda: core.cross_params_template(bert, cfg.k))
+  tokens = jax.ShapeDtypeStruct((batch, candidates, length), jnp.int32)
+  segments = jax.ShapeDtypeStruct((batch, candidates, length), jnp.int8)
+  loss = lambda p, t, s: jnp.sum(core.pair_logits(p, t, s, bert, cfg.compute_dtype))  # noqa
+  analysis = jax.jit(jax.grad(loss), compiler_options=compiler_options()).lower(
+      params, tokens, segments).compile().memory_analysis()
+  if analysis is None:
+    return
+  moments = 2 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   need = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-          + analysis.temp_size_in_bytes)
+          + analysis.temp_size_in_bytes + moments)
   if need > 0.9 * limit:
     raise ValueError(
-        f"one online step of the cross reranker needs {need / 2**30:.1f} GiB, and the device "
-        f"holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), k ({cfg.k}) or "
-        f"cross_max_length ({cfg.cross_max_length}), or spread the batch over more devices")
+        f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
+        f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "
+        f"{key} ({candidates}) or cross_max_length ({length}), or spread the batch over more "
+        "devices")

@@ -31,6 +31,7 @@ class QueryEncoderTask(Task):
   """Pretraining then online REINFORCE of the query encoder; held-out retrieval recall."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
+    self._progress = progress
     self.cfg = cfg
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder
@@ -72,7 +73,8 @@ class QueryEncoderTask(Task):
                                seed=cfg.seed)
       params, self.pretrain_loss = pretrain_query_encoder(self.encoder, self.train_convs, spec,
                                                           hp, cfg.encoder_pretrain_epochs,
-                                                          mesh=self.mesh)
+                                                          mesh=self.mesh,
+                                                          progress=self._progress)
     return encoder_state(self.encoder, self.spec, self.hp, params)
 
   def advance(self, state: core.TrainState, n: int):

@@ -12,6 +12,7 @@ extended with more steps, as `steps` must be a multiple of `log_every`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -25,9 +26,11 @@ from rmmjax.config import Config, apply_precision, encoder_stage
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.export import RECORD_FILE
-from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable,
+from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
+from rmmjax.train.cross_task import check_cross_run
+from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.tasks import make_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
@@ -93,21 +96,41 @@ def _check_record(workdir: Path, record: dict | None) -> None:
 
 
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
-  """Trains (or resumes) a reranker on the config's task; returns the summary it writes."""
-  # Every check before anything is written runs on every process, and a refusal on one reaches
-  # all of them (rather than leaving the others waiting in the first collective).
-  with distributed.preflight("configs"):
-    cfg = cfg.validate().resolved()  # paths absolute: a resume from elsewhere reads the same file
-    apply_precision(cfg.precision)
-    workdir = Path(workdir)
-    check_resumable(workdir, cfg)  # before anything is created or compiled
-  if cfg.learner == "both":
-    # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any run);
-    # then the reranker trains on the candidates the tuned encoder retrieves.
-    stage = workdir.resolve() / "query_encoder"
-    train(encoder_stage(cfg), stage, progress, encoder)
-  task_cfg = (dataclasses.replace(cfg, query_encoder=str(workdir.resolve() / "query_encoder"))
-              if cfg.learner == "both" else cfg)
+  """Trains (or resumes) a reranker on the config's task; returns the summary it writes. The
+  workdir is held by this process until it returns (a second run into it is refused)."""
+  with contextlib.ExitStack() as holding:
+    # Every check of every stage runs before anything is written, on every process, and a
+    # refusal on one reaches all of them (rather than leaving the others in a collective).
+    with distributed.preflight("configs"):
+      cfg = cfg.validate().resolved()  # paths absolute: a resume elsewhere reads the same file
+      apply_precision(cfg.precision)
+      workdir = Path(workdir)
+      if distributed.is_writer():  # one process at a time: the second is refused, naming it
+        holding.enter_context(held(workdir, "train"))
+      check_resumable(workdir, cfg)  # before anything is created or compiled
+      stage = workdir.resolve() / "query_encoder"
+      if cfg.learner == "both":
+        check_resumable(stage, encoder_stage(cfg).validate())
+      if cfg.variant == "cross":
+        # The cross reranker's own checks, before a learner=both run tunes its encoder.
+        _, conversations, _, encoder = replay_inputs(cfg, encoder)
+        check_cross_run(cfg, encoder, conversations,
+                        distributed.data_mesh(cfg.devices).devices.size)
+    if cfg.learner == "both":
+      # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
+      # run); then the reranker trains on the candidates the tuned encoder retrieves.
+      _train(encoder_stage(cfg), stage, progress, encoder)
+      cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
+    else:
+      cfg_task = cfg
+    return _train(cfg, workdir, progress, encoder, cfg_task)
+
+
+def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None
+           ) -> dict:
+  """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records
+  (a learner=both run's query-encoder stage is a workdir inside its own, held with it)."""
+  task_cfg = task_cfg or cfg
   log_path = workdir / "metrics.jsonl"
   with distributed.preflight("configs, data or workdirs") as found:
     saved = saved_steps(workdir / "checkpoints")
@@ -139,7 +162,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
     write_run_record(workdir, {"kind": "train"})
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
-  eval_first = task.evaluate(task.template)
+  eval_first = task.evaluate_first()
   pretrained = state is None
   if pretrained:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
@@ -163,7 +186,9 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         # Segments end on multiples of checkpoint_every, as in an uninterrupted run, so a run
         # extended from any step saves the same checkpoints.
         n = min(cfg.checkpoint_every - step % cfg.checkpoint_every, cfg.steps - step)
-        state, metrics_T = task.advance(state, n)
+        # A task whose steps run from the host moves the bar at each one.
+        state, metrics_T = task.advance(state, n, **(
+            {"on_step": bar.update} if task.steps_from_host else {}))
         metrics_T = distributed.gather(metrics_T)
         _check_finite(metrics_T, step)
         new_rows = window_means(metrics_T, step, cfg.log_every)
@@ -173,7 +198,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         rows += new_rows
         step += n
         checkpointer.save(step, state)
-        bar.update(n)
+        if not task.steps_from_host:
+          bar.update(n)
         bar.set_postfix(reward=f"{new_rows[-1]['reward']:.3f}",
                         recall=f"{new_rows[-1]['recall_at_m']:.3f}")
   finally:

@@ -52,6 +52,7 @@ class ReplayTask(Task):
     train_pairs, test_pairs = self._pairs(self.train_convs), self._pairs(self.test_convs)
     self.train_qs = to_questions(self.train_convs, train_pairs)
     self.train_seq = to_sequence(self.train_convs, cfg.batch, train_pairs)
+    self._host_seq = self.train_seq  # the stream as the host built it (numpy)
     self.test_streams = (to_streams(self.test_convs, cfg.batch, pairs=test_pairs)
                          if self.test_convs else None)
     self.test_ids = stream_ids(self.test_convs)

@@ -8,6 +8,7 @@ is sharded across all of them (results equal the one-device run); process 0 writ
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -21,7 +22,7 @@ from tqdm import tqdm
 from rmmjax import core
 from rmmjax.config import SWEEPABLE, Config, parse_value
 from rmmjax.io import plots, tensorboard
-from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable,
+from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
 from rmmjax import distributed
 from rmmjax.train.loop import first_last, window_means
@@ -118,7 +119,13 @@ def _label(cfg: Config, keys: list[str]) -> str:
 
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
           progress: bool = True) -> dict:
-  """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir."""
+  """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir, which
+  this process holds until it returns (a second sweep or run into it is refused)."""
+  with contextlib.ExitStack() as holding:
+    return _sweep(cfg, grid, seeds, workdir, progress, holding)
+
+
+def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
   with distributed.preflight("configs, grids or workdirs") as found:
     if cfg.config != "latent":
       raise ValueError(f"sweep runs the latent simulator, not config {cfg.config}; sweeps over "
@@ -126,6 +133,8 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
     configs = sweep_configs(cfg.validate(), grid, seeds)
     spec, sim = cfg.core_spec(), cfg.sim_spec()
     workdir = Path(workdir)
+    if distributed.is_writer():  # one process at a time: the second is refused, naming it
+      holding.enter_context(held(workdir, "sweep"))
     check_sweepable(workdir, cfg, grid, seeds)  # before anything is compiled or written
     devices = list(distributed.data_mesh(cfg.devices).devices.flat)  # devices=N: the first N
     found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True, default=str),

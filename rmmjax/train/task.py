@@ -31,6 +31,9 @@ class Task(abc.ABC):
   checkpoint_pretrained: bool = False
   # What the run's summary reports of its inputs beyond the metrics (pairs cut to length, say).
   input_notes: dict = {}
+  # Whether `advance` takes its steps one at a time from the host, reporting each to an
+  # `on_step(1)` callback (a progress bar), rather than as one compiled scan.
+  steps_from_host: bool = False
 
   def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
     """The mesh every batch of this task is split over; each named batch size must divide
@@ -61,6 +64,11 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out metrics of a state ({} when nothing is held out)."""
+
+  def evaluate_first(self) -> dict:
+    """Held-out metrics of the state before any training (a task whose fresh model is the base
+    order by construction may give them without computing it)."""
+    return self.evaluate(self.template)
 
   def finish(self, state: core.TrainState) -> None:
     """Work after the last step (the learned judge of learner=iris fits here); none by

@@ -137,8 +137,9 @@ def test_eval_offers_only_what_it_can_evaluate(three, capsys, flags, message):
 
 @pytest.mark.parametrize("k,message", [
     ("five", "expected comma-separated integers"),
-    ("0,5", "--k 0,5: expected distinct positive cut-offs"),
-    ("5,5", "--k 5,5: expected distinct positive cut-offs"),
+    ("0,5", "--k 0,5: expected distinct cut-offs from 1 to 1,000"),
+    ("5,5", "--k 5,5: expected distinct cut-offs from 1 to 1,000"),
+    ("5,100000", "--k 5,100000: expected distinct cut-offs from 1 to 1,000"),
 ])
 def test_eval_refuses_bad_cutoffs_before_loading_anything(tmp_path, capsys, k, message):
   missing = tmp_path / "not-there.json"  # never read: the cut-offs fail first

@@ -169,15 +169,32 @@ def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsy
   assert "no rmmjax_cross.json" in capsys.readouterr().err
 
 
-def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path,
-                                                                   monkeypatch, capsys):
+@pytest.mark.parametrize("extra, message", [
+    ((), "a pretraining step of the cross reranker needs"),
+    (("mode=rl",), "an online step of the cross reranker needs"),
+    # learner=both: refused before its query-encoder stage trains or writes anything.
+    (("learner=both",), "a pretraining step of the cross reranker needs"),
+])
+def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path, extra,
+                                                                   message, monkeypatch, capsys):
   monkeypatch.setattr(cross_task, "device_memory_bytes", lambda: 2**20)
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_args(three)]) == 2
+               *_args(three, *extra)]) == 2
   err = capsys.readouterr().err
-  assert "lower batch (now 2), k (5) or cross_max_length (48)" in err
+  assert message in err and "or cross_max_length (48)" in err
+  assert ("k (5)" if extra == ("mode=rl",) else "cross_pretrain_candidates (4)") in err
   assert not wd.exists()
+
+
+def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypatch):
+  measured = []
+  real = cross_task._check_fits
+  monkeypatch.setattr(cross_task, "_check_fits",
+                      lambda what, *a: measured.append(what) or real(what, *a))
+  assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "run"), "--quiet",
+               *_args(three, "steps=0")]) == 0
+  assert measured == ["a pretraining step"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -186,6 +203,12 @@ def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_pa
     (["cross_pretrain_candidates=9"], "expected 2 to k=5"),
     (["compute_dtype=float16"], "compute_dtype"),
     (["cross_max_length=1024"], "expected 16 to 512"),
+    (["steps=0", "mode=rl"], "nothing would learn"),
+    (["steps=0", "pretrain_epochs=0"], "nothing would learn"),
+    (["head_lr_scale=1e9"], r"head_lr_scale=1e\+09: expected a value in \(0, 10000\]"),
+    (["pretrain_lr=10"], r"pretrain_lr=10: expected a value in \(0, 0.1\]"),
+    (["prior_scale=1e30"], r"prior_scale=1e\+30: expected a value in \[0, 100\]"),
+    (["lr=5"], r"lr=5: expected a value in \(0, 1\]"),
 ])
 def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
   cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL, *overrides])
@@ -323,11 +346,12 @@ def test_steps_0_pretrains_alone_and_more_steps_continue_from_it(cross_run, thre
       (cross_run / "summary.json").read_text())
 
 
+@pytest.mark.parametrize("learner", ["reranker", "both"])
 def test_a_batch_larger_than_the_training_questions_is_refused_before_anything_is_written(
-    three, tmp_path, capsys):
+    three, tmp_path, capsys, learner):
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_args(three, "batch=500")]) == 2
+               *_args(three, "batch=500", f"learner={learner}")]) == 2
   assert "cannot fill one pretraining batch" in capsys.readouterr().err
   assert not wd.exists()
 

@@ -273,3 +273,42 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
   assert main(["train", "--workdir", str(tmp_path / "run"), "--quiet"]) == 130
   err = capsys.readouterr().err
   assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
+
+
+def test_a_second_process_on_a_workdir_is_refused_naming_the_holder(tmp_path, reference, capsys):
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  import time  # noqa: PLC0415
+  wd = tmp_path / "busy"
+  sets = [arg for item in (*TINY, "steps=30000", "checkpoint_every=15000", "log_every=15000")
+          for arg in ("--set", item)]
+  # The first holder runs in its own process; the second, here, is refused while it runs.
+  first = subprocess.Popen([sys.executable, "-m", "rmmjax.cli", "train", "--quiet", "--workdir",
+                            str(wd), *sets], stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 120
+    while not ((wd / ".lock").exists() and (wd / ".lock").read_text()):
+      assert first.poll() is None and time.time() < deadline, first.stderr.read()
+      time.sleep(0.05)
+    capsys.readouterr()
+    assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 2
+    err = capsys.readouterr().err
+    assert f"in use by rmmjax train (pid {first.pid} on" in err and len(err.splitlines()) == 1
+    assert main(["sweep", "--quiet", "--workdir", str(wd), "--grid", "tau=0.1,0.5",
+                 *sets]) == 2
+    assert f"pid {first.pid}" in capsys.readouterr().err
+  finally:
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+  # The holder's outputs are a lone run's.
+  alone = tmp_path / "alone"
+  assert main(["train", "--quiet", "--workdir", str(alone), *sets]) == 0
+  for name in ("metrics.jsonl", "summary.json"):
+    assert (wd / name).read_text() == (alone / name).read_text()
+  # Released on exit: the same command resumes (nothing left to do) without a word of refusal.
+  assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 0
+
+
+def test_a_refused_run_leaves_no_workdir_behind(tmp_path, capsys):
+  wd = tmp_path / "never"
+  assert _train(wd, 7) == 2  # steps not a multiple of log_every
+  assert not wd.exists()
