@@ -12,7 +12,7 @@ from rmmjax.config import CONFIGS, Config, apply_overrides, apply_precision, get
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.cross_export import export_cross_run
 from rmmjax.io.export import export_reranker
-from rmmjax.io.kinds import CROSS_RECORD
+from rmmjax.io.kinds import CROSS_RECORD, EXPORTS, KINDS, model_kind
 from rmmjax.io.iris_models import export_iris_model
 from rmmjax.io.outputs import check_output_dir, check_output_file
 from rmmjax.io.query_encoders import export_query_encoder
@@ -133,6 +133,11 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_export(args) -> None:
+  kind = model_kind(Path(args.workdir))
+  if kind in EXPORTS:
+    what, use = KINDS[kind]
+    raise ValueError(f"--workdir {args.workdir} is {what}: it is exported already (use it as "
+                     f"{use.replace('DIR', str(args.workdir))}); export takes a training workdir")
   cfg = read_config(Path(args.workdir))
   learner = cfg.learner
   out = Path(args.out)

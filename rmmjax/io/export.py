@@ -37,6 +37,9 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
 def read_record(workdir: Path) -> dict:
   path = Path(workdir) / RECORD_FILE
   if not path.exists():
+    if not (Path(workdir) / "config.json").exists():
+      raise FileNotFoundError(f"{workdir} holds no trained model (no {RECORD_FILE}, no "
+                              "config.json): expected a training workdir or an export")
     raise FileNotFoundError(f"{path} does not exist: {workdir} was trained by an older rmmjax "
                             "that did not record what it trained on; train it again")
   try:

@@ -21,6 +21,9 @@ KINDS = {
              "candidates)", "--reranker (which brings its query encoder)"),
     "both export": ("an export of learner=both", "--reranker DIR/reranker.safetensors with "
                     "--encoder DIR/query_encoder"),
+    "both cross export": ("an export of a learner=both cross reranker (its reranker/ and "
+                          "query_encoder/)", "--reranker DIR/reranker (which brings "
+                          "DIR/query_encoder beside it)"),
     "query encoder": ("a tuned query encoder's training workdir (learner=query_encoder)",
                       "--encoder"),
     "query encoder export": ("an exported tuned query encoder (a Hugging Face directory)",
@@ -33,7 +36,11 @@ KINDS = {
     "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
     "cross export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
                      "directory)", "--reranker, or sentence_transformers.CrossEncoder"),
+    "empty": ("an empty directory (it holds no model)", "nothing: train or export a model into "
+              "it first"),
 }
+EXPORTS = ("reranker file", "both export", "both cross export", "query encoder export",
+           "iris export", "encoder", "cross export")
 CROSS_RECORD = "rmmjax_cross.json"  # what marks an exported cross reranker
 
 
@@ -58,10 +65,14 @@ def model_kind(path: Path) -> str | None:
     return "iris export"
   if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():
     return "both export"
+  if (path / "reranker" / CROSS_RECORD).is_file() and (path / "query_encoder").is_dir():
+    return "both cross export"
   if (path / CROSS_RECORD).is_file() or _is_cross_encoder(path):
     return "cross export"  # (without its header the loader says what is missing)
   if (path / "model.safetensors").is_file():
     return "query encoder export" if (path / EXPORT_RECORD).is_file() else "encoder"
+  if not any(path.iterdir()):
+    return "empty"
   return None
 
 
@@ -75,11 +86,15 @@ def _is_cross_encoder(path: Path) -> bool:
       config.get("architectures") or [])
 
 
-def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...]) -> str | None:
+def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],
+                  expected: str | None = None) -> str | None:
   """The kind of `path` when it is one of `wanted` (or None when unrecognised: the loader's
-  own checks then say what is missing); refused, naming what it is and its flag, otherwise."""
+  own checks then say what is missing); refused, naming what it is and its flag (or, where the
+  path is not given to a flag, `expected`), otherwise."""
   kind = model_kind(path)
   if kind is None or kind in wanted:
     return kind
   what, use = KINDS[kind]
-  raise ValueError(f"{flag} {path} is {what}; it is used through {use}")
+  if expected is not None:
+    raise ValueError(f"{flag}{path} is {what}; expected {expected}")
+  raise ValueError(f"{flag} {path} is {what}; it is used through {use.replace('DIR', str(path))}")

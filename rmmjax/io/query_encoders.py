@@ -20,14 +20,18 @@ from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.workdir import read_config
 
 
-def load_query_encoder(path: Path, encoder) -> TunedQueryEncoder:
+def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQueryEncoder:
   """The tuned query encoder of a query_encoder training workdir, or of a directory that
-  `rmmjax export` wrote from one; `encoder` is the base encoder that embeds the memories."""
+  `rmmjax export` wrote from one; `encoder` is the base encoder that embeds the memories.
+  `flag` names where the path was given (a flag, or a config key such as "query_encoder=")."""
   path = Path(path)
   if not path.is_dir():
-    raise FileNotFoundError(f"--encoder {path}: expected a query_encoder training workdir or "
-                            "an exported encoder directory")
-  refuse_unless(path, "--encoder", ("query encoder", "query encoder export", "encoder"))
+    raise FileNotFoundError(f"{flag}{'' if flag.endswith('=') else ' '}{path}: expected a "
+                            "query_encoder training workdir or an exported encoder directory")
+  refuse_unless(path, flag, ("query encoder", "query encoder export", "encoder"),
+                expected=("a tuned query encoder: a learner=query_encoder workdir, a "
+                          "learner=both workdir's query_encoder/, or an export of either")
+                if flag.endswith("=") else None)
   if (path / "model.safetensors").exists():  # an exported Hugging Face-format directory
     tuned = SentenceEncoder(path)
     if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(

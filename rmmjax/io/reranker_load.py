@@ -131,6 +131,31 @@ def cross_export_header(path: Path) -> dict:
   return header
 
 
+def _check_served_config(path: Path, bert: core.BertConfig) -> None:
+  """Refuses an export whose config.json (what sentence-transformers builds the model from)
+  is damaged or describes another model than the header rmmjax reads: the two would serve
+  different scores."""
+  file = path / "config.json"
+  try:
+    config = json.loads(file.read_text())
+    if not isinstance(config, dict):
+      raise ValueError(f"it holds a {type(config).__name__}")
+  except (OSError, ValueError) as err:
+    raise ValueError(f"{file} cannot be read ({err}): sentence-transformers builds the served "
+                     "model from it; export the training workdir again") from None
+  wanted = {name: getattr(bert, name) for name in (
+      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+      "intermediate_size", "max_position_embeddings", "type_vocab_size")} | {"num_labels": 1}
+  found = {name: config.get(name, len(config.get("id2label") or {}) or None)
+           if name == "num_labels" else config.get(name) for name in wanted}
+  wrong = [f"{k}: {found[k]!r} there, {v!r} in {CROSS_RECORD}" for k, v in wanted.items()
+           if found[k] != v]
+  if wrong:
+    raise ValueError(f"{file} describes another model than {CROSS_RECORD} ({'; '.join(wrong)}): "
+                     "sentence-transformers would serve other scores than rmmjax; export the "
+                     "training workdir again")
+
+
 def load_cross_export(path: Path) -> LoadedReranker:
   """A cross reranker from its export (a CrossEncoder directory with rmmjax_cross.json): the
   BERT weights, pooler and scoring layer from model.safetensors, the rank prior and the run's
@@ -143,6 +168,7 @@ def load_cross_export(path: Path) -> LoadedReranker:
     raise ValueError(f"{path / CROSS_RECORD}: its config is not an rmmjax config ({err})"
                      ) from None
   bert = core.BertConfig(**header["record"]["cross"]["bert"])
+  _check_served_config(path, bert)
   try:
     encoder = load_params(path, bert)
     weights = load_file(str(path / "model.safetensors"))

@@ -160,6 +160,10 @@ def read_config(workdir: Path) -> Config:
                      "sweep's base config and it has no checkpoints); expected a training workdir")
   path = Path(workdir) / "config.json"
   if not path.exists():
+    if (Path(workdir) / "query_encoder" / "config.json").exists():
+      raise FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
+                              f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
+                              "the same train command again to finish it")
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a training workdir?")
   return from_json(path.read_text())
 

@@ -109,7 +109,8 @@ class IrisLearnedTask(Task):
     """Fits the two encoders, writes the anchor, returns the refinement encoder's state."""
     anchor = None
     if self.cfg.query_encoder:
-      anchor = load_query_encoder(Path(self.cfg.query_encoder), self.encoder).params
+      anchor = load_query_encoder(Path(self.cfg.query_encoder), self.encoder,
+                                  "query_encoder=").params
     anchor, refine, losses = fit_iris_encoders(self.encoder, self._train_stores(),
                                                self.train_data, self.fit, anchor, self.mesh)
     if distributed.is_writer():  # the others read it from the workdir after the barrier

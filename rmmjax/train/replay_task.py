@@ -34,7 +34,8 @@ class ReplayTask(Task):
     self.spec = self._core_spec(encoder)
     # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
     # candidates and the questions' embeddings; the units keep the base encoder's.
-    tuned = load_query_encoder(cfg.query_encoder, encoder) if cfg.query_encoder else None
+    tuned = (load_query_encoder(cfg.query_encoder, encoder, "query_encoder=")
+             if cfg.query_encoder else None)
     tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
     memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
     replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,

@@ -388,3 +388,40 @@ def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_f
   scores = [np.asarray(core.cross_scores(r.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
                                          r.spec.bert)) for r in (mine, theirs)]
   np.testing.assert_allclose(scores[0], scores[1], atol=2e-3)
+
+
+def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, capsys):
+  served = tmp_path / "served"
+  assert main(["export", "--workdir", str(cross_run), "--out", str(served)]) == 0
+  capsys.readouterr()
+
+  def refused(*args) -> str:
+    assert main([*args]) == 2
+    return capsys.readouterr().err
+
+  evaluate = ["eval", "--data", str(three), "--quiet", "--reranker"]
+  # A learner=both export's root: its reranker/ is meant.
+  root = tmp_path / "both_export"
+  shutil.copytree(served, root / "reranker")
+  (root / "query_encoder").mkdir()
+  assert f"--reranker {root}/reranker" in refused(*evaluate, str(root))
+  (tmp_path / "empty").mkdir()
+  assert "empty directory" in refused(*evaluate, str(tmp_path / "empty"))
+  # A reranker's workdir where a query encoder is expected, in a training config.
+  err = refused("train", "--config", "locomo", "--workdir", str(tmp_path / "w"), "--quiet",
+                *_args(three, f"query_encoder={cross_run}"))
+  assert f"query_encoder={cross_run} is a reranker's training workdir; expected a tuned " in err
+  assert "--reranker" not in err and "--iris-model" not in err
+  # An export given to export; a learner=both run stopped in its encoder stage.
+  assert "it is exported already" in refused("export", "--workdir", str(served), "--out",
+                                             str(tmp_path / "again"))
+  stopped = tmp_path / "stopped"
+  shutil.copytree(cross_run, stopped / "query_encoder")  # a workdir with its config.json
+  assert "run the same train command again" in refused("export", "--workdir", str(stopped),
+                                                       "--out", str(tmp_path / "x"))
+  # The CrossEncoder's config.json damaged or describing another model: refused, not served.
+  config = json.loads((served / "config.json").read_text())
+  (served / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 3}))
+  assert "num_hidden_layers: 3 there" in refused(*evaluate, str(served))
+  (served / "config.json").write_text("{not json")
+  assert "config.json cannot be read" in refused(*evaluate, str(served))
