@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of rmmjax on an accelerator (at most about 10 minutes): the parity tests
+# One prepared check of rmmjax on an accelerator (at most about 20 minutes): the parity tests
 # at precision=highest (fast scorer = naive formula, export = JAX to 1e-5, encoder =
 # sentence-transformers, the cross reranker's core), `rmmjax bench core`, `bench encode`,
 # `bench cross` and `bench scaling`, one `train --config locomo` and a short cross-reranker run
@@ -37,6 +37,10 @@ rm -rf "$OUT/train"
 timeout 150 rmmjax train --config locomo --set data="$DATA" --set steps=100 \
   --set checkpoint_every=50 --workdir "$OUT/train" --quiet | tee "$OUT/train.txt"
 rm -rf "$OUT/cross"
+# The cross reranker over the base hybrid's candidates, one epoch (pinned: the variant's
+# defaults would tune a query encoder first and pretrain two epochs).
 timeout 240 rmmjax train --config locomo --set data="$DATA" --set variant=cross \
-  --set compute_dtype=bfloat16 --set steps=20 --workdir "$OUT/cross" | tee "$OUT/cross.txt"
+  --set learner=reranker --set pretrain_epochs=1 --set compute_dtype=bfloat16 --set steps=20 \
+  --workdir "$OUT/cross" | tee "$OUT/cross.txt"
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
 echo "wrote $OUT"

@@ -26,9 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from replay_common import DEFAULT_DATA, RESULTS  # noqa: E402
+from replay_common import DEFAULT_DATA, RESULTS, write_markdown, locomo_config  # noqa: E402
 from rmmjax import core  # noqa: E402
-from rmmjax.config import get_config  # noqa: E402
 from rmmjax.data.locomo import load_locomo  # noqa: E402
 from rmmjax.encode.cache import EmbeddingCache  # noqa: E402
 from rmmjax.encode.cache import cache_path
@@ -47,7 +46,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   args = parser.parse_args()
-  cfg = dataclasses.replace(get_config("locomo"), retriever="hybrid")
+  cfg = dataclasses.replace(locomo_config(), retriever="hybrid")
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   replays = build_replay(conversations, "turn", "hybrid", encoder, cfg.k)
@@ -112,7 +111,7 @@ def write(curves: dict, base: float) -> None:
            "| curve | start | end | best | steps |", "|---|---|---|---|---|"]
   for label, (x, y) in curves.items():
     lines.append(f"| {label} | {y[0]:.3f} | {y[-1]:.3f} | {y.max():.3f} | {x[-1]} |")
-  (RESULTS / "encoder_convergence.md").write_text("\n".join(lines) + "\n")
+  write_markdown(RESULTS / "encoder_convergence.md", lines)
   print("\n".join(lines))
 
 

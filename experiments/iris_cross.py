@@ -4,23 +4,25 @@ conversation), each model trained by the command a user runs.
 On each fold the training conversations are written to a file of their own, and
 
 - `rmmjax train --config locomo --set variant=cross --set units=lace --set iris=wide
-  --set holdout=0` pretrains the cross reranker on the logged IRIS episodes of the training
-  conversations (their first K = 20 facts of the wide gathering, the question read with each
-  fact's text; steps=0, the variant's default: pretraining alone);
+  --set holdout=0 --set pretrain_epochs=1 --set steps=0` pretrains the cross reranker for one
+  epoch on the logged IRIS episodes of the training conversations (their first K = 20 facts of
+  the wide gathering, the question read with each fact's text; pretraining alone);
 - `--set variant=linear --set learner=reranker --set units=lace --set iris=wide --set k=20`
-  trains the paper's reranker on the same episodes (the locomo config's settings otherwise:
-  10 pretraining epochs, then 600 online steps from simulated citations);
+  trains the paper's reranker on the same episodes (10 pretraining epochs, then 600 online
+  steps from simulated citations);
 
-and every model is evaluated as `rmmjax eval --units lace --iris wide --reranker W` does (its
-order fused with IRIS's own, the default), on the held-out conversations only. "wide IRIS" is
+every setting either row names pinned below (a default changing later cannot change a row),
+
+and every model is evaluated as `rmmjax eval --units lace --iris wide --reranker W
+--rerank-mode fused` does (its order fused with IRIS's own), on the held-out conversations only. "wide IRIS" is
 IRIS's own order with the same settings and judge (the heuristic one); "single-pass" one search
 of the question. Recall@10 counts the evidence turns among the first 10 distinct turns of the
 final evidence.
 
 Intervals: the paired differences resample conversations (95% bootstrap, 2,000 draws); a
-fold's conversations share one model, so with 2 folds this understates the uncertainty a
-little. The cross reranker's settings are the variant's defaults, set on the turn replay, not
-tuned here.
+fold's conversations share one model, so with 2 folds this understates the uncertainty. The
+cross reranker's settings are the turn replay's recipe (one epoch, as it was when this ran
+first), not tuned here.
 
     python experiments/iris_cross.py [--data PATH] [--folds 2] [--workdirs DIR]
     python experiments/iris_cross.py --rewrite   # the .md again from the saved .json
@@ -39,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from cross_reranker import fold_files
-from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired
-from rmmjax.config import VARIANT_DEFAULTS, apply_overrides, get_config
+from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired, provenance, provenance_line
+from rmmjax.config import apply_overrides, get_config
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
@@ -51,7 +53,17 @@ OUT = RESULTS / "iris_cross"
 METRIC = "recall_all@10"
 ROWS = ("single-pass", "wide IRIS", "wide IRIS + linear reranker (fused)",
         "wide IRIS + cross reranker (fused)")
-LACE = ["units=lace", "iris=wide", "holdout=0"]
+LACE = ["units=lace", "iris=wide", "holdout=0", "retriever=hybrid", "k=20", "m=5", "batch=4",
+        "mode=pretrain+rl", "citation_reward=1.0", "verdict_reward=0.0", "seed=0"]
+# Every setting of each run, pinned.
+RUNS = {"linear": ["variant=linear", "learner=reranker", "rank_prior=true",
+                   "pretrain_epochs=10", "pretrain_lr=1e-4", "pretrain_tau=0.05", "tau=0.05",
+                   "lr=1e-4", "baseline=0.0", "baseline_kind=running", "steps=600"],
+        "cross": ["variant=cross", "learner=reranker", "pretrain_epochs=1", "steps=0",
+                  "pretrain_lr=2e-5", "pretrain_tau=1.0", "tau=1.0", "lr=1e-5",
+                  "checkpoint_every=20", "log_every=5", "cross_max_length=128",
+                  "cross_pretrain_candidates=8", "head_lr_scale=50.0", "prior_scale=1.0",
+                  "compute_dtype=float32"]}
 
 
 def per_question(result: dict) -> dict:
@@ -74,16 +86,16 @@ def run(args) -> dict:
     train_file, test_file = fold_files(raw, heldout, fold_dir)
     evaluate = lambda **kw: per_question(evaluate_retrieval(  # noqa: E731
         "locomo", test_file, "lace", "hybrid", (5, 10), encoder=encoder, per_question=True,
-        **kw))
+        rerank_mode="fused", **kw))
     fold = {"single-pass": evaluate(), "wide IRIS": evaluate(iris="wide")}
     common = [f"data={train_file}", *LACE]
-    train(apply_overrides(base, common + ["variant=linear", "learner=reranker", "k=20"]),
-          fold_dir / "linear", progress=False, encoder=encoder)
+    train(apply_overrides(base, common + RUNS["linear"]), fold_dir / "linear", progress=False,
+          encoder=encoder)
     fold["wide IRIS + linear reranker (fused)"] = evaluate(iris="wide",
                                                             reranker=fold_dir / "linear")
     start = time.perf_counter()
-    train(apply_overrides(base, common + ["variant=cross", "learner=reranker"]),
-          fold_dir / "cross", progress=True, encoder=encoder)
+    train(apply_overrides(base, common + RUNS["cross"]), fold_dir / "cross", progress=True,
+          encoder=encoder)
     timing[f"fold{f} cross training s"] = time.perf_counter() - start
     start = time.perf_counter()
     fold["wide IRIS + cross reranker (fused)"] = evaluate(iris="wide",
@@ -96,7 +108,8 @@ def run(args) -> dict:
     print(f"fold {f}: " + ", ".join(f"{n} {np.mean(fold[n]['per_question']):.3f}"
                                     for n in ROWS), flush=True)
   return {"results": results, "timing": timing, "folds": args.folds,
-          "defaults": VARIANT_DEFAULTS["cross"]}
+          "runs": {name: LACE + overrides for name, overrides in RUNS.items()},
+          "provenance": provenance()}
 
 
 def write(saved: dict) -> None:
@@ -107,7 +120,7 @@ def write(saved: dict) -> None:
            f"{len(results['wide IRIS']['per_question'])} held-out questions, LaceMem facts, "
            "IRIS's wide settings with the heuristic judge; written by "
            "experiments/iris_cross.py. p95: retrieval latency per question, the worst fold's, "
-           "on the 2-core CPU it ran on.", "",
+           "on the 2-core CPU it ran on. " + provenance_line(saved), "",
            "| row | overall | " + " | ".join(CATEGORIES) + " | p95 ms |",
            "|---|---|" + "---|" * len(CATEGORIES) + "---|"]
   for name in ROWS:
@@ -116,7 +129,8 @@ def write(saved: dict) -> None:
     lines.append(f"| {name} | {vals.mean():.3f} | " + " | ".join(
         f"{vals[cats == c].mean():.3f}" for c in CATEGORIES) + f" | {max(r['p95_ms']):.0f} |")
   lines += ["", "Paired differences in Recall@10, overall and multi-hop (95% bootstrap over "
-            "conversations):", ""]
+            "conversations; a fold's conversations share its models, so with 2 folds this "
+            "understates the uncertainty):", ""]
   for a, b in (("wide IRIS + cross reranker (fused)", "wide IRIS"),
                ("wide IRIS + linear reranker (fused)", "wide IRIS"),
                ("wide IRIS + cross reranker (fused)", "wide IRIS + linear reranker (fused)")):
@@ -124,7 +138,12 @@ def write(saved: dict) -> None:
                  f"{paired(results, a, b, 'multi-hop')} multi-hop")
   lines += ["", "Time per fold: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                saved["timing"].items()),
-            "", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}"]
+            ""] + (
+      [f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}"]
+      if "defaults" in saved else
+      ["Every run's settings (`--set` overrides of the locomo config, with "
+       "data=FOLD/train.json):", ""] + [f"- {name}: {' '.join(overrides)}"
+                                       for name, overrides in saved["runs"].items()])
   OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
-                           paired)
+                           locomo_config, paired, write_markdown)
 from rmmjax import core
-from rmmjax.config import apply_overrides, get_config
+from rmmjax.config import apply_overrides
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -86,7 +86,7 @@ def train_fold(data: list, train: list[int], held: list[int], workdir: Path, enc
   conversations, then its held-out ones (holdout = their number)."""
   path = workdir / "fold.json"
   path.write_text(json.dumps([data[i] for i in [*train, *held]]))
-  cfg = apply_overrides(get_config("locomo"), [*TRAIN_SETTINGS, f"data={path}",
+  cfg = apply_overrides(locomo_config(), [*TRAIN_SETTINGS, f"data={path}",
                                                f"holdout={len(held)}"])
   from rmmjax.train.loop import train as run  # noqa: PLC0415  (the command's own call)
   summary = run(cfg, workdir / "run", progress=False, encoder=encoder)
@@ -96,7 +96,7 @@ def train_fold(data: list, train: list[int], held: list[int], workdir: Path, enc
 def fit_reranker(stores, convs, encoder, fitted):
   """The locomo config's reranker pretrained on the learned loop's episodes of the training
   conversations; (params, spec)."""
-  cfg = get_config("locomo")
+  cfg = locomo_config()
   spec = dataclasses.replace(cfg, k=RERANK_K).core_spec()
   refiner = EmbeddingRefiner(fitted.refine)
   max_evidence = max(len(set(q.evidence)) for c in convs for q in c.questions)
@@ -312,7 +312,7 @@ def write(results: dict) -> None:
             "rate):", ""]
   for lo, hi, n, p, y in judges["learned"]["reliability"]:
     lines.append(f"- [{lo:.1f}, {hi:.1f}): {n}, {p:.3f}, {y:.3f}")
-  OUT.write_text("\n".join(lines) + "\n")
+  write_markdown(OUT, lines)
   print("\n".join(lines))
 
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
+                           locomo_config, write_markdown,
                            paired)
 from rmmjax import core
-from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -158,7 +158,7 @@ def main() -> None:
     rows = [r for c, s in zip(conversations, stores) for r in evaluate(c, s, settings)]
     results[label] = summary(rows)
     print(label, _short(results[label]), flush=True)
-  cfg = get_config("locomo")
+  cfg = locomo_config()
   spec = dataclasses.replace(cfg, k=K).core_spec()
   for label, pretrain, mix, seeded in RERANKERS:
     start, per_seed = time.time(), {mode: [] for mode in RERANK_MODES}
@@ -219,7 +219,7 @@ def write(results: dict) -> None:
     lines.append(f"- {a} minus {b}: " + " / ".join(
         paired(results, a, b, c, clusters) for c in (None, "multi-hop", "temporal")))
   OUT.parent.mkdir(parents=True, exist_ok=True)
-  OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  write_markdown(OUT.with_suffix(".md"), lines)
   OUT.with_suffix(".json").write_text(_dumps(results))
   print("\n".join(lines))
 

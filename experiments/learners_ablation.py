@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS
+from replay_common import DEFAULT_DATA, RESULTS, write_markdown, locomo_config
 from rmmjax import core
-from rmmjax.config import get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -60,7 +59,7 @@ def main() -> None:
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--folds", type=int, default=4)
   args = parser.parse_args()
-  cfg = get_config("locomo")
+  cfg = locomo_config()
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   results: dict[str, list] = {}
@@ -121,7 +120,7 @@ def write(means: dict, args) -> None:
              for k, _ in SETTINGS]
     lines.append(f"| {row} | " + " | ".join(cells) + " |")
   OUT.parent.mkdir(parents=True, exist_ok=True)
-  OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  write_markdown(OUT.with_suffix(".md"), lines)
   OUT.with_suffix(".json").write_text(json.dumps(means, indent=2) + "\n")
   print("\n".join(lines))
 

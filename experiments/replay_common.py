@@ -89,3 +89,27 @@ def provenance_line(saved: dict) -> str:
     return "Command and commit: not recorded (the run predates their recording)."
   dirty = " with uncommitted changes" if made["uncommitted_changes"] else ""
   return f"Made by `{made['command']}` at commit {made['commit'][:12]}{dirty}."
+
+
+def write_markdown(path: Path, lines: list[str], saved: dict | None = None) -> None:
+  """A results table, ending with the command and commit that made it (`saved`'s, when the
+  table is written again from saved results; this run's otherwise)."""
+  made = provenance_line(saved) if saved is not None else provenance_line(
+      {"provenance": provenance()})
+  Path(path).write_text("\n".join(lines + ["", made]) + "\n")
+
+
+# The locomo config's values as the replay experiments measured them, pinned, so that a default
+# changing later cannot change what their rows mean (each script sets what it varies itself).
+LOCOMO_AS_MEASURED = dict(
+    k=20, m=5, batch=4, dim=384, rank_prior=True, tau=0.05, lr=1e-4, baseline=0.0,
+    baseline_kind="running", mode="pretrain+rl", pretrain_epochs=10, pretrain_lr=1e-4,
+    pretrain_tau=0.05, steps=600, encoder_pretrain_epochs=2, encoder_pretrain_lr=2e-5,
+    encoder_pretrain_tau=0.05, encoder_pretrain_batch=16, encoder_lr=1e-5, tune="query",
+    iris_k=64, iris_hard_share=0.5, seed=0)
+
+
+def locomo_config(**changes):
+  """The locomo config with every value the replay experiments' rows rely on pinned."""
+  from rmmjax.config import get_config  # noqa: PLC0415
+  return dataclasses.replace(get_config("locomo"), **(LOCOMO_AS_MEASURED | changes))

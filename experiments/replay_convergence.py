@@ -23,8 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from replay_common import DEFAULT_DATA, RESULTS, locomo_replays, seed_hparams  # noqa: E402
-from rmmjax.config import get_config  # noqa: E402
+from replay_common import (DEFAULT_DATA, RESULTS, locomo_config, locomo_replays,  # noqa: E402
+                           seed_hparams, write_markdown)
 from rmmjax.core import replay as core_replay  # noqa: E402
 from rmmjax.replay.protocols import Protocol, train_reranker  # noqa: E402
 from rmmjax.replay.candidates import (base_recall, to_questions, to_sequence,  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
   parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--epochs", type=int, default=4)
   args = parser.parse_args()
-  cfg = get_config("locomo")
+  cfg = locomo_config(tau=0.5)  # the temperature it was measured at
   replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
   spec = cfg.core_spec()
   train, test = replays[:-cfg.holdout], replays[-cfg.holdout:]
@@ -105,7 +105,7 @@ def main() -> None:
   RESULTS.mkdir(parents=True, exist_ok=True)
   fig.savefig(RESULTS / "replay_convergence.png", dpi=110)
   lines += ["", "![curves](replay_convergence.png)"]
-  (RESULTS / "replay_convergence.md").write_text("\n".join(lines) + "\n")
+  write_markdown(RESULTS / "replay_convergence.md", lines)
   print("\n".join(lines))
 
 

@@ -21,9 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from replay_common import DEFAULT_DATA, RESULTS, locomo_replays  # noqa: E402
+from replay_common import DEFAULT_DATA, RESULTS, locomo_replays, write_markdown, locomo_config  # noqa: E402
 from rmmjax import core  # noqa: E402
-from rmmjax.config import get_config  # noqa: E402
 from rmmjax.replay.protocols import Protocol, cross_validate  # noqa: E402
 
 TAUS = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -37,7 +36,7 @@ def main() -> None:
   parser.add_argument("--seeds", type=int, default=2)
   parser.add_argument("--folds", type=int, default=4)
   args = parser.parse_args()
-  cfg = get_config("locomo")
+  cfg = locomo_config()
   replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
   grid = list(itertools.product(TAUS, BASELINES, range(args.seeds)))
   hp = core.stack_hparams([dataclasses.replace(cfg, tau=tau, baseline=b, baseline_kind=kind,
@@ -72,7 +71,7 @@ def main() -> None:
   for tau, row in zip(TAUS, gain):
     lines.append(f"| {tau} | " + " | ".join(f"{v:+.3f}" for v in row) + " |")
   lines += ["", "![heat map](replay_tau_baseline.png)"]
-  (RESULTS / "replay_tau_baseline.md").write_text("\n".join(lines) + "\n")
+  write_markdown(RESULTS / "replay_tau_baseline.md", lines)
   print("\n".join(lines))
 
 

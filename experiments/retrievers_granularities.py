@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from replay_common import DEFAULT_DATA, RESULTS
+from replay_common import DEFAULT_DATA, RESULTS, write_markdown
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
@@ -38,7 +38,7 @@ def main() -> None:
                    f"{m['mrr']:.3f} | {m['words@5']:.0f} | {m['recall_all@budget']:.3f} |")
       print(lines[-1], flush=True)
   RESULTS.mkdir(parents=True, exist_ok=True)
-  (RESULTS / "retrievers_granularities.md").write_text("\n".join(lines) + "\n")
+  write_markdown(RESULTS / "retrievers_granularities.md", lines)
 
 
 if __name__ == "__main__":

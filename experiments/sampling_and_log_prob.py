@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replay_common import write_markdown
 from rmmjax.train import sweeps
 from rmmjax.config import get_config
 
@@ -32,7 +33,9 @@ def main() -> None:
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--out", default="experiments/results/sampling_and_log_prob.md")
   args = parser.parse_args()
-  base = dataclasses.replace(get_config("latent"), steps=args.steps)
+  # Pinned: one device at full float32 (as the table was made), whatever the machine's defaults.
+  base = dataclasses.replace(get_config("latent"), steps=args.steps, precision="highest",
+                             devices=1)
   rows = []
   t0 = time.time()
   for sampling, log_prob in COMBINATIONS:
@@ -60,7 +63,7 @@ def main() -> None:
                  f"{sd:.3f} | {reward:.3f} |")
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text("\n".join(lines) + "\n")
+  write_markdown(out, lines)
   print("\n".join(lines))
 
 

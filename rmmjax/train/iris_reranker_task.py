@@ -133,11 +133,23 @@ class IrisTask(Task):
     if not self.test_episodes:
       return {}
     batch = episodes_batch(self.test_episodes)
-    m, mask = self.spec.m, np.asarray(batch.mask_BxK)
     params = distributed.gather(state.params)
-    scores = (episode_scores(params, self.spec, self.test_episodes, self._progress)
-              if self.cross else
-              np.asarray(self._scores(params, batch.q_BxD, batch.mem_BxKxD, self.spec)))
+    return self._metrics(batch, episode_scores(params, self.spec, self.test_episodes,
+                                               self._progress) if self.cross else
+                         np.asarray(self._scores(params, batch.q_BxD, batch.mem_BxKxD,
+                                                 self.spec)))
+
+  def evaluate_first(self) -> dict:
+    """A fresh cross reranker scores by its decreasing rank prior alone, IRIS's own order:
+    known without reading a pair through the encoder."""
+    if not (self.cross and self.test_episodes):
+      return super().evaluate_first()
+    batch = episodes_batch(self.test_episodes)
+    prior = np.asarray(self.template.params["rank_bias"], np.float32)
+    return self._metrics(batch, np.broadcast_to(prior, np.asarray(batch.mask_BxK).shape))
+
+  def _metrics(self, batch, scores) -> dict:
+    m, mask = self.spec.m, np.asarray(batch.mask_BxK)
     fused = np.full(scores.shape, -np.inf)
     for i, row in enumerate(mask):  # the valid candidates are a prefix of each row
       fused[i, :row.sum()] = fuse_with_order(scores[i, :row.sum()])

@@ -75,3 +75,23 @@ def test_a_file_of_training_conversations_alone_is_refused(three, trained, serve
                "--out", str(tmp_path / "r.json")]) == 2
   assert "--in-sample" in capsys.readouterr().err
   assert not (tmp_path / "r.json").exists()
+
+
+def test_a_reranker_over_a_tuned_query_encoder_brings_it(three, server, tmp_path):
+  # learner=both: the reranker's candidates came from the query encoder the run tuned first;
+  # answer (as recall and chat) loads it from the workdir, as eval does, and says so.
+  wd = tmp_path / "both"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *sets(f"data={three}", "learner=both", "units=topic", "k=4", "m=2",
+                     "holdout=1", "steps=20", "log_every=10", "checkpoint_every=20",
+                     "pretrain_epochs=1", "encoder_pretrain_epochs=1")]) == 0
+  assert main(["ingest", "--data", str(three), "--db", str(tmp_path / "bank.sqlite"),
+               "--user-per-conversation", "--quiet"]) == 0
+  out = tmp_path / "report.json"
+  assert main(["answer", "--data", str(three), "--db", str(tmp_path / "bank.sqlite"),
+               "--reranker", str(wd), "--llm-url", server.url, "--model", "m", "--m", "2",
+               "--candidates", "4", "--quiet", "--out", str(out)]) == 0
+  config = json.loads(out.read_text())["config"]
+  assert config["query_encoder"] == str(wd / "query_encoder")
+  assert config["query_encoder_identity"] is not None
+  assert config["excluded_conversations"] == ["syn-1", "syn-2"]

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import pytest
 
+from safetensors.numpy import load_file, save_file
+
 from cli_args import sets as _sets
 from rmmjax import core
 from rmmjax.cli import main
@@ -116,13 +118,27 @@ def test_train_a_cross_reranker_on_iris_evidence_then_evaluate_it_inside_iris(
   # A fresh cross reranker scores by its rank prior alone: IRIS's own order, fused or not.
   assert summary["recall_at_m_first"] == pytest.approx(summary["recall_at_m_base"])
   assert len(json.loads((wd / "pretrain.json").read_text())["loss"]) > 0
-  out = tmp_path / "report.json"
-  assert main(["eval", "--data", str(three), "--units", "lace", "--iris", "--reranker", str(wd),
-               "--k", "5", "--quiet", "--out", str(out)]) == 0
-  report = json.loads(out.read_text())
+  def evaluate(*reranker) -> dict:
+    out = tmp_path / "report.json"
+    assert main(["eval", "--data", str(three), "--units", "lace", "--iris", *reranker,
+                 "--k", "1,3,5", "--quiet", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+  alone, report = evaluate(), evaluate("--reranker", str(wd))
   assert report["config"]["conversations"] == ["syn-3"]
   assert report["config"]["rerank_mode"] == "fused"
-  assert 0 <= report["metrics"]["overall"]["recall_all@5"] <= 1
+  # The same model with its scoring layer at zero scores by its prior alone, which keeps
+  # IRIS's order: every number equals IRIS's own; the trained model's differ.
+  served = tmp_path / "served"
+  assert main(["export", "--workdir", str(wd), "--out", str(served)]) == 0
+  weights = load_file(str(served / "model.safetensors"))
+  weights["classifier.weight"] = np.zeros_like(weights["classifier.weight"])
+  save_file(weights, str(served / "model.safetensors"), metadata={"format": "pt"})
+  ranks = lambda r: {k: v for k, v in r["metrics"]["overall"].items()  # noqa: E731
+                     if k.startswith(("recall", "ndcg", "mrr"))}
+  prior_only = evaluate("--reranker", str(served))
+  assert ranks(prior_only) == ranks(alone) and len(ranks(alone)) >= 6
+  assert ranks(report) != ranks(alone)
   # Another tokenizer is refused, naming both.
   other = tmp_path / "other"
   shutil.copytree(wd, other)

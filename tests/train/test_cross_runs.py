@@ -296,11 +296,15 @@ def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_pa
     assert json.loads(again.read_text())["metrics"] == report["metrics"]
 
 
-def test_a_stand_in_encoder_is_refused(three):
+def test_a_stand_in_encoder_is_refused_before_anything_is_written(three, tmp_path):
   from hash_encoder import HashEncoder
-  cfg = apply_overrides(get_config("locomo"), [f"data={three}", "dim=32", *SMALL])
-  with pytest.raises(ValueError, match="has none"):
-    cross_task.CrossRerankerTask(cfg, HashEncoder())
+  from rmmjax.train.loop import train
+  for learner in ("reranker", "both"):
+    cfg = apply_overrides(get_config("locomo"), [f"data={three}", "dim=32", *SMALL,
+                                                 f"learner={learner}"])
+    with pytest.raises(ValueError, match="has none"):
+      train(cfg, tmp_path / "run", progress=False, encoder=HashEncoder())
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
