@@ -53,9 +53,10 @@ def _events(logdir):
 
 
 def _snapshot(wd):
-  """Every path under wd with its bytes and modification time: to check nothing was touched."""
+  """Every path under wd with its bytes and modification time: to check nothing was touched
+  (but the lock file, which names the last process that held the workdir)."""
   return {str(p.relative_to(wd)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
-          for p in sorted(wd.rglob("*"))}
+          for p in sorted(wd.rglob("*")) if p.name != ".lock"}
 
 
 def _outputs(wd):
