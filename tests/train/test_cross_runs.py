@@ -25,7 +25,11 @@ from rmmjax.io.reranker_load import load_reranker
 from rmmjax.replay.cross_pairs import pair_tokens
 from rmmjax.train import cross_task
 
-SMALL = ("variant=cross", "learner=reranker", "holdout=1", "k=5", "m=2", "batch=2", "steps=4",
+# Every run here uses the tiny encoder (tests/helpers/tiny_bert.py): the logic is the point.
+pytestmark = pytest.mark.usefixtures("tiny_encoder")
+
+SMALL = ("variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5", "m=2", "batch=2",
+         "steps=4",
          "log_every=2", "checkpoint_every=2", "cross_max_length=48",
          "cross_pretrain_candidates=4", "pretrain_epochs=1")
 
@@ -35,7 +39,7 @@ def _args(three, *extra):
 
 
 @pytest.fixture(scope="module")
-def cross_run(three, tmp_path_factory):
+def cross_run(three, tmp_path_factory, tiny_encoder):
   wd = tmp_path_factory.mktemp("cross") / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_args(three)]) == 0
@@ -106,7 +110,8 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   loaded = load_reranker(cross_run)
   params = jax.tree.map(np.asarray, loaded.params)
   rng = np.random.default_rng(0)
-  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.3, (384, 1)).astype(np.float32)
+  hidden = loaded.spec.bert.hidden_size
+  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.3, (hidden, 1)).astype(np.float32)
   params["encoder"]["classifier"]["bias"] = np.array([0.7], np.float32)
   encoder = SentenceEncoder()
   served = export_cross(params, loaded.spec.bert, encoder.model_dir, tmp_path / "random",
@@ -300,7 +305,7 @@ def test_a_stand_in_encoder_is_refused_before_anything_is_written(three, tmp_pat
   from hash_encoder import HashEncoder
   from rmmjax.train.loop import train
   for learner in ("reranker", "both"):
-    cfg = apply_overrides(get_config("locomo"), [f"data={three}", "dim=32", *SMALL,
+    cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL,
                                                  f"learner={learner}"])
     with pytest.raises(ValueError, match="has none"):
       train(cfg, tmp_path / "run", progress=False, encoder=HashEncoder())
