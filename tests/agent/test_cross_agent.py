@@ -35,7 +35,7 @@ LENGTH = 48
 
 
 @pytest.fixture(scope="module")
-def encoder():
+def encoder(tiny_encoder):  # a tiny BERT: the agent's logic is the point
   return SentenceEncoder()
 
 

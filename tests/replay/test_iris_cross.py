@@ -23,6 +23,8 @@ from rmmjax.replay.iris_cross import CrossFactReranker, episode_scores, with_pai
 from rmmjax.replay.iris_reranker import IrisEpisode, fuse_with_order
 from rmmjax.retrieve.evidence import Fact
 
+pytestmark = pytest.mark.usefixtures("tiny_encoder")  # a tiny BERT: the logic is the point
+
 K = 4
 TEXTS = ["[9 May 2023] Ana: signed up for a pottery class", "[9 May 2023] Ben: sister is a potter",
          "", "[20 June 2023] Ben: drove to the coast to watch whales " * 6,
@@ -33,7 +35,7 @@ QUESTION = "What did Ana make in her pottery class?"
 
 
 @pytest.fixture(scope="module")
-def encoder():
+def encoder(tiny_encoder):
   return SentenceEncoder(cache=None)
 
 
@@ -42,8 +44,9 @@ def trained(encoder):
   """A cross reranker with a scoring layer far from zero, so every pair scores differently."""
   params = core.init_cross_params(dict(encoder.params), K, prior_scale=1.0)
   rng = np.random.default_rng(0)
-  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.5, (384, 1)).astype(np.float32)
-  spec = core.CoreSpec(variant="cross", dim=384, k=K, m=2, batch=2, bert=encoder.cfg)
+  params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.5, (encoder.dim, 1)).astype(
+      np.float32)
+  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=K, m=2, batch=2, bert=encoder.cfg)
   return params, spec
 
 
@@ -81,7 +84,8 @@ def test_iris_facts_score_as_the_core_scores_their_pairs(encoder, trained):
 def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
   params, spec = trained
   episodes = [IrisEpisode(QUESTION, "single-hop", tuple(FACTS[i:i + n]), {},
-                          np.zeros(384, np.float32), np.zeros((K, 384), np.float32),
+                          np.zeros(encoder.dim, np.float32),
+                          np.zeros((K, encoder.dim), np.float32),
                           np.zeros((K, 1), bool), 1) for i, n in ((0, 4), (2, 3), (1, 4))]
   with_tokens, counts = with_pair_tokens(episodes, encoder.tokenizer, 48)
   assert counts["pairs"] == 11 and counts["truncated"] == 3  # the long text, in each one
@@ -96,12 +100,12 @@ def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
 
 
 def test_an_embedding_reranker_is_not_served_as_a_cross_one(encoder):
-  spec = core.CoreSpec(dim=384, k=K, m=2, batch=2)
+  spec = core.CoreSpec(dim=encoder.dim, k=K, m=2, batch=2)
   with pytest.raises(ValueError, match="not variant=linear"):
     CrossFactReranker(core.init_params(jax.random.PRNGKey(0), spec), spec, encoder.tokenizer, 48)
 
 
-SMALL = ("variant=cross", "units=lace", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
+SMALL = ("variant=cross", "units=lace", "dim=32", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
          "log_every=1", "checkpoint_every=2", "cross_max_length=48",
          "cross_pretrain_candidates=4", "pretrain_epochs=1")
 
