@@ -1,6 +1,7 @@
 """The retriever as a learner from the command line: query-encoder training with every output a
-reranker run has, exact resume, evaluation and export through the real MiniLM; the combined
-pipeline; and refusals of models given where another kind is expected."""
+reranker run has, exact resume, evaluation and export; the combined pipeline; and refusals of
+models given where another kind is expected. On the tiny BERT (tests/helpers/tiny_bert.py): the
+logic is the point; MiniLM's own parity is tests/encode's."""
 
 import json
 
@@ -10,14 +11,14 @@ import pytest
 from cli_args import sets as _sets
 from rmmjax.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_encoder")]
 
-SMALL = ["holdout=1", "steps=20", "checkpoint_every=10", "log_every=5",
+SMALL = ["dim=32", "holdout=1", "steps=20", "checkpoint_every=10", "log_every=5",
          "encoder_pretrain_epochs=2", "retriever=hybrid", "k=10"]
 
 
 @pytest.fixture(scope="module")
-def encoder_run(three, tmp_path_factory):
+def encoder_run(three, tmp_path_factory, tiny_encoder):
   wd = tmp_path_factory.mktemp("runs") / "encoder"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_sets(f"data={three}", "learner=query_encoder", *SMALL)]) == 0
@@ -96,7 +97,7 @@ def test_models_given_where_another_kind_is_expected_are_refused(three, encoder_
 def test_k_larger_than_a_conversation_is_refused_before_any_work(three, tmp_path, capsys):
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_sets(f"data={three}", "units=session", "k=40")]) == 2
+               *_sets(f"data={three}", "dim=32", "units=session", "k=40")]) == 2
   err = capsys.readouterr().err
   assert "k=40 candidates, but conversation" in err and "session units" in err
   assert not wd.exists()
@@ -141,7 +142,7 @@ def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
   wd = tmp_path / "reranker"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_sets(f"data={three}", "learner=reranker", f"query_encoder={encoder_run}",
-                      "holdout=1", "steps=10", "log_every=5", "checkpoint_every=10",
+                      "dim=32", "holdout=1", "steps=10", "log_every=5", "checkpoint_every=10",
                       "pretrain_epochs=1", "retriever=hybrid", "k=10")]) == 0
   record = json.loads((wd / "record.json").read_text())
   assert [a["source"] for a in record["ancestors"]] == [str(encoder_run.resolve())]
@@ -150,7 +151,7 @@ def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
   for learner, units in (("reranker", "turn"), ("iris", "lace")):
     bad = tmp_path / f"bad-{learner}"
     assert main(["train", "--config", "locomo", "--workdir", str(bad), "--quiet",
-                 *_sets(f"data={three}", f"learner={learner}", f"units={units}",
+                 *_sets(f"data={three}", f"learner={learner}", f"units={units}", "dim=32",
                         f"query_encoder={encoder_run}", "holdout=2")]) == 2
     assert "trained on syn-2, which this run would hold out" in capsys.readouterr().err
     assert not bad.exists()
