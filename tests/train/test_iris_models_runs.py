@@ -1,5 +1,5 @@
 """learner=iris from the command line: the anchor, refinement and judge models fitted on three
-LoCoMo conversations with the real MiniLM, every output a run has, an extended run equal to an
+LoCoMo conversations with the tiny BERT (tests/helpers/tiny_bert.py), every output a run has, an extended run equal to an
 uninterrupted one, evaluation and export, and refusals of models given where another kind is
 expected."""
 
@@ -13,9 +13,9 @@ import synthetic_locomo
 from cli_args import sets as _sets
 from rmmjax.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_encoder")]
 
-SMALL = ["learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
+SMALL = ["dim=32", "learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
          "log_every=5", "encoder_pretrain_epochs=1", "encoder_pretrain_batch=4",
          "retriever=hybrid", "iris_k=32"]
 
@@ -29,7 +29,7 @@ def three(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def iris_run(three, tmp_path_factory):
+def iris_run(three, tmp_path_factory, tiny_encoder):
   wd = tmp_path_factory.mktemp("runs") / "iris"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_sets(f"data={three}", *SMALL)]) == 0
