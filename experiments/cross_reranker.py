@@ -147,14 +147,14 @@ def latency(workdir: Path, encoder, data: Path, questions: int = 100) -> dict:
   convs, _ = load_locomo(data)
   replay = build_replay(convs[-1:], "turn", "hybrid", encoder, loaded.spec.k)[0]
   max_length = loaded.record["cross"]["max_length"]
-  score = jax.jit(lambda p, t, m: core.cross_scores(p, t, m, loaded.spec.bert))
+  score = jax.jit(lambda p, pairs: core.cross_scores(p, pairs, loaded.spec.bert))
   times = []
   texts = replay.candidate_texts()
   for n in range(min(questions + 1, len(replay.questions))):
     start = time.perf_counter()
     pairs = pair_tokens(encoder.tokenizer, replay.questions[n:n + 1], texts[n:n + 1], max_length,
                         length=max_length)
-    score(loaded.params, pairs.ids_NxKxL, pairs.segments_NxKxL).block_until_ready()
+    score(loaded.params, pairs.packed()).block_until_ready()
     if n:  # the first call compiles
       times.append(time.perf_counter() - start)
   return {"p50_ms": 1e3 * float(np.percentile(times, 50)),

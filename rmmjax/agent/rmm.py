@@ -34,7 +34,7 @@ from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.memory.topic_units import topic_text
-from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.replay.cross_pairs import pack_batch, pair_tokens
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit
@@ -229,11 +229,12 @@ class Agent(ChatAgent):
   def _batch(self, q_D, mem_KxD, mask_K, tokens) -> core.Batch:
     """One query's candidates as a batch of one (with their pair tokens for a cross reranker)."""
     ids, segments = tokens if tokens is not None else (None, None)
-    return core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
-                      relevant_BxK=np.zeros_like(mask_K[None]),
-                      num_relevant_B=np.ones(1, np.int32),
-                      tokens_BxKxL=None if ids is None else ids[None],
-                      token_segments_BxKxL=None if ids is None else segments[None])
+    batch = core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
+                       relevant_BxK=np.zeros_like(mask_K[None]),
+                       num_relevant_B=np.ones(1, np.int32),
+                       tokens_BxKxL=None if ids is None else ids[None],
+                       token_segments_BxKxL=None if ids is None else segments[None])
+    return batch if ids is None else pack_batch(batch)
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
               tokens=None) -> tuple:
@@ -349,6 +350,8 @@ class Agent(ChatAgent):
                        relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32),
                        tokens_BxKxL=tokens[0] if tokens else None,
                        token_segments_BxKxL=tokens[1] if tokens else None)
+    if tokens:  # a cross reranker reads the pairs, packed
+      batch = pack_batch(batch)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)

@@ -5,9 +5,10 @@ The pairs are LoCoMo questions with turns of their own conversation ("[date] Spe
 as the reranker reads them), cut to 128 tokens. Scoring: batches of 4 questions x 20 candidates
 (80 pairs: one online step's ranking). Training: batches of 4 questions x 8 candidates (32
 pairs: one pretraining step of the listwise loss, forward, backward and Adam; the reference
-takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax pads a batch to its length bucket
-(replay.cross_pairs.PAIR_BUCKETS), the CrossEncoder to its longest pair; both lengths are
-printed. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
+takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax packs a
+batch's pairs into rows of 256 positions as the training command does (replay.cross_pairs.pack:
+each pair attends to its own tokens only), the CrossEncoder pads the batch to its longest pair;
+the share of positions that are real tokens is printed for both. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
 that for training, so both sides are compute bound on a CPU: the ratio compares how well each
 uses the same cores.
 """
@@ -49,7 +50,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   from rmmjax.encode.bert import load_pooler
   from rmmjax.encode.encoder import SentenceEncoder, compiler_options
   from rmmjax.io.cross_export import export_cross
-  from rmmjax.replay.cross_pairs import pair_tokens
+  from rmmjax.replay.cross_pairs import pack_batch, pair_tokens
 
   encoder = SentenceEncoder()
   cfg = encoder.cfg
@@ -68,7 +69,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   score_tokens = [tok(*s) for s in score_sets]
   train_tokens = [tok(*s) for s in train_sets]
 
-  score = jax.jit(lambda p, t, m: core.cross_scores(p, t, m, cfg),
+  score = jax.jit(lambda p, pairs: core.cross_scores(p, pairs, cfg),
                   compiler_options=compiler_options())
   spec = core.CoreSpec(variant="cross", dim=cfg.hidden_size, k=TRAIN_K, m=2, batch=QUESTIONS,
                        bert=cfg)
@@ -77,17 +78,22 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   train_params = dict(params, rank_bias=params["rank_bias"][:TRAIN_K])
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
 
+  def batch_of(t, k):
+    return pack_batch(core.Batch(
+        q_BxD=np.zeros((QUESTIONS, cfg.hidden_size), np.float32),
+        mem_BxKxD=np.zeros((QUESTIONS, k, cfg.hidden_size), np.float32),
+        mask_BxK=np.ones((QUESTIONS, k), bool), relevant_BxK=relevant[:, :k] if k == TRAIN_K
+        else np.zeros((QUESTIONS, k), bool), num_relevant_B=np.ones(QUESTIONS, np.int32),
+        tokens_BxKxL=t.ids_NxKxL, token_segments_BxKxL=t.segments_NxKxL))
+
+  score_batches = [batch_of(t, SCORE_K) for t in score_tokens]
+  train_batches = [batch_of(t, TRAIN_K) for t in train_tokens]
+
   def ours_score():
-    for t in score_tokens:
-      score(params, t.ids_NxKxL, t.segments_NxKxL).block_until_ready()
+    for batch in score_batches:
+      score(params, batch.pairs).block_until_ready()
 
   box = [core.init_state(spec, core.HParams.create(lr=2e-5, tau=1.0), train_params)]
-  train_batches = [core.Batch(
-      q_BxD=np.zeros((QUESTIONS, cfg.hidden_size), np.float32),
-      mem_BxKxD=np.zeros((QUESTIONS, TRAIN_K, cfg.hidden_size), np.float32),
-      mask_BxK=np.ones((QUESTIONS, TRAIN_K), bool), relevant_BxK=relevant,
-      num_relevant_B=np.ones(QUESTIONS, np.int32), tokens_BxKxL=t.ids_NxKxL,
-      token_segments_BxKxL=t.segments_NxKxL) for t in train_tokens]
 
   def ours_train():
     for batch in train_batches:
@@ -96,8 +102,11 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   ours_score(), ours_train()  # compile every length first
   score_pairs = batches * QUESTIONS * SCORE_K
   train_pairs = batches * QUESTIONS * TRAIN_K
-  lengths = sorted({t.ids_NxKxL.shape[-1] for t in score_tokens + train_tokens})
-  rows = [{"method": "rmmjax (JAX, float32)", "lengths": lengths,
+  packed = [b.pairs for b in score_batches + train_batches]
+  real = sum(int((p.slots_RxL > 0).sum()) for p in packed) / sum(p.ids_RxL.size for p in packed)
+  shapes = sorted({p.ids_RxL.shape for p in packed})
+  rows = [{"method": "rmmjax (JAX, float32)", "lengths": [list(x) for x in shapes],
+           "real_positions": real,
            "score_pairs_per_s": score_pairs / median_time(ours_score, repeats),
            "train_pairs_per_s": train_pairs / median_time(ours_train, repeats)}]
   try:
@@ -114,10 +123,11 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   print(f"cross reranker on {describe(result['machine'])}: {score_pairs} scoring pairs in "
         f"batches of {QUESTIONS} x {SCORE_K}, {train_pairs} training pairs in batches of "
         f"{QUESTIONS} x {TRAIN_K}, median of {repeats}")
-  print(f"{'':34s}{'score pairs/s':>15s}{'train pairs/s':>15s}  padded lengths")
+  print(f"{'':34s}{'score pairs/s':>15s}{'train pairs/s':>15s}{'real positions':>16s}"
+        "  shapes (rows x length, or lengths)")
   for row in rows:
     print(f"{row['method']:34s}{row['score_pairs_per_s']:15.1f}{row['train_pairs_per_s']:15.1f}"
-          f"  {row['lengths']}")
+          f"{row['real_positions']:16.0%}  {row['lengths']}")
   if len(rows) == 2:
     result["score_ratio"] = rows[0]["score_pairs_per_s"] / rows[1]["score_pairs_per_s"]
     result["train_ratio"] = rows[0]["train_pairs_per_s"] / rows[1]["train_pairs_per_s"]
@@ -161,7 +171,10 @@ def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets
 
   theirs_score(), theirs_train()
   lengths = sorted({int(f["input_ids"].shape[1]) for f in features})
+  real = (sum(int(f["attention_mask"].sum()) for f in features)
+          / sum(f["attention_mask"].numel() for f in features))
   return {"method": "sentence-transformers CrossEncoder", "lengths": lengths,
+          "real_positions": real,
           "score_pairs_per_s": score_pairs / median_time(theirs_score, repeats),
           "train_pairs_per_s": train_pairs / median_time(theirs_train, repeats),
           "torch": torch.__version__, "torch_threads": torch.get_num_threads()}

@@ -15,10 +15,12 @@ from rmmjax.core.simulate import (SimSpec, World, make_world, sample_batch, samp
 from rmmjax.core.step import (evaluate, init_state, recall_at_m, reinforce_update,
                               sample_selection, scores_and_pullback, supervised_step, train_step)
 from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
-from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
+from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, PackedPairs,
+                               TrainState)
 
 __all__ = [
     "AdamState", "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
+    "PackedPairs",
     "SimSpec", "TrainState", "World", "adam_init", "adam_update", "baseline_values",
     "batch_scores", "citation_rewards", "cross_params_template", "cross_scores", "evaluate",
     "global_norm", "gumbel_top_m", "init_cross_params", "init_params", "init_state",

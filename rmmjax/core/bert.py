@@ -83,10 +83,11 @@ class _Layer(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, h_BxTxH, bias_Bx1x1xT, first_only: bool = False):
-    """The layer's output states (B, T, H); with `first_only` only the first position's
-    (B, 1, H), which attends to every position: what a cross-encoder's last layer needs for its
-    [CLS] state (the keys and values of every token, the rest of the layer for one)."""
+  def __call__(self, h_BxTxH, bias_Bx1xQxT, queries_BxQ=None):
+    """The layer's output states (B, T, H), each position attending to the keys its row of
+    `bias_Bx1xQxT` admits (0 admitted, a large negative number not); with `queries_BxQ` only the
+    states at those positions of each row (B, Q, H): what a cross-encoder's last layer needs
+    for its [CLS] states (the keys and values of every token, the rest of the layer for Q)."""
     cfg = self.cfg
     heads, size = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     dtype = h_BxTxH.dtype
@@ -95,18 +96,19 @@ class _Layer(nn.Module):
     kernel_Hx3H = jnp.concatenate([w for w, _ in qkv], axis=1).astype(dtype)
     bias_1x1x3H = jnp.concatenate([b for _, b in qkv])[None, None, :].astype(dtype)
     b, t = h_BxTxH.shape[:2]
-    if first_only:
-      q = (h_BxTxH[:, :1] @ kernel_Hx3H[:, :cfg.hidden_size]
-           + bias_1x1x3H[..., :cfg.hidden_size]).reshape(b, 1, heads, size)
+    if queries_BxQ is not None:
+      h_BxQxH = jnp.take_along_axis(h_BxTxH, queries_BxQ[..., None], axis=1)
+      q = (h_BxQxH @ kernel_Hx3H[:, :cfg.hidden_size]
+           + bias_1x1x3H[..., :cfg.hidden_size]).reshape(b, -1, heads, size)
       kv_BxTx2xNxD = (h_BxTxH @ kernel_Hx3H[:, cfg.hidden_size:]
                       + bias_1x1x3H[..., cfg.hidden_size:]).reshape(b, t, 2, heads, size)
       k, v = kv_BxTx2xNxD[:, :, 0], kv_BxTx2xNxD[:, :, 1]
-      h_BxTxH = h_BxTxH[:, :1]
+      h_BxTxH = h_BxQxH
     else:
       qkv_BxTx3xNxD = (h_BxTxH @ kernel_Hx3H + bias_1x1x3H).reshape(b, t, 3, heads, size)
       q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
-    attn = (jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1x1xT) if dtype == jnp.float32
-            else _attention_written_out(q, k, v, bias_Bx1x1xT))
+    attn = (jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1xQxT) if dtype == jnp.float32
+            else _attention_written_out(q, k, v, bias_Bx1xQxT))
     attn = nn.Dense(cfg.hidden_size, name="attention_out", dtype=dtype)(
         attn.reshape(h_BxTxH.shape))
     h_BxTxH = _norm(cfg, "attention_norm", h_BxTxH + attn)
@@ -116,22 +118,19 @@ class _Layer(nn.Module):
     return _norm(cfg, "output_norm", h_BxTxH + out)
 
 
-def _hidden_states(cfg: BertConfig, ids_BxT, mask_BxT, types_BxT, dtype,
-                   first_only: bool = False):
-  """The last layer's states (B, T, H), or with `first_only` its first position's (B, 1, H).
-  Called inside a module's compact method, so the embeddings and layers are that module's own,
-  under the names the weights file maps to."""
-  positions = jnp.arange(ids_BxT.shape[1])[None, :]
+def _embed(cfg: BertConfig, ids_BxT, positions_BxT, types_BxT, dtype):
+  """The embeddings of tokens at their positions, layer-normalised. Called inside a module's
+  compact method, so the embeddings are that module's own, under the names the weights file
+  maps to."""
   h = (nn.Embed(cfg.vocab_size, cfg.hidden_size, name="word")(ids_BxT)
-       + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position")(positions)
+       + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position")(positions_BxT)
        + nn.Embed(cfg.type_vocab_size, cfg.hidden_size, name="token_type")(types_BxT))
-  h = nn.LayerNorm(cfg.layer_norm_eps, name="embed_norm")(h).astype(dtype)
-  # Padding keys get a large negative logit: one (B, 1, 1, T) bias for every layer and head.
-  bias_Bx1x1xT = jnp.where(mask_BxT, 0.0, -1e9).astype(dtype)[:, None, None, :]
-  for i in range(cfg.num_hidden_layers):
-    last = i == cfg.num_hidden_layers - 1
-    h = _Layer(cfg, name=f"layer_{i}")(h, bias_Bx1x1xT, first_only and last)
-  return h
+  return nn.LayerNorm(cfg.layer_norm_eps, name="embed_norm")(h).astype(dtype)
+
+
+def _admit(admitted, dtype):
+  """An attention bias: 0 where a key is admitted, a large negative number where not."""
+  return jnp.where(admitted, 0.0, -1e9).astype(dtype)
 
 
 class BertEncoder(nn.Module):
@@ -141,27 +140,46 @@ class BertEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, ids_BxT, mask_BxT):
-    h = _hidden_states(self.cfg, ids_BxT, mask_BxT, jnp.zeros_like(ids_BxT), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(ids_BxT.shape[1]), ids_BxT.shape)
+    h = _embed(self.cfg, ids_BxT, positions, jnp.zeros_like(ids_BxT), jnp.float32)
+    bias_Bx1x1xT = _admit(mask_BxT, jnp.float32)[:, None, None, :]  # padding keys shut out
+    for i in range(self.cfg.num_hidden_layers):
+      h = _Layer(self.cfg, name=f"layer_{i}")(h, bias_Bx1x1xT)
     weights = mask_BxT.astype(h.dtype)[..., None]
     pooled = jnp.sum(h * weights, 1) / jnp.maximum(jnp.sum(weights, 1), 1e-9)
     return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
 
 
 class BertCrossEncoder(nn.Module):
-  """Pairs "[CLS] A [SEP] B [SEP]" as token ids (N, T), attention mask and segment ids ->
-  one score each (N,): the [CLS] state through BERT's pooler (dense, tanh) and a dense layer to
-  one number, as Hugging Face's BertForSequenceClassification with one label computes it.
-  `dtype` is the computation's (bfloat16 on an accelerator); the parameters stay float32."""
+  """Pairs "[CLS] A [SEP] B [SEP]" packed into rows -> one score per pair: the [CLS] state
+  through BERT's pooler (dense, tanh) and a dense layer to one number, as Hugging Face's
+  BertForSequenceClassification with one label computes it.
+
+  A row of T positions holds up to C pairs (`rmmjax.core.types.PackedPairs`): each token
+  carries its position within its own pair, its segment (0 the first text, 1 the second) and
+  its slot (which pair of the row it belongs to, 1..C; 0 padding), and attends only to the
+  tokens of its own pair, so a packed pair scores as it would alone in a row of its own.
+  Returns the scores of the rows' slots (R, C). `dtype` is the computation's (bfloat16 on an
+  accelerator); the parameters stay float32."""
 
   cfg: BertConfig
   dtype: str = "float32"
 
   @nn.compact
-  def __call__(self, ids_NxT, mask_NxT, types_NxT):
+  def __call__(self, ids_RxT, positions_RxT, types_RxT, slots_RxT, cls_RxC):
     dtype = jnp.dtype(self.dtype)
-    # Only the [CLS] state is scored: the last layer computes it alone (about a seventh less
-    # work than the whole last layer, with the same result).
-    h = _hidden_states(self.cfg, ids_NxT, mask_NxT, types_NxT, dtype, first_only=True)
-    pooled = jnp.tanh(nn.Dense(self.cfg.hidden_size, name="pooler", dtype=dtype)(h[:, 0]))
+    cfg = self.cfg
+    h = _embed(cfg, ids_RxT, positions_RxT, types_RxT, dtype)
+    slots_RxT = slots_RxT.astype(jnp.int32)
+    same = (slots_RxT[:, :, None] == slots_RxT[:, None, :]) & (slots_RxT[:, None, :] > 0)
+    bias_Rx1xTxT = _admit(same, dtype)[:, None]
+    for i in range(cfg.num_hidden_layers - 1):
+      h = _Layer(cfg, name=f"layer_{i}")(h, bias_Rx1xTxT)
+    # Only the [CLS] states are scored: the last layer computes those alone (about a seventh
+    # less work than the whole last layer, with the same result), each over its own pair.
+    slot_C = jnp.arange(1, cls_RxC.shape[1] + 1)
+    bias_Rx1xCxT = _admit(slots_RxT[:, None, :] == slot_C[None, :, None], dtype)[:, None]
+    h = _Layer(cfg, name=f"layer_{cfg.num_hidden_layers - 1}")(h, bias_Rx1xCxT, cls_RxC)
+    pooled = jnp.tanh(nn.Dense(cfg.hidden_size, name="pooler", dtype=dtype)(h))
     score = nn.Dense(1, name="classifier", dtype=dtype, kernel_init=nn.initializers.zeros)(pooled)
-    return score[:, 0].astype(dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32)
+    return score[..., 0].astype(dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32)

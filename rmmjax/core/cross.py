@@ -7,8 +7,10 @@ encoder's output at the [CLS] token of "[CLS] question [SEP] memory [SEP]" and p
 own (a dense layer and tanh). The head (a dense layer to one number) starts at zero and the rank
 prior at a decreasing curve of the base position, so a fresh cross reranker reproduces the base
 retriever's order, as every reranker of the core does; online learning starts from the
-retriever, not from noise. The score is a pure function of (params, tokens_BxKxL, mask_BxKxL):
-the segment ids follow from the tokens (after the first [SEP], the memory's), so the core's
+retriever, not from noise. The score is a pure function of (params, pairs), where `pairs` (a
+PackedPairs) holds the batch's pairs packed into rows, several to a row, each attending to its
+own tokens only, with the segment of every token (the tokenizer's type ids): the encoder
+computes few padding positions, and the scores come out per candidate (B, K), so the core's
 Gumbel top-M selection, Plackett-Luce log-probability, REINFORCE and listwise losses apply as
 they are.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
+from rmmjax.core.types import PackedPairs
 
 def rank_prior_init(k: int, scale: float) -> jax.Array:
   """A decreasing prior over the K base positions: -scale * log(1 + position). With the head at
@@ -46,23 +49,20 @@ def _hidden(encoder_params: dict) -> int:
   return int(encoder_params["word"]["embedding"].shape[1])
 
 
-def cross_scores(params: dict, tokens_BxKxL: jax.Array, segments_BxKxL: jax.Array,
-                 cfg: BertConfig, dtype: str = "float32",
+def cross_scores(params: dict, pairs: PackedPairs, cfg: BertConfig, dtype: str = "float32",
                  positions_BxK: jax.Array | None = None) -> jax.Array:
   """Scores of every (question, candidate) pair, scores_BxK: the encoder's score of the pair
   plus the rank prior of the candidate's base position.
 
   Args:
     params: from `init_cross_params` ({"encoder", "rank_bias"}).
-    tokens_BxKxL: int32 ids of "[CLS] question [SEP] memory [SEP]", padded with 0.
-    segments_BxKxL: int, 1 for the question's tokens, 2 for the memory's, 0 for padding (a
-      missing candidate has none: its score is the prior's, and the candidate mask keeps it
-      out of every selection).
+    pairs: the batch's pairs, packed (a missing candidate has none: its score is meaningless,
+      and the candidate mask keeps it out of every selection).
     cfg: the encoder's configuration.
     dtype: the encoder's computation dtype (float32, or bfloat16 on an accelerator).
     positions_BxK: each candidate's base position (default 0..K-1: all K candidates in order).
   """
-  b, k, _ = tokens_BxKxL.shape
+  b, k = pairs.where_BxK.shape
   prior = params["rank_bias"]
   if positions_BxK is None:
     if prior.shape[0] != k:
@@ -70,24 +70,18 @@ def cross_scores(params: dict, tokens_BxKxL: jax.Array, segments_BxKxL: jax.Arra
     prior_BxK = jnp.broadcast_to(prior, (b, k))
   else:
     prior_BxK = prior[positions_BxK]
-  return pair_logits(params, tokens_BxKxL, segments_BxKxL, cfg, dtype) + prior_BxK
+  return pair_logits(params, pairs, cfg, dtype) + prior_BxK
 
 
-def pair_logits(params: dict, tokens_BxKxL: jax.Array, segments_BxKxL: jax.Array,
-                cfg: BertConfig, dtype: str = "float32") -> jax.Array:
+def pair_logits(params: dict, pairs: PackedPairs, cfg: BertConfig,
+                dtype: str = "float32") -> jax.Array:
   """The encoder's score of every pair alone, logits_BxK (`cross_scores` without the rank
   prior): it depends on the question and the memory only, so a caller that sees one pair at
   several positions may score it once."""
-  b, k, length = tokens_BxKxL.shape
-  ids = jnp.asarray(tokens_BxKxL).reshape(b * k, length)
-  segments = jnp.asarray(segments_BxKxL).reshape(b * k, length)
-  mask = segments > 0
-  # A row without tokens (a missing candidate) attends to its first position alone, so no
-  # softmax runs over nothing; its score is masked out by the candidate mask anyway.
-  mask = mask.at[:, 0].set(True)
-  pair_N = BertCrossEncoder(cfg, dtype=dtype).apply({"params": params["encoder"]}, ids, mask,
-                                                     (segments == 2).astype(jnp.int32))
-  return pair_N.reshape(b, k)
+  logits_RxC = BertCrossEncoder(cfg, dtype=dtype).apply(
+      {"params": params["encoder"]}, pairs.ids_RxL, pairs.positions_RxL,
+      (pairs.segments_RxL == 2).astype(jnp.int32), pairs.slots_RxL, pairs.cls_RxC)
+  return logits_RxC.reshape(-1)[pairs.where_BxK]
 
 
 def cross_params_template(cfg: BertConfig, k: int) -> dict:
@@ -95,6 +89,6 @@ def cross_params_template(cfg: BertConfig, k: int) -> dict:
   without the pretrained weights at hand)."""
   ids = jnp.zeros((1, 2), jnp.int32)
   shapes = jax.eval_shape(lambda: BertCrossEncoder(cfg).init(
-      jax.random.PRNGKey(0), ids, ids > 0, ids))["params"]
+      jax.random.PRNGKey(0), ids, ids, ids, ids, ids[:, :1]))["params"]
   encoder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   return {"encoder": encoder, "rank_bias": jnp.zeros((k,), jnp.float32)}

@@ -122,15 +122,15 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
 
 def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
   """The reranker's scores of a batch's candidates, scores_BxK, whatever its variant: the cross
-  reranker reads the batch's pair tokens, the others its embeddings."""
+  reranker reads the batch's packed pairs, the others its embeddings."""
   if spec.variant == "cross":
     if spec.bert is None:
       raise ValueError("variant=cross needs its encoder's configuration: CoreSpec(bert=...)")
-    if batch.tokens_BxKxL is None:
+    if batch.pairs is None:
       raise ValueError("variant=cross scores (question, memory) pairs: the batch has no "
-                       "tokens_BxKxL (see rmmjax.replay.cross_pairs)")
-    return cross.cross_scores(params, batch.tokens_BxKxL, batch.token_segments_BxKxL, spec.bert,
-                              spec.compute_dtype, batch.positions_BxK)
+                       "packed pairs (see rmmjax.replay.cross_pairs.pack_batch)")
+    return cross.cross_scores(params, batch.pairs, spec.bert, spec.compute_dtype,
+                              batch.positions_BxK)
   return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
 
 

@@ -115,6 +115,19 @@ class HParams(struct.PyTreeNode):
                lr=f32(lr), seed=jnp.asarray(seed, jnp.int32), p_rel=f32(p_rel), p_irr=f32(p_irr))
 
 
+class PackedPairs(struct.PyTreeNode):
+  """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
+  packed into R rows of L positions, up to C pairs a row, each pair attending only to its own
+  tokens, so few positions are padding (rmmjax.replay.cross_pairs.pack builds them)."""
+
+  ids_RxL: jax.Array  # int32 token ids, 0 padding
+  positions_RxL: jax.Array  # int32: each token's position within its own pair
+  segments_RxL: jax.Array  # int8: 1 the question's side ([CLS], its [SEP]), 2 the memory's
+  slots_RxL: jax.Array  # int8: which pair of its row a token belongs to, 1..C (0 padding)
+  cls_RxC: jax.Array  # int32: where in its row each slot's pair starts (its [CLS])
+  where_BxK: jax.Array  # int32: candidate (b, k)'s slot as row * C + slot - 1 (0: none)
+
+
 class Batch(struct.PyTreeNode):
   """B queries with their K base-retriever candidates, in base order (best first).
 
@@ -133,10 +146,12 @@ class Batch(struct.PyTreeNode):
   # that spans several turns (a session, a topic) covers several; recall then counts evidence
   # items found, the definition every evaluation uses, not relevant units selected.
   evidence_BxKxE: jax.Array | None = None
-  # The cross variant's input: int32 ids of "[CLS] question [SEP] memory [SEP]" for every
-  # candidate, 0-padded, and which are real tokens (rmmjax.replay.cross_pairs).
+  # The cross variant's input: each candidate's pair tokens as the host keeps them (int32 ids
+  # of "[CLS] question [SEP] memory [SEP]", 0-padded, and their segments: 1 the question's
+  # side, 2 the memory's, 0 padding), and packed for the encoder (what the core scores).
   tokens_BxKxL: jax.Array | None = None
   token_segments_BxKxL: jax.Array | None = None
+  pairs: PackedPairs | None = None
   # int32, optional: each candidate's position in the base order (default 0..K-1). A batch of
   # a subset of each query's candidates (pretraining on a few negatives) keeps their rank prior.
   positions_BxK: jax.Array | None = None

@@ -16,7 +16,7 @@ from rmmjax import core
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
 from rmmjax.replay.candidates import ConversationReplay, to_streams
-from rmmjax.replay.cross_pairs import replay_pairs
+from rmmjax.replay.cross_pairs import pack_streams, replay_pairs
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
 
@@ -39,7 +39,10 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   # (The embedding rerankers compile as their training did, so eval --online repeats it.)
   replay = jax.jit(heldout_replay, static_argnums=3,
                    compiler_options=compiler_options() if pairs is not None else None)
-  out = replay(state, to_streams(replays, spec.batch, pairs=pairs), stream_ids(replays), online)
+  streams = to_streams(replays, spec.batch, pairs=pairs)
+  if pairs is not None:  # the cross reranker reads them packed
+    streams = pack_streams(streams)
+  out = replay(state, streams, stream_ids(replays), online)
   scores = np.asarray(out["scores_SxBxK"])
   orders = []
   for conv, scores_SxBxK in zip(replays, scores):

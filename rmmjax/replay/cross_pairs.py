@@ -14,7 +14,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import final
 
+import jax
 import numpy as np
+
+from rmmjax.core import PackedPairs
 
 # Padded pair lengths: a run pads every pair to the first of these that holds its longest one.
 PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -30,6 +33,10 @@ class PairTokens:
   segments_NxKxL: np.ndarray
   truncated: int  # pairs cut to max_length
   pairs: int  # pairs tokenised (candidates that exist)
+
+  def packed(self) -> PackedPairs:
+    """These pairs packed into rows for the encoder (`pack`)."""
+    return pack(self.ids_NxKxL, self.segments_NxKxL, row_length(self.ids_NxKxL.shape[-1]))[0]
 
 
 def pair_tokenizer(tokenizer, max_length: int):
@@ -117,3 +124,87 @@ def candidate_subset(questions_N, n: int, seed: int):
       evidence_BxKxE=take(questions_N.evidence_BxKxE),
       tokens_BxKxL=take(questions_N.tokens_BxKxL),
       token_segments_BxKxL=take(questions_N.token_segments_BxKxL), positions_BxK=cols.astype(np.int32))
+
+
+SLOTS_PER_ROW = 8  # pairs a packed row holds at most (its last layer computes this many states)
+
+
+def row_length(max_length: int) -> int:
+  """The length of a packed row for pairs of at most max_length tokens: two of the longest,
+  and many more of the usual ones (LoCoMo's pairs average about half of 128)."""
+  return 2 * max_length
+
+
+def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
+         slots: int = SLOTS_PER_ROW, multiple_of: int = 1, rows: int | None = None):
+  """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
+  `core.PackedPairs`): longest first, each into the first row with room for it and a free slot
+  (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
+  (and to `multiple_of`, the devices a batch is split over), so a run compiles for a few row
+  counts only (`rows` gives the count instead, when it holds them). Returns the packed pairs
+  and the share of their positions that are real."""
+  lengths = (np.asarray(segments_NxKxL) > 0).sum(-1)
+  n, k = lengths.shape
+  present = np.flatnonzero(lengths.reshape(-1))
+  order = present[np.argsort(-lengths.reshape(-1)[present], kind="stable")]
+  used, count, placed = [], [], {}
+  for p in order:
+    size = int(lengths.flat[p])
+    row = next((r for r in range(len(used)) if used[r] + size <= length and count[r] < slots),
+               None)
+    if row is None:
+      row = len(used)
+      used.append(0)
+      count.append(0)
+    placed[p] = (row, count[row], used[row])
+    used[row] += size
+    count[row] += 1
+  if rows is None or rows < len(used):
+    step = max(1, -(-n * k // 16))
+    rows = max(1, -(-len(used) // step) * step)
+    rows = -(-rows // multiple_of) * multiple_of
+  ids = np.zeros((rows, length), np.int32)
+  positions = np.zeros((rows, length), np.int32)
+  segments = np.zeros((rows, length), np.int8)
+  slot_ids = np.zeros((rows, length), np.int8)
+  cls = np.zeros((rows, slots), np.int32)
+  where = np.zeros(n * k, np.int32)
+  flat_ids = np.asarray(ids_NxKxL).reshape(n * k, -1)
+  flat_segments = np.asarray(segments_NxKxL).reshape(n * k, -1)
+  for p, (row, slot, start) in placed.items():
+    size = int(lengths.flat[p])
+    ids[row, start:start + size] = flat_ids[p, :size]
+    segments[row, start:start + size] = flat_segments[p, :size]
+    positions[row, start:start + size] = np.arange(size)
+    slot_ids[row, start:start + size] = slot + 1
+    cls[row, slot] = start
+    where[p] = row * slots + slot
+  real = float(lengths.sum()) / (rows * length)
+  return PackedPairs(ids, positions, segments, slot_ids, cls, where.reshape(n, k)), real
+
+
+def pack_batch(batch, multiple_of: int = 1):
+  """A host `core.Batch` with pair tokens (B, K, L) -> the same batch with its pairs packed
+  into rows of `row_length(L)` (`pack`) and the unpacked tokens dropped: what the core
+  scores."""
+  tokens = np.asarray(batch.tokens_BxKxL)
+  pairs, _ = pack(tokens, batch.token_segments_BxKxL, row_length(tokens.shape[-1]),
+                  multiple_of=multiple_of)
+  return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
+
+
+def pack_streams(batch):
+  """A host `core.Batch` whose pair tokens have leading axes (conversations, steps, ...: shape
+  (..., B, K, L)) with every (..., B, K) packed into one number of rows, the most any needs:
+  one program replays the whole stream."""
+  tokens = np.asarray(batch.tokens_BxKxL)
+  segments = np.asarray(batch.token_segments_BxKxL)
+  lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]
+  flat_t, flat_s = tokens.reshape(-1, b, k, width), segments.reshape(-1, b, k, width)
+  length = row_length(width)
+  first = [pack(t, g, length)[0] for t, g in zip(flat_t, flat_s)]
+  rows = max(p.ids_RxL.shape[0] for p in first)
+  packed = [p if p.ids_RxL.shape[0] == rows else pack(t, g, length, rows=rows)[0]
+            for p, t, g in zip(first, flat_t, flat_s)]
+  pairs = jax.tree.map(lambda *xs: np.stack(xs).reshape(lead + xs[0].shape), *packed)
+  return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)

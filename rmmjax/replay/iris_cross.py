@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pair_tokens
+from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pack, pack_batch, pair_tokens, row_length
 from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
                                          fuse_with_order)
 from rmmjax.retrieve.evidence import Fact
@@ -58,13 +58,15 @@ def episode_scores(params, spec: core.CoreSpec, episodes: Sequence[IrisEpisode],
                  disable=not progress):
     chunk = list(episodes[at:at + b])
     chunk += [chunk[-1]] * (b - len(chunk))  # one shape: the last batch padded by repetition
-    out.append(np.asarray(_scores(params, episodes_batch(chunk), spec)))
+    out.append(np.asarray(_scores(params, pack_batch(jax.tree.map(np.asarray,
+                                                                  episodes_batch(chunk))),
+                                  spec)))
   return np.concatenate(out)[:len(episodes)]
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4), compiler_options=compiler_options())
-def _logits(params, tokens_1xKxL, mask_1xKxL, bert: core.BertConfig, dtype: str):
-  return core.pair_logits(params, tokens_1xKxL, mask_1xKxL, bert, dtype)[0]
+@functools.partial(jax.jit, static_argnums=(2, 3), compiler_options=compiler_options())
+def _logits(params, pairs: core.PackedPairs, bert: core.BertConfig, dtype: str):
+  return core.pair_logits(params, pairs, bert, dtype)[0]
 
 
 @final
@@ -101,7 +103,8 @@ class CrossFactReranker:
       texts = [f.text for f in chunk] + [None] * (k - len(chunk))
       pairs = pair_tokens(self.tokenizer, [question], [texts], self.max_length,
                           length=self.max_length)
-      logits = np.asarray(_logits(self.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
+      packed, _ = pack(pairs.ids_NxKxL, pairs.segments_NxKxL, row_length(self.max_length))
+      logits = np.asarray(_logits(self.params, packed,
                                   self.spec.bert, self.spec.compute_dtype))
       self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
       self.pairs_read += len(chunk)

@@ -27,6 +27,7 @@ import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
+from rmmjax.replay.cross_pairs import pack_batch
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.refine import QueryRefiner
@@ -108,8 +109,8 @@ def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   evidence = np.stack([e.evidence_KxE for e in episodes])
   tokens = {}
   if episodes[0].tokens_KxL is not None:
-    tokens = {"tokens_BxKxL": jnp.asarray(np.stack([e.tokens_KxL for e in episodes])),
-              "token_segments_BxKxL": jnp.asarray(np.stack([e.token_segments_KxL for e in episodes]))}
+    tokens = {"tokens_BxKxL": np.stack([e.tokens_KxL for e in episodes]),  # the host packs them
+              "token_segments_BxKxL": np.stack([e.token_segments_KxL for e in episodes])}
   return core.Batch(**tokens,
       q_BxD=jnp.asarray(np.stack([e.q_D for e in episodes])),
       mem_BxKxD=jnp.asarray(np.stack([e.mem_KxD for e in episodes])),
@@ -215,6 +216,8 @@ def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
   for _ in range(num_steps):
     chunk = step_episodes(episodes, state.spec.batch, seed, int(state.step))
     batch = episodes_batch(chunk)
+    if batch.tokens_BxKxL is not None:  # a cross reranker reads the pairs, packed
+      batch = pack_batch(batch, mesh.devices.size if parallel else 1)
     if parallel:
       batch = distributed.shard_leading(batch, mesh)
     selected, cited, recall = _sample(state, batch, jax.random.fold_in(root, state.step))

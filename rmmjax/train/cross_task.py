@@ -28,7 +28,8 @@ from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.replay.cross_pairs import candidate_subset, replay_pairs
+from rmmjax.replay.cross_pairs import (SLOTS_PER_ROW, candidate_subset, pack_batch,
+                                      replay_pairs, row_length)
 from rmmjax.train.replay_task import ReplayTask
 
 
@@ -81,15 +82,18 @@ class CrossRerankerTask(ReplayTask):
                                   tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
     state = core.init_state(self.spec, pretrain_hp, self.template.params)
     if cfg.mode != "rl" and cfg.pretrain_epochs > 0:
-      state, self.pretrain_loss = pretrain_cross(state, self.train_qs, cfg, self.mesh,
-                                                 self._replicated, self._progress)
+      state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, cfg, self.mesh,
+                                                       self._replicated, self._progress)
+      self.input_notes["cross_real_positions"] = real
     return core_replay.restart_optimizer(state, self.hp)
 
   # -- online steps --------------------------------------------------------------------------
 
   def _one_step_stream(self, index: int) -> core.Batch:
     num_steps = self._host_seq.mask_BxK.shape[0]
-    stream = jax.tree.map(lambda x: x[index % num_steps][None], self._host_seq)
+    step = pack_batch(jax.tree.map(lambda x: np.asarray(x)[index % num_steps], self._host_seq),
+                      self.mesh.devices.size)
+    stream = jax.tree.map(lambda x: x[None], step)
     if self._parallel:
       stream = distributed.shard_leading(stream, self.mesh, axis=1)
     return stream
@@ -143,7 +147,7 @@ class CrossRerankerTask(ReplayTask):
               disable=not self._progress) as bar:
       for stream in streams:
         for s in range(stream.mask_BxK.shape[0]):
-          batch = jax.tree.map(lambda x: x[s], stream)  # noqa: B023
+          batch = pack_batch(jax.tree.map(lambda x: x[s], stream))  # noqa: B023
           recall.append(np.asarray(score(params, batch, self.spec)[0]))
           bar.update(1)
     recall_all = np.concatenate(recall)  # conversation, step, question order
@@ -161,13 +165,18 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
   return core.init_cross_params(params, k, prior_scale)
 
 
+LOG_EVERY = 10  # pretraining steps between the progress bar's loss (and host waits)
+
+
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, replicated,
-                   progress: bool) -> tuple[core.TrainState, np.ndarray]:
+                   progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
   """cfg.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
   every question, with pair tokens), one compiled step at a time from the host, each epoch over
   a fresh subset of cfg.cross_pretrain_candidates candidates per question in a fresh order,
-  both drawn from (seed, epoch) alone. `replicated` places the state on the mesh. Returns the
-  state and every step's loss."""
+  both drawn from (seed, epoch) alone, packed as `cross_pairs.pack` packs them. `replicated`
+  places the state on the mesh. Returns the state, every step's loss and the share of the
+  positions computed that were real tokens. The host waits for the device only every
+  LOG_EVERY steps, where the bar shows the loss."""
   b = state.spec.batch
   questions = jax.tree.map(np.asarray, questions)
   num = questions.mask_BxK.shape[0]
@@ -177,7 +186,7 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, rep
   # No donation: the hyperparameters are shared with the task's.
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
   sharding = distributed.batch_sharding(mesh)
-  losses = []
+  losses, real, computed = [], 0, 0
   bar = tqdm(total=cfg.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
              disable=not progress)
   with bar:
@@ -187,15 +196,18 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, rep
       order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
       for i in range(per_epoch):
         rows = order[i * b:(i + 1) * b]
-        batch = jax.tree.map(lambda x: x[rows], subset)  # noqa: B023
+        batch = pack_batch(jax.tree.map(lambda x: x[rows], subset),  # noqa: B023
+                           mesh.devices.size)
+        real += int((batch.pairs.slots_RxL > 0).sum())
+        computed += batch.pairs.slots_RxL.size
         if sharding is not None:
           batch = distributed.shard_leading(batch, mesh)
         state, metrics = step(replicated(state), batch)
-        losses.append(float(metrics["loss"]))
+        losses.append(metrics["loss"])
         bar.update(1)
-        if i % 10 == 0:
-          bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
-  return state, np.asarray(losses, np.float32)
+        if i % LOG_EVERY == 0:  # a log point: the one place the host waits for the device
+          bar.set_postfix(loss=f"{np.mean(jax.device_get(losses[-LOG_EVERY:])):.3f}")
+  return state, np.asarray(jax.device_get(losses), np.float32), real / max(computed, 1)
 
 
 def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
@@ -240,18 +252,22 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
 
 def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
   """Refuses a step whose memory (the encoder's forward and backward over the step's pairs on
-  one device, at the longest length a pair may have, with Adam's two moments of every
-  parameter beside it) exceeds 90% of the device's."""
+  one device, each pair at the longest length it may have, two to a packed row, with Adam's
+  two moments of every parameter beside it) exceeds 90% of the device's."""
   limit = device_memory_bytes()
   if limit is None:
     return
-  batch, length = max(1, cfg.batch // devices), cfg.cross_max_length
+  batch, length = max(1, cfg.batch // devices), row_length(cfg.cross_max_length)
+  rows = -(-batch * candidates // 2)
   params = jax.eval_shape(lambda: core.cross_params_template(bert, cfg.k))
-  tokens = jax.ShapeDtypeStruct((batch, candidates, length), jnp.int32)
-  segments = jax.ShapeDtypeStruct((batch, candidates, length), jnp.int8)
-  loss = lambda p, t, s: jnp.sum(core.pair_logits(p, t, s, bert, cfg.compute_dtype))  # noqa
+  shaped = jax.ShapeDtypeStruct
+  pairs = core.PackedPairs(
+      shaped((rows, length), jnp.int32), shaped((rows, length), jnp.int32),
+      shaped((rows, length), jnp.int8), shaped((rows, length), jnp.int8),
+      shaped((rows, SLOTS_PER_ROW), jnp.int32), shaped((batch, candidates), jnp.int32))
+  loss = lambda p, x: jnp.sum(core.pair_logits(p, x, bert, cfg.compute_dtype))  # noqa: E731
   analysis = jax.jit(jax.grad(loss), compiler_options=compiler_options()).lower(
-      params, tokens, segments).compile().memory_analysis()
+      params, pairs).compile().memory_analysis()
   if analysis is None:
     return
   moments = 2 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -261,5 +277,5 @@ def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -
     raise ValueError(
         f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
         f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "
-        f"{key} ({candidates}) or cross_max_length ({length}), or spread the batch over more "
-        "devices")
+        f"{key} ({candidates}) or cross_max_length ({cfg.cross_max_length}), or spread the batch "
+        "over more devices")

@@ -112,9 +112,10 @@ class IrisTask(Task):
       hp = state.hparams
       state = state.replace(hparams=hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
                                                tau=jnp.asarray(cfg.pretrain_tau, jnp.float32)))
-      state, self.pretrain_loss = pretrain_cross(state, episodes_batch(self.train_episodes),
-                                                 cfg, self.mesh, self._replicated,
-                                                 self._progress)
+      state, self.pretrain_loss, real = pretrain_cross(
+          state, episodes_batch(self.train_episodes), cfg, self.mesh, self._replicated,
+          self._progress)
+      self.input_notes = self.input_notes | {"cross_real_positions": real}
       return core_replay.restart_optimizer(state, hp)
     if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(

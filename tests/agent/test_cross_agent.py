@@ -83,7 +83,7 @@ def test_the_agent_scores_a_bank_as_training_read_its_topic_units(three, tmp_pat
   text_of = {frozenset(u.turn_ids): u.text for u in units}
   texts = [text_of[frozenset(s.turn_id for s in m.snippets)] for m in candidates]
   pairs = pair_tokens(encoder.tokenizer, [query], [texts], 512, length=512)
-  want = np.asarray(core.cross_scores(loaded.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
+  want = np.asarray(core.cross_scores(loaded.params, pairs.packed(),
                                       encoder.cfg))[0]
   order = np.argsort(-want, kind="stable")[:settings.m]
   assert [m.id for m in shown] == [candidates[i].id for i in order]

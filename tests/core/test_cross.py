@@ -1,6 +1,7 @@
-"""The cross reranker in the core: the base order at initialisation, gradients that match finite
-differences, one compile for every batch of a shape, bfloat16 computation over float32 state,
-and the core's losses and steps unchanged over it."""
+"""The cross reranker in the core: the base order at initialisation, pairs packed several to a
+row scoring as each alone in a row of its own, gradients that match finite differences, one
+compile for every batch of a shape, bfloat16 computation over float32 state, and the core's
+losses and steps unchanged over it."""
 
 import logging
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from rmmjax import core
+from rmmjax.replay.cross_pairs import pack
 
 SEP_ID = 102
 TINY = core.BertConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2,
@@ -20,8 +22,8 @@ B, K, L = 3, 5, 12
 
 def _encoder_params(seed=0):
   ids = jnp.zeros((1, L), jnp.int32)
-  params = core.bert.BertCrossEncoder(TINY).init(jax.random.PRNGKey(seed), ids, ids >= 0,
-                                                 ids)["params"]
+  params = core.bert.BertCrossEncoder(TINY).init(jax.random.PRNGKey(seed), ids, ids, ids, ids,
+                                                 ids[:, :1])["params"]
   return {name: value for name, value in params.items() if name != "classifier"}
 
 
@@ -38,7 +40,12 @@ def _pairs(seed=0, b=B, k=K, length=L):
       ids[i, j, :len(row)] = row
       segments[i, j, :len(row)] = [1] * (q + 2) + [2] * (m + 1)
   ids[0, -1], segments[0, -1] = 0, 0  # a missing candidate
-  return jnp.asarray(ids), jnp.asarray(segments)
+  return ids, segments
+
+
+def _packed(seed=0, **kw):
+  """The pairs of `_pairs`, packed several to a row."""
+  return pack(*_pairs(seed, **kw), 2 * L)[0]
 
 
 def _spec(**kw):
@@ -46,21 +53,20 @@ def _spec(**kw):
 
 
 def _batch(seed=0):
-  tokens, mask = _pairs(seed)
+  tokens, segments = _pairs(seed)
   rng = np.random.default_rng(seed + 1)
-  cand = np.asarray(mask.any(-1))
+  cand = segments.any(-1)
   relevant = (rng.random((B, K)) < 0.4) & cand
   relevant[:, 0] |= True
   return core.Batch(q_BxD=jnp.zeros((B, 16)), mem_BxKxD=jnp.zeros((B, K, 16)),
                     mask_BxK=jnp.asarray(cand), relevant_BxK=jnp.asarray(relevant),
-                    num_relevant_B=jnp.asarray(relevant.sum(1), jnp.int32), tokens_BxKxL=tokens,
-                    token_segments_BxKxL=mask)
+                    num_relevant_B=jnp.asarray(relevant.sum(1), jnp.int32),
+                    pairs=pack(tokens, segments, 2 * L)[0])
 
 
 def test_a_fresh_cross_reranker_keeps_the_base_order():
   params = core.init_cross_params(_encoder_params(), K, prior_scale=1.0)
-  tokens, mask = _pairs()
-  scores = core.cross_scores(params, tokens, mask, TINY)
+  scores = core.cross_scores(params, _packed(), TINY)
   want = -np.log1p(np.arange(K))
   np.testing.assert_array_equal(np.asarray(scores), np.broadcast_to(want, (B, K)).astype(
       np.float32))
@@ -71,12 +77,49 @@ def test_a_fresh_cross_reranker_keeps_the_base_order():
 
 def test_positions_pick_the_rank_prior_of_the_base_order():
   params = core.init_cross_params(_encoder_params(), 8, prior_scale=2.0)
-  tokens, mask = _pairs()
   positions = jnp.asarray(np.tile([0, 2, 3, 6, 7], (B, 1)), jnp.int32)
-  scores = core.cross_scores(params, tokens, mask, TINY, positions_BxK=positions)
+  scores = core.cross_scores(params, _packed(), TINY, positions_BxK=positions)
   np.testing.assert_allclose(np.asarray(scores[0]), -2.0 * np.log1p([0, 2, 3, 6, 7]), rtol=1e-6)
   with pytest.raises(ValueError, match="k=8"):
-    core.cross_scores(params, tokens, mask, TINY)
+    core.cross_scores(params, _packed(), TINY)
+
+
+def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
+  params = core.init_cross_params(_encoder_params(2), K, prior_scale=1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.asarray(
+      np.random.default_rng(0).normal(0, 0.5, (16, 1)), jnp.float32)
+  ids, segments = _pairs(4, b=6)
+  alone, real_alone = pack(ids, segments, L, slots=1)  # one pair a row: nothing shared
+  packed, real = pack(ids, segments, 2 * L)
+  assert packed.ids_RxL.shape[0] < alone.ids_RxL.shape[0] and real > real_alone
+  present = segments.any(-1)
+  a, b = (np.asarray(core.cross_scores(params, p, TINY)) for p in (alone, packed))
+  np.testing.assert_allclose(b[present], a[present], atol=1e-5)
+  # Every token of a pair sits in one row, in order, at its own positions 0..n-1.
+  lengths = (segments > 0).sum(-1)
+  for (n, k), where in np.ndenumerate(packed.where_BxK):
+    if not present[n, k]:
+      continue
+    row, slot = divmod(int(where), packed.cls_RxC.shape[1])
+    start = packed.cls_RxC[row, slot]
+    np.testing.assert_array_equal(packed.ids_RxL[row, start:start + lengths[n, k]],
+                                  ids[n, k, :lengths[n, k]])
+    np.testing.assert_array_equal(packed.positions_RxL[row, start:start + lengths[n, k]],
+                                  np.arange(lengths[n, k]))
+    assert (packed.slots_RxL[row] == slot + 1).sum() == lengths[n, k]
+
+
+def test_packing_takes_a_few_row_counts_and_most_positions():
+  rng = np.random.default_rng(0)
+  shapes, reals = set(), []
+  for _ in range(200):
+    lengths = np.clip(rng.normal(62, 22, (4, 20)), 12, 128).astype(int)  # LoCoMo's spread
+    segments = (np.arange(128)[None, None, :] < lengths[..., None]).astype(np.int8)
+    packed, real = pack(segments.astype(np.int32), segments, 256)
+    shapes.add(packed.ids_RxL.shape)
+    reals.append(real)
+  assert len(shapes) <= 4, shapes
+  assert np.mean(reals) >= 0.85, np.mean(reals)
 
 
 def test_listwise_gradient_matches_finite_differences_in_float64():
@@ -94,8 +137,7 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
     labels /= labels.sum(1, keepdims=True)
 
     def loss(p):
-      scores = core.cross_scores(p, batch.tokens_BxKxL, batch.token_segments_BxKxL, TINY,
-                                 dtype="float64")
+      scores = core.cross_scores(p, batch.pairs, TINY, dtype="float64")
       assert scores.dtype == jnp.float64
       logp = jax.nn.log_softmax(jnp.where(mask, scores, -1e30), axis=-1)
       return -jnp.sum(jnp.where(mask, labels * logp, 0.0)) / B
@@ -125,19 +167,22 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
       assert float(g[index]) == pytest.approx(numeric, rel=1e-6, abs=1e-10), path
 
 
-def test_one_compile_serves_every_batch_of_a_shape(caplog):
+def test_one_compile_serves_every_batch_of_a_packed_shape(caplog):
   spec = _spec()
   state = core.init_state(spec, core.HParams.create(lr=1e-3, tau=1.0),
                           core.init_cross_params(_encoder_params(), K, 1.0))
   step = jax.jit(core.supervised_step)
   train = jax.jit(core.train_step)
+  batches = [_batch(seed) for seed in range(6)]
+  shapes = {b.pairs.ids_RxL.shape for b in batches}
+  assert 1 <= len(shapes) <= 2  # row counts are rounded to a few
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-    for seed in range(3):
-      state, _ = step(state, _batch(seed))
-      state, _ = train(state, _batch(seed + 5), jax.random.PRNGKey(seed))
+    for seed, batch in enumerate(batches):
+      state, _ = step(state, batch)
+      state, _ = train(state, batch, jax.random.PRNGKey(seed))
   compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
               and ("supervised_step" in r.getMessage() or "train_step" in r.getMessage())]
-  assert len(compiles) == 2, compiles
+  assert len(compiles) == 2 * len(shapes), len(compiles)
   # The head learned; its bias, which no ranking sees, stayed where it started.
   assert float(jnp.abs(state.params["encoder"]["classifier"]["kernel"]).max()) > 0
   assert float(jnp.abs(state.params["encoder"]["classifier"]["bias"]).max()) == 0.0
@@ -168,8 +213,8 @@ def test_a_cross_spec_is_refused_where_it_cannot_score():
     core.CoreSpec(variant="linear", dim=16, k=K, m=2, bert=TINY)
   with pytest.raises(ValueError, match="init_cross_params"):
     core.init_params(jax.random.PRNGKey(0), _spec())
-  batch = _batch().replace(tokens_BxKxL=None)
-  with pytest.raises(ValueError, match="tokens_BxKxL"):
+  batch = _batch().replace(pairs=None)
+  with pytest.raises(ValueError, match="packed pairs"):
     core.scores(core.init_cross_params(_encoder_params(), K, 1.0), batch, _spec())
 
 

@@ -54,7 +54,7 @@ def _core_scores(params, spec, tokenizer, question, facts, max_length=48):
   """The core's scores of these facts at positions 0.., padded to the bucket of the longest."""
   texts = [f.text for f in facts] + [None] * (spec.k - len(facts))
   pairs = pair_tokens(tokenizer, [question], [texts], max_length)
-  scores = core.cross_scores(params, pairs.ids_NxKxL, pairs.segments_NxKxL, spec.bert)
+  scores = core.cross_scores(params, pairs.packed(), spec.bert)
   return np.asarray(scores)[0, :len(facts)]
 
 

@@ -122,7 +122,7 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   texts = [["[8 May 2023] Caroline: I went to a support group yesterday", "",
             " ".join(["a very long memory"] * 40), "Mel: sunsets, mostly", "ok [SEP] then"]] * 3
   pairs = pair_tokens(encoder.tokenizer, questions, texts, 48)
-  ours = np.asarray(core.cross_scores(params, pairs.ids_NxKxL, pairs.segments_NxKxL,
+  ours = np.asarray(core.cross_scores(params, pairs.packed(),
                                       loaded.spec.bert))
   config = json.loads((served / "config.json").read_text())
   # What sentence-transformers 4 and later read, and what 3.x read (else a sigmoid).
@@ -382,6 +382,9 @@ def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_f
   assert out.strip().endswith("ok")
   ours, one = (json.loads((d / "summary.json").read_text()) for d in (wd, cross_run))
   assert ours.keys() == one.keys()
+  # Each device's rows are packed apart (a multiple of 4 rows): the share of real positions
+  # is the layout's, not a result.
+  assert 0.5 < ours.pop("cross_real_positions") <= one.pop("cross_real_positions") <= 1
   for key, value in one.items():
     if isinstance(value, float):
       assert ours[key] == pytest.approx(value, abs=1e-4), key
@@ -394,7 +397,7 @@ def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_f
   pairs = pair_tokens(SentenceEncoder().tokenizer, ["when did they go hiking?", "who paints?"],
                       [["[3 May 2023] A: we went hiking", "B: I paint", "", "C: hello", "D"]] * 2,
                       48)
-  scores = [np.asarray(core.cross_scores(r.params, pairs.ids_NxKxL, pairs.segments_NxKxL,
+  scores = [np.asarray(core.cross_scores(r.params, pairs.packed(),
                                          r.spec.bert)) for r in (mine, theirs)]
   np.testing.assert_allclose(scores[0], scores[1], atol=2e-3)
 
