@@ -33,7 +33,16 @@ CROSS_SERVED = (
 
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
   args.retriever = args.retriever or SETTINGS.retriever
-  args.candidates = SETTINGS.k if args.candidates is None else args.candidates
+  reranker = load_reranker(Path(args.reranker)) if args.reranker else None
+  if args.command == "chat" and args.learn_cross and (
+      reranker is None or reranker.spec.variant != "cross" or args.serve):
+    raise ValueError("--learn-cross lets a cross reranker (--reranker) learn from the "
+                     "citations" + (", and --serve says never to learn: pass one of them"
+                                    if args.serve else ": pass a cross reranker's workdir or "
+                                    "export as --reranker"))
+  # A reranker scores as many candidates as it trained on: by default, that many.
+  default_k = reranker.spec.k if reranker is not None else SETTINGS.k
+  args.candidates = default_k if args.candidates is None else args.candidates
   if args.candidates < 1:
     raise ValueError(f"--candidates {args.candidates}: expected a positive number of memories "
                      f"to retrieve")
@@ -41,24 +50,23 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
     raise ValueError(f"{m} memories handed to the LLM (--{'k' if args.command == 'recall' else 'm'}"
                      f" {m}) but only --candidates {args.candidates} retrieved: hand over at "
                      f"most as many as are retrieved")
-  reranker = load_reranker(Path(args.reranker)) if args.reranker else None
   encoder_path = args.encoder
   if reranker is not None and not encoder_path and reranker.record.get("query_encoder_path"):
     # Its candidates came from a tuned query encoder: the one its workdir or export holds.
     encoder_path = recorded_query_encoder(Path(args.reranker), reranker.record)
   query_encoder = load_query_encoder(Path(encoder_path), encoder) if encoder_path else None
   # The trained models the agent uses, for the report and what answer may evaluate on.
-  args.used = {"reranker": reranker.source if reranker is not None else None,
+  args.used = {"reranker": str(Path(reranker.source).resolve()) if reranker is not None
+               else None,
                "reranker_record": reranker.record if reranker is not None else None,
-               "query_encoder": str(encoder_path) if encoder_path else None,
+               "query_encoder": str(Path(encoder_path).resolve()) if encoder_path else None,
                "query_encoder_record": (query_encoder_record(Path(encoder_path))
                                         if encoder_path else None)}
-  extra = {}
+  extra, served = {}, False
   if args.command == "chat":
     cross = reranker is not None and reranker.spec.variant == "cross"
     if cross and learn and not args.learn_cross:
-      print(CROSS_SERVED, file=sys.stderr)
-      learn = False
+      learn, served = False, True
     # A cross reranker learns at its own run's online rate and temperature unless told.
     run = reranker.hparams if cross else None
     extra = {"tau": args.tau if args.tau is not None else
@@ -74,6 +82,8 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   for mismatch in agent.mismatches:
     print(f"warning: the reranker does not fit ({mismatch}); used anyway (--allow-mismatch)",
           file=sys.stderr)
+  if served:
+    print(CROSS_SERVED, file=sys.stderr)
   return agent
 
 
@@ -203,6 +213,13 @@ def cmd_answer(args) -> None:
                                         "mismatches": agent.mismatches} | used,
                                 models=models, in_sample=args.in_sample)
       report["agent"] = dict(agent.stats)
+      left_out = report["config"].get("excluded_conversations")
+      if left_out:
+        print(f"left out {len(left_out)} conversation{'s' if len(left_out) > 1 else ''} the "
+              f"models trained on: {', '.join(left_out)}")
+      elif report["config"].get("in_sample"):
+        print("IN-SAMPLE: " + ", ".join(report["config"]["trained_conversations_in_file"])
+              + " were trained on")
   atomic_write_json(Path(args.out), report)
   print(json.dumps(report["metrics"]["overall"], indent=2))
   print(f"wrote {args.out}")

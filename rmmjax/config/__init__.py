@@ -168,11 +168,18 @@ class Config:
       raise ValueError(f"config={self.config!r} is not one of {', '.join(CONFIGS)}")
     if self.precision not in PRECISIONS:
       raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+    for name, high in (("seed", 2**31 - 1), ("world_seed", 2**31 - 1)):
+      if not 0 <= getattr(self, name) <= high:
+        raise ValueError(f"{name}={getattr(self, name)}: expected an integer from 0 to {high:,}")
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
     for name, high in (("lr", 1.0), ("tau", 100.0)):  # far outside, nothing learns
       if not 0 < getattr(self, name) <= high:
         raise ValueError(f"{name}={getattr(self, name):g}: expected a value in (0, {high:g}]")
+    for name, high in (("steps", 10**7), ("pretrain_epochs", 1000),
+                       ("encoder_pretrain_epochs", 1000)):
+      if getattr(self, name) > high:
+        raise ValueError(f"{name}={getattr(self, name):,}: expected at most {high:,}")
     if self.config != "latent":
       checks.check_replay(self, CONFIGS["latent"])
     else:

@@ -196,10 +196,14 @@ def _per_question(conversations, rows) -> dict:
 
 def recorded_query_encoder(reranker: Path, record: dict) -> Path:
   """The tuned query encoder whose candidates a reranker trained on: a learner=both workdir's
-  own query_encoder/, else the one its record names, else (an export of learner=both, moved)
-  the query_encoder/ beside it. Which one it is, is checked against the record's identity."""
+  own query_encoder/, else (an export of learner=both) the query_encoder/ beside it, else the
+  one its record names. Which one it is, is checked against the record's identity."""
   recorded = Path(record["query_encoder_path"])
-  for candidate in (reranker / "query_encoder", recorded, reranker.parent / "query_encoder"):
+  beside = reranker.parent / "query_encoder" if model_kind(reranker) in (
+      "cross export", "reranker file") else None
+  for candidate in (reranker / "query_encoder", beside, recorded):
+    if candidate is None:
+      continue
     if candidate.is_dir() and candidate.resolve() != reranker.resolve():
       return candidate
   raise ValueError(f"the reranker {reranker} ranks the candidates of the query encoder "

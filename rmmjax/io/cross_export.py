@@ -10,6 +10,7 @@ base retriever's order of the candidates."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -32,6 +33,14 @@ HOW_TO_SCORE = (
     "memory)]) + rank_bias[k]: the pair's logit (activation: identity) plus the rank prior of "
     "the candidate's position in the base retriever's order (0 = its best). Ranking the K "
     "candidates by the logit alone drops the prior, which the reranker was trained with.")
+
+
+def served_files(out: Path) -> dict[str, str]:
+  """The sha256 of each file sentence-transformers builds the served model from besides the
+  weights (the model's config and the tokenizer's files), which rmmjax itself does not read:
+  a changed one would serve other scores than rmmjax's, and the loader refuses it."""
+  return {name: hashlib.sha256((out / name).read_bytes()).hexdigest()
+          for name in ("config.json", *TOKENIZER_FILES) if (out / name).is_file()}
 
 
 def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
@@ -77,7 +86,7 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
   atomic_write_json(out / CROSS_RECORD, {
       "format": CROSS_FORMAT, "how_to_score": HOW_TO_SCORE, "max_length": max_length,
       "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(), "record": record,
-      "config": run_config})
+      "config": run_config, "served_files": served_files(out)})
   return out
 
 

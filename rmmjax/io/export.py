@@ -37,6 +37,10 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
 def read_record(workdir: Path) -> dict:
   path = Path(workdir) / RECORD_FILE
   if not path.exists():
+    if (Path(workdir) / "query_encoder" / "config.json").exists():
+      raise FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
+                              f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
+                              "the same train command again to finish it")
     if not (Path(workdir) / "config.json").exists():
       raise FileNotFoundError(f"{workdir} holds no trained model (no {RECORD_FILE}, no "
                               "config.json): expected a training workdir or an export")
@@ -81,16 +85,18 @@ def trained_spec(cfg, workdir: Path) -> core.CoreSpec:
   return cfg.core_spec(bert=core.BertConfig(**cross["bert"]))
 
 
-def cross_record(record: dict, where) -> dict:
-  """The part of a cross reranker's record that says how it reads pairs, checked."""
+def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again"
+                 ) -> dict:
+  """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
+  what to do when it does not)."""
   cross = record.get("cross")
   bert = cross.get("bert") if isinstance(cross, dict) else None
   length = cross.get("max_length") if isinstance(cross, dict) else None
   if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
       or not isinstance(length, int) or not 16 <= length <= 512):
-    raise ValueError(f"{where}: its record.json does not say how the cross reranker reads "
-                     "pairs (cross.bert, cross.tokenizer, cross.max_length of 16 to 512); the "
-                     "workdir is damaged: train it again")
+    raise ValueError(f"{where}: its record{'.json' if 'train' in fix else ''} does not say how "
+                     "the cross reranker reads pairs (cross.bert, cross.tokenizer, "
+                     f"cross.max_length of 16 to 512); {fix}")
   try:
     core.BertConfig.from_dict(bert, where=f"{where}: record.json cross.bert")
   except TypeError as err:

@@ -95,6 +95,9 @@ def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],
   if kind is None or kind in wanted:
     return kind
   what, use = KINDS[kind]
+  if kind == "empty":
+    raise ValueError(f"{flag}{'' if flag.endswith('=') else ' '}{path} is an empty directory: "
+                     "it holds no model")
   if expected is not None:
     raise ValueError(f"{flag}{path} is {what}; expected {expected}")
   raise ValueError(f"{flag} {path} is {what}; it is used through {use.replace('DIR', str(path))}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -14,7 +15,7 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import EXPORT_RECORD, save_encoder
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.export import read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.workdir import read_config
@@ -51,6 +52,10 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
   if cfg.dim != encoder.dim:
     raise ValueError(f"{path} tuned an encoder of dimension {cfg.dim}; the memories are "
                      f"embedded in {encoder.dim}")
+  saved = saved_steps(path / "checkpoints")
+  if saved and saved[-1] < cfg.steps:
+    print(f"NOTE: the query encoder {path} has trained {saved[-1]} of its {cfg.steps} steps "
+          "(interrupted or still running): it is used as it stands", file=sys.stderr)
   return TunedQueryEncoder(encoder, latest_encoder_params(path, cfg, encoder,
                                                          "tuned query encoder"))
 

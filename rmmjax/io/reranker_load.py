@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,9 +17,9 @@ from safetensors.numpy import load_file
 
 from rmmjax import core
 from rmmjax.config import from_json
-from rmmjax.encode.bert import load_params
+from rmmjax.encode.bert import load_params, param_at, weight_names
 from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
-from rmmjax.io.cross_export import CROSS_FORMAT
+from rmmjax.io.cross_export import CROSS_FORMAT, served_files
 from rmmjax.io.export import cross_record, load_trained_params, read_record, trained_spec
 from rmmjax.io.kinds import CROSS_RECORD, refuse_unless
 from rmmjax.io.reranker_format import read_reranker
@@ -115,7 +116,7 @@ def cross_export_header(path: Path) -> dict:
     raise ValueError(f"{where} is not an rmmjax cross export of format {CROSS_FORMAT} with the "
                      "run's config, record and rank_bias (an export of an older rmmjax has no "
                      "config): export the training workdir again, or give it as --reranker")
-  cross = cross_record(record, where)
+  cross = cross_record(record, where, "export the training workdir again")
   bias = header["rank_bias"]
   if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bias):
     raise ValueError(f"{where}: rank_bias holds a value that is not a finite number")
@@ -131,29 +132,49 @@ def cross_export_header(path: Path) -> dict:
   return header
 
 
-def _check_served_config(path: Path, bert: core.BertConfig) -> None:
-  """Refuses an export whose config.json (what sentence-transformers builds the model from)
-  is damaged or describes another model than the header rmmjax reads: the two would serve
-  different scores."""
-  file = path / "config.json"
-  try:
-    config = json.loads(file.read_text())
-    if not isinstance(config, dict):
-      raise ValueError(f"it holds a {type(config).__name__}")
-  except (OSError, ValueError) as err:
-    raise ValueError(f"{file} cannot be read ({err}): sentence-transformers builds the served "
-                     "model from it; export the training workdir again") from None
-  wanted = {name: getattr(bert, name) for name in (
-      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-      "intermediate_size", "max_position_embeddings", "type_vocab_size")} | {"num_labels": 1}
-  found = {name: config.get(name, len(config.get("id2label") or {}) or None)
-           if name == "num_labels" else config.get(name) for name in wanted}
-  wrong = [f"{k}: {found[k]!r} there, {v!r} in {CROSS_RECORD}" for k, v in wanted.items()
-           if found[k] != v]
-  if wrong:
-    raise ValueError(f"{file} describes another model than {CROSS_RECORD} ({'; '.join(wrong)}): "
-                     "sentence-transformers would serve other scores than rmmjax; export the "
-                     "training workdir again")
+def _check_served_files(path: Path, header: dict) -> None:
+  """Refuses an export whose config.json or tokenizer files (what sentence-transformers builds
+  the served model from) changed since the export wrote them: the two would serve different
+  scores. (An export without the list, written before it was kept, is checked for a
+  readable config.json alone.)"""
+  recorded = header.get("served_files")
+  if not isinstance(recorded, dict):
+    try:
+      json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+      raise ValueError(f"{path / 'config.json'} cannot be read ({err}): sentence-transformers "
+                       "builds the served model from it; export the training workdir again"
+                       ) from None
+    return
+  now = served_files(path)
+  changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
+  if changed:
+    raise ValueError(f"{path}: {', '.join(changed)} changed since the export wrote "
+                     f"{'them' if len(changed) > 1 else 'it'} (sentence-transformers builds the "
+                     "served model from these files, rmmjax from its header: they would serve "
+                     "different scores); export the training workdir again")
+
+
+def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
+  """Refuses a weights file that lacks a tensor of the encoder, pooler or scoring layer, holds
+  one of another shape, or holds a value that is not finite."""
+  h = bert.hidden_size
+  shapes = jax.eval_shape(lambda: core.cross_params_template(bert, 1))["encoder"]
+  wanted = {"bert." + name: tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
+            for at, name, transposed in weight_names(bert)} | {
+      "bert.pooler.dense.weight": (h, h), "bert.pooler.dense.bias": (h,),
+      "classifier.weight": (1, h), "classifier.bias": (1,)}
+  for name, shape in wanted.items():
+    value = weights.get(name)
+    if value is None:
+      raise ValueError(f"{path / 'model.safetensors'}: no {name} (not a cross reranker's "
+                       "export of this encoder); export the training workdir again")
+    if value.shape != shape:
+      raise ValueError(f"{path / 'model.safetensors'}: {name} has shape {value.shape}, the "
+                       f"header's encoder needs {shape}; export the training workdir again")
+    if not np.all(np.isfinite(value)):
+      raise ValueError(f"{path / 'model.safetensors'}: {name} holds values that are not "
+                       "finite; export the training workdir again")
 
 
 def load_cross_export(path: Path) -> LoadedReranker:
@@ -167,18 +188,16 @@ def load_cross_export(path: Path) -> LoadedReranker:
   except (TypeError, ValueError) as err:
     raise ValueError(f"{path / CROSS_RECORD}: its config is not an rmmjax config ({err})"
                      ) from None
-  bert = core.BertConfig(**header["record"]["cross"]["bert"])
-  _check_served_config(path, bert)
+  bert = core.BertConfig.from_dict(header["record"]["cross"]["bert"])
+  _check_served_files(path, header)
   try:
-    encoder = load_params(path, bert)
     weights = load_file(str(path / "model.safetensors"))
   except SafetensorError as err:
     raise ValueError(f"{path / 'model.safetensors'} cannot be read ({err}): the export is "
                      "damaged; export the training workdir again") from None
+  _check_tensors(path, weights, bert)
+  encoder = load_params(path, bert)
   for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
-    if f"{hf_name}.weight" not in weights:
-      raise ValueError(f"{path / 'model.safetensors'}: no {hf_name}.weight (not a cross "
-                       "reranker's export)")
     encoder[flax_name] = {"kernel": jnp.asarray(weights[f"{hf_name}.weight"].T, jnp.float32),
                           "bias": jnp.asarray(weights[f"{hf_name}.bias"], jnp.float32)}
   rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)
@@ -187,4 +206,4 @@ def load_cross_export(path: Path) -> LoadedReranker:
                      f"k={cfg.k}")
   return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
                         cfg.core_spec(bert=bert), cfg.hparams(), header["record"],
-                        header["record"].get("step"))
+                        header["record"].get("step"), cfg.steps)

@@ -31,10 +31,10 @@ LOCK_FILE = ".lock"  # held (flock) by the one process that trains or sweeps int
 def held(workdir: Path, command: str) -> Iterator[None]:
   """Holds `workdir` for this process while the block runs: a second `train` or `sweep` into it
   is refused in one line naming the holder. The kernel releases the lock when the holder exits,
-  SIGKILL included; a workdir the block created and left holding nothing is removed again, so
-  a refusal leaves no trace."""
+  SIGKILL included. A block that leaves the workdir holding nothing but the lock (a refused run)
+  leaves no trace: the lock file goes, and so do the folders it created."""
   workdir = Path(workdir)
-  created = not workdir.exists()
+  created = [p for p in [workdir, *workdir.parents] if not p.exists()]
   workdir.mkdir(parents=True, exist_ok=True)
   lock = open(workdir / LOCK_FILE, "a+")  # noqa: SIM115  (held until the block ends)
   try:
@@ -52,9 +52,11 @@ def held(workdir: Path, command: str) -> Iterator[None]:
   try:
     yield
   finally:
-    if created and [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
+    if [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
       (workdir / LOCK_FILE).unlink()
-      workdir.rmdir()
+      for folder in created:  # the innermost first, while empty (another may hold a parent)
+        with contextlib.suppress(OSError):
+          folder.rmdir()
     lock.close()
 
 

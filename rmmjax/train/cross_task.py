@@ -84,7 +84,7 @@ class CrossRerankerTask(ReplayTask):
     if cfg.mode != "rl" and cfg.pretrain_epochs > 0:
       state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, cfg, self.mesh,
                                                        self._replicated, self._progress)
-      self.input_notes["cross_real_positions"] = real
+      self.pretrain_notes = {"cross_real_positions": real}
     return core_replay.restart_optimizer(state, self.hp)
 
   # -- online steps --------------------------------------------------------------------------

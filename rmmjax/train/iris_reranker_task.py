@@ -115,7 +115,7 @@ class IrisTask(Task):
       state, self.pretrain_loss, real = pretrain_cross(
           state, episodes_batch(self.train_episodes), cfg, self.mesh, self._replicated,
           self._progress)
-      self.input_notes = self.input_notes | {"cross_real_positions": real}
+      self.pretrain_notes = {"cross_real_positions": real}
       return core_replay.restart_optimizer(state, hp)
     if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(

@@ -110,6 +110,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       check_resumable(workdir, cfg)  # before anything is created or compiled
       stage = workdir.resolve() / "query_encoder"
       if cfg.learner == "both":
+        if distributed.is_writer():  # the stage is a workdir of its own: held with this one
+          holding.enter_context(held(stage, "train"))
         check_resumable(stage, encoder_stage(cfg).validate())
       if cfg.variant == "cross":
         # The cross reranker's own checks, before a learner=both run tunes its encoder.
@@ -167,7 +169,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   if pretrained:
     state = task.initial_state()  # pretraining, for the replay tasks that have it
     if writes and task.pretrain_loss is not None:
-      atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()})
+      atomic_write_json(workdir / "pretrain.json", {"loss": task.pretrain_loss.tolist()}
+                        | task.pretrain_notes)
   if writes:
     metrics_log.rewind(log_path, step, rows)
     # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
@@ -229,8 +232,9 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
         summary[key] = eval_final[key]
   summary |= task.input_notes
   pretrain_path = workdir / "pretrain.json"
-  loss = ([{"loss": x} for x in json.loads(pretrain_path.read_text())["loss"]]
-          if pretrain_path.exists() else [])
+  pretrained_notes = json.loads(pretrain_path.read_text()) if pretrain_path.exists() else {}
+  loss = [{"loss": x} for x in pretrained_notes.pop("loss", [])]
+  summary |= pretrained_notes
   if loss:  # (a fit of 0 epochs has none)
     summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
   for metric in ("reward", "citation_rate") if rows else ():  # (none with steps=0)

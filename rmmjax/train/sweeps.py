@@ -55,8 +55,8 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
 
 def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config]:
   """Every grid point x seeds 0..seeds-1 (offset by cfg.seed), each validated."""
-  if seeds < 1:
-    raise ValueError(f"--seeds {seeds}: expected at least 1")
+  if not 1 <= seeds <= 1000:
+    raise ValueError(f"--seeds {seeds}: expected 1 to 1,000")
   keys = list(grid)
   configs = []
   for values in itertools.product(*(grid[k] for k in keys)):

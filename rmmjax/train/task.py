@@ -29,8 +29,10 @@ class Task(abc.ABC):
   # Whether the state after pretraining is checkpointed as step 0 (where pretraining takes
   # long enough that a resume should not redo it).
   checkpoint_pretrained: bool = False
-  # What the run's summary reports of its inputs beyond the metrics (pairs cut to length, say).
+  # What the run's summary reports of its inputs beyond the metrics (pairs cut to length, say),
+  # and of its pretraining (kept in pretrain.json, so a resumed run reports them too).
   input_notes: dict = {}
+  pretrain_notes: dict = {}
   # Whether `advance` takes its steps one at a time from the host, reporting each to an
   # `on_step(1)` callback (a progress bar), rather than as one compiled scan.
   steps_from_host: bool = False

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import pytest
 
+from safetensors.numpy import load_file, save_file
+
 from cli_args import sets as _sets
 from rmmjax import core
 from rmmjax.cli import main
@@ -190,6 +192,15 @@ def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_pa
   assert message in err and "or cross_max_length (48)" in err
   assert ("k (5)" if extra == ("mode=rl",) else "cross_pretrain_candidates (4)") in err
   assert not wd.exists()
+
+
+def test_a_learner_both_run_holds_its_encoder_stage_too(three, tmp_path, capsys):
+  from rmmjax.io.workdir import held
+  wd = tmp_path / "both"
+  with held(wd / "query_encoder", "train"):  # another process training into the stage alone
+    assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+                 *_args(three, "learner=both")]) == 2
+  assert f"{wd / 'query_encoder'} is in use by rmmjax train (pid" in capsys.readouterr().err
 
 
 def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypatch):
@@ -431,9 +442,30 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
   shutil.copytree(cross_run, stopped / "query_encoder")  # a workdir with its config.json
   assert "run the same train command again" in refused("export", "--workdir", str(stopped),
                                                        "--out", str(tmp_path / "x"))
-  # The CrossEncoder's config.json damaged or describing another model: refused, not served.
-  config = json.loads((served / "config.json").read_text())
-  (served / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 3}))
-  assert "num_hidden_layers: 3 there" in refused(*evaluate, str(served))
-  (served / "config.json").write_text("{not json")
-  assert "config.json cannot be read" in refused(*evaluate, str(served))
+  # A file sentence-transformers builds the served model from, changed in any way (another
+  # activation, another layer norm, a tokenizer that keeps case): refused, not served.
+  for name, change in (("config.json", {"layer_norm_eps": 0.1}),
+                       ("config.json", {"sbert_ce_default_activation_function":
+                                        "torch.nn.modules.activation.Sigmoid"}),
+                       ("tokenizer_config.json", {"do_lower_case": False})):
+    copy = tmp_path / f"changed-{name}-{len(change)}-{sorted(change)[0]}"
+    shutil.copytree(served, copy)
+    data = json.loads((copy / name).read_text())
+    (copy / name).write_text(json.dumps(data | change))
+    assert f"{name} changed since the export wrote it" in refused(*evaluate, str(copy))
+  # Weights the header's encoder cannot read: named, not a traceback; values not finite too.
+  weights = load_file(str(served / "model.safetensors"))
+  for name, value in (("classifier.bias", None),
+                      ("classifier.weight", np.zeros((2, weights["classifier.weight"].shape[1]),
+                                                     np.float32)),
+                      ("bert.embeddings.word_embeddings.weight",
+                       weights["bert.embeddings.word_embeddings.weight"][:1000]),
+                      ("classifier.weight", np.full_like(weights["classifier.weight"], np.nan))):
+    copy = tmp_path / "damaged"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(served, copy)
+    damaged = {k: v for k, v in weights.items() if k != name} | (
+        {name: value} if value is not None else {})
+    save_file(damaged, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    err = refused(*evaluate, str(copy))
+    assert name in err and "export the training workdir again" in err and "Traceback" not in err

@@ -313,3 +313,28 @@ def test_a_refused_run_leaves_no_workdir_behind(tmp_path, capsys):
   wd = tmp_path / "never"
   assert _train(wd, 7) == 2  # steps not a multiple of log_every
   assert not wd.exists()
+
+
+def test_a_refusal_removes_every_folder_it_made_and_leaves_no_lock(tmp_path, capsys):
+  deep = tmp_path / "new" / "deeper" / "run"
+  assert _train(deep, 7) == 2
+  assert not (tmp_path / "new").exists()
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  assert _train(empty, 7) == 2
+  assert list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize("value, message", [
+    ("seed=-1", "seed=-1: expected an integer from 0 to 2,147,483,647"),
+    ("seed=4294967296", "seed=4294967296: expected an integer from 0"),
+    ("steps=10000000000", "steps=10,000,000,000: expected at most 10,000,000"),
+])
+def test_values_far_outside_a_working_range_are_refused(tmp_path, capsys, value, message):
+  sets = [arg for item in (*TINY, value) for arg in ("--set", item)]
+  assert main(["train", "--workdir", str(tmp_path / "run"), "--quiet", *sets]) == 2
+  assert message in capsys.readouterr().err
+  assert not (tmp_path / "run").exists()
+  assert main(["sweep", "--workdir", str(tmp_path / "sweep"), "--quiet", "--seeds",
+               "100000000", *[a for i in TINY for a in ("--set", i)]]) == 2
+  assert "--seeds 100000000: expected 1 to 1,000" in capsys.readouterr().err
