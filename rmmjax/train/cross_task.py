@@ -252,13 +252,13 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
 
 def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
   """Refuses a step whose memory (the encoder's forward and backward over the step's pairs on
-  one device, each pair at the longest length it may have, two to a packed row, with Adam's
-  two moments of every parameter beside it) exceeds 90% of the device's."""
+  one device, each pair at the longest length it may have, alone in its packed row, with
+  Adam's two moments of every parameter beside it) exceeds 90% of the device's."""
   limit = device_memory_bytes()
   if limit is None:
     return
   batch, length = max(1, cfg.batch // devices), row_length(cfg.cross_max_length)
-  rows = -(-batch * candidates // 2)
+  rows = batch * candidates
   params = jax.eval_shape(lambda: core.cross_params_template(bert, cfg.k))
   shaped = jax.ShapeDtypeStruct
   pairs = core.PackedPairs(

@@ -115,10 +115,10 @@ def test_packing_takes_a_few_row_counts_and_most_positions():
   for _ in range(200):
     lengths = np.clip(rng.normal(62, 22, (4, 20)), 12, 128).astype(int)  # LoCoMo's spread
     segments = (np.arange(128)[None, None, :] < lengths[..., None]).astype(np.int8)
-    packed, real = pack(segments.astype(np.int32), segments, 256)
+    packed, real = pack(segments.astype(np.int32), segments, 128)
     shapes.add(packed.ids_RxL.shape)
     reals.append(real)
-  assert len(shapes) <= 4, shapes
+  assert len(shapes) <= 5, shapes
   assert np.mean(reals) >= 0.85, np.mean(reals)
 
 
