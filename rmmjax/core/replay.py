@@ -36,19 +36,14 @@ def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
 def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[TrainState, dict]:
   """num_steps online REINFORCE updates from simulated citations, step t on stream step t.
 
-  Before each update the batch is also scored deterministically with the reranker as it stands,
-  so `recall_at_m_before` is the prequential recall: what a user would have received.
+  Each update's forward pass also ranks the batch deterministically with the reranker as it
+  stands (`train_step(prequential=True)`), so `recall_sum_before` / `present` is the
+  prequential recall: what a user would have received.
   """
   key = jax.random.fold_in(state.key, _REPLAY_STREAM)
 
   def body(state, _):
-    batch = step_batch(stream_SxB, state.step)
-    recall_B, _ = rerank_recall(state.params, batch, state.spec)
-    present_B = jnp.any(batch.mask_BxK, -1)
-    state, metrics = train_step(state, batch, key)
-    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, recall_B, 0.0))
-    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
-    return state, metrics
+    return train_step(state, step_batch(stream_SxB, state.step), key, prequential=True)
 
   return jax.lax.scan(body, state, None, length=num_steps)
 

@@ -115,12 +115,16 @@ def reinforce_update(state: TrainState, batch: Batch, selected_BxM: jax.Array,
 
 
 def train_step(state: TrainState, batch: Batch, key: jax.Array,
-               scorer: Callable | None = None) -> tuple[TrainState, dict]:
+               scorer: Callable | None = None,
+               prequential: bool = False) -> tuple[TrainState, dict]:
   """Select with the current reranker, draw simulated citations, update with REINFORCE.
 
   The key is the run's step stream; the step number is folded in here. `scorer(params, batch)`
   -> (scores_BxK, pullback) replaces the reranker when the parameters are something else (the
-  encoder itself, for REINFORCE on the retriever).
+  encoder itself, for REINFORCE on the retriever). With `prequential` (static) the metrics add
+  what the reranker as it stands would have served: the sum over present queries of the
+  deterministic top-M recall (`recall_sum_before`) and their number (`present`), from the same
+  forward pass as the update.
   """
   spec, hp = state.spec, state.hparams
   # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
@@ -140,6 +144,13 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
   taken = jnp.maximum(jnp.sum(selected_BxM >= 0).astype(jnp.float32), 1.0)
   metrics["citation_rate"] = jnp.sum(cited_BxM).astype(jnp.float32) / taken
   metrics["recall_at_m"] = recall_at_m(selected_BxM, batch)
+  if prequential:
+    top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(
+        jax.lax.stop_gradient(scores_BxK), spec.m, batch.mask_BxK)
+    present_B = jnp.any(batch.mask_BxK, -1)
+    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, recall_per_query(top_BxM, batch),
+                                                     0.0))
+    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
   return state, metrics
 
 

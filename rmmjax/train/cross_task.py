@@ -137,22 +137,24 @@ class CrossRerankerTask(ReplayTask):
     and the K candidates'."""
     if not self.test_convs:
       return {}
-    params = self._host(state.params)
-    recall = []
+    # The parameters on this process's first device, once: not copied in at every batch.
+    params = jax.device_put(self._host(state.params))
     score = jax.jit(core_replay.rerank_recall, static_argnums=2,
                     compiler_options=compiler_options())
-    streams = _split_streams(self.test_streams)
-    total = sum(s.mask_BxK.shape[0] for s in streams)
-    with tqdm(total=total, desc="held-out (cross)", unit="batch",
-              disable=not self._progress) as bar:
-      for stream in streams:
-        for s in range(stream.mask_BxK.shape[0]):
-          batch = pack_batch(jax.tree.map(lambda x: x[s], stream))  # noqa: B023
-          recall.append(np.asarray(score(params, batch, self.spec)[0]))
-          bar.update(1)
-    recall_all = np.concatenate(recall)  # conversation, step, question order
-    present = np.asarray(self.test_streams.mask_BxK).any(-1).reshape(-1)
-    return self._base_metrics() | {"recall_at_m": float(recall_all[present].mean())}
+    # Batches of questions only: the padding that evens the streams' lengths is not scored.
+    batches = [jax.tree.map(lambda x: x[s], stream)  # noqa: B023
+               for stream in _split_streams(self.test_streams)
+               for s in range(stream.mask_BxK.shape[0]) if stream.mask_BxK[s].any()]
+    recall, present = [], []
+    for i, batch in enumerate(tqdm(batches, desc="held-out (cross)", unit="batch",
+                                   disable=not self._progress)):
+      recall.append(score(params, pack_batch(batch), self.spec)[0])
+      present.append(batch.mask_BxK.any(-1))
+      if i % LOG_EVERY == 0:  # the bar follows the computation, not its dispatch
+        recall[-1].block_until_ready()
+    recall_all = np.concatenate(jax.device_get(recall))
+    return self._base_metrics() | {
+        "recall_at_m": float(recall_all[np.concatenate(present)].mean())}
 
 
 def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
