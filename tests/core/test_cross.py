@@ -142,7 +142,8 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
       logp = jax.nn.log_softmax(jnp.where(mask, scores, -1e30), axis=-1)
       return -jnp.sum(jnp.where(mask, labels * logp, 0.0)) / B
 
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
+    loss = jax.jit(loss)  # one compile for every probe
     probes = [("encoder", "classifier", "kernel", (3, 0)),
               ("encoder", "pooler", "kernel", (2, 5)),
               ("encoder", "layer_0", "query", "kernel", (4, 7)),
