@@ -16,7 +16,7 @@ from rmmjax import core
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
 from rmmjax.replay.candidates import ConversationReplay, to_streams
-from rmmjax.replay.cross_pairs import pack_streams, replay_pairs
+from rmmjax.replay.cross_pairs import pack_streams, replay_pairs, step_bytes
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
 
@@ -29,7 +29,17 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   pairs = None
   if spec.variant == "cross":
     check_cross_encoder(reranker, encoder)
-    pairs = replay_pairs(encoder.tokenizer, replays, reranker.record["cross"]["max_length"])
+    max_length = reranker.record["cross"]["max_length"]
+    if online:  # each question's batch then takes a learning step: refused if one cannot fit
+      need, limit = step_bytes(spec.bert, spec.k, spec.batch, spec.k, max_length,
+                               spec.compute_dtype)
+      if limit is not None and need > 0.9 * limit:
+        raise ValueError(f"--online replays {reranker.source}'s learning steps (batches of "
+                         f"{spec.batch} questions x {spec.k} candidates of up to {max_length} "
+                         f"tokens), and one needs {need / 2**30:.1f} GiB where the device holds "
+                         f"{limit / 2**30:.1f} GiB: evaluate without --online, or on a larger "
+                         "device")
+    pairs = replay_pairs(encoder.tokenizer, replays, max_length)
   else:
     for conv in replays:
       if conv.q_NxD.shape[1] != spec.dim:

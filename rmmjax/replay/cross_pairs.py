@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import final
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from rmmjax.core import PackedPairs
+from rmmjax.core import PackedPairs, cross_params_template, pair_logits
+from rmmjax.encode.encoder import compiler_options
 
 # Padded pair lengths: a run pads every pair to the first of these that holds its longest one.
 PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -210,3 +213,43 @@ def pack_streams(batch):
             for p, t, g in zip(first, flat_t, flat_s)]
   pairs = jax.tree.map(lambda *xs: np.stack(xs).reshape(lead + xs[0].shape), *packed)
   return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
+
+
+def device_memory_bytes() -> int | None:
+  """What the first device can hold: its allocator's limit on an accelerator, the machine's
+  physical memory on a CPU (None where neither is known)."""
+  device = jax.devices()[0]
+  stats = getattr(device, "memory_stats", lambda: None)()
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
+               dtype: str) -> tuple[int, int | None]:
+  """(the memory of one learning step of a cross reranker on one device, what the device
+  holds): the encoder's forward and backward over `batch` questions' `candidates` pairs, each
+  at the longest length it may have (alone in its packed row), compiled for those shapes and
+  measured, plus Adam's two moments of every parameter. (0, None) where the device's size is
+  not known."""
+  limit = device_memory_bytes()
+  if limit is None:
+    return 0, None
+  rows, length = batch * candidates, row_length(max_length)
+  params = jax.eval_shape(lambda: cross_params_template(bert, k))
+  shaped = jax.ShapeDtypeStruct
+  pairs = PackedPairs(
+      shaped((rows, length), jnp.int32), shaped((rows, length), jnp.int32),
+      shaped((rows, length), jnp.int8), shaped((rows, length), jnp.int8),
+      shaped((rows, SLOTS_PER_ROW), jnp.int32), shaped((batch, candidates), jnp.int32))
+  loss = lambda p, x: jnp.sum(pair_logits(p, x, bert, dtype))  # noqa: E731
+  analysis = jax.jit(jax.grad(loss), compiler_options=compiler_options()).lower(
+      params, pairs).compile().memory_analysis()
+  if analysis is None:
+    return 0, limit
+  moments = 2 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+          + analysis.temp_size_in_bytes + moments), limit

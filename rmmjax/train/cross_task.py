@@ -14,7 +14,6 @@ other rerankers draw, so a resumed run ends where an uninterrupted one does.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 import jax
@@ -28,8 +27,7 @@ from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.replay.cross_pairs import (SLOTS_PER_ROW, candidate_subset, pack_batch,
-                                      replay_pairs, row_length)
+from rmmjax.replay.cross_pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.train.replay_task import ReplayTask
 
 
@@ -217,19 +215,6 @@ def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
   return [jax.tree.map(lambda x: np.asarray(x)[c], streams_CxSxB) for c in range(num)]  # noqa
 
 
-def device_memory_bytes() -> int | None:
-  """What the first device can hold: its allocator's limit on an accelerator, the machine's
-  physical memory on a CPU (None where neither is known)."""
-  device = jax.devices()[0]
-  stats = getattr(device, "memory_stats", lambda: None)()
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  try:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  except (ValueError, OSError, AttributeError):
-    return None
-
-
 def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
   """The checks of a cross reranker's run that need no candidates, made before anything of the
   run is written (before a learner=both run trains its query encoder): the encoder is a BERT
@@ -253,29 +238,11 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
 
 
 def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
-  """Refuses a step whose memory (the encoder's forward and backward over the step's pairs on
-  one device, each pair at the longest length it may have, alone in its packed row, with
-  Adam's two moments of every parameter beside it) exceeds 90% of the device's."""
-  limit = device_memory_bytes()
-  if limit is None:
-    return
-  batch, length = max(1, cfg.batch // devices), row_length(cfg.cross_max_length)
-  rows = batch * candidates
-  params = jax.eval_shape(lambda: core.cross_params_template(bert, cfg.k))
-  shaped = jax.ShapeDtypeStruct
-  pairs = core.PackedPairs(
-      shaped((rows, length), jnp.int32), shaped((rows, length), jnp.int32),
-      shaped((rows, length), jnp.int8), shaped((rows, length), jnp.int8),
-      shaped((rows, SLOTS_PER_ROW), jnp.int32), shaped((batch, candidates), jnp.int32))
-  loss = lambda p, x: jnp.sum(core.pair_logits(p, x, bert, cfg.compute_dtype))  # noqa: E731
-  analysis = jax.jit(jax.grad(loss), compiler_options=compiler_options()).lower(
-      params, pairs).compile().memory_analysis()
-  if analysis is None:
-    return
-  moments = 2 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  need = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-          + analysis.temp_size_in_bytes + moments)
-  if need > 0.9 * limit:
+  """Refuses a step of the run that would not fit the device (see `cross_pairs.step_bytes`)."""
+  batch = max(1, cfg.batch // devices)
+  need, limit = step_bytes(bert, cfg.k, batch, candidates, cfg.cross_max_length,
+                           cfg.compute_dtype)
+  if limit is not None and need > 0.9 * limit:
     raise ValueError(
         f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
         f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "

@@ -25,6 +25,7 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.cross_export import export_cross
 from rmmjax.io.reranker_load import load_reranker
 from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.replay import cross_pairs
 from rmmjax.train import cross_task
 
 # Every run here uses the tiny encoder (tests/helpers/tiny_bert.py): the logic is the point.
@@ -184,7 +185,7 @@ def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsy
 ])
 def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path, extra,
                                                                    message, monkeypatch, capsys):
-  monkeypatch.setattr(cross_task, "device_memory_bytes", lambda: 2**20)
+  monkeypatch.setattr(cross_pairs, "device_memory_bytes", lambda: 2**20)
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_args(three, *extra)]) == 2
@@ -192,6 +193,14 @@ def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_pa
   assert message in err and "or cross_max_length (48)" in err
   assert ("k (5)" if extra == ("mode=rl",) else "cross_pretrain_candidates (4)") in err
   assert not wd.exists()
+
+
+def test_eval_online_is_refused_where_a_learning_step_cannot_fit(cross_run, three,
+                                                                 monkeypatch, capsys):
+  monkeypatch.setattr(cross_pairs, "device_memory_bytes", lambda: 2**20)
+  assert main(["eval", "--data", str(three), "--reranker", str(cross_run), "--online",
+               "--quiet"]) == 2
+  assert "evaluate without --online" in capsys.readouterr().err
 
 
 def test_a_learner_both_run_holds_its_encoder_stage_too(three, tmp_path, capsys):
