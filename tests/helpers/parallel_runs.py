@@ -18,7 +18,9 @@ from safetensors.numpy import load_file
 
 from rmmjax.cli import main
 
-SMALL = ["holdout=1", "steps=20", "checkpoint_every=10", "log_every=5"]
+# The encoder is the default one: the tiny BERT of tests/helpers/tiny_bert.py when the test
+# names it ($RMMJAX_ENCODER), whose dimension is 32.
+SMALL = ["dim=32", "holdout=1", "steps=20", "checkpoint_every=10", "log_every=5"]
 PATHS = {
     "latent": ["--config", "latent", "--set", "steps=100", "--set", "checkpoint_every=50"],
     "reranker": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],

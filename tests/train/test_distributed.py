@@ -76,7 +76,7 @@ def test_flags_are_checked_before_anything_starts():
       check_flags(*flags)
 
 
-def test_data_parallel_training_equals_one_device(tmp_path):
+def test_data_parallel_training_equals_one_device(tmp_path, tiny_encoder):
   """Every training path on 4 devices against devices=1 in the same process: the supervised
   pretraining's losses and the online metrics to float tolerance, and the exported weights (the
   encoder's through Adam, whose normalised steps carry reduction-order differences further)."""
@@ -89,17 +89,17 @@ def test_data_parallel_training_equals_one_device(tmp_path):
   report = json.loads(out.read_text())
   fits = report.pop("fits")  # the learned IRIS models' offline fits
   for name, r in fits.items():
-    # The encoder's losses pass through MiniLM's float32 forward, summed in another order.
+    # The encoder's losses pass through a BERT's float32 forward, summed in another order.
     encoder = name == "ranking_encoder"
     assert r["steps"] > 0 and r["losses"] < (1e-4 if encoder else 1e-5), (name, r)
     assert r["params"] < (5e-4 if encoder else 1e-5), (name, r)
   assert set(report) == {"latent", "reranker", "query_encoder", "reranker_in_iris",
                          "iris_online"}
-  encoders = ("query_encoder", "iris_online")  # MiniLM's weights, trained through Adam
+  encoders = ("query_encoder", "iris_online")  # a BERT's weights, trained through Adam
   unfitted = ("latent", "iris_online")  # no pretraining (iris_online: 0 epochs of its fits)
   for name, r in report.items():
     assert r["rows"][0] == r["rows"][1] > 0 and r["tensors"][0] == r["tensors"][1] > 0, name
-    # An encoder's metrics pass through MiniLM's float32 forward, its sums split over devices.
+    # An encoder's metrics pass through a BERT's float32 forward, its sums split over devices.
     tolerance = 1e-4 if name in encoders else 1e-5
     assert r["metrics"] < tolerance and r["summary"] < tolerance, (name, r)
     # Weights trained by Adam carry a summation order's difference further where gradients are
@@ -125,9 +125,10 @@ def test_a_two_process_sweep_equals_one_process_on_four_devices(tmp_path):
       assert abs(a[key] - b[key]) <= 1e-5, (key, a, b)
 
 
-def test_a_two_process_replay_train_equals_one_process(three, tmp_path):
+def test_a_two_process_replay_train_equals_one_process(three, tmp_path, tiny_encoder):
   args = ["train", "--config", "locomo", *[x for s in (
-      f"data={three}", "learner=reranker", "holdout=1", "steps=40", "checkpoint_every=20",
+      f"data={three}", "learner=reranker", "dim=32", "holdout=1", "steps=40",
+      "checkpoint_every=20",
       "log_every=10") for x in ("--set", s)]]
   _one(args, tmp_path / "one")
   results = _two(args, tmp_path / "two")
