@@ -14,7 +14,6 @@ exclusive lock); a restart with other settings is refused with the differences.
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -26,7 +25,7 @@ import numpy as np
 
 from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.workdir import atomic_write_json
+from rmmjax.io.workdir import atomic_write_json, take_lock
 from rmmjax.memory.crypto import Cipher, PlainCipher
 
 # The settings a workdir's reranker learnt with: a restart that learns must keep them; one that
@@ -90,20 +89,10 @@ class AgentWorkdir:
                        f"({'; '.join(diff)}); rerun with the same ones, or start a new workdir")
 
   def _take_lock(self) -> None:
-    self._lock = open(self.path / ".lock", "a+")  # noqa: SIM115  (held until close)
-    try:
-      fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      self._lock.seek(0)
-      holder = self._lock.read().strip() or "unknown"
-      self._lock.close()
-      self._lock = None
+    self._lock, holder = take_lock(self.path, str(os.getpid()))
+    if self._lock is None:
       raise ValueError(f"--workdir {self.path} is in use by another learning agent (pid "
-                       f"{holder}); give each process its own workdir, or --serve") from None
-    self._lock.seek(0)
-    self._lock.truncate()
-    self._lock.write(str(os.getpid()))
-    self._lock.flush()
+                       f"{holder or 'unknown'}); give each process its own workdir, or --serve")
     # Files a killed writer left half-written (the lock says no one else writes here).
     for stale in [*self.path.glob(".pending.*.npz"), *self.path.glob(".agent.json.*.tmp")]:
       stale.unlink(missing_ok=True)

@@ -27,6 +27,35 @@ KINDS = ("train", "sweep")
 LOCK_FILE = ".lock"  # held (flock) by the one process that trains or sweeps into a workdir
 
 
+def take_lock(folder: Path, holder: str):
+  """An exclusive lock on folder/.lock, naming `holder` in it; the open file (the lock lasts
+  until it is closed, or its process ends, SIGKILL included), or None with the holder's words
+  when another process holds it. A lock file unlinked by its last holder while this one waited
+  is not taken: the path's file is locked, or tried again."""
+  path = Path(folder) / LOCK_FILE
+  while True:
+    lock = open(path, "a+")  # noqa: SIM115  (held until the caller closes it)
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock.seek(0)
+      words = lock.read().strip()
+      lock.close()
+      return None, words
+    try:
+      same = os.fstat(lock.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    lock.close()
+  lock.seek(0)
+  lock.truncate()
+  lock.write(holder)
+  lock.flush()
+  return lock, holder
+
+
 @contextlib.contextmanager
 def held(workdir: Path, command: str) -> Iterator[None]:
   """Holds `workdir` for this process while the block runs: a second `train` or `sweep` into it
@@ -34,28 +63,23 @@ def held(workdir: Path, command: str) -> Iterator[None]:
   SIGKILL included. A block that leaves the workdir holding nothing but the lock (a refused run)
   leaves no trace: the lock file goes, and so do the folders it created."""
   workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"{workdir} is a file; expected a directory")
   created = [p for p in [workdir, *workdir.parents] if not p.exists()]
   workdir.mkdir(parents=True, exist_ok=True)
-  lock = open(workdir / LOCK_FILE, "a+")  # noqa: SIM115  (held until the block ends)
-  try:
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    lock.seek(0)
-    holder = lock.read().strip() or "another process"
-    lock.close()
-    raise ValueError(f"{workdir} is in use by {holder}: one process at a time trains or sweeps "
-                     "into a workdir; wait for it to end, or use another workdir") from None
-  lock.seek(0)
-  lock.truncate()
-  lock.write(f"rmmjax {command} (pid {os.getpid()} on {socket.gethostname()})")
-  lock.flush()
+  lock, holder = take_lock(workdir, f"rmmjax {command} (pid {os.getpid()} on "
+                                    f"{socket.gethostname()})")
+  if lock is None:
+    raise ValueError(f"{workdir} is in use by {holder or 'another process'}: one process at a "
+                     "time trains or sweeps into a workdir; wait for it to end, or use another "
+                     "workdir")
   try:
     yield
   finally:
-    if [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
-      (workdir / LOCK_FILE).unlink()
-      for folder in created:  # the innermost first, while empty (another may hold a parent)
-        with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
+      if [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
+        (workdir / LOCK_FILE).unlink()  # (a process waiting on it takes the path's new one)
+        for folder in created:  # the innermost first, while empty (another may hold a parent)
           folder.rmdir()
     lock.close()
 

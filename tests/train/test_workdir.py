@@ -309,20 +309,37 @@ def test_a_second_process_on_a_workdir_is_refused_naming_the_holder(tmp_path, re
   assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 0
 
 
-def test_a_refused_run_leaves_no_workdir_behind(tmp_path, capsys):
+def _refused_after_the_lock(monkeypatch):
+  """A check after the workdir is held refuses the run (what a damaged log or another config
+  does), so the lock's own cleanup is what these tests see."""
+  from rmmjax.train import loop  # noqa: PLC0415
+  held = []
+
+  def refuse(workdir, cfg):
+    held.append((workdir / ".lock").exists())
+    raise ValueError("refused after the lock")
+
+  monkeypatch.setattr(loop, "check_resumable", refuse)
+  return held
+
+
+def test_a_refused_run_leaves_no_workdir_behind(tmp_path, capsys, monkeypatch):
+  held = _refused_after_the_lock(monkeypatch)
   wd = tmp_path / "never"
-  assert _train(wd, 7) == 2  # steps not a multiple of log_every
-  assert not wd.exists()
+  assert _train(wd, 10) == 2
+  assert held == [True] and not wd.exists()
 
 
-def test_a_refusal_removes_every_folder_it_made_and_leaves_no_lock(tmp_path, capsys):
+def test_a_refusal_removes_every_folder_it_made_and_leaves_no_lock(tmp_path, capsys,
+                                                                  monkeypatch):
+  held = _refused_after_the_lock(monkeypatch)
   deep = tmp_path / "new" / "deeper" / "run"
-  assert _train(deep, 7) == 2
+  assert _train(deep, 10) == 2
   assert not (tmp_path / "new").exists()
   empty = tmp_path / "empty"
   empty.mkdir()
-  assert _train(empty, 7) == 2
-  assert list(empty.iterdir()) == []
+  assert _train(empty, 10) == 2
+  assert list(empty.iterdir()) == [] and held == [True, True]
 
 
 @pytest.mark.parametrize("value, message", [
