@@ -234,7 +234,7 @@ class Agent(ChatAgent):
                        num_relevant_B=np.ones(1, np.int32),
                        tokens_BxKxL=None if ids is None else ids[None],
                        token_segments_BxKxL=None if ids is None else segments[None])
-    return batch if ids is None else pack_batch(batch)
+    return batch if ids is None else pack_batch(batch, serving=True)
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
               tokens=None) -> tuple:
@@ -265,8 +265,9 @@ class Agent(ChatAgent):
     if self._pair_length is not None:
       # The text a topic unit holds, which the reranker read in training (not the prompt's).
       texts = [topic_text(m) for m in memories] + [None] * (spec.k - len(memories))
+      # Cut to one length and packed in a power of two of rows: a few compiled scorers.
       pairs = pair_tokens(self.encoder.tokenizer, [query], [texts], self._pair_length,
-                          length=self._pair_length)  # one length: one compiled scorer
+                          length=self._pair_length)
       tokens = (pairs.ids_NxKxL[0], pairs.segments_NxKxL[0])
     return q_D, mem_KxD, mask_K, memories, tokens
 
@@ -351,7 +352,7 @@ class Agent(ChatAgent):
                        tokens_BxKxL=tokens[0] if tokens else None,
                        token_segments_BxKxL=tokens[1] if tokens else None)
     if tokens:  # a cross reranker reads the pairs, packed
-      batch = pack_batch(batch)
+      batch = pack_batch(batch, serving=True)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)

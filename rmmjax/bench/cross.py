@@ -6,7 +6,7 @@ as the reranker reads them), cut to 128 tokens. Scoring: batches of 4 questions 
 (80 pairs: one online step's ranking). Training: batches of 4 questions x 8 candidates (32
 pairs: one pretraining step of the listwise loss, forward, backward and Adam; the reference
 takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax packs a
-batch's pairs into rows of 256 positions as the training command does (replay.cross_pairs.pack:
+batch's pairs into rows of 128 positions as the training command does (replay.cross_pairs.pack:
 each pair attends to its own tokens only), the CrossEncoder pads the batch to its longest pair;
 the share of positions that are real tokens is printed for both. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
 that for training, so both sides are compute bound on a CPU: the ratio compares how well each

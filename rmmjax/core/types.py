@@ -125,7 +125,9 @@ class PackedPairs(struct.PyTreeNode):
   segments_RxL: jax.Array  # int8: 1 the question's side ([CLS], its [SEP]), 2 the memory's
   slots_RxL: jax.Array  # int8: which pair of its row a token belongs to, 1..C (0 padding)
   cls_RxC: jax.Array  # int32: where in its row each slot's pair starts (its [CLS])
-  where_BxK: jax.Array  # int32: candidate (b, k)'s slot as row * C + slot - 1 (0: none)
+  # int32: candidate (b, k)'s slot as row * C + slot - 1. A missing candidate points at slot 0
+  # of row 0: its score means nothing, and the candidate mask keeps it out of every selection.
+  where_BxK: jax.Array
 
 
 class Batch(struct.PyTreeNode):

@@ -37,9 +37,10 @@ class PairTokens:
   truncated: int  # pairs cut to max_length
   pairs: int  # pairs tokenised (candidates that exist)
 
-  def packed(self) -> PackedPairs:
+  def packed(self, serving: bool = False) -> PackedPairs:
     """These pairs packed into rows for the encoder (`pack`)."""
-    return pack(self.ids_NxKxL, self.segments_NxKxL, row_length(self.ids_NxKxL.shape[-1]))[0]
+    return pack(self.ids_NxKxL, self.segments_NxKxL, row_length(self.ids_NxKxL.shape[-1]),
+                serving=serving)[0]
 
 
 def pair_tokenizer(tokenizer, max_length: int):
@@ -141,13 +142,15 @@ def row_length(max_length: int) -> int:
 
 
 def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
-         slots: int = SLOTS_PER_ROW, multiple_of: int = 1, rows: int | None = None):
+         slots: int = SLOTS_PER_ROW, multiple_of: int = 1, rows: int | None = None,
+         serving: bool = False):
   """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
   `core.PackedPairs`): longest first, each into the first row with room for it and a free slot
   (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
   (and to `multiple_of`, the devices a batch is split over), so a run compiles for a few row
-  counts only (`rows` gives the count instead, when it holds them). Returns the packed pairs
-  and the share of their positions that are real."""
+  counts only (`rows` gives the count instead, when it holds them; `serving` rounds it up to
+  a power of two, for one query's candidates: two or three compiled shapes in all). Returns the
+  packed pairs and the share of their positions that are real."""
   lengths = (np.asarray(segments_NxKxL) > 0).sum(-1)
   n, k = lengths.shape
   present = np.flatnonzero(lengths.reshape(-1))
@@ -164,10 +167,12 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
     placed[p] = (row, count[row], used[row])
     used[row] += size
     count[row] += 1
-  if rows is None or rows < len(used):
+  if serving:
+    rows = 1 << max(0, len(used) - 1).bit_length()
+  elif rows is None or rows < len(used):
     step = max(1, -(-n * k // 16))
     rows = max(1, -(-len(used) // step) * step)
-    rows = -(-rows // multiple_of) * multiple_of
+  rows = -(-rows // multiple_of) * multiple_of
   ids = np.zeros((rows, length), np.int32)
   positions = np.zeros((rows, length), np.int32)
   segments = np.zeros((rows, length), np.int8)
@@ -188,13 +193,13 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
   return PackedPairs(ids, positions, segments, slot_ids, cls, where.reshape(n, k)), real
 
 
-def pack_batch(batch, multiple_of: int = 1):
+def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
   """A host `core.Batch` with pair tokens (B, K, L) -> the same batch with its pairs packed
   into rows of `row_length(L)` (`pack`) and the unpacked tokens dropped: what the core
   scores."""
   tokens = np.asarray(batch.tokens_BxKxL)
   pairs, _ = pack(tokens, batch.token_segments_BxKxL, row_length(tokens.shape[-1]),
-                  multiple_of=multiple_of)
+                  multiple_of=multiple_of, serving=serving)
   return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
 
 
@@ -206,11 +211,12 @@ def pack_streams(batch):
   segments = np.asarray(batch.token_segments_BxKxL)
   lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]
   flat_t, flat_s = tokens.reshape(-1, b, k, width), segments.reshape(-1, b, k, width)
-  length = row_length(width)
-  first = [pack(t, g, length)[0] for t, g in zip(flat_t, flat_s)]
+  first = [pack(t, g, row_length(width))[0] for t, g in zip(flat_t, flat_s)]
   rows = max(p.ids_RxL.shape[0] for p in first)
-  packed = [p if p.ids_RxL.shape[0] == rows else pack(t, g, length, rows=rows)[0]
-            for p, t, g in zip(first, flat_t, flat_s)]
+  # Empty rows added at the end: every slot keeps its index (where_BxK stays as it is).
+  grow = lambda x: np.pad(x, ((0, rows - len(x)), (0, 0)))  # noqa: E731
+  packed = [p.replace(**{name: grow(getattr(p, name)) for name in (
+      "ids_RxL", "positions_RxL", "segments_RxL", "slots_RxL", "cls_RxC")}) for p in first]
   pairs = jax.tree.map(lambda *xs: np.stack(xs).reshape(lead + xs[0].shape), *packed)
   return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
 
@@ -238,7 +244,8 @@ def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
   limit = device_memory_bytes()
   if limit is None:
     return 0, None
-  rows, length = batch * candidates, row_length(max_length)
+  # Every pair alone in a row, and the rows rounded up as `pack` rounds them.
+  rows, length = batch * candidates + -(-batch * candidates // 16), row_length(max_length)
   params = jax.eval_shape(lambda: cross_params_template(bert, k))
   shaped = jax.ShapeDtypeStruct
   pairs = PackedPairs(

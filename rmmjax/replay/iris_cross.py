@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pack, pack_batch, pair_tokens, row_length
+from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pack_batch, pair_tokens
 from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
                                          fuse_with_order)
 from rmmjax.retrieve.evidence import Fact
@@ -103,7 +103,7 @@ class CrossFactReranker:
       texts = [f.text for f in chunk] + [None] * (k - len(chunk))
       pairs = pair_tokens(self.tokenizer, [question], [texts], self.max_length,
                           length=self.max_length)
-      packed, _ = pack(pairs.ids_NxKxL, pairs.segments_NxKxL, row_length(self.max_length))
+      packed = pairs.packed(serving=True)
       logits = np.asarray(_logits(self.params, packed,
                                   self.spec.bert, self.spec.compute_dtype))
       self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
