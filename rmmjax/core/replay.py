@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import optim, reranker, selection
-from rmmjax.core.step import recall_per_query, supervised_step, train_step
+from rmmjax.core import optim, reranker
+from rmmjax.core.step import supervised_step, top_m_recall, train_step
 from rmmjax.core.types import Batch, TrainState
 
 # Streams folded out of a run's root key (0 initialises the parameters, 1 and 2 the latent
@@ -29,8 +29,7 @@ def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
 def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
   """Deterministic top-M recall of each query, recall_B, and the reranker's scores_BxK."""
   scores_BxK = reranker.scores(params, batch, spec)
-  top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m, batch.mask_BxK)
-  return recall_per_query(top_BxM, batch), scores_BxK
+  return top_m_recall(scores_BxK, batch, spec.m), scores_BxK
 
 
 def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[TrainState, dict]:
@@ -43,7 +42,13 @@ def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[
   key = jax.random.fold_in(state.key, _REPLAY_STREAM)
 
   def body(state, _):
-    return train_step(state, step_batch(stream_SxB, state.step), key, prequential=True)
+    batch = step_batch(stream_SxB, state.step)
+    state, metrics = train_step(state, batch, key, prequential=True)
+    present_B = jnp.any(batch.mask_BxK, -1)
+    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, metrics.pop("recall_B"), 0.0))
+    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
+    del metrics["scores_BxK"]
+    return state, metrics
 
   return jax.lax.scan(body, state, None, length=num_steps)
 
@@ -60,10 +65,12 @@ def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,
   key = jax.random.fold_in(jax.random.fold_in(state.key, _HELDOUT_STREAM), stream_id)
 
   def body(state, batch):
-    recall_B, scores_BxK = rerank_recall(state.params, batch, state.spec)
-    if adapt:
-      state, _ = train_step(state, batch, key)
-    return state, {"recall_B": recall_B, "scores_BxK": scores_BxK}
+    if not adapt:
+      recall_B, scores_BxK = rerank_recall(state.params, batch, state.spec)
+      return state, {"recall_B": recall_B, "scores_BxK": scores_BxK}
+    # One forward pass: the update's own scores rank the batch before it learns from it.
+    state, metrics = train_step(state, batch, key, prequential=True)
+    return state, {"recall_B": metrics["recall_B"], "scores_BxK": metrics["scores_BxK"]}
 
   _, out = jax.lax.scan(body, state, stream_SxB)
   return {"recall_SxB": out["recall_B"], "scores_SxBxK": out["scores_BxK"]}

@@ -69,6 +69,12 @@ def recall_per_query(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
   return hits_B.astype(jnp.float32) / jnp.maximum(batch.num_relevant_B.astype(jnp.float32), 1.0)
 
 
+def top_m_recall(scores_BxK: jax.Array, batch: Batch, m: int) -> jax.Array:
+  """Recall of each query's deterministic top M under these scores, recall_B."""
+  top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, m, batch.mask_BxK)
+  return recall_per_query(top_BxM, batch)
+
+
 def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
   """Mean recall over the present queries (see `recall_per_query`)."""
   return losses.masked_mean(recall_per_query(selected_BxM, batch),
@@ -122,9 +128,8 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
   The key is the run's step stream; the step number is folded in here. `scorer(params, batch)`
   -> (scores_BxK, pullback) replaces the reranker when the parameters are something else (the
   encoder itself, for REINFORCE on the retriever). With `prequential` (static) the metrics add
-  what the reranker as it stands would have served: the sum over present queries of the
-  deterministic top-M recall (`recall_sum_before`) and their number (`present`), from the same
-  forward pass as the update.
+  what the reranker as it stands would have served, from the same forward pass as the update:
+  each query's deterministic top-M recall (`recall_B`) and the scores (`scores_BxK`).
   """
   spec, hp = state.spec, state.hparams
   # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
@@ -145,12 +150,8 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
   metrics["citation_rate"] = jnp.sum(cited_BxM).astype(jnp.float32) / taken
   metrics["recall_at_m"] = recall_at_m(selected_BxM, batch)
   if prequential:
-    top_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(
-        jax.lax.stop_gradient(scores_BxK), spec.m, batch.mask_BxK)
-    present_B = jnp.any(batch.mask_BxK, -1)
-    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, recall_per_query(top_BxM, batch),
-                                                     0.0))
-    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
+    metrics["recall_B"] = top_m_recall(scores_BxK, batch, spec.m)
+    metrics["scores_BxK"] = scores_BxK
   return state, metrics
 
 
