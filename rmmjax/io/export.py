@@ -85,18 +85,17 @@ def trained_spec(cfg, workdir: Path) -> core.CoreSpec:
   return cfg.core_spec(bert=core.BertConfig(**cross["bert"]))
 
 
-def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again"
-                 ) -> dict:
+def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again",
+                 name: str = "record.json") -> dict:
   """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
-  what to do when it does not)."""
+  what to do when it does not; `name`, where the record is)."""
   cross = record.get("cross")
   bert = cross.get("bert") if isinstance(cross, dict) else None
   length = cross.get("max_length") if isinstance(cross, dict) else None
   if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
       or not isinstance(length, int) or not 16 <= length <= 512):
-    raise ValueError(f"{where}: its record{'.json' if 'train' in fix else ''} does not say how "
-                     "the cross reranker reads pairs (cross.bert, cross.tokenizer, "
-                     f"cross.max_length of 16 to 512); {fix}")
+    raise ValueError(f"{where}: its {name} does not say how the cross reranker reads pairs "
+                     f"(cross.bert, cross.tokenizer, cross.max_length of 16 to 512); {fix}")
   try:
     core.BertConfig.from_dict(bert, where=f"{where}: record.json cross.bert")
   except TypeError as err:

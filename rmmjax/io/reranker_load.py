@@ -116,7 +116,7 @@ def cross_export_header(path: Path) -> dict:
     raise ValueError(f"{where} is not an rmmjax cross export of format {CROSS_FORMAT} with the "
                      "run's config, record and rank_bias (an export of an older rmmjax has no "
                      "config): export the training workdir again, or give it as --reranker")
-  cross = cross_record(record, where, "export the training workdir again")
+  cross = cross_record(record, where, "export the training workdir again", "header's record")
   bias = header["rank_bias"]
   if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bias):
     raise ValueError(f"{where}: rank_bias holds a value that is not a finite number")

@@ -36,6 +36,7 @@ class CrossRerankerTask(ReplayTask):
 
   checkpoint_pretrained = True  # pretraining takes minutes: a resume should not redo it
   steps_from_host = True  # one compiled step at a time (each costs seconds on a CPU)
+  stream_on_devices = False  # each step's batch is packed on the host and sent alone
 
   def __init__(self, cfg, encoder=None, progress: bool = False):
     self._progress = progress
@@ -102,8 +103,9 @@ class CrossRerankerTask(ReplayTask):
       self._step = jax.jit(lambda state, stream: core_replay.replay_steps(state, stream, 1),
                            donate_argnums=0, compiler_options=compiler_options())
     rows = []
-    for _ in range(n):
-      state, metrics = self._step(state, self._one_step_stream(int(state.step)))
+    start = int(state.step)  # read once: the step of each update is counted on the host
+    for i in range(n):
+      state, metrics = self._step(state, self._one_step_stream(start + i))
       rows.append(metrics)
       if on_step is not None:
         on_step(1)
@@ -215,14 +217,16 @@ def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
   return [jax.tree.map(lambda x: np.asarray(x)[c], streams_CxSxB) for c in range(num)]  # noqa
 
 
-def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
+def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained: bool = False,
+                    steps_done: int = 0) -> None:
   """The checks of a cross reranker's run that need no candidates, made before anything of the
   run is written (before a learner=both run trains its query encoder): the encoder is a BERT
   with a tokenizer, the training questions fill a pretraining batch, and each kind of step the
   run will take fits the device (pretraining over cross_pretrain_candidates per question,
-  online steps over all k); a kind it will not take is neither compiled nor measured."""
+  online steps over all k); a kind it will not take (or, resumed, has taken: `pretrained`,
+  `steps_done`) is neither compiled nor measured."""
   require_bert(encoder, "variant=cross")
-  pretrains = cfg.mode != "rl" and cfg.pretrain_epochs > 0
+  pretrains = cfg.mode != "rl" and cfg.pretrain_epochs > 0 and not pretrained
   if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
     num = sum(len(c.questions) for c in conversations[:len(conversations) - cfg.holdout])
     if num < cfg.batch:
@@ -231,7 +235,7 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int) -> None:
   phases = {}
   if pretrains:
     phases["a pretraining step"] = ("cross_pretrain_candidates", cfg.cross_pretrain_candidates)
-  if cfg.steps > 0:
+  if cfg.steps > steps_done:
     phases["an online step"] = ("k", cfg.k)
   for what, (key, candidates) in phases.items():
     _check_fits(what, cfg, encoder.cfg, key, candidates, devices)

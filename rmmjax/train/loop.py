@@ -116,8 +116,10 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       if cfg.variant == "cross":
         # The cross reranker's own checks, before a learner=both run tunes its encoder.
         _, conversations, _, encoder = replay_inputs(cfg, encoder)
+        done = saved_steps(workdir / "checkpoints")  # a resume skips what it has done
         check_cross_run(cfg, encoder, conversations,
-                        distributed.data_mesh(cfg.devices).devices.size)
+                        distributed.data_mesh(cfg.devices).devices.size,
+                        pretrained=bool(done), steps_done=done[-1] if done else 0)
     if cfg.learner == "both":
       # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
       # run); then the reranker trains on the candidates the tuned encoder retrieves.

@@ -28,6 +28,8 @@ class ReplayTask(Task):
   """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
   rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
+  stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
+
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.hp = cfg, cfg.hparams()
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
@@ -61,7 +63,7 @@ class ReplayTask(Task):
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     # Data parallel over the mesh: each step's batch (axis 1 of the stream) split over it.
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
-    if self._parallel:
+    if self._parallel and self.stream_on_devices:
       self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)
     self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
     self._replay = jax.jit(heldout_replay, static_argnums=3)
