@@ -15,6 +15,7 @@ from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answere
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.eval.retrieval import recorded_query_encoder
 from rmmjax.io.iris_models import load_iris_model
+from rmmjax.io.kinds import model_kind
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
 from rmmjax.io.reranker_load import load_reranker
@@ -60,8 +61,11 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
                else None,
                "reranker_record": reranker.record if reranker is not None else None,
                "query_encoder": str(Path(encoder_path).resolve()) if encoder_path else None,
+               # (a plain Hugging Face encoder given as --encoder trained on nothing here)
                "query_encoder_record": (query_encoder_record(Path(encoder_path))
-                                        if encoder_path else None)}
+                                        if encoder_path and model_kind(Path(encoder_path)) in (
+                                            "query encoder", "query encoder export")
+                                        else None)}
   extra, served = {}, False
   if args.command == "chat":
     cross = reranker is not None and reranker.spec.variant == "cross"
@@ -203,7 +207,7 @@ def cmd_answer(args) -> None:
       agent = _agent(args, memory_bank, encoder_for(memory_bank), learn=False, m=args.m, llm=llm)
       used = args.used
       models = [(used[key], used[f"{key}_record"]) for key in ("reranker", "query_encoder")
-                if used[key] is not None]
+                if used[f"{key}_record"] is not None]
       report = evaluate_answers(args.dataset, Path(args.data), agent_answerer(agent), llm,
                                 limit=args.limit, progress=not args.quiet,
                                 config={"memory": "bank", "retriever": args.retriever,
@@ -217,7 +221,7 @@ def cmd_answer(args) -> None:
       if left_out:
         print(f"left out {len(left_out)} conversation{'s' if len(left_out) > 1 else ''} the "
               f"models trained on: {', '.join(left_out)}")
-      elif report["config"].get("in_sample"):
+      elif report["config"].get("trained_conversations_in_file"):
         print("IN-SAMPLE: " + ", ".join(report["config"]["trained_conversations_in_file"])
               + " were trained on")
   atomic_write_json(Path(args.out), report)
