@@ -71,6 +71,15 @@ def _attention_written_out(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1x1xS):
   return jnp.einsum("bnts,bsnd->btnd", probs.astype(q_BxTxNxD.dtype), v_BxSxNxD)
 
 
+def _attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1xQxS):
+  """jax.nn.dot_product_attention in float32; written out in bfloat16, whose path in JAX mixes
+  bfloat16 with float32 implicitly (its backward pass too, so no local promotion setting
+  covers it), and in float64, which JAX's would round through float32."""
+  if q_BxTxNxD.dtype == jnp.float32:
+    return jax.nn.dot_product_attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias=bias_Bx1xQxS)
+  return _attention_written_out(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1xQxS)
+
+
 def _norm(cfg: BertConfig, name: str, x):
   """Layer normalisation computed in float32 whatever the activations' dtype (its variance is
   what low precision gets wrong), returned in theirs."""
@@ -107,8 +116,7 @@ class _Layer(nn.Module):
     else:
       qkv_BxTx3xNxD = (h_BxTxH @ kernel_Hx3H + bias_1x1x3H).reshape(b, t, 3, heads, size)
       q, k, v = (qkv_BxTx3xNxD[:, :, i] for i in range(3))
-    attn = (jax.nn.dot_product_attention(q, k, v, bias=bias_Bx1xQxT) if dtype == jnp.float32
-            else _attention_written_out(q, k, v, bias_Bx1xQxT))
+    attn = _attention(q, k, v, bias_Bx1xQxT)
     attn = nn.Dense(cfg.hidden_size, name="attention_out", dtype=dtype)(
         attn.reshape(h_BxTxH.shape))
     h_BxTxH = _norm(cfg, "attention_norm", h_BxTxH + attn)

@@ -207,6 +207,25 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state():
   assert dtypes == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.parametrize("dtype,atol", [("float64", 1e-12), ("float32", 2e-6),
+                                          ("bfloat16", 2e-2)])
+def test_attention_matches_the_naive_formula_in_every_dtype(dtype, atol):
+  """The layer's attention (jax.nn.dot_product_attention below float64) against softmax(q k^T /
+  sqrt(d) + bias) v computed in NumPy float64, with keys shut out by the bias."""
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(size=(2, 6, 3, 8)) for _ in range(3))
+  bias = np.where(rng.random((2, 1, 6, 6)) < 0.7, 0.0, -1e9)
+  bias[..., 0] = 0.0  # every query admits at least one key
+  logits = np.einsum("btnd,bsnd->bnts", q, k) / np.sqrt(8) + bias
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  expected = np.einsum("bnts,bsnd->btnd", probs / probs.sum(-1, keepdims=True), v)
+  with jax.enable_x64(dtype == "float64"):
+    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    got = jax.jit(core.bert._attention)(cast(q), cast(k), cast(v), cast(bias))
+    assert got.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(got, np.float64), expected, atol=atol)
+
+
 def test_a_cross_spec_is_refused_where_it_cannot_score():
   with pytest.raises(ValueError, match="compute_dtype"):
     _spec(compute_dtype="float16")
