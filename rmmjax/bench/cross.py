@@ -10,7 +10,10 @@ batch's pairs into rows of 128 positions as the training command does (replay.cr
 each pair attends to its own tokens only), the CrossEncoder pads the batch to its longest pair;
 the share of positions that are real tokens is printed for both. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
 that for training, so both sides are compute bound on a CPU: the ratio compares how well each
-uses the same cores.
+uses the same cores. To say how far from the device's limit rmmjax is, the table adds the
+real tokens per second, the FLOPs per second that XLA counts in the compiled programs, and
+their fraction of one large matmul's rate on the same device in the same dtype (the rate a
+program of matmuls can attain there, measured rather than taken from a data sheet).
 """
 
 from __future__ import annotations
@@ -44,6 +47,23 @@ def _pairs(data: Path, batches: int, k: int) -> list[tuple[list[str], list[list[
     out.append(([qs[i] for i in picks],
                 [[texts[j] for j in rng.choice(len(texts), k, replace=False)] for _ in picks]))
   return out
+
+
+def compiled_flops(fn, *args) -> float:
+  """The FLOPs XLA counts in fn's compiled program for these arguments (0 where it counts none)."""
+  cost = fn.lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list | tuple) else cost
+  return float((cost or {}).get("flops", 0.0))
+
+
+def matmul_rate(dtype=jnp.float32, repeats: int = 5) -> float:
+  """FLOPs per second of one large square matmul on the default device: the practical peak
+  that a compute-bound program is measured against."""
+  n = 2048 if jax.default_backend() == "cpu" else 8192
+  a = jax.device_put(jnp.ones((n, n), dtype))
+  matmul = jax.jit(jnp.matmul)
+  matmul(a, a).block_until_ready()
+  return 2.0 * n ** 3 / median_time(lambda: matmul(a, a).block_until_ready(), repeats)
 
 
 def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
@@ -105,10 +125,18 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   packed = [b.pairs for b in score_batches + train_batches]
   real = sum(int((p.slots_RxL > 0).sum()) for p in packed) / sum(p.ids_RxL.size for p in packed)
   shapes = sorted({p.ids_RxL.shape for p in packed})
+  score_s, train_s = median_time(ours_score, repeats), median_time(ours_train, repeats)
+  score_flops = sum(compiled_flops(score, params, b.pairs) for b in score_batches)
+  train_flops = sum(compiled_flops(step, box[0], b) for b in train_batches)
+  real_tokens = lambda bs: sum(int((b.pairs.slots_RxL > 0).sum()) for b in bs)  # noqa: E731
+  peak = matmul_rate()
   rows = [{"method": "rmmjax (JAX, float32)", "lengths": [list(x) for x in shapes],
            "real_positions": real,
-           "score_pairs_per_s": score_pairs / median_time(ours_score, repeats),
-           "train_pairs_per_s": train_pairs / median_time(ours_train, repeats)}]
+           "score_pairs_per_s": score_pairs / score_s, "train_pairs_per_s": train_pairs / train_s,
+           "score_tokens_per_s": real_tokens(score_batches) / score_s,
+           "train_tokens_per_s": real_tokens(train_batches) / train_s,
+           "score_flop_per_s": score_flops / score_s, "train_flop_per_s": train_flops / train_s,
+           "matmul_flop_per_s": peak}]
   try:
     import torch
     from sentence_transformers import CrossEncoder
@@ -128,6 +156,12 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   for row in rows:
     print(f"{row['method']:34s}{row['score_pairs_per_s']:15.1f}{row['train_pairs_per_s']:15.1f}"
           f"{row['real_positions']:16.0%}  {row['lengths']}")
+  ours = rows[0]
+  print(f"rmmjax real tokens/s: scoring {ours['score_tokens_per_s']:,.0f}, training "
+        f"{ours['train_tokens_per_s']:,.0f}; XLA-counted GFLOP/s: scoring "
+        f"{ours['score_flop_per_s'] / 1e9:,.1f}, training {ours['train_flop_per_s'] / 1e9:,.1f}, "
+        f"that is {ours['score_flop_per_s'] / peak:.0%} and {ours['train_flop_per_s'] / peak:.0%} "
+        f"of a large float32 matmul's {peak / 1e9:,.1f} GFLOP/s on this device")
   if len(rows) == 2:
     result["score_ratio"] = rows[0]["score_pairs_per_s"] / rows[1]["score_pairs_per_s"]
     result["train_ratio"] = rows[0]["train_pairs_per_s"] / rows[1]["train_pairs_per_s"]

@@ -178,6 +178,16 @@ def test_bench_search_runs_and_agrees_with_its_reference(tmp_path):
   assert all(r["queries_per_s"] > 0 for r in result["rows"])
 
 
+def test_the_cross_bench_counts_flops_as_the_textbook_formula_does():
+  """bench cross's FLOP count (XLA's, of the compiled program) against 2 m k n for a matmul and
+  m n more for a bias added after it; the matmul rate it divides by is a positive rate."""
+  from rmmjax.bench.cross import compiled_flops, matmul_rate
+  a, b, c = (np.ones(s, np.float32) for s in [(64, 32), (32, 16), (1, 16)])
+  assert compiled_flops(jax.jit(lambda x, y: x @ y), a, b) == 2 * 64 * 32 * 16
+  assert compiled_flops(jax.jit(lambda x, y, z: x @ y + z), a, b, c) == 2 * 64 * 32 * 16 + 64 * 16
+  assert matmul_rate(repeats=1) > 0
+
+
 def test_a_workdir_where_nothing_can_be_created_is_refused_by_name(capsys):
   proc = Path("/proc/self")
   if not proc.is_dir():
