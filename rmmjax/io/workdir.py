@@ -24,36 +24,40 @@ from rmmjax.config import Config, from_json
 EXTENDABLE_KEYS = ("steps", "devices")
 RUN_FILE = "run.json"
 KINDS = ("train", "sweep")
-LOCK_FILE = ".lock"  # held (flock) by the one process that trains or sweeps into a workdir
+LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
 
 
-def take_lock(folder: Path, holder: str):
-  """An exclusive lock on folder/.lock, naming `holder` in it; the open file (the lock lasts
-  until it is closed, or its process ends, SIGKILL included), or None with the holder's words
-  when another process holds it. A lock file unlinked by its last holder while this one waited
-  is not taken: the path's file is locked, or tried again."""
-  path = Path(folder) / LOCK_FILE
-  while True:
-    lock = open(path, "a+")  # noqa: SIM115  (held until the caller closes it)
+class FolderLock:
+  """An exclusive flock on a folder itself (its open handle), held until `close()` or the
+  process's end, SIGKILL included. Locking the folder rather than a file in it means that no
+  file deleted or replaced inside it lets a second holder in."""
+
+  def __init__(self, fd: int):
+    self._fd = fd
+
+  def close(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+
+
+def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
+  """(the lock on `folder`, `holder`), with `holder` written to folder/.lock for whoever is
+  refused next; or (None, the holder's words) when another process holds it."""
+  folder = Path(folder)
+  fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
     try:
-      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      lock.seek(0)
-      words = lock.read().strip()
-      lock.close()
-      return None, words
-    try:
-      same = os.fstat(lock.fileno()).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-      same = False
-    if same:
-      break
-    lock.close()
-  lock.seek(0)
-  lock.truncate()
-  lock.write(holder)
-  lock.flush()
-  return lock, holder
+      words = (folder / LOCK_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+      words = ""
+    return None, words
+  with contextlib.suppress(OSError):  # the words are a courtesy; the lock is the folder's
+    (folder / LOCK_FILE).write_text(holder)
+  return FolderLock(fd), holder
 
 
 @contextlib.contextmanager
@@ -65,6 +69,9 @@ def held(workdir: Path, command: str) -> Iterator[None]:
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise ValueError(f"{workdir} is a file; expected a directory")
+  if workdir.is_symlink() and not workdir.exists():
+    raise ValueError(f"{workdir} is a link to {os.readlink(workdir)}, which does not exist; "
+                     "make that directory or give another workdir")
   created = [p for p in [workdir, *workdir.parents] if not p.exists()]
   workdir.mkdir(parents=True, exist_ok=True)
   lock, holder = take_lock(workdir, f"rmmjax {command} (pid {os.getpid()} on "
@@ -77,8 +84,8 @@ def held(workdir: Path, command: str) -> Iterator[None]:
     yield
   finally:
     with contextlib.suppress(OSError):
-      if [p.name for p in workdir.iterdir()] == [LOCK_FILE]:
-        (workdir / LOCK_FILE).unlink()  # (a process waiting on it takes the path's new one)
+      if {p.name for p in workdir.iterdir()} <= {LOCK_FILE}:
+        (workdir / LOCK_FILE).unlink(missing_ok=True)
         for folder in created:  # the innermost first, while empty (another may hold a parent)
           folder.rmdir()
     lock.close()

@@ -20,10 +20,16 @@ TINY = core.BertConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2,
 B, K, L = 3, 5, 12
 
 
+# Compiled once each: run op by op, the tiny model's init and scoring spend tens of seconds
+# compiling hundreds of single operations.
+_init = jax.jit(core.bert.BertCrossEncoder(TINY).init)
+_scores = jax.jit(core.cross_scores, static_argnames=("cfg", "dtype"))
+_batch_scores = jax.jit(core.scores, static_argnames="spec")
+
+
 def _encoder_params(seed=0):
   ids = jnp.zeros((1, L), jnp.int32)
-  params = core.bert.BertCrossEncoder(TINY).init(jax.random.PRNGKey(seed), ids, ids, ids, ids,
-                                                 ids[:, :1])["params"]
+  params = _init(jax.random.PRNGKey(seed), ids, ids, ids, ids, ids[:, :1])["params"]
   return {name: value for name, value in params.items() if name != "classifier"}
 
 
@@ -66,7 +72,7 @@ def _batch(seed=0):
 
 def test_a_fresh_cross_reranker_keeps_the_base_order():
   params = core.init_cross_params(_encoder_params(), K, prior_scale=1.0)
-  scores = core.cross_scores(params, _packed(), TINY)
+  scores = _scores(params, _packed(), TINY)
   want = -np.log1p(np.arange(K))
   np.testing.assert_array_equal(np.asarray(scores), np.broadcast_to(want, (B, K)).astype(
       np.float32))
@@ -78,10 +84,10 @@ def test_a_fresh_cross_reranker_keeps_the_base_order():
 def test_positions_pick_the_rank_prior_of_the_base_order():
   params = core.init_cross_params(_encoder_params(), 8, prior_scale=2.0)
   positions = jnp.asarray(np.tile([0, 2, 3, 6, 7], (B, 1)), jnp.int32)
-  scores = core.cross_scores(params, _packed(), TINY, positions_BxK=positions)
+  scores = _scores(params, _packed(), TINY, positions_BxK=positions)
   np.testing.assert_allclose(np.asarray(scores[0]), -2.0 * np.log1p([0, 2, 3, 6, 7]), rtol=1e-6)
   with pytest.raises(ValueError, match="k=8"):
-    core.cross_scores(params, _packed(), TINY)
+    _scores(params, _packed(), TINY)
 
 
 def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
@@ -93,7 +99,7 @@ def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
   packed, real = pack(ids, segments, 2 * L)
   assert packed.ids_RxL.shape[0] < alone.ids_RxL.shape[0] and real > real_alone
   present = segments.any(-1)
-  a, b = (np.asarray(core.cross_scores(params, p, TINY)) for p in (alone, packed))
+  a, b = (np.asarray(_scores(params, p, TINY)) for p in (alone, packed))
   np.testing.assert_allclose(b[present], a[present], atol=1e-5)
   # Every token of a pair sits in one row, in order, at its own positions 0..n-1.
   lengths = (segments > 0).sum(-1)
@@ -193,8 +199,8 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state():
   params = core.init_cross_params(_encoder_params(), K, 1.0)
   params["encoder"]["classifier"]["kernel"] = jnp.full((16, 1), 0.3, jnp.float32)
   batch = _batch()
-  full = core.scores(params, batch, _spec())
-  half = core.scores(params, batch, _spec(compute_dtype="bfloat16"))
+  full = _batch_scores(params, batch, _spec())
+  half = _batch_scores(params, batch, _spec(compute_dtype="bfloat16"))
   assert half.dtype == jnp.float32
   assert not np.array_equal(np.asarray(full), np.asarray(half))  # really computed otherwise
   np.testing.assert_allclose(np.asarray(half), np.asarray(full), atol=0.1)

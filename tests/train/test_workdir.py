@@ -298,6 +298,10 @@ def test_a_second_process_on_a_workdir_is_refused_naming_the_holder(tmp_path, re
     assert main(["sweep", "--quiet", "--workdir", str(wd), "--grid", "tau=0.1,0.5",
                  *sets]) == 2
     assert f"pid {first.pid}" in capsys.readouterr().err
+    # The lock is the folder's own: a lock file deleted under the holder lets no one in.
+    (wd / ".lock").unlink()
+    assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 2
+    assert "in use by another process" in capsys.readouterr().err
   finally:
     assert first.wait(timeout=300) == 0, first.stderr.read()
   # The holder's outputs are a lone run's.
@@ -307,6 +311,15 @@ def test_a_second_process_on_a_workdir_is_refused_naming_the_holder(tmp_path, re
     assert (wd / name).read_text() == (alone / name).read_text()
   # Released on exit: the same command resumes (nothing left to do) without a word of refusal.
   assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 0
+
+
+def test_a_workdir_linked_to_nowhere_is_refused_by_name(tmp_path, capsys):
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "nowhere")
+  assert _train(link, 10) == 2
+  err = capsys.readouterr().err
+  assert "nowhere, which does not exist" in err and "Traceback" not in err
+  assert not (tmp_path / "nowhere").exists()
 
 
 def _refused_after_the_lock(monkeypatch):
