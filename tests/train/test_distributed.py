@@ -24,8 +24,9 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
 def _env(devices: int) -> dict:
-  return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's own XLA flags, and the devices
+              XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                        f"--xla_force_host_platform_device_count={devices}".strip())
 
 
 def _free_port() -> int:
