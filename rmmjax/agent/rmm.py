@@ -230,8 +230,6 @@ class Agent(ChatAgent):
     """One query's candidates as a batch of one (with their pair tokens for a cross reranker)."""
     ids, segments = tokens if tokens is not None else (None, None)
     batch = core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
-                       relevant_BxK=np.zeros_like(mask_K[None]),
-                       num_relevant_B=np.ones(1, np.int32),
                        tokens_BxKxL=None if ids is None else ids[None],
                        token_segments_BxKxL=None if ids is None else segments[None])
     return batch if ids is None else pack_batch(batch, serving=True)
@@ -347,8 +345,7 @@ class Agent(ChatAgent):
     batch_size = self.state.spec.batch
     q, mem, mask, selected, rewards, *tokens = (np.stack(x)
                                                 for x in zip(*self._pending[:batch_size]))
-    batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,
-                       relevant_BxK=np.zeros_like(mask), num_relevant_B=np.ones(len(q), np.int32),
+    batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,  # no labels: citations teach
                        tokens_BxKxL=tokens[0] if tokens else None,
                        token_segments_BxKxL=tokens[1] if tokens else None)
     if tokens:  # a cross reranker reads the pairs, packed

@@ -102,8 +102,9 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
     return pack_batch(core.Batch(
         q_BxD=np.zeros((QUESTIONS, cfg.hidden_size), np.float32),
         mem_BxKxD=np.zeros((QUESTIONS, k, cfg.hidden_size), np.float32),
-        mask_BxK=np.ones((QUESTIONS, k), bool), relevant_BxK=relevant[:, :k] if k == TRAIN_K
-        else np.zeros((QUESTIONS, k), bool), num_relevant_B=np.ones(QUESTIONS, np.int32),
+        mask_BxK=np.ones((QUESTIONS, k), bool),  # labels for training only; scoring reads none
+        relevant_BxK=relevant if k == TRAIN_K else None,
+        num_relevant_B=np.ones(QUESTIONS, np.int32) if k == TRAIN_K else None,
         tokens_BxKxL=t.ids_NxKxL, token_segments_BxKxL=t.segments_NxKxL))
 
   score_batches = [batch_of(t, SCORE_K) for t in score_tokens]

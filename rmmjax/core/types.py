@@ -135,15 +135,21 @@ class Batch(struct.PyTreeNode):
 
   A query whose mask row is all False is absent: padding of a replayed stream that ran out of
   questions. It is selected from, rewarded, averaged and learnt from nowhere.
+
+  What a reranker reads (the query, its candidates and their mask, and a cross reranker's
+  pairs) is apart from what training and evaluation add (the labels: relevant_BxK,
+  num_relevant_B, evidence_BxKxE). Serving scores and learns from citations without labels, so
+  it leaves them None; anything that reads them (recall, simulated citations, the listwise
+  loss) is given a labelled batch.
   """
 
   q_BxD: jax.Array
   mem_BxKxD: jax.Array
   mask_BxK: jax.Array  # bool: candidate exists (a bank may hold fewer than K memories)
-  relevant_BxK: jax.Array  # bool: candidate is relevant to the query
+  relevant_BxK: jax.Array | None = None  # bool: candidate is relevant to the query
   # The recall denominator: relevant memories in the whole bank, or, when evidence_BxKxE is
   # given, the query's evidence items (a labelled question's evidence turns).
-  num_relevant_B: jax.Array
+  num_relevant_B: jax.Array | None = None
   # bool, optional: candidate k covers the query's evidence item e (padded with False). A unit
   # that spans several turns (a session, a topic) covers several; recall then counts evidence
   # items found, the definition every evaluation uses, not relevant units selected.

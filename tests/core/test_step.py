@@ -167,6 +167,24 @@ def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
   assert int(state.step) == 30 and np.isfinite(metrics["loss"])
 
 
+def test_serving_scores_and_learns_from_a_batch_without_labels():
+  """What serving holds (a query, its candidates, their mask) is enough to score and to learn
+  from observed rewards: the labels are not read there, so a labelled copy of the same batch
+  gives the same scores and the same update, and recall, which needs them, is not computable."""
+  state, labelled = _state_and_batch()
+  unlabelled = labelled.replace(relevant_BxK=None, num_relevant_B=None)
+  selected = jnp.tile(jnp.array([0, 1, 2]), (4, 1))
+  rewards = jnp.tile(jnp.array([1.0, 0.0, 0.0]), (4, 1))
+  update = jax.jit(core.reinforce_update)
+  with_labels, _ = update(state, labelled, selected, rewards)
+  without, _ = update(state, unlabelled, selected, rewards)
+  for a, b in zip(jax.tree.leaves(with_labels.params), jax.tree.leaves(without.params)):
+    np.testing.assert_array_equal(a, b)
+  assert not np.allclose(jax.tree.leaves(without.params)[0], jax.tree.leaves(state.params)[0])
+  with pytest.raises((TypeError, AttributeError)):
+    core.recall_at_m(selected, unlabelled)
+
+
 def test_embeddings_entering_the_scorer_are_checked():
   from rmmjax.io.serving import check_embeddings
   _, batch = _state_and_batch()
