@@ -170,7 +170,7 @@ def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
 def test_serving_scores_and_learns_from_a_batch_without_labels():
   """What serving holds (a query, its candidates, their mask) is enough to score and to learn
   from observed rewards: the labels are not read there, so a labelled copy of the same batch
-  gives the same scores and the same update, and recall, which needs them, is not computable."""
+  gives the same update, and recall, which needs them, is not computable."""
   state, labelled = _state_and_batch()
   unlabelled = labelled.replace(relevant_BxK=None, num_relevant_B=None)
   selected = jnp.tile(jnp.array([0, 1, 2]), (4, 1))
