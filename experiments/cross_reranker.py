@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired, provenance, provenance_line
-from rmmjax import core
+from rmmjax.learners.cross import cross_scores
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
@@ -61,7 +61,7 @@ from rmmjax.io.query_encoders import load_query_encoder
 from rmmjax.io.reranker_load import load_reranker
 from rmmjax.io.workdir import read_config
 from rmmjax.replay.candidates import build_replay, folds
-from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.learners.cross.pairs import pair_tokens
 from rmmjax.train.loop import train
 
 OUT = RESULTS / "cross_reranker"
@@ -151,7 +151,7 @@ def latency(workdir: Path, encoder, data: Path, questions: int = 100) -> dict:
   convs, _ = load_locomo(data)
   replay = build_replay(convs[-1:], "turn", "hybrid", encoder, loaded.spec.k)[0]
   max_length = loaded.record["cross"]["max_length"]
-  score = jax.jit(lambda p, pairs: core.cross_scores(p, pairs, loaded.spec.bert))
+  score = jax.jit(lambda p, pairs: cross_scores(p, pairs, loaded.spec.model.bert))
   texts = replay.candidate_texts()
 
   def one(n: int) -> float:

@@ -26,7 +26,7 @@ import numpy as np
 from rmmjax import core
 from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.agent.workdir import AgentWorkdir
-from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
+from rmmjax.io.reranker_load import LoadedReranker
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
@@ -34,8 +34,8 @@ from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.memory.topic_units import topic_text
-from rmmjax.replay.cross_pairs import pack_batch, pair_tokens
-from rmmjax.encode.encoder import compiler_options
+from rmmjax.learners.embedding import EmbeddingReader
+from rmmjax.learners.registry import reader
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit
 
@@ -127,18 +127,17 @@ class Agent(ChatAgent):
     spec = core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m, batch=settings.batch,
                          rank_prior=True)
     self.mismatches = []
-    # A cross reranker reads the query beside each candidate's text, cut by its tokenizer.
-    self._pair_length = None
-    if reranker is not None and reranker.spec.variant == "cross":
-      check_cross_encoder(reranker, encoder)
-      self._pair_length = reranker.record["cross"]["max_length"]
+    # How the reranker reads its candidates: the embeddings (the agent's own reranker, the
+    # linear and MLP ones), or the query beside each candidate's text (a cross reranker).
+    self._reader = (reader(reranker, encoder) if reranker is not None
+                    else EmbeddingReader(encoder.dim, "the agent's reranker"))
     if reranker is not None:
       self.mismatches = self._check_reranker(reranker, allow_mismatch)
       spec = dataclasses.replace(reranker.spec, m=settings.m, batch=settings.batch)
     self.state = core.init_state(spec, hp, reranker.params if reranker is not None else None)
     self.stats = dict.fromkeys(STATS, 0)
     self._pending: list[tuple] = []
-    options = compiler_options() if self._pair_length is not None else None  # the encoder's
+    options = self._reader.compiler_options()
     self._scores = jax.jit(core.scores, static_argnums=2, compiler_options=options)
     self._update = jax.jit(core.reinforce_update, compiler_options=options)
     self.workdir = None
@@ -151,9 +150,6 @@ class Agent(ChatAgent):
       self._restore()
 
   def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:
-    if reranker.spec.variant == "cross" and reranker.spec.k != self.settings.k:
-      raise ValueError(f"the cross reranker {reranker.source} scores {reranker.spec.k} "
-                       f"candidates; here {self.settings.k} are retrieved (--candidates)")
     if reranker.spec.dim != self.encoder.dim or reranker.spec.k != self.settings.k:
       # Weights of other shapes cannot score these candidates at all, mismatch allowed or not.
       raise ValueError(f"the reranker {reranker.source} scores {reranker.spec.k} candidates "
@@ -232,7 +228,7 @@ class Agent(ChatAgent):
     batch = core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
                        tokens_BxKxL=None if ids is None else ids[None],
                        token_segments_BxKxL=None if ids is None else segments[None])
-    return batch if ids is None else pack_batch(batch, serving=True)
+    return self._reader.pack(batch)
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
               tokens=None) -> tuple:
@@ -259,14 +255,9 @@ class Agent(ChatAgent):
     if len(rows):
       mem_KxD[:len(rows)] = index.emb_NxD[rows]
     memories = [index.memories[r] for r in rows]
-    tokens = None
-    if self._pair_length is not None:
-      # The text a topic unit holds, which the reranker read in training (not the prompt's).
-      texts = [topic_text(m) for m in memories] + [None] * (spec.k - len(memories))
-      # Cut to one length and packed in a power of two of rows: a few compiled scorers.
-      pairs = pair_tokens(self.encoder.tokenizer, [query], [texts], self._pair_length,
-                          length=self._pair_length)
-      tokens = (pairs.ids_NxKxL[0], pairs.segments_NxKxL[0])
+    # The text a topic unit holds, which a reranker reading text trained on (not the prompt's).
+    texts = [topic_text(m) for m in memories] + [None] * (spec.k - len(memories))
+    tokens = self._reader.candidate_tokens(query, texts)
     return q_D, mem_KxD, mask_K, memories, tokens
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
@@ -348,8 +339,7 @@ class Agent(ChatAgent):
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,  # no labels: citations teach
                        tokens_BxKxL=tokens[0] if tokens else None,
                        token_segments_BxKxL=tokens[1] if tokens else None)
-    if tokens:  # a cross reranker reads the pairs, packed
-      batch = pack_batch(batch, serving=True)
+    batch = self._reader.pack(batch)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)

@@ -6,7 +6,7 @@ as the reranker reads them), cut to 128 tokens. Scoring: batches of 4 questions 
 (80 pairs: one online step's ranking). Training: batches of 4 questions x 8 candidates (32
 pairs: one pretraining step of the listwise loss, forward, backward and Adam; the reference
 takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax packs a
-batch's pairs into rows of 128 positions as the training command does (replay.cross_pairs.pack:
+batch's pairs into rows of 128 positions as the training command does (learners.cross.pairs.pack:
 each pair attends to its own tokens only), the CrossEncoder pads the batch to its longest pair;
 the share of positions that are real tokens is printed for both. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
 that for training, so both sides are compute bound on a CPU: the ratio compares how well each
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
+from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
 from rmmjax.bench.core import median_time, write_result
 from rmmjax.bench.machine import describe, machine_info
 
@@ -70,7 +71,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   from rmmjax.encode.bert import load_pooler
   from rmmjax.encode.encoder import SentenceEncoder, compiler_options
   from rmmjax.io.cross_export import export_cross
-  from rmmjax.replay.cross_pairs import pack_batch, pair_tokens
+  from rmmjax.learners.cross.pairs import pack_batch, pair_tokens
 
   encoder = SentenceEncoder()
   cfg = encoder.cfg
@@ -78,7 +79,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   pooler = load_pooler(encoder.model_dir)
   if pooler is not None:
     weights["pooler"] = pooler
-  params = core.init_cross_params(weights, SCORE_K, 1.0)
+  params = init_cross_params(weights, SCORE_K, 1.0)
   # A head away from zero, so both sides compute every layer of the score.
   params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
   repeats = 2 if quick else 5
@@ -89,10 +90,10 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   score_tokens = [tok(*s) for s in score_sets]
   train_tokens = [tok(*s) for s in train_sets]
 
-  score = jax.jit(lambda p, pairs: core.cross_scores(p, pairs, cfg),
+  score = jax.jit(lambda p, pairs: cross_scores(p, pairs, cfg),
                   compiler_options=compiler_options())
   spec = core.CoreSpec(variant="cross", dim=cfg.hidden_size, k=TRAIN_K, m=2, batch=QUESTIONS,
-                       bert=cfg)
+                       model=CrossModel(cfg))
   relevant = np.zeros((QUESTIONS, TRAIN_K), bool)
   relevant[:, 0] = True
   train_params = dict(params, rank_bias=params["rank_bias"][:TRAIN_K])

@@ -19,24 +19,18 @@ from rmmjax.io.kinds import model_kind
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
 from rmmjax.io.reranker_load import load_reranker
+from rmmjax.learners.registry import learner
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.llm.base import LLMError
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 SETTINGS = AgentSettings()  # the agent's defaults are the flags' defaults
-CROSS_SERVED = (
-    "the cross reranker is served without learning from the LLM's citations: in replay "
-    "(experiments/cross_reranker.py) 60 online REINFORCE steps at its run's rates lowered its "
-    "held-out Recall@5 from 0.575 to 0.555, and no rate has been measured that helps; pass "
-    "--learn-cross to learn anyway (at its run's lr and tau unless --lr and --tau say otherwise)")
-
-
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
   args.retriever = args.retriever or SETTINGS.retriever
   reranker = load_reranker(Path(args.reranker)) if args.reranker else None
-  if args.command == "chat" and args.learn_cross and (
-      reranker is None or reranker.spec.variant != "cross" or args.serve):
+  frozen = learner(reranker.spec.variant).served_frozen if reranker is not None else None
+  if args.command == "chat" and args.learn_cross and (frozen is None or args.serve):
     raise ValueError("--learn-cross lets a cross reranker (--reranker) learn from the "
                      "citations" + (", and --serve says never to learn: pass one of them"
                                     if args.serve else ": pass a cross reranker's workdir or "
@@ -68,11 +62,10 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
                                         else None)}
   extra, served = {}, False
   if args.command == "chat":
-    cross = reranker is not None and reranker.spec.variant == "cross"
-    if cross and learn and not args.learn_cross:
+    if frozen is not None and learn and not args.learn_cross:
       learn, served = False, True
-    # A cross reranker learns at its own run's online rate and temperature unless told.
-    run = reranker.hparams if cross else None
+    # Such a reranker learns at its own run's online rate and temperature unless told.
+    run = reranker.hparams if frozen is not None else None
     extra = {"tau": args.tau if args.tau is not None else
              (float(run.tau) if run is not None else SETTINGS.tau),
              "lr": args.lr if args.lr is not None else
@@ -87,7 +80,7 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
     print(f"warning: the reranker does not fit ({mismatch}); used anyway (--allow-mismatch)",
           file=sys.stderr)
   if served:
-    print(CROSS_SERVED, file=sys.stderr)
+    print(frozen, file=sys.stderr)
   return agent
 
 

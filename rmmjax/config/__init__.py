@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from rmmjax import core
+from rmmjax.learners.cross import CrossModel
 from rmmjax.config import checks
 from rmmjax.config.choices import (CROSS_KEYS, EVALUABLE_DATASETS, LEARNERS, MODES,
                                    P_IRR_DEFAULT, P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS,
@@ -21,7 +22,7 @@ from rmmjax.config.choices import (CROSS_KEYS, EVALUABLE_DATASETS, LEARNERS, MOD
 
 __all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
            "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
-           "apply_precision", "encoder_stage", "from_json", "get_config", "parse_value",
+           "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "parse_value",
            "VARIANT_DEFAULTS"]
 
 @dataclasses.dataclass(frozen=True)
@@ -128,17 +129,18 @@ class Config:
   # the fits, so the summary can compare the tuned anchor with the base encoder on conversations
   # it did not fit (and warn when it is worse).
   validation: int = 1
-  # The cross reranker (variant=cross, rmmjax.core.cross): each (question, memory) pair is cut
+  # The cross reranker (variant=cross, rmmjax.learners.cross): each (question, memory) pair is cut
   # to cross_max_length tokens; its pretraining ranks cross_pretrain_candidates of each
   # question's K candidates (the relevant ones, at most half, then others at random), which
   # costs that share of a pass over all K; compute_dtype is the encoder's computation dtype
-  # (bfloat16 on accelerators; parameters and optimizer state stay float32); prior_scale
+  # (auto: bfloat16 on an accelerator, float32 on a CPU, which has no fast bfloat16 matmul;
+  # parameters and optimizer state stay float32 either way); prior_scale
   # spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
   # layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
   # learn at head_lr_scale times lr (pretrain_lr in pretraining).
   cross_max_length: int = 128
   cross_pretrain_candidates: int = 8
-  compute_dtype: str = "float32"
+  compute_dtype: str = "auto"
   prior_scale: float = 1.0
   head_lr_scale: float = 50.0
 
@@ -149,8 +151,9 @@ class Config:
                          hidden=self.hidden, k=self.k, m=self.m, batch=self.batch,
                          credit=self.credit, log_prob=self.log_prob, sampling=self.sampling,
                          running_decay=self.running_decay, rank_prior=self.rank_prior,
-                         bert=bert, compute_dtype=self.compute_dtype,
-                         prior_scale=self.prior_scale, head_lr_scale=self.head_lr_scale)
+                         model=None if bert is None else CrossModel(
+                             bert, effective_dtype(self.compute_dtype), self.prior_scale,
+                             self.head_lr_scale))
 
   def sim_spec(self) -> core.SimSpec:
     # Banks smaller than k are padded; the padding is masked out of every candidate list.
@@ -288,6 +291,14 @@ def encoder_stage(cfg: Config) -> Config:
   return dataclasses.replace(stage, variant=named.variant,
                              **{k: getattr(named, k) for k in keys},
                              **{k: getattr(default, k) for k in CROSS_KEYS})
+
+
+def effective_dtype(compute_dtype: str) -> str:
+  """The dtype a computation runs in on this process's devices: `auto` is bfloat16 on an
+  accelerator and float32 on a CPU."""
+  if compute_dtype != "auto":
+    return compute_dtype
+  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
 def apply_precision(precision: str) -> None:

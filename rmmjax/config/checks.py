@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmmjax.config.choices import CROSS_KEYS, LEARNERS, MODES, TRAIN_UNITS, TUNES
-from rmmjax.core.types import COMPUTE_DTYPES
+from rmmjax.learners.cross import COMPUTE_DTYPES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
@@ -135,6 +135,6 @@ def check_cross(cfg, default) -> None:
   if not 2 <= cfg.cross_pretrain_candidates <= cfg.k:
     raise ValueError(f"cross_pretrain_candidates={cfg.cross_pretrain_candidates}: expected 2 to "
                      f"k={cfg.k}")
-  if cfg.compute_dtype not in COMPUTE_DTYPES:
-    raise ValueError(f"compute_dtype={cfg.compute_dtype!r} is not one of "
+  if cfg.compute_dtype not in ("auto", *COMPUTE_DTYPES):
+    raise ValueError(f"compute_dtype={cfg.compute_dtype!r} is not one of auto, "
                      f"{', '.join(COMPUTE_DTYPES)}")

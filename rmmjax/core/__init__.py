@@ -1,8 +1,6 @@
 """The pure, jit-compiled core of rmmjax: no file, network, clock, global RNG or print."""
 
 from rmmjax.core.bert import BertConfig
-from rmmjax.core.cross import (cross_params_template, cross_scores, init_cross_params,
-                               pair_logits, rank_prior_init)
 from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss, reinforce_loss,
                                 set_reward)
 from rmmjax.core.optim import AdamState, LowRank, adam_init, adam_update, global_norm
@@ -15,17 +13,15 @@ from rmmjax.core.simulate import (SimSpec, World, make_world, sample_batch, samp
 from rmmjax.core.step import (evaluate, init_state, recall_at_m, reinforce_update,
                               sample_selection, scores_and_pullback, supervised_step, train_step)
 from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
-from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, PackedPairs,
-                               TrainState)
+from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
 
 __all__ = [
     "AdamState", "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
-    "PackedPairs",
     "SimSpec", "TrainState", "World", "adam_init", "adam_update", "baseline_values",
-    "batch_scores", "citation_rewards", "cross_params_template", "cross_scores", "evaluate",
-    "global_norm", "gumbel_top_m", "init_cross_params", "init_params", "init_state",
+    "batch_scores", "citation_rewards", "evaluate",
+    "global_norm", "gumbel_top_m", "init_params", "init_state",
     "linear_grad_factors", "listwise_loss", "make_run", "make_sweep", "make_world",
-    "pair_logits", "perturbed_top_m", "rank_prior_init", "recall_at_m", "reinforce_loss",
+    "perturbed_top_m", "recall_at_m", "reinforce_loss",
     "reinforce_update",
     "run_steps", "sample_batch", "sample_eval_batch", "sample_selection", "score",
     "score_naive", "scores", "scores_and_pullback", "selection_entropy", "selection_log_prob",

@@ -10,16 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import cross
 from rmmjax.core.optim import LowRank
 from rmmjax.core.types import Batch, CoreSpec
 
 
 def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   """Parameters that make the reranker the identity map."""
-  if spec.variant == "cross":
-    raise ValueError("a cross reranker starts from a pretrained encoder's weights: build its "
-                     "parameters with core.init_cross_params and pass them to init_state")
+  if spec.model is not None:
+    raise ValueError(f"a {spec.variant} reranker's parameters come from its learner (the cross "
+                     "reranker's: CrossModel.init over a pretrained encoder's weights); pass "
+                     "them to init_state")
   d = spec.dim
   prior = {"rank_bias": jnp.zeros((spec.k,), jnp.float32)} if spec.rank_prior else {}
   if spec.variant == "linear":
@@ -121,31 +121,17 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
 
 
 def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
-  """The reranker's scores of a batch's candidates, scores_BxK, whatever its variant: the cross
-  reranker reads the batch's packed pairs, the others its embeddings."""
-  if spec.variant == "cross":
-    if spec.bert is None:
-      raise ValueError("variant=cross needs its encoder's configuration: CoreSpec(bert=...)")
-    if batch.pairs is None:
-      raise ValueError("variant=cross scores (question, memory) pairs: the batch has no "
-                       "packed pairs (see rmmjax.replay.cross_pairs.pack_batch)")
-    return cross.cross_scores(params, batch.pairs, spec.bert, spec.compute_dtype,
-                              batch.positions_BxK)
+  """The reranker's scores of a batch's candidates, scores_BxK, whatever its family: a learner
+  with a model of its own (the cross reranker) scores its own inputs, the embedding rerankers
+  the batch's embeddings."""
+  if spec.model is not None:
+    return spec.model.scores(params, batch, spec)
   return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
 
 
 def lr_scales(params: dict, spec: CoreSpec):
-  """Each parameter's learning-rate multiplier (None: all 1): the cross reranker's scoring
-  layer and rank prior learn at head_lr_scale times the encoder's rate, since a head that
-  starts at zero passes no gradient to the encoder until it has grown; its bias is frozen."""
-  if spec.variant != "cross":
-    return None
-  scales = jax.tree.map(lambda _: 1.0, params)
-  scales["rank_bias"] = spec.head_lr_scale
-  # The scoring layer's bias shifts every candidate's score alike, which no ranking objective
-  # sees: its gradient is rounding noise, which Adam would scale up into a random walk.
-  scales["encoder"]["classifier"] = {"kernel": spec.head_lr_scale, "bias": 0.0}
-  return scales
+  """Each parameter's learning-rate multiplier (None: all 1), as the learner's model says."""
+  return spec.model.lr_scales(params) if spec.model is not None else None
 
 
 def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,

@@ -14,10 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rmmjax.core.bert import BertConfig
-
-VARIANTS = ("linear", "mlp", "cross")
-COMPUTE_DTYPES = ("float32", "bfloat16")
+# The rerankers the core scores itself, from embeddings; any other variant names a learner
+# whose `model` (CoreSpec.model) scores its own inputs.
+EMBEDDING_VARIANTS = ("linear", "mlp")
 FORMULATIONS = ("fast", "naive")
 BASELINE_KINDS = ("constant", "running", "batch")
 CREDITS = ("set", "position")
@@ -54,26 +53,17 @@ class CoreSpec:
   # what the base retriever knew but the embeddings do not (BM25's term matches, say): the
   # identity reranker plus a rank prior can learn to follow the base order where it is right.
   rank_prior: bool = False
-  # The cross variant (rmmjax.core.cross): the encoder that reads each (question, memory) pair,
-  # the dtype it computes in (bfloat16 on accelerators; parameters and Adam's moments stay
-  # float32), and how far apart its rank prior starts the base positions.
-  bert: BertConfig | None = None
-  compute_dtype: str = "float32"
-  prior_scale: float = 1.0
-  head_lr_scale: float = 1.0  # its scoring layer's and prior's learning rate, times lr
+  # A learner's own scoring model for any variant but linear and mlp (the cross reranker's is
+  # rmmjax.learners.cross.CrossModel): a hashable, static object with `scores(params, batch,
+  # spec) -> scores_BxK` and `lr_scales(params)` (each parameter's learning-rate multiplier, or
+  # None). The core's selection, log-probability, losses and steps see only its scores, so a new
+  # family needs no change here. None for a config checked before its learner's weights load.
+  model: Any = None
 
   def __post_init__(self):
-    _check_choice("variant", self.variant, VARIANTS)
-    _check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-    # (A cross spec without `bert` is valid: a config is checked before its encoder loads;
-    # scoring with it is refused.)
-    if self.bert is not None and self.variant != "cross":
-      raise ValueError(f"variant={self.variant!r} with a BERT encoder: only the cross variant "
-                       "reads pairs with one")
-    if not self.head_lr_scale > 0:
-      raise ValueError(f"head_lr_scale={self.head_lr_scale!r}: expected a value > 0")
-    if not self.prior_scale >= 0:
-      raise ValueError(f"prior_scale={self.prior_scale!r}: expected a value >= 0")
+    if self.model is not None and self.variant in EMBEDDING_VARIANTS:
+      raise ValueError(f"variant={self.variant!r} is scored by the core from embeddings; a "
+                       "model of its own belongs to another learner")
     _check_choice("formulation", self.formulation, FORMULATIONS)
     _check_choice("credit", self.credit, CREDITS)
     _check_choice("log_prob", self.log_prob, LOG_PROBS)
@@ -115,21 +105,6 @@ class HParams(struct.PyTreeNode):
                lr=f32(lr), seed=jnp.asarray(seed, jnp.int32), p_rel=f32(p_rel), p_irr=f32(p_irr))
 
 
-class PackedPairs(struct.PyTreeNode):
-  """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
-  packed into R rows of L positions, up to C pairs a row, each pair attending only to its own
-  tokens, so few positions are padding (rmmjax.replay.cross_pairs.pack builds them)."""
-
-  ids_RxL: jax.Array  # int32 token ids, 0 padding
-  positions_RxL: jax.Array  # int32: each token's position within its own pair
-  segments_RxL: jax.Array  # int8: 1 the question's side ([CLS], its [SEP]), 2 the memory's
-  slots_RxL: jax.Array  # int8: which pair of its row a token belongs to, 1..C (0 padding)
-  cls_RxC: jax.Array  # int32: where in its row each slot's pair starts (its [CLS])
-  # int32: candidate (b, k)'s slot as row * C + slot - 1. A missing candidate points at slot 0
-  # of row 0: its score means nothing, and the candidate mask keeps it out of every selection.
-  where_BxK: jax.Array
-
-
 class Batch(struct.PyTreeNode):
   """B queries with their K base-retriever candidates, in base order (best first).
 
@@ -156,10 +131,11 @@ class Batch(struct.PyTreeNode):
   evidence_BxKxE: jax.Array | None = None
   # The cross variant's input: each candidate's pair tokens as the host keeps them (int32 ids
   # of "[CLS] question [SEP] memory [SEP]", 0-padded, and their segments: 1 the question's
-  # side, 2 the memory's, 0 padding), and packed for the encoder (what the core scores).
+  # side, 2 the memory's, 0 padding), and packed for the encoder (what its model scores: a
+  # rmmjax.learners.cross.PackedPairs).
   tokens_BxKxL: jax.Array | None = None
   token_segments_BxKxL: jax.Array | None = None
-  pairs: PackedPairs | None = None
+  pairs: Any = None
   # int32, optional: each candidate's position in the base order (default 0..K-1). A batch of
   # a subset of each query's candidates (pretraining on a few negatives) keeps their rank prior.
   positions_BxK: jax.Array | None = None

@@ -17,7 +17,8 @@ from tqdm import tqdm
 
 from rmmjax.eval.metrics import MRR_DEPTH, question_metrics
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.io.reranker_load import check_cross_encoder
+from rmmjax.learners.cross.reader import CrossReader
+from rmmjax.learners.registry import reader
 from rmmjax.replay.iris_cross import CrossFactReranker
 from rmmjax.replay.iris_reranker import FactReranker
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
@@ -47,10 +48,10 @@ def single_pass(store: LaceMem, question: str, depth: int) -> tuple[list[str], f
 def fact_reranker(reranker, store, encoder, mode: str):
   """IRIS's reranker from a LoadedReranker: a cross reranker reads the facts' texts with the
   tokenizer it trained with (another is refused), the others the store's embeddings."""
-  if reranker.spec.variant == "cross":
-    check_cross_encoder(reranker, encoder)
-    return CrossFactReranker(reranker.params, reranker.spec, encoder.tokenizer,
-                             reranker.record["cross"]["max_length"], mode)
+  read = reader(reranker, encoder)  # (refuses an encoder the reranker cannot read with)
+  if isinstance(read, CrossReader):  # IRIS scores each fact's pair once per question
+    return CrossFactReranker(reranker.params, reranker.spec, read.tokenizer, read.max_length,
+                             mode)
   return FactReranker(reranker.params, reranker.spec, store, mode)
 
 

@@ -13,10 +13,9 @@ import jax
 import numpy as np
 
 from rmmjax import core
-from rmmjax.encode.encoder import compiler_options
-from rmmjax.io.reranker_load import LoadedReranker, check_cross_encoder
+from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.registry import reader
 from rmmjax.replay.candidates import ConversationReplay, to_streams
-from rmmjax.replay.cross_pairs import pack_streams, replay_pairs, step_bytes
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
 
@@ -26,32 +25,12 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   reads each question with its candidates' texts, cut by `encoder`'s tokenizer (the one it
   trained with: refused otherwise)."""
   spec = reranker.spec
-  pairs = None
-  if spec.variant == "cross":
-    check_cross_encoder(reranker, encoder)
-    max_length = reranker.record["cross"]["max_length"]
-    if online:  # each question's batch then takes a learning step: refused if one cannot fit
-      need, limit = step_bytes(spec.bert, spec.k, spec.batch, spec.k, max_length,
-                               spec.compute_dtype)
-      if limit is not None and need > 0.9 * limit:
-        raise ValueError(f"--online replays {reranker.source}'s learning steps (batches of "
-                         f"{spec.batch} questions x {spec.k} candidates of up to {max_length} "
-                         f"tokens), and one needs {need / 2**30:.1f} GiB where the device holds "
-                         f"{limit / 2**30:.1f} GiB: evaluate without --online, or on a larger "
-                         "device")
-    pairs = replay_pairs(encoder.tokenizer, replays, max_length)
-  else:
-    for conv in replays:
-      if conv.q_NxD.shape[1] != spec.dim:
-        raise ValueError(f"the reranker works in {spec.dim} dimensions, the encoder gives "
-                         f"{conv.q_NxD.shape[1]}")
+  read = reader(reranker, encoder)
+  pairs = read.replay_inputs(replays, spec, online)
   state = core.init_state(spec, reranker.hparams, reranker.params)
   # (The embedding rerankers compile as their training did, so eval --online repeats it.)
-  replay = jax.jit(heldout_replay, static_argnums=3,
-                   compiler_options=compiler_options() if pairs is not None else None)
-  streams = to_streams(replays, spec.batch, pairs=pairs)
-  if pairs is not None:  # the cross reranker reads them packed
-    streams = pack_streams(streams)
+  replay = jax.jit(heldout_replay, static_argnums=3, compiler_options=read.compiler_options())
+  streams = read.pack_streams(to_streams(replays, spec.batch, pairs=pairs))
   out = replay(state, streams, stream_ids(replays), online)
   scores = np.asarray(out["scores_SxBxK"])
   orders = []

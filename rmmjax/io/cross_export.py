@@ -111,7 +111,7 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
   try:
-    export_cross(params, trained_spec(cfg, workdir).bert, encoder.model_dir, staging,
+    export_cross(params, trained_spec(cfg, workdir).model.bert, encoder.model_dir, staging,
                  record | {"step": step}, record["cross"]["max_length"],
                  json.loads(cfg.to_json()))
     # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.

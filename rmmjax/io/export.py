@@ -14,6 +14,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from rmmjax import core
+from rmmjax.learners.cross import cross_params_template
 from rmmjax.config import SWEEPABLE
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.reranker_format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
@@ -107,7 +108,7 @@ def cross_record(record: dict, where, fix: str = "the workdir is damaged: train 
 def _params_template(cfg, workdir: Path):
   if cfg.variant != "cross":
     return None  # the identity initialisation has the structure
-  return core.cross_params_template(trained_spec(cfg, workdir).bert, cfg.k)
+  return cross_params_template(trained_spec(cfg, workdir).model.bert, cfg.k)
 
 
 def describe(cfg, record: dict, step: int) -> dict:

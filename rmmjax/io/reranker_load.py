@@ -16,9 +16,9 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from rmmjax import core
+from rmmjax.learners.cross import cross_params_template
 from rmmjax.config import from_json
 from rmmjax.encode.bert import load_params, param_at, weight_names
-from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
 from rmmjax.io.cross_export import CROSS_FORMAT, served_files
 from rmmjax.io.export import cross_record, load_trained_params, read_record, trained_spec
 from rmmjax.io.kinds import CROSS_RECORD, refuse_unless
@@ -86,20 +86,6 @@ def load_reranker(path: Path) -> LoadedReranker:
                         meta["record"], meta.get("step"))
 
 
-def check_cross_encoder(reranker: LoadedReranker, encoder) -> None:
-  """Refuses a cross reranker beside an encoder or tokenizer other than the ones it trained
-  with, naming both."""
-  require_bert(encoder, f"the cross reranker {reranker.source}")
-  trained, here = reranker.record.get("encoder"), encoder_identity(encoder)
-  if trained != here:
-    raise ValueError(f"the cross reranker {reranker.source} was trained beside the encoder "
-                     f"{trained}; this one is {here}")
-  trained, here = reranker.record["cross"]["tokenizer"], tokenizer_identity(encoder)
-  if trained != here:
-    raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
-                     f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")
-
-
 def cross_export_header(path: Path) -> dict:
   """An exported cross reranker's rmmjax_cross.json, checked for what serving it needs."""
   where = Path(path) / CROSS_RECORD
@@ -159,7 +145,7 @@ def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
   """Refuses a weights file that lacks a tensor of the encoder, pooler or scoring layer, holds
   one of another shape, or holds a value that is not finite."""
   h = bert.hidden_size
-  shapes = jax.eval_shape(lambda: core.cross_params_template(bert, 1))["encoder"]
+  shapes = jax.eval_shape(lambda: cross_params_template(bert, 1))["encoder"]
   wanted = {"bert." + name: tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
             for at, name, transposed in weight_names(bert)} | {
       "bert.pooler.dense.weight": (h, h), "bert.pooler.dense.bias": (h,),

@@ -22,8 +22,9 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core
+from rmmjax.learners.cross import CrossModel, PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.replay.cross_pairs import PAIR_BUCKETS, pack_batch, pair_tokens
+from rmmjax.learners.cross.pairs import PAIR_BUCKETS, pack_batch, pair_tokens
 from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
                                          fuse_with_order)
 from rmmjax.retrieve.evidence import Fact
@@ -65,8 +66,8 @@ def episode_scores(params, spec: core.CoreSpec, episodes: Sequence[IrisEpisode],
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3), compiler_options=compiler_options())
-def _logits(params, pairs: core.PackedPairs, bert: core.BertConfig, dtype: str):
-  return core.pair_logits(params, pairs, bert, dtype)[0]
+def _logits(params, pairs: PackedPairs, bert: core.BertConfig, dtype: str):
+  return pair_logits(params, pairs, bert, dtype)[0]
 
 
 @final
@@ -84,7 +85,7 @@ class CrossFactReranker:
                mode: str = "fused", fusion_c: float = 60.0):
     if mode not in RERANK_MODES:
       raise ValueError(f"mode {mode!r} is not one of {', '.join(RERANK_MODES)}")
-    if spec.variant != "cross" or spec.bert is None:
+    if not isinstance(spec.model, CrossModel):
       raise ValueError(f"CrossFactReranker serves a cross reranker, not variant={spec.variant}")
     self.params, self.spec, self.tokenizer = params, spec, tokenizer
     self.max_length, self.mode, self.fusion_c = max_length, mode, fusion_c
@@ -105,7 +106,7 @@ class CrossFactReranker:
                           length=self.max_length)
       packed = pairs.packed(serving=True)
       logits = np.asarray(_logits(self.params, packed,
-                                  self.spec.bert, self.spec.compute_dtype))
+                                  self.spec.model.bert, self.spec.model.compute_dtype))
       self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
       self.pairs_read += len(chunk)
     return np.array([self._read[f.fact_id] for f in facts])

@@ -27,7 +27,7 @@ import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
-from rmmjax.replay.cross_pairs import pack_batch
+from rmmjax.learners.cross.pairs import pack_batch
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.refine import QueryRefiner

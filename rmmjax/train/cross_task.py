@@ -23,11 +23,13 @@ from tqdm import tqdm
 
 from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
+from rmmjax.config import effective_dtype
 from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
+from rmmjax.learners.cross import init_cross_params
+from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.replay.cross_pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.train.replay_task import ReplayTask
 
 
@@ -45,6 +47,7 @@ class CrossRerankerTask(ReplayTask):
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(self.encoder.cfg),
         "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross_max_length,
+        "compute_dtype": effective_dtype(cfg.compute_dtype),
         "length": int(self.train_qs.tokens_BxKxL.shape[-1]), **self._pair_counts}}
     self.input_notes = {"cross_pairs": self._pair_counts["pairs"],
                         "cross_pairs_truncated": self._pair_counts["truncated"],
@@ -164,7 +167,7 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
   pooler = load_pooler(encoder.model_dir)
   if pooler is not None:
     params["pooler"] = pooler
-  return core.init_cross_params(params, k, prior_scale)
+  return init_cross_params(params, k, prior_scale)
 
 
 LOG_EVERY = 10  # pretraining steps between the progress bar's loss (and host waits)
@@ -242,10 +245,10 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
 
 
 def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
-  """Refuses a step of the run that would not fit the device (see `cross_pairs.step_bytes`)."""
+  """Refuses a step of the run that would not fit the device (see `learners.cross.pairs.step_bytes`)."""
   batch = max(1, cfg.batch // devices)
   need, limit = step_bytes(bert, cfg.k, batch, candidates, cfg.cross_max_length,
-                           cfg.compute_dtype)
+                           effective_dtype(cfg.compute_dtype))
   if limit is not None and need > 0.9 * limit:
     raise ValueError(
         f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "

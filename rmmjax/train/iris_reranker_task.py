@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core, distributed
-from rmmjax.config import Config
+from rmmjax.config import Config, effective_dtype
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.core import replay as core_replay
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
@@ -97,7 +97,8 @@ class IrisTask(Task):
               "truncated": train["truncated"] + test["truncated"]}
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
-        "max_length": cfg.cross_max_length, "length": train["length"], **counts}}
+        "max_length": cfg.cross_max_length,
+        "compute_dtype": effective_dtype(cfg.compute_dtype), "length": train["length"], **counts}}
     self.input_notes = {"cross_pairs": counts["pairs"],
                         "cross_pairs_truncated": counts["truncated"],
                         "cross_pair_length": train["length"]}

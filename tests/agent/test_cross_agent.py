@@ -14,6 +14,7 @@ import pytest
 
 from hash_encoder import HashEncoder
 from rmmjax import core
+from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
 from rmmjax.agent import Agent, AgentSettings
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.bert import load_pooler
@@ -25,7 +26,7 @@ from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
 from rmmjax.memory.reflection import OfflineReflector
 from rmmjax.memory.topic_units import conversation_units
-from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.learners.cross.pairs import pair_tokens
 
 FACTS = ["Alice adopted a grey cat named Pixel in May", "Alice runs marathons in the spring",
          "Alice works as a nurse at the city hospital", "Alice plays the cello on Sundays",
@@ -52,11 +53,11 @@ def bank(tmp_path, encoder):
 
 def _reranker(encoder, record=None, k=SETTINGS.k):
   weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}
-  params = core.init_cross_params(weights, k, 1.0)
+  params = init_cross_params(weights, k, 1.0)
   params["encoder"]["classifier"]["kernel"] = jnp.asarray(
       np.random.default_rng(0).normal(0, 0.2, (encoder.dim, 1)), jnp.float32)
   spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=k, m=2, batch=2,
-                       bert=encoder.cfg)
+                       model=CrossModel(encoder.cfg))
   record = {"units": "topic", "retriever": "hybrid", "encoder": encoder.identity,
             "dim": encoder.dim, "k": k, "query_encoder": None,
             "cross": {"tokenizer": tokenizer_identity(encoder), "max_length": LENGTH}} | (
@@ -83,7 +84,7 @@ def test_the_agent_scores_a_bank_as_training_read_its_topic_units(three, tmp_pat
   text_of = {frozenset(u.turn_ids): u.text for u in units}
   texts = [text_of[frozenset(s.turn_id for s in m.snippets)] for m in candidates]
   pairs = pair_tokens(encoder.tokenizer, [query], [texts], 512, length=512)
-  want = np.asarray(core.cross_scores(loaded.params, pairs.packed(),
+  want = np.asarray(cross_scores(loaded.params, pairs.packed(),
                                       encoder.cfg))[0]
   order = np.argsort(-want, kind="stable")[:settings.m]
   assert [m.id for m in shown] == [candidates[i].id for i in order]

@@ -15,10 +15,11 @@ from safetensors.numpy import load_file, save_file
 
 from cli_args import sets as _sets
 from rmmjax import core
+from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
 from rmmjax.cli import main
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval import iris_eval
-from rmmjax.replay.cross_pairs import pair_tokens
+from rmmjax.learners.cross.pairs import pair_tokens
 from rmmjax.replay.iris_cross import CrossFactReranker, episode_scores, with_pair_tokens
 from rmmjax.replay.iris_reranker import IrisEpisode, fuse_with_order
 from rmmjax.retrieve.evidence import Fact
@@ -42,11 +43,12 @@ def encoder(tiny_encoder):
 @pytest.fixture(scope="module")
 def trained(encoder):
   """A cross reranker with a scoring layer far from zero, so every pair scores differently."""
-  params = core.init_cross_params(dict(encoder.params), K, prior_scale=1.0)
+  params = init_cross_params(dict(encoder.params), K, prior_scale=1.0)
   rng = np.random.default_rng(0)
   params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.5, (encoder.dim, 1)).astype(
       np.float32)
-  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=K, m=2, batch=2, bert=encoder.cfg)
+  spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=K, m=2, batch=2, 
+                       model=CrossModel(encoder.cfg))
   return params, spec
 
 
@@ -54,7 +56,7 @@ def _core_scores(params, spec, tokenizer, question, facts, max_length=48):
   """The core's scores of these facts at positions 0.., padded to the bucket of the longest."""
   texts = [f.text for f in facts] + [None] * (spec.k - len(facts))
   pairs = pair_tokens(tokenizer, [question], [texts], max_length)
-  scores = core.cross_scores(params, pairs.packed(), spec.bert)
+  scores = cross_scores(params, pairs.packed(), spec.model.bert)
   return np.asarray(scores)[0, :len(facts)]
 
 

@@ -18,14 +18,14 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from cli_args import sets as _sets
-from rmmjax import core
+from rmmjax.learners.cross import cross_scores
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, encoder_stage, get_config
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.cross_export import export_cross
 from rmmjax.io.reranker_load import load_reranker
-from rmmjax.replay.cross_pairs import pair_tokens
-from rmmjax.replay import cross_pairs
+from rmmjax.learners.cross.pairs import pair_tokens
+from rmmjax.learners.cross import pairs as cross_pairs
 from rmmjax.train import cross_task
 
 # Every run here uses the tiny encoder (tests/helpers/tiny_bert.py): the logic is the point.
@@ -58,12 +58,15 @@ def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
   # Turns with their dates run past 48 tokens beside a question: cut and counted.
   assert 0 < summary["cross_pairs_truncated"] < summary["cross_pairs"]
   assert summary["cross_pair_length"] == 48
+  # compute_dtype=auto (the default) ran in float32 on this CPU, and the record says so.
+  assert json.loads((cross_run / "config.json").read_text())["compute_dtype"] == "auto"
+  assert record["cross"]["compute_dtype"] == "float32"
   assert len(json.loads((cross_run / "pretrain.json").read_text())["loss"]) > 0
   assert np.isfinite(summary["recall_at_m_final"])
   # The fresh reranker is the base order (its head starts at zero).
   assert summary["recall_at_m_first"] == pytest.approx(summary["recall_at_m_base"])
   loaded = load_reranker(cross_run)
-  assert loaded.step == 4 and loaded.spec.variant == "cross" and loaded.spec.bert is not None
+  assert loaded.step == 4 and loaded.spec.variant == "cross" and loaded.spec.model is not None
   assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
 
 
@@ -113,11 +116,11 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   loaded = load_reranker(cross_run)
   params = jax.tree.map(np.asarray, loaded.params)
   rng = np.random.default_rng(0)
-  hidden = loaded.spec.bert.hidden_size
+  hidden = loaded.spec.model.bert.hidden_size
   params["encoder"]["classifier"]["kernel"] = rng.normal(0, 0.3, (hidden, 1)).astype(np.float32)
   params["encoder"]["classifier"]["bias"] = np.array([0.7], np.float32)
   encoder = SentenceEncoder()
-  served = export_cross(params, loaded.spec.bert, encoder.model_dir, tmp_path / "random",
+  served = export_cross(params, loaded.spec.model.bert, encoder.model_dir, tmp_path / "random",
                         loaded.record, 48)
   # Typed "[SEP]"s too: Hugging Face keeps each on the side of the pair it was typed in.
   questions = ["When did Caroline go to the LGBTQ support group?", "what does Mel paint?",
@@ -125,8 +128,8 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   texts = [["[8 May 2023] Caroline: I went to a support group yesterday", "",
             " ".join(["a very long memory"] * 40), "Mel: sunsets, mostly", "ok [SEP] then"]] * 3
   pairs = pair_tokens(encoder.tokenizer, questions, texts, 48)
-  ours = np.asarray(core.cross_scores(params, pairs.packed(),
-                                      loaded.spec.bert))
+  ours = np.asarray(cross_scores(params, pairs.packed(),
+                                      loaded.spec.model.bert))
   config = json.loads((served / "config.json").read_text())
   # What sentence-transformers 4 and later read, and what 3.x read (else a sigmoid).
   assert config["sentence_transformers"]["activation_fn"].endswith("Identity")
@@ -417,8 +420,8 @@ def test_four_devices_train_the_cross_reranker_as_one_does(three, tmp_path, on_f
   pairs = pair_tokens(SentenceEncoder().tokenizer, ["when did they go hiking?", "who paints?"],
                       [["[3 May 2023] A: we went hiking", "B: I paint", "", "C: hello", "D"]] * 2,
                       48)
-  scores = [np.asarray(core.cross_scores(r.params, pairs.packed(),
-                                         r.spec.bert)) for r in (mine, theirs)]
+  scores = [np.asarray(cross_scores(r.params, pairs.packed(),
+                                         r.spec.model.bert)) for r in (mine, theirs)]
   np.testing.assert_allclose(scores[0], scores[1], atol=2e-3)
 
 

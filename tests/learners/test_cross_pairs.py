@@ -7,7 +7,7 @@ import pytest
 
 from rmmjax import core
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.replay.cross_pairs import PAIR_BUCKETS, bucket, candidate_subset, pair_tokens
+from rmmjax.learners.cross.pairs import PAIR_BUCKETS, bucket, candidate_subset, pair_tokens
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmmjax.core import PackedPairs, cross_params_template, pair_logits
+from rmmjax.learners.cross.model import PackedPairs, cross_params_template, pair_logits
 from rmmjax.encode.encoder import compiler_options
 
 # Padded pair lengths: a run pads every pair to the first of these that holds its longest one.
@@ -145,7 +145,7 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
          slots: int = SLOTS_PER_ROW, multiple_of: int = 1, rows: int | None = None,
          serving: bool = False):
   """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
-  `core.PackedPairs`): longest first, each into the first row with room for it and a free slot
+  `PackedPairs`): longest first, each into the first row with room for it and a free slot
   (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
   (and to `multiple_of`, the devices a batch is split over), so a run compiles for a few row
   counts only (`rows` gives the count instead, when it holds them; `serving` rounds it up to

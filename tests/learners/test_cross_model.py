@@ -3,6 +3,7 @@ row scoring as each alone in a row of its own, gradients that match finite diffe
 compile for every batch of a shape, bfloat16 computation over float32 state, and the core's
 losses and steps unchanged over it."""
 
+import dataclasses
 import logging
 
 import jax
@@ -11,7 +12,10 @@ import numpy as np
 import pytest
 
 from rmmjax import core
-from rmmjax.replay.cross_pairs import pack
+from rmmjax.config import get_config
+from rmmjax.learners.cross import (CrossModel, cross_params_template, cross_scores,
+                                   init_cross_params)
+from rmmjax.learners.cross.pairs import pack
 
 SEP_ID = 102
 TINY = core.BertConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2,
@@ -23,7 +27,7 @@ B, K, L = 3, 5, 12
 # Compiled once each: run op by op, the tiny model's init and scoring spend tens of seconds
 # compiling hundreds of single operations.
 _init = jax.jit(core.bert.BertCrossEncoder(TINY).init)
-_scores = jax.jit(core.cross_scores, static_argnames=("cfg", "dtype"))
+_scores = jax.jit(cross_scores, static_argnames=("cfg", "dtype"))
 _batch_scores = jax.jit(core.scores, static_argnames="spec")
 
 
@@ -55,7 +59,7 @@ def _packed(seed=0, **kw):
 
 
 def _spec(**kw):
-  return core.CoreSpec(variant="cross", dim=16, k=K, m=2, batch=B, bert=TINY, **kw)
+  return core.CoreSpec(variant="cross", dim=16, k=K, m=2, batch=B, model=CrossModel(TINY, **kw))
 
 
 def _batch(seed=0):
@@ -71,7 +75,7 @@ def _batch(seed=0):
 
 
 def test_a_fresh_cross_reranker_keeps_the_base_order():
-  params = core.init_cross_params(_encoder_params(), K, prior_scale=1.0)
+  params = init_cross_params(_encoder_params(), K, prior_scale=1.0)
   scores = _scores(params, _packed(), TINY)
   want = -np.log1p(np.arange(K))
   np.testing.assert_array_equal(np.asarray(scores), np.broadcast_to(want, (B, K)).astype(
@@ -82,7 +86,7 @@ def test_a_fresh_cross_reranker_keeps_the_base_order():
 
 
 def test_positions_pick_the_rank_prior_of_the_base_order():
-  params = core.init_cross_params(_encoder_params(), 8, prior_scale=2.0)
+  params = init_cross_params(_encoder_params(), 8, prior_scale=2.0)
   positions = jnp.asarray(np.tile([0, 2, 3, 6, 7], (B, 1)), jnp.int32)
   scores = _scores(params, _packed(), TINY, positions_BxK=positions)
   np.testing.assert_allclose(np.asarray(scores[0]), -2.0 * np.log1p([0, 2, 3, 6, 7]), rtol=1e-6)
@@ -91,7 +95,7 @@ def test_positions_pick_the_rank_prior_of_the_base_order():
 
 
 def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
-  params = core.init_cross_params(_encoder_params(2), K, prior_scale=1.0)
+  params = init_cross_params(_encoder_params(2), K, prior_scale=1.0)
   params["encoder"]["classifier"]["kernel"] = jnp.asarray(
       np.random.default_rng(0).normal(0, 0.5, (16, 1)), jnp.float32)
   ids, segments = _pairs(4, b=6)
@@ -133,7 +137,7 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
   # small step agree with the autodiff gradient to many digits; the loss is written out here.
   # (Flax's layer norm promotes float64 against float32 internally: standard promotion.)
   with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
-    params = core.init_cross_params(_encoder_params(1), K, prior_scale=1.0)
+    params = init_cross_params(_encoder_params(1), K, prior_scale=1.0)
     rng = np.random.default_rng(0)
     params["encoder"]["classifier"]["kernel"] = jnp.asarray(rng.normal(0, 0.5, (16, 1)))
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), params)
@@ -143,7 +147,7 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
     labels /= labels.sum(1, keepdims=True)
 
     def loss(p):
-      scores = core.cross_scores(p, batch.pairs, TINY, dtype="float64")
+      scores = cross_scores(p, batch.pairs, TINY, dtype="float64")
       assert scores.dtype == jnp.float64
       logp = jax.nn.log_softmax(jnp.where(mask, scores, -1e30), axis=-1)
       return -jnp.sum(jnp.where(mask, labels * logp, 0.0)) / B
@@ -177,7 +181,7 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
 def test_one_compile_serves_every_batch_of_a_packed_shape(caplog):
   spec = _spec()
   state = core.init_state(spec, core.HParams.create(lr=1e-3, tau=1.0),
-                          core.init_cross_params(_encoder_params(), K, 1.0))
+                          init_cross_params(_encoder_params(), K, 1.0))
   step = jax.jit(core.supervised_step)
   train = jax.jit(core.train_step)
   batches = [_batch(seed) for seed in range(6)]
@@ -196,7 +200,7 @@ def test_one_compile_serves_every_batch_of_a_packed_shape(caplog):
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state():
-  params = core.init_cross_params(_encoder_params(), K, 1.0)
+  params = init_cross_params(_encoder_params(), K, 1.0)
   params["encoder"]["classifier"]["kernel"] = jnp.full((16, 1), 0.3, jnp.float32)
   batch = _batch()
   full = _batch_scores(params, batch, _spec())
@@ -233,20 +237,26 @@ def test_attention_matches_the_naive_formula_in_every_dtype(dtype, atol):
 
 
 def test_a_cross_spec_is_refused_where_it_cannot_score():
-  with pytest.raises(ValueError, match="compute_dtype"):
-    _spec(compute_dtype="float16")
-  with pytest.raises(ValueError, match="only the cross variant"):
-    core.CoreSpec(variant="linear", dim=16, k=K, m=2, bert=TINY)
-  with pytest.raises(ValueError, match="init_cross_params"):
+  with pytest.raises(ValueError, match="scored by the core from embeddings"):
+    core.CoreSpec(variant="linear", dim=16, k=K, m=2, model=CrossModel(TINY))
+  with pytest.raises(ValueError, match="CrossModel.init"):
     core.init_params(jax.random.PRNGKey(0), _spec())
-  batch = _batch().replace(pairs=None)
-  with pytest.raises(ValueError, match="packed pairs"):
-    core.scores(core.init_cross_params(_encoder_params(), K, 1.0), batch, _spec())
 
 
 def test_template_has_the_structure_of_the_initial_parameters():
-  params = core.init_cross_params(_encoder_params(), K, 1.0)
-  template = core.cross_params_template(TINY, K)
+  params = init_cross_params(_encoder_params(), K, 1.0)
+  template = cross_params_template(TINY, K)
   assert jax.tree.structure(params) == jax.tree.structure(template)
   assert [x.shape for x in jax.tree.leaves(params)] == [x.shape for x in
                                                          jax.tree.leaves(template)]
+
+
+def test_auto_computes_in_bfloat16_on_an_accelerator_and_float32_on_a_cpu(monkeypatch):
+  cfg = dataclasses.replace(get_config("locomo"), variant="cross")
+  assert cfg.compute_dtype == "auto"
+  assert cfg.core_spec(bert=TINY).model.compute_dtype == "float32"  # this CPU
+  # (No accelerator here: the backend's name is what `auto` reads.)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert cfg.core_spec(bert=TINY).model.compute_dtype == "bfloat16"
+  fixed = dataclasses.replace(cfg, compute_dtype="float32")
+  assert fixed.core_spec(bert=TINY).model.compute_dtype == "float32"  # a pinned dtype holds

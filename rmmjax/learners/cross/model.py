@@ -16,14 +16,75 @@ they are.
 
 With compute_dtype "bfloat16" the encoder runs in bfloat16 (an accelerator's fast path) while
 the parameters, their gradients and Adam's moments stay float32.
+
+This module is the cross learner's pure model: no file, network or clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+from flax import struct
+
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
-from rmmjax.core.types import PackedPairs
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+class PackedPairs(struct.PyTreeNode):
+  """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
+  packed into R rows of L positions, up to C pairs a row, each pair attending only to its own
+  tokens, so few positions are padding (rmmjax.learners.cross.pairs.pack builds them)."""
+
+  ids_RxL: jax.Array  # int32 token ids, 0 padding
+  positions_RxL: jax.Array  # int32: each token's position within its own pair
+  segments_RxL: jax.Array  # int8: 1 the question's side ([CLS], its [SEP]), 2 the memory's
+  slots_RxL: jax.Array  # int8: which pair of its row a token belongs to, 1..C (0 padding)
+  cls_RxC: jax.Array  # int32: where in its row each slot's pair starts (its [CLS])
+  # int32: candidate (b, k)'s slot as row * C + slot - 1. A missing candidate points at slot 0
+  # of row 0: its score means nothing, and the candidate mask keeps it out of every selection.
+  where_BxK: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossModel:
+  """The cross reranker as the core sees it (`CoreSpec.model`): static and hashable, so a spec
+  that holds it still keys one compiled program. It scores a batch's packed pairs, and says
+  each parameter's learning-rate multiplier.
+
+  bert: the encoder's configuration; compute_dtype: the dtype it computes in (bfloat16 on
+  accelerators; parameters and Adam's moments stay float32); prior_scale: how far apart the
+  rank prior starts the base positions; head_lr_scale: the scoring layer's and the prior's
+  learning rate, times lr.
+  """
+
+  bert: BertConfig
+  compute_dtype: str = "float32"
+  prior_scale: float = 1.0
+  head_lr_scale: float = 1.0
+
+  def scores(self, params: dict, batch, spec) -> jax.Array:
+    del spec  # (the candidates' count is the pairs' own)
+    return cross_scores(params, batch.pairs, self.bert, self.compute_dtype, batch.positions_BxK)
+
+  def lr_scales(self, params: dict) -> dict:
+    """The scoring layer and rank prior learn at head_lr_scale times the encoder's rate, since
+    a head that starts at zero passes no gradient to the encoder until it has grown."""
+    scales = jax.tree.map(lambda _: 1.0, params)
+    scales["rank_bias"] = self.head_lr_scale
+    # The scoring layer's bias shifts every candidate's score alike, which no ranking objective
+    # sees: its gradient is rounding noise, which Adam would scale up into a random walk.
+    scales["encoder"]["classifier"] = {"kernel": self.head_lr_scale, "bias": 0.0}
+    return scales
+
+  def init(self, encoder_params: dict, k: int) -> dict:
+    return init_cross_params(encoder_params, k, self.prior_scale)
+
+  def template(self, k: int) -> dict:
+    return cross_params_template(self.bert, k)
+
 
 def rank_prior_init(k: int, scale: float) -> jax.Array:
   """A decreasing prior over the K base positions: -scale * log(1 + position). With the head at

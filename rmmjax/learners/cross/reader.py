@@ -1,0 +1,63 @@
+"""How a trained cross reranker reads candidates where it serves (the agent, `eval`, IRIS): the
+question beside each candidate's text, cut by the tokenizer it trained with to the length it
+trained at, and packed for its encoder."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rmmjax.encode.encoder import compiler_options
+from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
+from rmmjax.learners.cross.pairs import pack_batch, pack_streams, pair_tokens, replay_pairs, step_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossReader:
+  tokenizer: object
+  max_length: int
+  source: str
+
+  @classmethod
+  def for_reranker(cls, reranker, encoder) -> "CrossReader":
+    """The reader of a loaded cross reranker beside `encoder`, refused (naming both) when the
+    encoder or its tokenizer is not the one it trained with."""
+    require_bert(encoder, f"the cross reranker {reranker.source}")
+    trained, here = reranker.record.get("encoder"), encoder_identity(encoder)
+    if trained != here:
+      raise ValueError(f"the cross reranker {reranker.source} was trained beside the encoder "
+                       f"{trained}; this one is {here}")
+    trained, here = reranker.record["cross"]["tokenizer"], tokenizer_identity(encoder)
+    if trained != here:
+      raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
+                       f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")
+    return cls(encoder.tokenizer, reranker.record["cross"]["max_length"], reranker.source)
+
+  def compiler_options(self):
+    return compiler_options()  # the encoder's, as its training compiled it
+
+  def candidate_tokens(self, question: str, texts_K):
+    """One question's pair tokens with each candidate's text (None: no candidate), cut to one
+    length so that a few compiled scorers serve every question."""
+    pairs = pair_tokens(self.tokenizer, [question], [texts_K], self.max_length,
+                        length=self.max_length)
+    return pairs.ids_NxKxL[0], pairs.segments_NxKxL[0]
+
+  def pack(self, batch):
+    return pack_batch(batch, serving=True)
+
+  def replay_inputs(self, replays, spec, online: bool):
+    """Every replayed question's pairs; with `online` each batch also takes a learning step,
+    refused here when one cannot fit the device."""
+    if online:
+      need, limit = step_bytes(spec.model.bert, spec.k, spec.batch, spec.k, self.max_length,
+                               spec.model.compute_dtype)
+      if limit is not None and need > 0.9 * limit:
+        raise ValueError(f"--online replays {self.source}'s learning steps (batches of "
+                         f"{spec.batch} questions x {spec.k} candidates of up to "
+                         f"{self.max_length} tokens), and one needs {need / 2**30:.1f} GiB where "
+                         f"the device holds {limit / 2**30:.1f} GiB: evaluate without --online, "
+                         "or on a larger device")
+    return replay_pairs(self.tokenizer, replays, self.max_length)
+
+  def pack_streams(self, streams):
+    return pack_streams(streams)

@@ -1,0 +1,49 @@
+"""Name -> learner: the one place a reranker family's name is looked up. The agent, `eval`
+and the command line ask a learner here how a trained reranker reads its candidates (its
+reader) and whether it learns online where it serves; none of them names a family."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from rmmjax.learners.cross.reader import CrossReader
+from rmmjax.learners.embedding import EmbeddingReader
+
+
+@dataclasses.dataclass(frozen=True)
+class Learner:
+  name: str
+  # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves:
+  # compiler_options(), candidate_tokens(question, texts_K), pack(batch),
+  # replay_inputs(replays, spec, online), pack_streams(streams).
+  reader: Callable
+  # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
+  # learns by default).
+  served_frozen: str | None = None
+
+
+CROSS_SERVED_FROZEN = (
+    "the cross reranker is served without learning from the LLM's citations: in replay "
+    "(experiments/cross_reranker.py) 60 online REINFORCE steps at its run's rates lowered its "
+    "held-out Recall@5 from 0.575 to 0.555, and no rate has been measured that helps; pass "
+    "--learn-cross to learn anyway (at its run's lr and tau unless --lr and --tau say otherwise)")
+
+LEARNERS = {
+    "linear": Learner("linear", EmbeddingReader.for_reranker),
+    "mlp": Learner("mlp", EmbeddingReader.for_reranker),
+    "cross": Learner("cross", CrossReader.for_reranker, CROSS_SERVED_FROZEN),
+}
+
+
+def learner(name: str) -> Learner:
+  """The learner of a reranker family (a run's `variant`)."""
+  if name not in LEARNERS:
+    raise ValueError(f"variant={name!r} is not one of {', '.join(LEARNERS)}")
+  return LEARNERS[name]
+
+
+def reader(reranker, encoder):
+  """How a loaded reranker (io.reranker_load.LoadedReranker) reads candidates beside
+  `encoder`, refused when the encoder is not the one it needs."""
+  return learner(reranker.spec.variant).reader(reranker, encoder)
