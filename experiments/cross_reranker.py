@@ -58,7 +58,7 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.query_encoders import load_query_encoder
-from rmmjax.io.reranker_load import load_reranker
+from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import read_config
 from rmmjax.replay.candidates import build_replay, folds
 from rmmjax.learners.cross.pairs import pair_tokens

@@ -13,12 +13,12 @@ MAX_LINES = 400
 ROOT_MODULES = {"__init__", "distributed"}
 # Each folder (or root module) may import only from folders of a lower rank, and from itself:
 # the entry point, then the agents and the training and evaluation shells, the replay of data,
-# the layered memory above the bank, the files of runs and exports, the config, retrieval, the
-# learners' models and inputs (above the encoder whose tokenizer cuts their pairs), the leaves
-# (encoder, data, LLM) and the pure core at the bottom.
+# the layered memory above the bank, the learners (each family's model, inputs, export and
+# load, above the files of runs they read and write), the files of runs and exports, the config,
+# retrieval, the leaves (encoder, data, LLM) and the pure core at the bottom.
 RANKS = {"cli": 11, "bench": 10, "agent": 9, "train": 9, "eval": 8, "replay": 7,
-         "memory.lace": 6, "memory": 5, "io": 4, "config": 3, "distributed": 3, "retrieve": 2,
-         "learners": 1.5, "encode": 1, "data": 1, "llm": 1, "core": 0}
+         "memory.lace": 6, "memory": 5, "learners": 4.5, "io": 4, "config": 3, "distributed": 3,
+         "retrieve": 2, "encode": 1, "data": 1, "llm": 1, "core": 0}
 
 
 def _module_name(path: Path) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 from rmmjax import core
 from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.agent.workdir import AgentWorkdir
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank

@@ -190,7 +190,7 @@ def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> di
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.encode.bert import load_pooler  # noqa: PLC0415
   from rmmjax.encode.protocol import tokenizer_identity  # noqa: PLC0415
-  from rmmjax.io.reranker_load import LoadedReranker  # noqa: PLC0415
+  from rmmjax.learners.loaded import LoadedReranker  # noqa: PLC0415
   from rmmjax.learners.cross import CrossModel, init_cross_params  # noqa: PLC0415
   settings = AgentSettings(k=20, m=5, learn=False)
   weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}

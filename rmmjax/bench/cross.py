@@ -70,7 +70,7 @@ def matmul_rate(dtype=jnp.float32, repeats: int = 5) -> float:
 def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   from rmmjax.encode.bert import load_pooler
   from rmmjax.encode.encoder import SentenceEncoder, compiler_options
-  from rmmjax.io.cross_export import export_cross
+  from rmmjax.learners.cross.export import export_cross
   from rmmjax.learners.cross.pairs import pack_batch, pair_tokens
 
   encoder = SentenceEncoder()

@@ -18,7 +18,7 @@ from rmmjax.io.iris_models import load_iris_model
 from rmmjax.io.kinds import model_kind
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
-from rmmjax.io.reranker_load import load_reranker
+from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.registry import learner
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.llm.base import LLMError

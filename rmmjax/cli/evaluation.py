@@ -12,7 +12,7 @@ from rmmjax.eval.iris_eval import JUDGES
 from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.kinds import model_kind
-from rmmjax.io.reranker_load import RERANKER_KINDS, reranker_record
+from rmmjax.learners.loading import RERANKER_KINDS, reranker_record
 from rmmjax.replay.iris_reranker import RERANK_MODES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS

@@ -3,20 +3,18 @@ and the files a trained model leaves."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import CONFIGS, Config, apply_overrides, apply_precision, get_config
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.io.cross_export import export_cross_run
-from rmmjax.io.export import export_reranker
-from rmmjax.io.kinds import CROSS_RECORD, EXPORTS, KINDS, model_kind
+from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
 from rmmjax.io.iris_models import export_iris_model
-from rmmjax.io.outputs import check_output_dir, check_output_file
+from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.query_encoders import export_query_encoder
 from rmmjax.io.workdir import read_config
+from rmmjax.learners.registry import learner as learner_of
 from rmmjax.train import sweeps
 from rmmjax.train.loop import train
 
@@ -139,25 +137,14 @@ def cmd_export(args) -> None:
     raise ValueError(f"--workdir {args.workdir} is {what}: it is exported already (use it as "
                      f"{use.replace('DIR', str(args.workdir))}); export takes a training workdir")
   cfg = read_config(Path(args.workdir))
-  learner = cfg.learner
-  out = Path(args.out)
-  if cfg.variant == "cross" and learner == "reranker":
-    check_output_dir(out, "--out")
-    export_cross_run(Path(args.workdir), out, SentenceEncoder())
-    print(f"wrote {out}: a Hugging Face directory that sentence_transformers.CrossEncoder "
-          f"loads; {out / CROSS_RECORD} says how rmmjax's score adds the rank prior to its "
-          "logit")
-    return
+  learner, workdir, out = cfg.learner, Path(args.workdir), Path(args.out)
+  family = learner_of(cfg.variant)
   if learner == "reranker":
-    check_output_file(out, "--out")
-    meta = export_reranker(Path(args.workdir), out)
-    print(f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
-          "copy)")
-    print(json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
+    print(family.export(workdir, out))
     return
   check_output_dir(out, "--out")
   if learner == "iris":
-    export_iris_model(Path(args.workdir), out, SentenceEncoder())
+    export_iris_model(workdir, out, SentenceEncoder())
     print(f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
           "the questions) and judge.safetensors (its header says how to score it); use it as "
           "--iris-model")
@@ -165,19 +152,13 @@ def cmd_export(args) -> None:
   if out.suffix == ".safetensors":
     raise ValueError(f"--out {out}: {args.workdir} holds a query encoder (learner={learner}); "
                      "it exports as a directory")
-  workdir = Path(args.workdir)
   encoder_dir = workdir if learner == "query_encoder" else workdir / "query_encoder"
   export_query_encoder(encoder_dir, out if learner == "query_encoder" else out / "query_encoder",
                        SentenceEncoder())
-  if learner == "both" and cfg.variant == "cross":
-    export_cross_run(workdir, out / "reranker", SentenceEncoder())
-    print(f"wrote {out / 'reranker'}: the cross reranker over the tuned encoder's candidates "
-          f"(sentence_transformers.CrossEncoder loads it; evaluate with --reranker "
-          f"{out / 'reranker'} --encoder {out / 'query_encoder'})")
-  elif learner == "both":
-    export_reranker(workdir, out / "reranker.safetensors")
-    print(f"wrote {out / 'reranker.safetensors'} (evaluate with --encoder "
-          f"{out / 'query_encoder'})")
+  if learner == "both":  # the reranker over the tuned encoder's candidates
+    reranker = out / family.export_name
+    print(family.export(workdir, reranker).split("\n")[0]
+          + f" (evaluate with --reranker {reranker} --encoder {out / 'query_encoder'})")
   print(f"wrote {out if learner == 'query_encoder' else out / 'query_encoder'}: a Hugging "
         "Face-format encoder for the questions (sentence-transformers loads it); the memories "
         "keep the base encoder's embeddings")

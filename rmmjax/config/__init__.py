@@ -14,7 +14,6 @@ from typing import Any
 import jax
 
 from rmmjax import core
-from rmmjax.learners.cross import CrossModel
 from rmmjax.config import checks
 from rmmjax.config.choices import (CROSS_KEYS, EVALUABLE_DATASETS, LEARNERS, MODES,
                                    P_IRR_DEFAULT, P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS,
@@ -144,16 +143,13 @@ class Config:
   prior_scale: float = 1.0
   head_lr_scale: float = 50.0
 
-  def core_spec(self, bert: core.BertConfig | None = None) -> core.CoreSpec:
-    """The core's static spec; a cross reranker's names its encoder's configuration `bert`
-    (known once the encoder is loaded)."""
+  def core_spec(self) -> core.CoreSpec:
+    """The core's static spec (a learner with a model of its own adds it:
+    rmmjax.learners.cross.cross_spec)."""
     return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
                          hidden=self.hidden, k=self.k, m=self.m, batch=self.batch,
                          credit=self.credit, log_prob=self.log_prob, sampling=self.sampling,
-                         running_decay=self.running_decay, rank_prior=self.rank_prior,
-                         model=None if bert is None else CrossModel(
-                             bert, effective_dtype(self.compute_dtype), self.prior_scale,
-                             self.head_lr_scale))
+                         running_decay=self.running_decay, rank_prior=self.rank_prior)
 
   def sim_spec(self) -> core.SimSpec:
     # Banks smaller than k are padded; the padding is masked out of every candidate list.

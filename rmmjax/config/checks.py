@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmmjax.config.choices import CROSS_KEYS, LEARNERS, MODES, TRAIN_UNITS, TUNES
-from rmmjax.learners.cross import COMPUTE_DTYPES
+from rmmjax.config.choices import COMPUTE_DTYPES, CROSS_KEYS, LEARNERS, MODES, TRAIN_UNITS, TUNES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 

@@ -42,3 +42,5 @@ CROSS_KEYS = ("cross_max_length", "cross_pretrain_candidates", "compute_dtype", 
 # the time.
 P_REL_DEFAULT = 0.911
 P_IRR_DEFAULT = 1.0 - 0.846
+# The cross reranker encoder's computation dtypes (besides auto: see Config.compute_dtype).
+COMPUTE_DTYPES = ("float32", "bfloat16")

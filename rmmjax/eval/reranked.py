@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from rmmjax import core
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.registry import reader
 from rmmjax.replay.candidates import ConversationReplay, to_streams
 from rmmjax.replay.protocols import heldout_replay, stream_ids

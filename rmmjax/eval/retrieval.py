@@ -15,7 +15,7 @@ from rmmjax.eval.leakage import check_fit, unseen
 from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
 from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
-from rmmjax.io.reranker_load import load_reranker
+from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
 from rmmjax.replay.iris_reranker import RERANK_MODES

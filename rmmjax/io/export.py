@@ -14,7 +14,6 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from rmmjax import core
-from rmmjax.learners.cross import cross_params_template
 from rmmjax.config import SWEEPABLE
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.reranker_format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
@@ -58,57 +57,25 @@ def read_record(workdir: Path) -> dict:
   return record
 
 
-def load_trained_params(workdir: Path) -> tuple[dict, "object", int]:
-  """The newest checkpointed parameters of a training workdir, with its config and step."""
+def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
+                        template: dict | None = None) -> tuple[dict, "object", int]:
+  """The newest checkpointed parameters of a training workdir, with its config and step.
+  `spec` and `template` (parameters in the checkpoint's structure) are the run's learner's:
+  by default an embedding reranker's, whose identity initialisation has the structure."""
   cfg = read_config(workdir)
   if cfg.learner == "query_encoder":
     raise ValueError(f"{workdir} tuned a query encoder (learner=query_encoder), not a reranker")
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
-    template = core.init_state(trained_spec(cfg, workdir), cfg.hparams(),
-                               _params_template(cfg, workdir))
-    step, state, _ = checkpointer.restore_latest(template)  # the newest that reads back
+    state = core.init_state(spec or cfg.core_spec(), cfg.hparams(), template)
+    step, state, _ = checkpointer.restore_latest(state)  # the newest that reads back
   finally:
     checkpointer.close()
   if state is None:
     raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
                             "trained reranker")
   return jax.device_get(state.params), cfg, step
-
-
-def trained_spec(cfg, workdir: Path) -> core.CoreSpec:
-  """The core spec a workdir's reranker was trained with (a cross reranker's encoder
-  configuration is in its record)."""
-  if cfg.variant != "cross":
-    return cfg.core_spec()
-  cross = cross_record(read_record(workdir), workdir)
-  return cfg.core_spec(bert=core.BertConfig(**cross["bert"]))
-
-
-def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again",
-                 name: str = "record.json") -> dict:
-  """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
-  what to do when it does not; `name`, where the record is)."""
-  cross = record.get("cross")
-  bert = cross.get("bert") if isinstance(cross, dict) else None
-  length = cross.get("max_length") if isinstance(cross, dict) else None
-  if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
-      or not isinstance(length, int) or not 16 <= length <= 512):
-    raise ValueError(f"{where}: its {name} does not say how the cross reranker reads pairs "
-                     f"(cross.bert, cross.tokenizer, cross.max_length of 16 to 512); {fix}")
-  try:
-    core.BertConfig.from_dict(bert, where=f"{where}: record.json cross.bert")
-  except TypeError as err:
-    raise ValueError(f"{where}: record.json cross.bert is not a BERT configuration "
-                     f"({err})") from None
-  return cross
-
-
-def _params_template(cfg, workdir: Path):
-  if cfg.variant != "cross":
-    return None  # the identity initialisation has the structure
-  return cross_params_template(trained_spec(cfg, workdir).model.bert, cfg.k)
 
 
 def describe(cfg, record: dict, step: int) -> dict:

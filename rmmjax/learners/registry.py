@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from rmmjax.learners import embedding
+from rmmjax.learners.cross import export as cross_export
+from rmmjax.learners.cross import spec as cross_spec
 from rmmjax.learners.cross.reader import CrossReader
 from rmmjax.learners.embedding import EmbeddingReader
 
@@ -18,6 +21,13 @@ class Learner:
   # compiler_options(), candidate_tokens(question, texts_K), pack(batch),
   # replay_inputs(replays, spec, online), pack_streams(streams).
   reader: Callable
+  # (a run's config, its workdir) -> (its core spec, parameters in the structure its
+  # checkpoints hold, or None where the identity initialisation has it).
+  restore: Callable = lambda cfg, workdir: (cfg.core_spec(), None)  # noqa: E731
+  # (a training workdir, out) -> a sentence saying what was written: the export a serving
+  # system reads, named export_name inside a learner=both export.
+  export: Callable = embedding.export_run
+  export_name: str = embedding.EXPORT_NAME
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
   # learns by default).
   served_frozen: str | None = None
@@ -32,7 +42,8 @@ CROSS_SERVED_FROZEN = (
 LEARNERS = {
     "linear": Learner("linear", EmbeddingReader.for_reranker),
     "mlp": Learner("mlp", EmbeddingReader.for_reranker),
-    "cross": Learner("cross", CrossReader.for_reranker, CROSS_SERVED_FROZEN),
+    "cross": Learner("cross", CrossReader.for_reranker, cross_spec.restore, cross_export.export_run,
+                     cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
 }
 
 
@@ -44,6 +55,6 @@ def learner(name: str) -> Learner:
 
 
 def reader(reranker, encoder):
-  """How a loaded reranker (io.reranker_load.LoadedReranker) reads candidates beside
+  """How a loaded reranker (learners.loaded.LoadedReranker) reads candidates beside
   `encoder`, refused when the encoder is not the one it needs."""
   return learner(reranker.spec.variant).reader(reranker, encoder)

@@ -28,6 +28,7 @@ from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.learners.cross import init_cross_params
+from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.train.replay_task import ReplayTask
@@ -59,7 +60,7 @@ class CrossRerankerTask(ReplayTask):
     self._step = None  # the online step, compiled when the first one is taken
 
   def _core_spec(self, encoder) -> core.CoreSpec:
-    return self.cfg.core_spec(bert=encoder.cfg)  # (a BERT: check_cross_run saw to it)
+    return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_run saw to it)
 
   def _pairs(self, convs) -> list | None:
     if not convs:

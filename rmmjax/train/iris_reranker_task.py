@@ -30,6 +30,7 @@ from rmmjax.replay.iris_reranker import (IrisEpisode, RewardMix, collect_episode
                                          reinforce_steps)
 from rmmjax.replay.protocols import Protocol
 from rmmjax.io.record import replay_record
+from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.train.cross_task import cross_initial_params, pretrain_cross
@@ -53,7 +54,7 @@ class IrisTask(Task):
     self.cross = cfg.variant == "cross"
     if self.cross:
       require_bert(encoder, "variant=cross")
-    self.spec = cfg.core_spec(bert=encoder.cfg) if self.cross else cfg.core_spec()
+    self.spec = cross_spec(cfg, encoder.cfg) if self.cross else cfg.core_spec()
     # A cross reranker's pretraining takes minutes: a resume should not redo it.
     self.checkpoint_pretrained = self.cross
     settings, judge = IRIS_PRESETS[cfg.iris], HeuristicJudge()

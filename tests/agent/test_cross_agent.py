@@ -20,7 +20,7 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.protocol import tokenizer_identity
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations

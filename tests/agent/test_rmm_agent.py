@@ -13,7 +13,7 @@ import pytest
 from hash_encoder import HashEncoder
 from rmmjax import core
 from rmmjax.agent import Agent, AgentSettings
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory

@@ -15,7 +15,7 @@ from rmmjax import core
 from rmmjax.agent import Agent, AgentSettings
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.reranked import reranked_orders
-from rmmjax.io.reranker_load import LoadedReranker
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.embedding import EmbeddingReader
 from rmmjax.learners.registry import LEARNERS, Learner
 from rmmjax.memory import MemoryBank, NewMemory

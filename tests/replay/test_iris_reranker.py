@@ -293,7 +293,7 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, t
                                         abs=1e-5)
   # The summary's held-out Recall@M (the reranker fused with IRIS's order), recomputed through
   # FactReranker over freshly logged episodes of the held-out conversation.
-  from rmmjax.io.reranker_load import load_reranker
+  from rmmjax.learners.loading import load_reranker
   loaded = load_reranker(wd)
   conv = next(c for c in load_locomo(data)[0] if c.conversation_id == "syn-3")
   store = LaceMem.from_conversation(conv, HashEncoder())

@@ -22,8 +22,8 @@ from rmmjax.learners.cross import cross_scores
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, encoder_stage, get_config
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.io.cross_export import export_cross
-from rmmjax.io.reranker_load import load_reranker
+from rmmjax.learners.cross.export import export_cross
+from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.cross.pairs import pair_tokens
 from rmmjax.learners.cross import pairs as cross_pairs
 from rmmjax.train import cross_task

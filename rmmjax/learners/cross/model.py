@@ -30,9 +30,6 @@ from flax import struct
 
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
 class PackedPairs(struct.PyTreeNode):
   """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
   packed into R rows of L positions, up to C pairs a row, each pair attending only to its own

@@ -22,9 +22,12 @@ from safetensors.numpy import save_file
 from rmmjax.encode.bert import param_at, weight_names
 from rmmjax.encode.export import TOKENIZER_FILES
 from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
-from rmmjax.io.export import load_trained_params, read_record, trained_spec
+from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import CROSS_RECORD
-from rmmjax.io.workdir import atomic_write_json
+from rmmjax.io.outputs import check_output_dir
+from rmmjax.io.workdir import atomic_write_json, read_config
+from rmmjax.learners.cross.spec import restore
 
 CROSS_FORMAT = "rmmjax-cross-reranker-1"
 IDENTITY = "torch.nn.modules.linear.Identity"
@@ -96,7 +99,8 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   written beside `out` and renamed into place: a failed export leaves nothing half-written."""
   workdir, out = Path(workdir), Path(out)
   record = read_record(workdir)
-  params, cfg, step = load_trained_params(workdir)
+  spec, template = restore(read_config(workdir), workdir)
+  params, cfg, step = load_trained_params(workdir, spec, template)
   for what, trained, here in (("encoder", record.get("encoder"), encoder_identity(encoder)),
                               ("tokenizer", record["cross"]["tokenizer"],
                                tokenizer_identity(encoder))):
@@ -111,7 +115,7 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
   try:
-    export_cross(params, trained_spec(cfg, workdir).model.bert, encoder.model_dir, staging,
+    export_cross(params, spec.model.bert, encoder.model_dir, staging,
                  record | {"step": step}, record["cross"]["max_length"],
                  json.loads(cfg.to_json()))
     # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.
@@ -125,3 +129,16 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     raise
   return out
+
+
+EXPORT_NAME = "reranker"  # its name in a learner=both export
+
+
+def export_run(workdir: Path, out: Path) -> str:
+  """The workdir's cross reranker as the directory `out`, beside the packaged encoder it
+  started from; says what was written."""
+  check_output_dir(out, "--out")
+  export_cross_run(Path(workdir), out, SentenceEncoder())
+  return (f"wrote {out}: a Hugging Face directory that sentence_transformers.CrossEncoder "
+          f"loads; {out / CROSS_RECORD} says how rmmjax's score adds the rank prior to its "
+          "logit")

@@ -1,9 +1,8 @@
-"""Loading a trained reranker for evaluation or serving: from a training workdir (its newest
-readable checkpoint, config and record) or from an exported .safetensors file (its header)."""
+"""A cross reranker from its export (a CrossEncoder directory with rmmjax_cross.json), every
+file checked against what the export wrote before it is served."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,79 +10,17 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from rmmjax import core
-from rmmjax.learners.cross import cross_params_template
 from rmmjax.config import from_json
 from rmmjax.encode.bert import load_params, param_at, weight_names
-from rmmjax.io.cross_export import CROSS_FORMAT, served_files
-from rmmjax.io.export import cross_record, load_trained_params, read_record, trained_spec
-from rmmjax.io.kinds import CROSS_RECORD, refuse_unless
-from rmmjax.io.reranker_format import read_reranker
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedReranker:
-  """A trained reranker with its hyperparameters and the record of what it was trained on."""
-
-  source: str  # the workdir or file it came from
-  params: dict
-  spec: core.CoreSpec
-  hparams: core.HParams
-  record: dict
-  step: int | None = None  # the training step of these weights
-  planned_steps: int | None = None  # the steps its workdir's run was set to reach
-
-
-def _nest(flat: dict[str, np.ndarray]) -> dict:
-  """{"q_mlp/w1": x} -> {"q_mlp": {"w1": x}} (the inverse of export.flatten_params)."""
-  out: dict = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = jnp.asarray(value)
-  return out
-
-
-# What --reranker takes (io.kinds).
-RERANKER_KINDS = ("reranker", "reranker file", "both", "cross export")
-
-
-def reranker_record(path: Path) -> dict:
-  """What a reranker (a workdir or an exported file) was trained on, without its weights."""
-  path = Path(path)
-  kind = refuse_unless(path, "--reranker", RERANKER_KINDS)
-  if kind == "cross export":
-    return cross_export_header(path)["record"]
-  if path.is_dir():
-    return read_record(path)
-  return load_reranker(path).record
-
-
-def load_reranker(path: Path) -> LoadedReranker:
-  """A trained reranker from a training workdir or an exported .safetensors file."""
-  path = Path(path)
-  if refuse_unless(path, "--reranker", RERANKER_KINDS) == "cross export":
-    return load_cross_export(path)
-  if path.is_dir():
-    record = read_record(path)
-    params, cfg, step = load_trained_params(path)
-    return LoadedReranker(str(path), params, trained_spec(cfg, path), cfg.hparams(), record,
-                          step, cfg.steps)
-  if path.suffix != ".safetensors":
-    raise ValueError(f"--reranker {path}: expected a training workdir or an exported "
-                     ".safetensors file")
-  weights, meta = read_reranker(path)
-  spec = core.CoreSpec(variant=meta["variant"], dim=int(meta["dim"]), k=int(meta["k"]),
-                       m=int(meta["m"]), batch=int(meta["batch"]),
-                       hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
-  return LoadedReranker(str(path), _nest(weights), spec, core.HParams.create(**meta["hparams"]),
-                        meta["record"], meta.get("step"))
+from rmmjax.io.kinds import CROSS_RECORD
+from rmmjax.learners.cross.export import CROSS_FORMAT, served_files
+from rmmjax.learners.cross.model import cross_params_template
+from rmmjax.learners.cross.spec import cross_record, cross_spec
+from rmmjax.learners.loaded import LoadedReranker
 
 
 def cross_export_header(path: Path) -> dict:
@@ -191,5 +128,5 @@ def load_cross_export(path: Path) -> LoadedReranker:
     raise ValueError(f"{path / CROSS_RECORD}: {rank_bias.shape[0]} rank_bias values for "
                      f"k={cfg.k}")
   return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
-                        cfg.core_spec(bert=bert), cfg.hparams(), header["record"],
+                        cross_spec(cfg, bert), cfg.hparams(), header["record"],
                         header["record"].get("step"), cfg.steps)

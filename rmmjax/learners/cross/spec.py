@@ -1,0 +1,47 @@
+"""The cross reranker's core spec, from a run's config and the encoder it reads with (or, for a
+trained run, the encoder configuration its record names), and that record's checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rmmjax import core
+from rmmjax.config import effective_dtype
+from rmmjax.io.export import read_record
+from rmmjax.learners.cross.model import CrossModel, cross_params_template
+
+
+def cross_spec(cfg, bert: core.BertConfig) -> core.CoreSpec:
+  """The core spec of a cross run of `cfg` over an encoder of configuration `bert`, computing
+  in the dtype `compute_dtype` means on this process's devices."""
+  model = CrossModel(bert, effective_dtype(cfg.compute_dtype), cfg.prior_scale,
+                     cfg.head_lr_scale)
+  return dataclasses.replace(cfg.core_spec(), model=model)
+
+
+def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again",
+                 name: str = "record.json") -> dict:
+  """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
+  what to do when it does not; `name`, where the record is)."""
+  cross = record.get("cross")
+  bert = cross.get("bert") if isinstance(cross, dict) else None
+  length = cross.get("max_length") if isinstance(cross, dict) else None
+  if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
+      or not isinstance(length, int) or not 16 <= length <= 512):
+    raise ValueError(f"{where}: its {name} does not say how the cross reranker reads pairs "
+                     f"(cross.bert, cross.tokenizer, cross.max_length of 16 to 512); {fix}")
+  try:
+    core.BertConfig.from_dict(bert, where=f"{where}: record.json cross.bert")
+  except TypeError as err:
+    raise ValueError(f"{where}: record.json cross.bert is not a BERT configuration "
+                     f"({err})") from None
+  return cross
+
+
+def restore(cfg, workdir: Path) -> tuple[core.CoreSpec, dict]:
+  """A cross run's spec (its encoder's configuration from its record) and zeros in the
+  structure of its parameters, which its checkpoints restore into."""
+  cross = cross_record(read_record(workdir), workdir)
+  spec = cross_spec(cfg, core.BertConfig(**cross["bert"]))
+  return spec, cross_params_template(spec.model.bert, cfg.k)

@@ -1,0 +1,36 @@
+"""A trained reranker as the shell holds it: its parameters, core spec, hyperparameters and
+the record of what it was trained on, whichever learner it is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from rmmjax import core
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedReranker:
+  """A trained reranker with its hyperparameters and the record of what it was trained on."""
+
+  source: str  # the workdir or file it came from
+  params: dict
+  spec: core.CoreSpec
+  hparams: core.HParams
+  record: dict
+  step: int | None = None  # the training step of these weights
+  planned_steps: int | None = None  # the steps its workdir's run was set to reach
+
+
+def nest(flat: dict[str, np.ndarray]) -> dict:
+  """{"q_mlp/w1": x} -> {"q_mlp": {"w1": x}} (the inverse of export.flatten_params)."""
+  out: dict = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split("/")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = jnp.asarray(value)
+  return out

@@ -1,0 +1,52 @@
+"""Loading a trained reranker for evaluation or serving: from a training workdir (its newest
+readable checkpoint, config and record, in the structure its learner says), from an exported
+.safetensors file (its header) or from an exported cross reranker's directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rmmjax import core
+from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.io.kinds import refuse_unless
+from rmmjax.io.reranker_format import read_reranker
+from rmmjax.io.workdir import read_config
+from rmmjax.learners.cross.load import cross_export_header, load_cross_export
+from rmmjax.learners.loaded import LoadedReranker, nest
+from rmmjax.learners.registry import learner
+
+
+# What --reranker takes (io.kinds).
+RERANKER_KINDS = ("reranker", "reranker file", "both", "cross export")
+
+
+def reranker_record(path: Path) -> dict:
+  """What a reranker (a workdir or an exported file) was trained on, without its weights."""
+  path = Path(path)
+  kind = refuse_unless(path, "--reranker", RERANKER_KINDS)
+  if kind == "cross export":
+    return cross_export_header(path)["record"]
+  if path.is_dir():
+    return read_record(path)
+  return load_reranker(path).record
+
+
+def load_reranker(path: Path) -> LoadedReranker:
+  """A trained reranker from a training workdir or an exported .safetensors file."""
+  path = Path(path)
+  if refuse_unless(path, "--reranker", RERANKER_KINDS) == "cross export":
+    return load_cross_export(path)
+  if path.is_dir():
+    record, cfg = read_record(path), read_config(path)
+    spec, template = learner(cfg.variant).restore(cfg, path)
+    params, cfg, step = load_trained_params(path, spec, template)
+    return LoadedReranker(str(path), params, spec, cfg.hparams(), record, step, cfg.steps)
+  if path.suffix != ".safetensors":
+    raise ValueError(f"--reranker {path}: expected a training workdir or an exported "
+                     ".safetensors file")
+  weights, meta = read_reranker(path)
+  spec = core.CoreSpec(variant=meta["variant"], dim=int(meta["dim"]), k=int(meta["k"]),
+                       m=int(meta["m"]), batch=int(meta["batch"]),
+                       hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
+  return LoadedReranker(str(path), nest(weights), spec, core.HParams.create(**meta["hparams"]),
+                        meta["record"], meta.get("step"))
