@@ -477,7 +477,7 @@ def _bank_of_version_3(path: Path, key: bytes | None) -> None:
     db.execute("INSERT INTO lace_links VALUES ('ann', 0, 0, 1, 0.75)")
 
 
-@pytest.mark.parametrize("key", [None, generate_key()])
+@pytest.mark.parametrize("key", [None, generate_key()], ids=["plain", "encrypted"])
 def test_a_bank_from_before_turn_kinds_is_brought_up_to_date(tmp_path, key):
   path = tmp_path / "old.sqlite"
   _bank_of_version_3(path, key)

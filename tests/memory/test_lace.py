@@ -269,7 +269,7 @@ def test_llm_extractor_falls_back_to_offline_clauses():
   assert lace.fallbacks == 3 and lace.extractor.dropped == 1
 
 
-@pytest.mark.parametrize("key", [None, generate_key()])
+@pytest.mark.parametrize("key", [None, generate_key()], ids=["plain", "encrypted"])
 def test_save_and_load_round_trip(tmp_path, key):
   bank = MemoryBank(tmp_path / "bank.sqlite", key=key)
   bank.add_user("ana")

@@ -117,6 +117,7 @@ def keep_order(question, facts):
   return [-float(i) for i in range(len(facts))]
 
 
+@pytest.mark.slow  # the command line end to end: train, eval five times, export
 def test_train_a_cross_reranker_on_iris_evidence_then_evaluate_it_inside_iris(
     three, tmp_path, capsys, monkeypatch):
   wd = tmp_path / "run"

@@ -165,10 +165,10 @@ def test_locomo_config_refuses_missing_or_absent_data(tmp_path):
     apply_overrides(get_config("locomo"), [f"data={tmp_path}", "retriever=tfidf"]).validate()
 
 
-def test_query_encoder_pretraining_and_reinforce(three, tmp_path):
-  """Supervised steps and REINFORCE through the real MiniLM: the query encoder moves, the
-  memories' embeddings do not, and with the untouched encoder the retrieval path reproduces the
-  base retriever's recall."""
+def test_query_encoder_pretraining_and_reinforce(three, tmp_path, tiny_encoder):
+  """Supervised steps and REINFORCE through a BERT (a tiny one: the logic is the point): the
+  query encoder moves, the memories' embeddings do not, and with the untouched encoder the
+  retrieval path reproduces the base retriever's recall."""
   from rmmjax.encode.encoder import SentenceEncoder
   from rmmjax.encode.tuned import TunedQueryEncoder
   from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
