@@ -167,6 +167,8 @@ class Config:
       raise ValueError(f"config={self.config!r} is not one of {', '.join(CONFIGS)}")
     if self.precision not in PRECISIONS:
       raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if self.variant not in ("linear", "mlp", "cross"):  # (the learners rmmjax trains)
+      raise ValueError(f"variant={self.variant!r} is not one of linear, mlp, cross")
     for name, high in (("seed", 2**31 - 1), ("world_seed", 2**31 - 1)):
       if not 0 <= getattr(self, name) <= high:
         raise ValueError(f"{name}={getattr(self, name)}: expected an integer from 0 to {high:,}")
