@@ -52,7 +52,7 @@ import numpy as np
 
 from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired, provenance, provenance_line
 from rmmjax.learners.cross import cross_scores
-from rmmjax.config import apply_overrides, get_config
+from rmmjax.config import apply_overrides, get_config, get_value
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -70,7 +70,7 @@ ONLINE_STEPS = 60
 
 # Every setting of every run, pinned (the values of the recipe when the rows were first measured).
 CROSS = ["variant=cross", "retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
-         "mode=pretrain+rl", "cross_max_length=128", "cross_pretrain_candidates=8",
+         "mode=pretrain+rl", "max_length=128", "pretrain_candidates=8",
          "pretrain_lr=2e-5", "pretrain_tau=1.0", "head_lr_scale=50.0", "prior_scale=1.0",
          "compute_dtype=float32", "lr=1e-5", "tau=1.0", "checkpoint_every=20", "log_every=5",
          "seed=0"]
@@ -86,10 +86,11 @@ RUNS = {
 }
 # learner=both trains its query encoder as the locomo config's learner=query_encoder run; the
 # stage's settings are read back from its config.json and must be these.
-ENCODER_STAGE = {"learner": "query_encoder", "retriever": "hybrid", "k": 20, "tune": "query",
-                 "encoder_pretrain_epochs": 2, "encoder_pretrain_lr": 2e-5,
-                 "encoder_pretrain_tau": 0.05, "encoder_pretrain_batch": 16,
-                 "encoder_lr": 1e-5, "tau": 0.05, "steps": 600, "mode": "pretrain+rl",
+ENCODER_STAGE = {"learner": "query_encoder", "retriever": "hybrid", "k": 20,
+                 "encoder_tuning.tune": "query", "encoder_tuning.pretrain_epochs": 2,
+                 "encoder_tuning.pretrain_lr": 2e-5, "encoder_tuning.pretrain_tau": 0.05,
+                 "encoder_tuning.pretrain_batch": 16, "encoder_tuning.lr": 1e-5,
+                 "encoder_tuning.tau": 0.05, "encoder_tuning.steps": 600, "mode": "pretrain+rl",
                  "batch": 4, "seed": 0}
 
 ROWS = {  # row -> (how it is made, the run it evaluates)
@@ -180,7 +181,8 @@ def fold_files(raw: list, heldout: list[int], fold_dir: Path) -> tuple[Path, Pat
 def check_stage(stage: Path) -> None:
   """Refuses an encoder stage trained with other settings than the rows name."""
   cfg = read_config(stage)
-  wrong = {k: (getattr(cfg, k), v) for k, v in ENCODER_STAGE.items() if getattr(cfg, k) != v}
+  wrong = {k: (get_value(cfg, k), v) for k, v in ENCODER_STAGE.items()
+           if get_value(cfg, k) != v}
   if wrong:
     raise SystemExit(f"{stage} trained its query encoder with {wrong} (found, pinned): the "
                      "locomo config's encoder settings changed; pin them in ENCODER_STAGE's "

@@ -60,8 +60,9 @@ def main() -> None:
   base = heldout(None)
   curves = {}
   # Supervised pretraining, one epoch at a time would hide the curve: run it in segments.
-  spec16 = dataclasses.replace(cfg.core_spec(), rank_prior=False, batch=cfg.encoder_pretrain_batch)
-  hp = core.HParams.create(lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau)
+  tuning = cfg.encoder_tuning
+  spec16 = dataclasses.replace(cfg.core_spec(), rank_prior=False, batch=tuning.pretrain_batch)
+  hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau)
   params, steps, recalls = None, [0], [base]
   start = time.time()
   for epoch in range(PRETRAIN_EPOCHS):
@@ -77,7 +78,7 @@ def main() -> None:
   advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module), static_argnums=4,
                     donate_argnums=0)
   for lr in RL_LRS:
-    state = encoder_state(encoder, spec4, dataclasses.replace(cfg, lr=lr).hparams())
+    state = encoder_state(encoder, spec4, cfg.hparams(dataclasses.replace(tuning, lr=lr)))
     steps, recalls = [0], [base]
     start = time.time()
     while steps[-1] < RL_STEPS:

@@ -78,7 +78,7 @@ COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
 # from the learned loop run to its end), fused with the loop's own order.
 RERANK_K = 64
 # The command's run: the locomo config with learner=iris over LaceMem, defaults otherwise.
-TRAIN_SETTINGS = ("learner=iris", "units=lace")
+TRAIN_SETTINGS = ("learner=iris", "units=lace", "iris_models.k=64", "iris_models.hard_share=0.5")
 
 
 def train_fold(data: list, train: list[int], held: list[int], workdir: Path, encoder):
@@ -106,8 +106,8 @@ def fit_reranker(stores, convs, encoder, fitted):
     episodes += collect_episodes(store, conv.questions, lambda q: NeverSure(),
                                  IRIS_PRESETS["learned"], RERANK_K, max_evidence, refiner)
   state = core.init_state(spec, cfg.hparams())
-  state, _ = pretrain_on_episodes(state, episodes, cfg.pretrain_epochs, cfg.pretrain_lr,
-                                  cfg.pretrain_tau)
+  state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
+                                  cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
   return state.params, spec
 
 

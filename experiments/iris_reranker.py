@@ -43,6 +43,7 @@ from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, f
                            locomo_config, write_markdown,
                            paired)
 from rmmjax import core
+from rmmjax.config import with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -105,10 +106,10 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]
 
 
 def train(spec, cfg, episodes, pretrain, mix, seed):
-  state = core.init_state(spec, dataclasses.replace(cfg, seed=seed).hparams())
+  state = core.init_state(spec, with_values(cfg, {"seed": seed}).hparams())
   if pretrain:
-    state, _ = pretrain_on_episodes(state, episodes, cfg.pretrain_epochs, cfg.pretrain_lr,
-                                    cfg.pretrain_tau)
+    state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
+                                    cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
   if mix is not None:
     state, _ = reinforce_episodes(state, episodes, lambda e: HeuristicJudge(), mix, PASSES)
   return state

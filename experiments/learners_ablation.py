@@ -45,11 +45,12 @@ SETTINGS = ((20, 5), (50, 10))
 
 def tune_encoder(encoder, train, cfg, k: int):
   """The query encoder after pretraining and online RL on the training conversations."""
-  spec = core.CoreSpec(dim=cfg.dim, k=k, m=cfg.m, batch=cfg.encoder_pretrain_batch)
-  hp = core.HParams.create(lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau)
-  params, _ = pretrain_query_encoder(encoder, train, spec, hp, cfg.encoder_pretrain_epochs)
+  tuning = cfg.encoder_tuning
+  spec = core.CoreSpec(dim=cfg.dim, k=k, m=cfg.m, batch=tuning.pretrain_batch)
+  hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau)
+  params, _ = pretrain_query_encoder(encoder, train, spec, hp, tuning.pretrain_epochs)
   spec = core.CoreSpec(dim=cfg.dim, k=k, m=cfg.m, batch=cfg.batch)
-  hp = dataclasses.replace(cfg, lr=cfg.encoder_lr).hparams()
+  hp = cfg.hparams(tuning)
   params, _ = train_query_encoder(encoder, train, spec, hp, 1, params)
   return TunedQueryEncoder(encoder, params)
 
@@ -79,8 +80,8 @@ def main() -> None:
             [retrieval_recall(c, "turn", retriever, encoder, None, m) for c in test]))
       add(f"K={k}|ceiling of the base hybrid's K", np.concatenate(
           [ceiling_recall(base[i]) for i in test_idx]))
-      fold = run_fold(base, test_idx, spec, hp, Protocol(mode="pretrain+rl"), cfg.pretrain_lr,
-                      cfg.pretrain_tau)
+      fold = run_fold(base, test_idx, spec, hp, Protocol(mode="pretrain+rl"),
+                      cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
       add(f"K={k}|reranker on hybrid candidates", fold["frozen"][0])
       tuned = tune_encoder(encoder, [c for i, c in enumerate(base) if i not in test_idx], cfg, k)
       for tune in ("query", "both"):
@@ -93,7 +94,7 @@ def main() -> None:
       add(f"K={k}|ceiling of the tuned hybrid's K", np.concatenate(
           [ceiling_recall(tuned_replays[i]) for i in test_idx]))
       both = run_fold(tuned_replays, test_idx, spec, hp, Protocol(mode="pretrain+rl"),
-                      cfg.pretrain_lr, cfg.pretrain_tau)
+                      cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
       add(f"K={k}|both: reranker on the tuned hybrid's candidates", both["frozen"][0])
       add(f"K={k}|both, learning online on held-out conversations", both["heldout"][0])
       print(f"K={k} fold {test_idx}: {time.time() - start:.0f} s "

@@ -71,8 +71,8 @@ def main() -> None:
     for label, protocol, lr in ROWS:
       hp = seed_hparams(cfg, args.seeds, lr=lr)
       start = time.time()
-      res = cross_validate(replays, args.folds, spec, hp, protocol, cfg.pretrain_lr,
-                           cfg.pretrain_tau)
+      res = cross_validate(replays, args.folds, spec, hp, protocol,
+                           cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
       results[(retriever, "RAG (base retriever)")] = {"mean": float(res["base"].mean()),
                                                       "std": 0.0}  # the same for every row
       per_seed = res["heldout"].mean(1)
@@ -102,7 +102,8 @@ def encoder_rows(conversations, encoder, replays, cfg, num_folds) -> dict:
         params, _ = pretrain_query_encoder(encoder, train, spec, hp, pretrain_epochs)
       if rl_epochs:
         spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=cfg.batch)
-        hp = dataclasses.replace(cfg, lr=ENCODER_RL_LR[bool(pretrain_epochs)]).hparams()
+        hp = cfg.hparams(dataclasses.replace(cfg.encoder_tuning,
+                                              lr=ENCODER_RL_LR[bool(pretrain_epochs)]))
         params, _ = train_query_encoder(encoder, train, spec, hp, rl_epochs, params)
       tuned = TunedQueryEncoder(encoder, params)
       for r in ("dense", "hybrid"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -58,7 +57,8 @@ def paired(results: dict, a: str, b: str, category: str | None = None,
 
 def seed_hparams(cfg, seeds: int, **changes) -> core.HParams:
   """The config's hyperparameters with `changes`, for seeds 0..seeds-1 (a leading axis)."""
-  return core.stack_hparams([dataclasses.replace(cfg, seed=s, **changes).hparams()
+  from rmmjax.config import with_values  # noqa: PLC0415
+  return core.stack_hparams([with_values(cfg, {"seed": s, **changes}).hparams()
                              for s in range(seeds)])
 
 
@@ -101,15 +101,21 @@ def write_markdown(path: Path, lines: list[str], saved: dict | None = None) -> N
 
 # The locomo config's values as the replay experiments measured them, pinned, so that a default
 # changing later cannot change what their rows mean (each script sets what it varies itself).
-LOCOMO_AS_MEASURED = dict(
-    k=20, m=5, batch=4, dim=384, rank_prior=True, tau=0.05, lr=1e-4, baseline=0.0,
-    baseline_kind="running", mode="pretrain+rl", pretrain_epochs=10, pretrain_lr=1e-4,
-    pretrain_tau=0.05, steps=600, encoder_pretrain_epochs=2, encoder_pretrain_lr=2e-5,
-    encoder_pretrain_tau=0.05, encoder_pretrain_batch=16, encoder_lr=1e-5, tune="query",
-    iris_k=64, iris_hard_share=0.5, seed=0)
+# learner=both holds both sections the experiments read: the linear reranker's and the query
+# encoder's.
+LOCOMO_AS_MEASURED = (
+    "learner=both", "k=20", "m=5", "batch=4", "dim=384", "baseline=0.0",
+    "baseline_kind=running", "mode=pretrain+rl", "seed=0", "reranker.rank_prior=true",
+    "reranker.tau=0.05", "reranker.lr=1e-4", "reranker.pretrain_epochs=10",
+    "reranker.pretrain_lr=1e-4", "reranker.pretrain_tau=0.05", "reranker.steps=600",
+    "encoder_tuning.pretrain_epochs=2", "encoder_tuning.pretrain_lr=2e-5",
+    "encoder_tuning.pretrain_tau=0.05", "encoder_tuning.pretrain_batch=16",
+    "encoder_tuning.lr=1e-5", "encoder_tuning.tau=0.05", "encoder_tuning.steps=600",
+    "encoder_tuning.tune=query")
 
 
 def locomo_config(**changes):
-  """The locomo config with every value the replay experiments' rows rely on pinned."""
-  from rmmjax.config import get_config  # noqa: PLC0415
-  return dataclasses.replace(get_config("locomo"), **(LOCOMO_AS_MEASURED | changes))
+  """The locomo config with every value the replay experiments' rows rely on pinned (a key of
+  a section by its name alone is the reranker's)."""
+  from rmmjax.config import apply_overrides, get_config, with_values  # noqa: PLC0415
+  return with_values(apply_overrides(get_config("locomo"), list(LOCOMO_AS_MEASURED)), changes)

@@ -58,7 +58,8 @@ def main() -> None:
     return jnp.sum(recall) / sum(n_test)  # absent questions score 0
 
   def run(hparams, mode):
-    pre = hparams.replace(lr=jnp.float32(cfg.pretrain_lr), tau=jnp.float32(cfg.pretrain_tau))
+    pre = hparams.replace(lr=jnp.float32(cfg.reranker.pretrain_lr),
+                        tau=jnp.float32(cfg.reranker.pretrain_tau))
     state, _ = train_reranker(spec, hparams, pre, questions, train_seq, Protocol(mode=mode), 0)
 
     def segment(state, _):
@@ -76,7 +77,7 @@ def main() -> None:
            f"{args.epochs}`", "",
            f"Training stream: {len(train)} dev conversations in batches of {cfg.batch} questions, "
            f"{args.epochs} passes ({steps} replay steps); BM25 top-{cfg.k} candidates, M = "
-           f"{cfg.m}, tau {cfg.tau}, running-mean baseline. Held out: "
+           f"{cfg.m}, tau {cfg.reranker.tau}, running-mean baseline. Held out: "
            f"{', '.join(c.conversation_id for c in test)} ({sum(n_test)} questions; BM25 base "
            f"order {base:.3f}). Mean +- std over {args.seeds} seeds.", "",
            "| run | citation rate, first segment | last segment | held-out Recall@5 at the "

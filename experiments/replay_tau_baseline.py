@@ -12,7 +12,6 @@ Writes experiments/results/replay_tau_baseline.md and .png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 
 import matplotlib
@@ -23,6 +22,7 @@ import numpy as np  # noqa: E402
 
 from replay_common import DEFAULT_DATA, RESULTS, locomo_replays, write_markdown, locomo_config  # noqa: E402
 from rmmjax import core  # noqa: E402
+from rmmjax.config import with_values  # noqa: E402
 from rmmjax.replay.protocols import Protocol, cross_validate  # noqa: E402
 
 TAUS = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -39,8 +39,8 @@ def main() -> None:
   cfg = locomo_config()
   replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
   grid = list(itertools.product(TAUS, BASELINES, range(args.seeds)))
-  hp = core.stack_hparams([dataclasses.replace(cfg, tau=tau, baseline=b, baseline_kind=kind,
-                                               lr=1e-4, seed=seed).hparams()
+  hp = core.stack_hparams([with_values(cfg, {"tau": tau, "baseline": b, "baseline_kind": kind,
+                                              "lr": 1e-4, "seed": seed}).hparams()
                            for tau, (_, b, kind), seed in grid])
   res = cross_validate(replays, args.folds, cfg.core_spec(), hp,
                        Protocol(mode="rl", online_epochs=2))

@@ -19,12 +19,14 @@ from rmmjax.train import sweeps
 from rmmjax.train.loop import train
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
-LoCoMo file: --set data=PATH). Every key, its default and what it means is in
-rmmjax/config/__init__.py (class Config and CONFIGS); docs/command-line.md describes the outputs.
-What learns: learner=query_encoder (locomo's default), reranker, both or iris; the reranker's
-variant=linear, mlp or cross (a cross-encoder reading each question beside a memory's text;
-it brings its own defaults, VARIANT_DEFAULTS: learner=both, a query encoder tuned first, except
-with units=lace or query_encoder=W; and steps=0, pretraining alone).
+LoCoMo file: --set data=PATH). The shared keys are in rmmjax/config/__init__.py (class Config and
+CONFIGS); each learner's keys and defaults are its section, rmmjax/config/sections.py, set as
+--set section.key=VALUE or by the key's name alone (the run's own learner first: under
+learner=both, lr is the reranker's and encoder_tuning.lr the encoder's). docs/command-line.md
+describes the outputs. What learns: learner=query_encoder (locomo's default), reranker, both or
+iris; the reranker's variant=linear, mlp or cross (a cross-encoder reading each question beside
+a memory's text; naming it on locomo trains it over a query encoder tuned first, learner=both,
+or directly with units=lace or query_encoder=W; by default its pretraining alone, steps=0).
 Running the same command again resumes the workdir."""
 
 
@@ -66,7 +68,7 @@ def cmd_train(args) -> None:
           "step 0; the same command with more steps continues from it")
   if "cross_pairs_truncated" in summary:
     print(f"(question, memory) pairs: {summary['cross_pairs']}, cut to "
-          f"cross_max_length={cfg.cross_max_length}: {summary['cross_pairs_truncated']}")
+          f"cross.max_length={cfg.cross.max_length}: {summary['cross_pairs_truncated']}")
   if rows:
     print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
@@ -99,7 +101,7 @@ def eval_hint(cfg, workdir: str) -> str:
   if cfg.learner == "query_encoder":
     return f"{head} --retriever {cfg.retriever} --encoder {workdir}"
   if cfg.units == "lace":
-    return f"{head} --iris {cfg.iris} --retriever {cfg.retriever} --reranker {workdir}"
+    return f"{head} --iris {cfg.iris_evidence.preset} --retriever {cfg.retriever} --reranker {workdir}"
   # learner=both: the reranker's record names its query encoder, which eval loads itself.
   return f"{head} --retriever {cfg.retriever} --reranker {workdir}"
 

@@ -1,6 +1,7 @@
-"""Experiment configuration: one frozen dataclass, named configs, `key=value` overrides.
+"""Experiment configuration: one frozen dataclass of shared keys and learners' sections, named
+configs, `key=value` overrides.
 
-Every default lives here. `Config` converts into the core's static `CoreSpec` and `SimSpec` and
+Every default lives here or in a learner's section (sections.py). `Config` converts into the core's static `CoreSpec` and `SimSpec` and
 its sweepable `HParams`; `validate` builds all three so bad values fail before any compile.
 """
 
@@ -14,40 +15,38 @@ from typing import Any
 import jax
 
 from rmmjax import core
-from rmmjax.config import checks
-from rmmjax.config.choices import (CROSS_KEYS, EVALUABLE_DATASETS, LEARNERS, MODES,
-                                   P_IRR_DEFAULT, P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS,
-                                   SWEEPABLE, TRAIN_UNITS, TUNES, UNITS)
+from rmmjax.config import checks, keys, sections
+from rmmjax.config.keys import apply_overrides, get_value, parse_value, with_values
+from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
+                                   P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
+                                   TUNES, UNITS)
 
 __all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
            "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
-           "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "parse_value",
-           "VARIANT_DEFAULTS"]
+           "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
+           "parse_value", "sections", "with_values"]
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """A training run on the latent simulator (paper defaults for the reranker and objective)."""
+  """A training run: the shared keys, then the sections of the learners it trains (see
+  rmmjax.config.sections; a section absent from the run is None). The defaults are a run on the
+  latent simulator with the paper's reranker and objective."""
 
   config: str = "latent"
-  # Reranker.
+  # The reranker's family (variant) and its selection.
   variant: str = "linear"
-  formulation: str = "fast"
   dim: int = 64
-  hidden: int = 256
   k: int = 20
   m: int = 5
-  # Objective.
+  # Objective of the online steps, whatever learns.
   batch: int = 4
   credit: str = "set"
   log_prob: str = "plackett_luce"
   sampling: str = "gumbel"
   running_decay: float = 0.99
-  rank_prior: bool = False  # a learnt bias per base-retriever position (see core.CoreSpec)
-  # Sweepable (see SWEEPABLE).
-  tau: float = 0.5
+  # Sweepable (see SWEEPABLE; the learning section's tau and lr are too).
   baseline: float = 0.5
   baseline_kind: str = "constant"
-  lr: float = 1e-3
   seed: int = 0
   p_rel: float = P_REL_DEFAULT
   p_irr: float = P_IRR_DEFAULT
@@ -61,7 +60,6 @@ class Config:
   noise: float = 0.2
   world_seed: int = 0
   # Loop and outputs.
-  steps: int = 10_000
   checkpoint_every: int = 1_000
   log_every: int = 10
   eval_sessions: int = 512  # held-out sessions of `batch` queries
@@ -79,77 +77,62 @@ class Config:
   # Replay of a labelled dataset (configs other than latent).
   data: str = ""  # the dataset file
   dataset: str = "locomo"
-  units: str = "turn"  # memory granularity: turn, session, mixed or topic
+  units: str = "turn"  # memory granularity: turn, session, mixed, topic, or lace (IRIS's facts)
   retriever: str = "bm25"  # base retriever giving the K candidates: bm25, dense or hybrid
   # The last conversations of the file, never trained on, for evaluation; 0 trains on every
   # conversation (the right setting when the evaluation file is another one).
   holdout: int = 2
-  mode: str = "pretrain+rl"  # rl, pretrain or pretrain+rl (see MODES)
-  pretrain_epochs: int = 10
-  pretrain_lr: float = 1e-4
-  pretrain_tau: float = 0.05
+  mode: str = "pretrain+rl"  # rl or pretrain+rl (see MODES)
   # What learns (see LEARNERS): the reranker over the base retriever's K candidates, the
-  # retriever's query encoder itself, or both (the query encoder first; then the reranker on
-  # the candidates the tuned encoder retrieves).
+  # retriever's query encoder itself, both (the query encoder first; then the reranker on the
+  # candidates the tuned encoder retrieves), or IRIS's own models.
   learner: str = "reranker"
-  # The reranker's candidates come from this tuned query encoder (a query_encoder workdir);
-  # learner=both sets it to its own first stage.
+  # The reranker's candidates come from this tuned query encoder (a query_encoder workdir).
   query_encoder: str = ""
-  # query: the tuned encoder embeds the questions, the memories keep the base encoder's
-  # embeddings (no re-embedding ever); both: it embeds the memories too, so the bank is
-  # re-embedded after training. Training back-propagates through the questions in both cases
-  # (through the K candidates as well would cost about K times as much per step).
-  tune: str = "query"
-  # Query-encoder learning (learner query_encoder or both): supervised listwise pretraining on
-  # labelled evidence (batches of encoder_pretrain_batch), then online REINFORCE at encoder_lr.
-  # Values from the cross-validated ablation's exploratory runs (experiments/replay_ablation.py).
-  encoder_pretrain_epochs: int = 2
-  encoder_pretrain_lr: float = 2e-5
-  encoder_pretrain_tau: float = 0.05
-  encoder_pretrain_batch: int = 16
-  encoder_lr: float = 1e-5
-  # Units lace (learner reranker only): the reranker ranks the evidence IRIS gathers from a
-  # LaceMem with these settings (see rmmjax.retrieve.iris.IRIS_PRESETS) and learns online from
-  # simulated citations (weight citation_reward) plus the offline heuristic judge's verdict on
-  # the facts it selected (weight verdict_reward, which needs no labels).
-  iris: str = "default"
-  citation_reward: float = 1.0
-  verdict_reward: float = 0.0
-  # learner=iris (IRIS's own models, rmmjax.replay.iris_models): each fitting and online example
-  # ranks iris_k candidate facts, up to a quarter of them evidence; of the rest, iris_hard_share
-  # are the search's own top hits and the others are drawn at random from the conversation (a
-  # fit against the nearest hits alone, K = 20, drove the anchor below the base encoder: Recall@10
-  # 0.51 -> 0.13 on a conversation it trained on). 64 and 0.5 were chosen on one split of the
-  # dev file (six conversations fitted, two held out: held-out Recall@10 of the anchor 0.704,
-  # against 0.666 with hard negatives only and 0.595 for the base encoder).
-  iris_k: int = 64
-  iris_hard_share: float = 0.5
-  # learner=iris with holdout=0: the last `validation` training conversations are kept out of
-  # the fits, so the summary can compare the tuned anchor with the base encoder on conversations
-  # it did not fit (and warn when it is worse).
-  validation: int = 1
-  # The cross reranker (variant=cross, rmmjax.learners.cross): each (question, memory) pair is cut
-  # to cross_max_length tokens; its pretraining ranks cross_pretrain_candidates of each
-  # question's K candidates (the relevant ones, at most half, then others at random), which
-  # costs that share of a pass over all K; compute_dtype is the encoder's computation dtype
-  # (auto: bfloat16 on an accelerator, float32 on a CPU, which has no fast bfloat16 matmul;
-  # parameters and optimizer state stay float32 either way); prior_scale
-  # spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
-  # layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
-  # learn at head_lr_scale times lr (pretrain_lr in pretraining).
-  cross_max_length: int = 128
-  cross_pretrain_candidates: int = 8
-  compute_dtype: str = "auto"
-  prior_scale: float = 1.0
-  head_lr_scale: float = 50.0
+  # The learners' sections: those of the run's learners hold a section, the others None.
+  reranker: sections.Reranker | None = None
+  cross: sections.Cross | None = None
+  encoder_tuning: sections.EncoderTuning | None = None
+  iris_evidence: sections.IrisEvidence | None = None
+  iris_models: sections.IrisModels | None = None
+
+  def __post_init__(self):
+    # Each section the run trains is filled in (the named config's, else the section's own
+    # defaults); the others are dropped, so a config derived for another learner (a stage of
+    # learner=both) never carries keys it does not use.
+    named = NAMED_SECTIONS.get(self.config, {})
+    present = self.section_names()
+    for name, kind in sections.SECTIONS.items():
+      value = getattr(self, name)
+      if name not in present:
+        value = None
+      elif value is None:
+        value = named.get(name, kind())
+      object.__setattr__(self, name, value)
+
+  def section_names(self) -> tuple[str, ...]:
+    """The sections of this run, in the order it trains them (the last is the learner whose
+    online steps the training loop runs)."""
+    return sections.section_names(self.learner, self.variant, self.units,
+                                  self.config == "latent")
+
+  @property
+  def learning(self) -> sections.Learning:
+    """The section of the learner this config's online steps train."""
+    return getattr(self, self.section_names()[-1])
+
+  @property
+  def steps(self) -> int:
+    return self.learning.steps
 
   def core_spec(self) -> core.CoreSpec:
     """The core's static spec (a learner with a model of its own adds it:
     rmmjax.learners.cross.cross_spec)."""
-    return core.CoreSpec(variant=self.variant, formulation=self.formulation, dim=self.dim,
-                         hidden=self.hidden, k=self.k, m=self.m, batch=self.batch,
-                         credit=self.credit, log_prob=self.log_prob, sampling=self.sampling,
-                         running_decay=self.running_decay, rank_prior=self.rank_prior)
+    shape = ({"formulation": self.reranker.formulation, "hidden": self.reranker.hidden,
+              "rank_prior": self.reranker.rank_prior} if self.reranker else {})
+    return core.CoreSpec(variant=self.variant, dim=self.dim, k=self.k, m=self.m,
+                         batch=self.batch, credit=self.credit, log_prob=self.log_prob,
+                         sampling=self.sampling, running_decay=self.running_decay, **shape)
 
   def sim_spec(self) -> core.SimSpec:
     # Banks smaller than k are padded; the padding is masked out of every candidate list.
@@ -158,8 +141,24 @@ class Config:
                         signal=self.signal, distortion=self.distortion, noise=self.noise,
                         world_seed=self.world_seed)
 
-  def hparams(self) -> core.HParams:
-    return core.HParams.create(**{name: getattr(self, name) for name in SWEEPABLE})
+  def hparams(self, learning: sections.Learning | None = None) -> core.HParams:
+    """The sweepable values of the online steps of `learning` (default: this run's learner)."""
+    learning = learning or self.learning
+    return core.HParams.create(tau=learning.tau, lr=learning.lr, baseline=self.baseline,
+                               baseline_kind=self.baseline_kind, seed=self.seed,
+                               p_rel=self.p_rel, p_irr=self.p_irr)
+
+  def values(self) -> dict[str, Any]:
+    """Every key as `--set` names it: shared keys plain, a section's as section.key."""
+    flat = {}
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if f.name in sections.SECTIONS:
+        if value is not None:
+          flat |= {f"{f.name}.{k}": v for k, v in dataclasses.asdict(value).items()}
+      else:
+        flat[f.name] = value
+    return flat
 
   def validate(self) -> "Config":
     """Checks every value (raises ValueError naming it); returns self."""
@@ -174,20 +173,19 @@ class Config:
         raise ValueError(f"{name}={getattr(self, name)}: expected an integer from 0 to {high:,}")
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
-    for name, high in (("lr", 1.0), ("tau", 100.0)):  # far outside, nothing learns
-      if not 0 < getattr(self, name) <= high:
-        raise ValueError(f"{name}={getattr(self, name):g}: expected a value in (0, {high:g}]")
-    for name, high in (("steps", 10**7), ("pretrain_epochs", 1000),
-                       ("encoder_pretrain_epochs", 1000)):
-      if getattr(self, name) > high:
-        raise ValueError(f"{name}={getattr(self, name):,}: expected at most {high:,}")
+    for name in self.section_names():
+      getattr(self, name).check(self)
     if self.config != "latent":
-      checks.check_replay(self, CONFIGS["latent"])
+      checks.check_replay(self)
     else:
       # Refused rather than ignored: a value stored in config.json but never used would also
       # block resuming the run with the value that does apply.
+      latent, reranker = CONFIGS["latent"], type(self.learning)()
       changed = [f"{name}={getattr(self, name)!r}" for name in REPLAY_KEYS
-                 if getattr(self, name) != getattr(CONFIGS["latent"], name)]
+                 if getattr(self, name) != getattr(latent, name)]
+      changed += [f"{self.learning.NAME}.{name}={getattr(self.learning, name)!r}"
+                  for name in ("pretrain_epochs", "pretrain_lr", "pretrain_tau")
+                  if getattr(self.learning, name) != getattr(reranker, name)]
       if changed:
         raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
                          "(--config locomo); the latent simulator does not use them")
@@ -198,10 +196,8 @@ class Config:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")
     # A cross reranker's pretraining is a run of its own (steps=0: its checkpoint is step 0).
-    if self.variant == "cross" and isinstance(self.steps, int) and self.steps == 0:
-      pass
-    elif not isinstance(self.steps, int) or self.steps < 1:
-      raise ValueError(f"steps={self.steps!r}: expected a positive integer"
+    if self.steps == 0 and not isinstance(self.learning, sections.Cross):
+      raise ValueError("steps=0: expected a positive integer"
                        + (" (or 0 for variant=cross: its pretraining alone)"
                           if self.config != "latent" else ""))
     for name in ("checkpoint_every", "log_every", "eval_sessions"):
@@ -229,66 +225,44 @@ class Config:
     return dataclasses.replace(self, **changes)
 
   def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+    data = {k: v for k, v in dataclasses.asdict(self).items()
+            if not (k in sections.SECTIONS and v is None)}
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+# A named config's own values of a learner's section, where they differ from the section's.
+# The linear reranker on LoCoMo: the rank prior, lr=1e-4, pretrain_lr=1e-4, pretrain_tau=0.05
+# and pretrain_epochs=10 were picked on the held-out folds of experiments/replay_ablation.py
+# (lr 1e-3 undid the pretraining there). tau=0.05 is not tuned: online learning samples at the
+# temperature the pretraining trained the scores for (sampling at 0.5 from scores fitted at
+# 0.05 left the selection entropy at its start and the reward flat).
+NAMED_SECTIONS = {
+    "locomo": {"reranker": sections.Reranker(rank_prior=True, tau=0.05, lr=1e-4, steps=600)},
+}
 
 
 CONFIGS = {
     "latent": Config(),
     # LoCoMo replay: MiniLM embeddings, BM25 candidates, a linear reranker with a rank prior,
     # pretrained on labelled evidence and then trained online from simulated citations.
-    # How each default was chosen: k, m, batch and the Adam optimizer are the paper's. The rank
-    # prior, lr=1e-4, pretrain_lr=1e-4, pretrain_tau=0.05, pretrain_epochs=10 and the running
-    # baseline were picked by looking at the held-out folds of experiments/replay_ablation.py
-    # and its exploratory runs (lr 1e-3 undid the pretraining there): the cross-validated
-    # numbers of these settings are therefore optimistic, and conversations outside the dev file
-    # are the unbiased test. tau=0.05 is not tuned: online learning samples at the temperature
-    # the pretraining trained the scores for (sampling at 0.5 from scores fitted at 0.05 left
-    # the selection entropy at its start and the reward flat).
-    # The default learner is the best measured one: the query encoder, over hybrid candidates
-    # (experiments/learners_ablation.py: +0.10 over the hybrid order at K=20, the reranker
-    # +0.02). learner=reranker with retriever=bm25 is the paper's reranker setting.
-    "locomo": Config(config="locomo", dim=384, k=20, m=5, batch=4, rank_prior=True, tau=0.05,
-                     learner="query_encoder", retriever="hybrid",
-                     baseline=0.0, baseline_kind="running", lr=1e-4, steps=600,
+    # How each default was chosen: k, m, batch and the Adam optimizer are the paper's. The
+    # running baseline (and the reranker's section below) were picked by looking at the held-out
+    # folds of experiments/replay_ablation.py and its exploratory runs, so the cross-validated
+    # numbers of these settings are optimistic and conversations outside the dev file are the
+    # unbiased test. The default learner is the best measured one: the query encoder, over
+    # hybrid candidates (experiments/learners_ablation.py: +0.10 over the hybrid order at K=20,
+    # the reranker +0.02). learner=reranker with retriever=bm25 is the paper's reranker setting.
+    "locomo": Config(config="locomo", dim=384, k=20, m=5, batch=4, learner="query_encoder",
+                     retriever="hybrid", baseline=0.0, baseline_kind="running",
                      checkpoint_every=100, log_every=10, eval_sessions=1,
                      encoder="all-MiniLM-L6-v2"),
 }
 
-
-# What `--set variant=...` brings with it on a replay config (keys given alongside win). The
-# cross reranker learns at the rates and temperature of fine-tuning an encoder (2e-5 and tau 1
-# for the listwise pretraining over eight candidates per question, up to half of them
-# evidence: near the recipe of a trial made before this variant existed, not tuned), over the
-# candidates of a query encoder the run tunes first (learner=both): on the dev file's 2-fold
-# cross-validation that lifts its Recall@5 from 0.575 over the base hybrid's candidates to
-# 0.634 after one epoch (ceilings 0.679 and 0.746), and two epochs, the one value searched on
-# those folds (so optimistic), to 0.658 (+0.024 [+0.010, +0.039]). No online steps by
-# default: on the same 2-fold
-# cross-validation (experiments/cross_reranker.py) pretraining alone lifts the hybrid's
-# Recall@5 from 0.487 to 0.575, and 60 online REINFORCE steps from simulated citations (lr
-# 1e-5, tau 1) then lower it to 0.555 (-0.019 [-0.037, -0.003]): replayed citations carry the
-# labels pretraining used, with noise. `--set steps=N` adds them (the agent learns online from
-# an LLM's real citations either way). The other values were not searched over.
-VARIANT_DEFAULTS = {
-    "cross": {"learner": "both", "retriever": "hybrid", "pretrain_epochs": 2,
-              "pretrain_lr": 2e-5, "pretrain_tau": 1.0, "tau": 1.0, "lr": 1e-5, "steps": 0,
-              "checkpoint_every": 20, "log_every": 5},
-}
-
-
 def encoder_stage(cfg: Config) -> Config:
   """The first stage of learner=both: the query encoder, trained as learner=query_encoder
-  trains it. A variant's defaults (a cross reranker's rates, temperature and step count) are
-  the reranker's: the stage takes the named config's own, and the variant's keys go back to
-  their defaults (they configure nothing in the encoder)."""
-  stage = dataclasses.replace(cfg, learner="query_encoder")
-  if cfg.variant not in VARIANT_DEFAULTS:
-    return stage
-  named, default = get_config(cfg.config), Config()
-  keys = [k for k in VARIANT_DEFAULTS[cfg.variant] if k not in ("learner", "retriever")]
-  return dataclasses.replace(stage, variant=named.variant,
-                             **{k: getattr(named, k) for k in keys},
-                             **{k: getattr(default, k) for k in CROSS_KEYS})
+  trains it (its section is the run's own encoder_tuning; the reranker's family goes back to
+  the named config's, as it configures nothing in the encoder)."""
+  return dataclasses.replace(cfg, learner="query_encoder", variant=get_config(cfg.config).variant)
 
 
 def effective_dtype(compute_dtype: str) -> str:
@@ -312,52 +286,50 @@ def get_config(name: str) -> Config:
   return CONFIGS[name]
 
 
-def parse_value(key: str, text: str, cfg: Config) -> Any:
-  """Parses `text` as the type of field `key` of cfg, naming both on failure."""
-  fields = {f.name: f for f in dataclasses.fields(cfg)}
-  if key not in fields:
-    raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
-  default = getattr(cfg, key)
-  try:
-    if isinstance(default, bool):
-      if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-      return text.lower() in ("true", "1")
-    if isinstance(default, int):
-      return int(text)
-    if isinstance(default, float):
-      value = float(text)
-      if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(text)
-      return value
-    return text
-  except ValueError:
-    raise ValueError(f"{key}={text!r}: expected a finite {type(default).__name__}") from None
-
-
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-  """Applies `key=value` strings to cfg."""
-  changes = {}
-  for item in overrides:
-    if "=" not in item:
-      raise ValueError(f"override {item!r}: expected key=value")
-    key, text = item.split("=", 1)
-    changes[key.strip()] = parse_value(key.strip(), text.strip(), cfg)
-  variant = changes.get("variant")
-  if cfg.config != "latent" and variant in VARIANT_DEFAULTS:
-    defaults = dict(VARIANT_DEFAULTS[variant])
-    # Over IRIS's evidence, or over a query encoder trained before, nothing is tuned first.
-    if changes.get("units", cfg.units) == "lace" or changes.get("query_encoder"):
-      defaults["learner"] = "reranker"
-    changes = defaults | changes
-  return dataclasses.replace(cfg, **changes)
-
-
 def from_json(text: str) -> Config:
-  """A Config from `to_json` output (unknown keys are refused)."""
+  """A Config from `to_json` output (unknown keys are refused). A config.json written before
+  the configuration had sections (flat keys) is read into the sections of its learner."""
   data = json.loads(text)
-  fields = {f.name for f in dataclasses.fields(Config)}
-  unknown = sorted(set(data) - fields)
+  if not any(isinstance(v, dict) for v in data.values()) and any(
+      k in data for k in ("tau", "lr", "steps")):
+    return _from_flat(data)
+  shared = {f.name for f in dataclasses.fields(Config)} - set(sections.SECTIONS)
+  unknown = sorted(set(data) - shared - set(sections.SECTIONS))
   if unknown:
     raise ValueError(f"unknown config keys {unknown}")
-  return Config(**data)
+  cfg = Config(**{k: v for k, v in data.items() if k in shared})
+  for name in set(data) & set(sections.SECTIONS):
+    if getattr(cfg, name) is None:
+      raise ValueError(f"config section {name!r} does not belong to this run ({keys.trains(cfg)})")
+    fields = {f.name for f in dataclasses.fields(sections.SECTIONS[name])}
+    if set(data[name]) - fields:
+      raise ValueError(f"unknown keys {sorted(set(data[name]) - fields)} in section {name!r}")
+  return with_values(cfg, {f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS)
+                           for k, v in data[s].items()})
+
+
+# The flat keys each learner's section took over: the learning keys of the run's own learner,
+# the shape of the embedding rerankers, and the others (sections.MOVED).
+_LEARNING_KEYS = tuple(f.name for f in dataclasses.fields(sections.Learning))
+_SHAPE_KEYS = ("formulation", "hidden", "rank_prior")
+
+
+def _from_flat(data: dict) -> Config:
+  shared = {f.name for f in dataclasses.fields(Config)} - set(sections.SECTIONS)
+  moved = set(_LEARNING_KEYS) | set(_SHAPE_KEYS) | set(sections.MOVED)
+  unknown = sorted(set(data) - shared - moved)
+  if unknown:
+    raise ValueError(f"unknown config keys {unknown}")
+  cfg = Config(**{k: v for k, v in data.items() if k in shared})
+  own = cfg.section_names()[-1]
+  # An encoder's section took its rates from the encoder_* keys, its temperature and steps
+  # from the shared ones.
+  changes = {f"{own}.{k}": data[k] for k in _LEARNING_KEYS if k in data
+             and not (own == "encoder_tuning" and k in ("lr", "pretrain_epochs", "pretrain_lr",
+                                                        "pretrain_tau"))}
+  if cfg.reranker is not None:
+    changes |= {f"reranker.{k}": data[k] for k in _SHAPE_KEYS if k in data}
+  for old, new in sections.MOVED.items():
+    if old in data and getattr(cfg, new.split(".")[0]) is not None:
+      changes[new] = data[old]
+  return with_values(cfg, changes)

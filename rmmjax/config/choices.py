@@ -22,19 +22,12 @@ UNITS = GRANULARITIES + ("topic",)
 # A reranker also trains on LaceMem's atomic facts, ranking the evidence IRIS gathers.
 TRAIN_UNITS = UNITS + ("lace",)
 
-# Values a sweep may vary without recompiling (leaves of core.HParams).
+# Values a sweep may vary without recompiling (leaves of core.HParams; tau and lr are the
+# learner's section's).
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
-# Keys of the replay of a labelled dataset, which the latent config has no use for.
-REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "pretrain_epochs",
-               "pretrain_lr", "pretrain_tau", "learner", "query_encoder", "tune",
-               "encoder_pretrain_epochs", "encoder_pretrain_lr", "encoder_pretrain_tau",
-               "encoder_pretrain_batch", "encoder_lr", "iris", "citation_reward",
-               "verdict_reward", "iris_k", "iris_hard_share", "validation", "cross_max_length",
-               "cross_pretrain_candidates", "compute_dtype", "prior_scale",
-               "head_lr_scale")
-# Keys only the cross reranker uses.
-CROSS_KEYS = ("cross_max_length", "cross_pretrain_candidates", "compute_dtype", "prior_scale",
-              "head_lr_scale")
+# Shared keys of the replay of a labelled dataset, which the latent config has no use for.
+REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "learner",
+               "query_encoder")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
 # 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of

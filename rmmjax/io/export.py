@@ -14,7 +14,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from rmmjax import core
-from rmmjax.config import SWEEPABLE
+from rmmjax.config import SWEEPABLE, get_value
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.reranker_format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
                                        SCORE_FORMULAS, check_weights)
@@ -80,7 +80,7 @@ def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
 
 def describe(cfg, record: dict, step: int) -> dict:
   """The description an export carries: enough to score, evaluate and keep training."""
-  return _description(cfg.core_spec(), {name: getattr(cfg, name) for name in SWEEPABLE},
+  return _description(cfg.core_spec(), {name: get_value(cfg, name) for name in SWEEPABLE},
                       record, step)
 
 

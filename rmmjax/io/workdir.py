@@ -202,10 +202,10 @@ def read_config(workdir: Path) -> Config:
 
 
 def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
-  old = json.loads(from_json(path.read_text()).to_json())  # keys added since: their defaults
-  new = json.loads(cfg.to_json())
+  old = from_json(path.read_text()).values()  # keys added since: their defaults
+  new = cfg.values()
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k) and k not in ignore}
+          if old.get(k) != new.get(k) and k.rpartition(".")[2] not in ignore}
 
 
 def _shown(diff: dict) -> str:

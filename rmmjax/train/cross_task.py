@@ -47,15 +47,15 @@ class CrossRerankerTask(ReplayTask):
     super().__init__(cfg, encoder, progress)
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(self.encoder.cfg),
-        "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross_max_length,
-        "compute_dtype": effective_dtype(cfg.compute_dtype),
+        "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross.max_length,
+        "compute_dtype": effective_dtype(cfg.cross.compute_dtype),
         "length": int(self.train_qs.tokens_BxKxL.shape[-1]), **self._pair_counts}}
     self.input_notes = {"cross_pairs": self._pair_counts["pairs"],
                         "cross_pairs_truncated": self._pair_counts["truncated"],
                         "cross_pair_length": self.record["cross"]["length"]}
     if progress and self._pair_counts["truncated"]:
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
-            f"memory) pairs are longer than cross_max_length={cfg.cross_max_length} tokens and "
+            f"memory) pairs are longer than cross.max_length={cfg.cross.max_length} tokens and "
             "were cut to it (the longer side first)", file=sys.stderr)
     self._step = None  # the online step, compiled when the first one is taken
 
@@ -65,14 +65,14 @@ class CrossRerankerTask(ReplayTask):
   def _pairs(self, convs) -> list | None:
     if not convs:
       return []
-    pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross_max_length)
+    pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross.max_length)
     for p in pairs:
       self._pair_counts["pairs"] += p.pairs
       self._pair_counts["truncated"] += p.truncated
     return pairs
 
   def _initial_params(self):
-    return cross_initial_params(self.encoder, self.cfg.k, self.cfg.prior_scale)
+    return cross_initial_params(self.encoder, self.cfg.k, self.cfg.cross.prior_scale)
 
   # -- pretraining ---------------------------------------------------------------------------
 
@@ -81,10 +81,10 @@ class CrossRerankerTask(ReplayTask):
     subset of cross_pretrain_candidates candidates per question; then the optimizer reset for
     the online phase."""
     cfg = self.cfg
-    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
-                                  tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
+    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
+                                  tau=jnp.asarray(cfg.cross.pretrain_tau, jnp.float32))
     state = core.init_state(self.spec, pretrain_hp, self.template.params)
-    if cfg.mode != "rl" and cfg.pretrain_epochs > 0:
+    if cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0:
       state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, cfg, self.mesh,
                                                        self._replicated, self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
@@ -176,9 +176,9 @@ LOG_EVERY = 10  # pretraining steps between the progress bar's loss (and host wa
 
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, replicated,
                    progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
-  """cfg.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
+  """cfg.cross.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
   every question, with pair tokens), one compiled step at a time from the host, each epoch over
-  a fresh subset of cfg.cross_pretrain_candidates candidates per question in a fresh order,
+  a fresh subset of cfg.cross.pretrain_candidates candidates per question in a fresh order,
   both drawn from (seed, epoch) alone, packed as `cross_pairs.pack` packs them. `replicated`
   places the state on the mesh. Returns the state, every step's loss and the share of the
   positions computed that were real tokens. The host waits for the device only every
@@ -193,12 +193,12 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, rep
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
   sharding = distributed.batch_sharding(mesh)
   losses, real, computed = [], 0, 0
-  bar = tqdm(total=cfg.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
+  bar = tqdm(total=cfg.cross.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
              disable=not progress)
   with bar:
-    for epoch in range(cfg.pretrain_epochs):
+    for epoch in range(cfg.cross.pretrain_epochs):
       seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
-      subset = candidate_subset(questions, cfg.cross_pretrain_candidates, int(seed))
+      subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed))
       order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
       for i in range(per_epoch):
         rows = order[i * b:(i + 1) * b]
@@ -230,7 +230,7 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
   online steps over all k); a kind it will not take (or, resumed, has taken: `pretrained`,
   `steps_done`) is neither compiled nor measured."""
   require_bert(encoder, "variant=cross")
-  pretrains = cfg.mode != "rl" and cfg.pretrain_epochs > 0 and not pretrained
+  pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0 and not pretrained
   if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
     num = sum(len(c.questions) for c in conversations[:len(conversations) - cfg.holdout])
     if num < cfg.batch:
@@ -238,7 +238,7 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
                        f"pretraining batch; expected batch <= {num}")
   phases = {}
   if pretrains:
-    phases["a pretraining step"] = ("cross_pretrain_candidates", cfg.cross_pretrain_candidates)
+    phases["a pretraining step"] = ("cross.pretrain_candidates", cfg.cross.pretrain_candidates)
   if cfg.steps > steps_done:
     phases["an online step"] = ("k", cfg.k)
   for what, (key, candidates) in phases.items():
@@ -248,11 +248,11 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
 def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
   """Refuses a step of the run that would not fit the device (see `learners.cross.pairs.step_bytes`)."""
   batch = max(1, cfg.batch // devices)
-  need, limit = step_bytes(bert, cfg.k, batch, candidates, cfg.cross_max_length,
-                           effective_dtype(cfg.compute_dtype))
+  need, limit = step_bytes(bert, cfg.k, batch, candidates, cfg.cross.max_length,
+                           effective_dtype(cfg.cross.compute_dtype))
   if limit is not None and need > 0.9 * limit:
     raise ValueError(
         f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
         f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "
-        f"{key} ({candidates}) or cross_max_length ({cfg.cross_max_length}), or spread the batch "
+        f"{key} ({candidates}) or cross.max_length ({cfg.cross.max_length}), or spread the batch "
         "over more devices")

@@ -42,9 +42,9 @@ class QueryEncoderTask(Task):
     self.train_convs, self.test_convs = replays[:split], replays[split:]
     self.test_conversations = conversations[split:]
     self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
-        "learner": "query_encoder", "tune": cfg.tune}
+        "learner": "query_encoder", "tune": cfg.encoder_tuning.tune}
     self.spec = encoder_spec(cfg)
-    self.hp = dataclasses.replace(cfg, lr=cfg.encoder_lr).hparams()
+    self.hp = cfg.hparams(cfg.encoder_tuning)
     self.train_seq = to_sequence(self.train_convs, cfg.batch)
     self.ids_SxBxT, self.mask_SxBxT = question_tokens(encoder, self.train_convs, cfg.batch)
     self.template = encoder_state(encoder, self.spec, self.hp)
@@ -53,8 +53,8 @@ class QueryEncoderTask(Task):
     # Data parallel over the mesh: each step's questions (axis 1 of the streams) split over it;
     # the pretraining's batches too.
     batches = {"batch": cfg.batch}
-    if cfg.mode != "rl" and cfg.encoder_pretrain_epochs:
-      batches["encoder_pretrain_batch"] = cfg.encoder_pretrain_batch
+    if cfg.mode != "rl" and cfg.encoder_tuning.pretrain_epochs:
+      batches["encoder_tuning.pretrain_batch"] = cfg.encoder_tuning.pretrain_batch
     self._data_parallel(cfg.devices, batches)
     if self._parallel:
       self.train_seq, self.ids_SxBxT, self.mask_SxBxT = distributed.shard_leading(
@@ -65,14 +65,13 @@ class QueryEncoderTask(Task):
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer fresh."""
-    cfg = self.cfg
+    cfg, tuning = self.cfg, self.cfg.encoder_tuning
     params = None
-    if cfg.mode != "rl" and cfg.encoder_pretrain_epochs:
-      spec = dataclasses.replace(self.spec, batch=cfg.encoder_pretrain_batch)
-      hp = core.HParams.create(lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau,
-                               seed=cfg.seed)
+    if cfg.mode != "rl" and tuning.pretrain_epochs:
+      spec = dataclasses.replace(self.spec, batch=tuning.pretrain_batch)
+      hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau, seed=cfg.seed)
       params, self.pretrain_loss = pretrain_query_encoder(self.encoder, self.train_convs, spec,
-                                                          hp, cfg.encoder_pretrain_epochs,
+                                                          hp, tuning.pretrain_epochs,
                                                           mesh=self.mesh,
                                                           progress=self._progress)
     return encoder_state(self.encoder, self.spec, self.hp, params)
@@ -83,7 +82,7 @@ class QueryEncoderTask(Task):
 
   def _recall(self, tuned, m: int) -> float:
     cfg = self.cfg
-    memory_encoder, query_encoder = retrieval_encoders(self.encoder, tuned, cfg.tune)
+    memory_encoder, query_encoder = retrieval_encoders(self.encoder, tuned, cfg.encoder_tuning.tune)
     return float(np.mean(np.concatenate([
         retrieval_recall(c, cfg.units, cfg.retriever, memory_encoder, query_encoder, m,
                          self.unit_builder)

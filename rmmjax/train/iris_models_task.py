@@ -67,10 +67,11 @@ class IrisLearnedTask(Task):
     self.stores = [LaceMem.from_conversation(c, encoder,
                                              settings=LaceSettings(retrieval=cfg.retriever))
                    for c in conversations]
-    held = cfg.holdout or cfg.validation
+    held = cfg.holdout or cfg.iris_models.validation
     if len(conversations) - held < 1:
       raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
-                       f"validation={cfg.validation} would leave none to fit (set validation=0)")
+                       f"iris_models.validation={cfg.iris_models.validation} would leave none "
+                       "to fit (set iris_models.validation=0)")
     split = len(conversations) - held
     self.train_data, self.test_data = conversations[:split], conversations[split:]
     # With holdout=0 the evaluated conversations are the validation split: not trained on, but
@@ -86,18 +87,19 @@ class IrisLearnedTask(Task):
     ancestors = ([(cfg.query_encoder, query_encoder_record(Path(cfg.query_encoder)))]
                  if cfg.query_encoder else [])
     self.record = with_ancestors(record, ancestors)
-    self.fit = IrisFit(k=cfg.iris_k, hard_share=cfg.iris_hard_share,
-                       epochs=cfg.encoder_pretrain_epochs, batch=cfg.encoder_pretrain_batch,
-                       lr=cfg.encoder_pretrain_lr, tau=cfg.encoder_pretrain_tau, seed=cfg.seed)
+    tuning = cfg.encoder_tuning
+    self.fit = IrisFit(k=cfg.iris_models.k, hard_share=cfg.iris_models.hard_share,
+                       epochs=tuning.pretrain_epochs, batch=tuning.pretrain_batch,
+                       lr=tuning.pretrain_lr, tau=tuning.pretrain_tau, seed=cfg.seed)
     self.spec = iris_spec(cfg)
-    self.hp = dataclasses.replace(cfg, lr=cfg.encoder_lr).hparams()
+    self.hp = cfg.hparams(tuning)
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_data)
     self._stream = None
     # Data parallel over the mesh: each step's refinement queries split over its devices, and
     # the fits' batches (the judge's is padded to its size).
     self._data_parallel(cfg.devices, {"batch": cfg.batch,
-                                      "encoder_pretrain_batch": cfg.encoder_pretrain_batch,
+                                      "encoder_tuning.pretrain_batch": tuning.pretrain_batch,
                                       "the judge's batch": self.fit.judge_batch})
     self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
                             static_argnums=4, donate_argnums=0)
@@ -237,5 +239,6 @@ class IrisLearnedTask(Task):
 
 
 def iris_spec(cfg: Config) -> core.CoreSpec:
-  """The core spec of the refinement encoder's online phase: iris_k candidates per example."""
-  return dataclasses.replace(encoder_spec(cfg), k=cfg.iris_k)
+  """The core spec of the refinement encoder's online phase: iris_models.k candidates per
+  example."""
+  return dataclasses.replace(encoder_spec(cfg), k=cfg.iris_models.k)

@@ -57,7 +57,7 @@ class IrisTask(Task):
     self.spec = cross_spec(cfg, encoder.cfg) if self.cross else cfg.core_spec()
     # A cross reranker's pretraining takes minutes: a resume should not redo it.
     self.checkpoint_pretrained = self.cross
-    settings, judge = IRIS_PRESETS[cfg.iris], HeuristicJudge()
+    settings, judge = IRIS_PRESETS[cfg.iris_evidence.preset], HeuristicJudge()
     max_evidence = max(len(set(q.evidence)) for c in conversations for q in c.questions)
     logged = []
     for conv in tqdm(conversations, desc="IRIS episodes", unit="conversation",
@@ -74,13 +74,14 @@ class IrisTask(Task):
     self.test_episodes = [e for c in self.test_convs for e in c.episodes]
     self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "reranker", "query_encoder": None, "query_encoder_path": None,
-        "iris": cfg.iris, "citation_reward": cfg.citation_reward,
-        "verdict_reward": cfg.verdict_reward}
+        "iris": cfg.iris_evidence.preset,
+        "citation_reward": cfg.iris_evidence.citation_reward,
+        "verdict_reward": cfg.iris_evidence.verdict_reward}
     params = None
     if self.cross:
       self._cross_inputs(encoder)
-      params = cross_initial_params(encoder, cfg.k, cfg.prior_scale)
-    self.mix = RewardMix(cfg.citation_reward, cfg.verdict_reward)
+      params = cross_initial_params(encoder, cfg.k, cfg.cross.prior_scale)
+    self.mix = RewardMix(cfg.iris_evidence.citation_reward, cfg.iris_evidence.verdict_reward)
     self.judge = judge
     self.template = core.init_state(self.spec, self.hp, params)
     self.eval_queries = len(self.test_episodes)
@@ -91,37 +92,39 @@ class IrisTask(Task):
     """Every episode's (question, fact) pairs tokenised, counted in the record and summary."""
     cfg = self.cfg
     self.train_episodes, train = with_pair_tokens(self.train_episodes, encoder.tokenizer,
-                                                  cfg.cross_max_length)
+                                                  cfg.cross.max_length)
     self.test_episodes, test = with_pair_tokens(self.test_episodes, encoder.tokenizer,
-                                                cfg.cross_max_length)
+                                                cfg.cross.max_length)
     counts = {"pairs": train["pairs"] + test["pairs"],
               "truncated": train["truncated"] + test["truncated"]}
     self.record = self.record | {"variant": "cross", "cross": {
         "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
-        "max_length": cfg.cross_max_length,
-        "compute_dtype": effective_dtype(cfg.compute_dtype), "length": train["length"], **counts}}
+        "max_length": cfg.cross.max_length,
+        "compute_dtype": effective_dtype(cfg.cross.compute_dtype), "length": train["length"], **counts}}
     self.input_notes = {"cross_pairs": counts["pairs"],
                         "cross_pairs_truncated": counts["truncated"],
                         "cross_pair_length": train["length"]}
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
-    cfg, state = self.cfg, self.template
-    if self.cross and Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
+    cfg, state, learning = self.cfg, self.template, self.cfg.learning
+    pretrains = Protocol(mode=cfg.mode, pretrain_epochs=learning.pretrain_epochs).pretrains
+    if self.cross and pretrains:
       # The cross reranker's pretraining runs from the host over a few candidates per episode
       # (see cross_task.pretrain_cross): one step over all K pairs of every episode would not
       # fit in one program.
       hp = state.hparams
-      state = state.replace(hparams=hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
-                                               tau=jnp.asarray(cfg.pretrain_tau, jnp.float32)))
+      state = state.replace(hparams=hp.replace(lr=jnp.asarray(learning.pretrain_lr, jnp.float32),
+                                               tau=jnp.asarray(learning.pretrain_tau, jnp.float32)))
       state, self.pretrain_loss, real = pretrain_cross(
           state, episodes_batch(self.train_episodes), cfg, self.mesh, self._replicated,
           self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
       return core_replay.restart_optimizer(state, hp)
-    if Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs).pretrains:
+    if pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(
-          state, self.train_episodes, cfg.pretrain_epochs, cfg.pretrain_lr, cfg.pretrain_tau,
+          state, self.train_episodes, learning.pretrain_epochs, learning.pretrain_lr,
+          learning.pretrain_tau,
           self.mesh)
     return state
 

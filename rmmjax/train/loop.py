@@ -247,6 +247,6 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   steps_T = np.array([r["step"] for r in rows])
   curves = {cfg.config: {m: np.array([[r[m] for r in rows]]) for m in plots.CURVE_METRICS}}
   plots.plot_curves(workdir / "curves.png", steps_T, curves,
-                    title=f"{cfg.config}: tau={cfg.tau} b={cfg.baseline} ({cfg.baseline_kind}) "
-                          f"lr={cfg.lr} seed={cfg.seed}")
+                    title=f"{cfg.config}: tau={cfg.learning.tau} b={cfg.baseline} "
+                          f"({cfg.baseline_kind}) lr={cfg.learning.lr} seed={cfg.seed}")
   return summary

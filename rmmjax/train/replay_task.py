@@ -83,9 +83,9 @@ class ReplayTask(Task):
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
     cfg = self.cfg
-    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.pretrain_lr, jnp.float32),
-                                  tau=jnp.asarray(cfg.pretrain_tau, jnp.float32))
-    protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.pretrain_epochs)
+    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.learning.pretrain_lr, jnp.float32),
+                                  tau=jnp.asarray(cfg.learning.pretrain_tau, jnp.float32))
+    protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs)
     # No online steps here: the training loop takes them, in checkpointed segments.
     state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6, 7))(
         self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0,

@@ -9,7 +9,6 @@ is sharded across all of them (results equal the one-device run); process 0 writ
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -20,7 +19,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rmmjax import core
-from rmmjax.config import SWEEPABLE, Config, parse_value
+from rmmjax.config import SWEEPABLE, Config, get_value, parse_value, with_values
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
@@ -61,7 +60,7 @@ def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config
   configs = []
   for values in itertools.product(*(grid[k] for k in keys)):
     for s in range(seeds):
-      point = dataclasses.replace(cfg, **dict(zip(keys, values)), seed=cfg.seed + s)
+      point = with_values(cfg, dict(zip(keys, values)) | {"seed": cfg.seed + s})
       configs.append(point.validate())
   return configs
 
@@ -114,7 +113,7 @@ def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size
 
 
 def _label(cfg: Config, keys: list[str]) -> str:
-  return ",".join(f"{k}={getattr(cfg, k)}" for k in keys) or "default"
+  return ",".join(f"{k}={get_value(cfg, k)}" for k in keys) or "default"
 
 
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
@@ -158,7 +157,7 @@ def _runs(configs, keys, out, log_every) -> tuple[list[dict], dict]:
   runs, by_label = [], {}
   for i, c in enumerate(configs):
     rows = window_means({k: v[i] for k, v in out["metrics"].items()}, 0, log_every)
-    run = {k: getattr(c, k) for k in keys}
+    run = {k: get_value(c, k) for k in keys}
     run.update(seed=c.seed, recall_at_m_base=float(out["eval_first"]["recall_at_m_base"][i]),
                recall_at_m_final=float(out["eval_final"]["recall_at_m"][i]),
                recall_at_k=float(out["eval_final"]["recall_at_k"][i]))

@@ -229,6 +229,6 @@ def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   assert eval_hint(cfg(), "W").endswith("--units turn --retriever hybrid --encoder W")
   assert eval_hint(cfg("learner=reranker", "retriever=bm25"), "W").endswith(
       "--retriever bm25 --reranker W")
-  assert eval_hint(cfg("learner=reranker", "units=lace", "iris=wide"), "W").endswith(
+  assert eval_hint(cfg("learner=reranker", "units=lace", "iris_evidence.preset=wide"), "W").endswith(
       "--units lace --iris wide --retriever hybrid --reranker W")
   assert eval_hint(cfg("learner=both"), "W").endswith("--reranker W")

@@ -26,7 +26,7 @@ PATHS = {
     "reranker": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
                  "--set", "learner=reranker"],
     "query_encoder": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
-                      "--set", "learner=query_encoder", "--set", "encoder_pretrain_epochs=1",
+                      "--set", "learner=query_encoder", "--set", "encoder_tuning.pretrain_epochs=1",
                       "--set", "k=10"],
     "reranker_in_iris": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
                          "--set", "learner=reranker", "--set", "units=lace"],
@@ -34,7 +34,7 @@ PATHS = {
     # after it; its encoders' offline fits are compared on their own in _fits.
     "iris_online": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
                     "--set", "learner=iris", "--set", "units=lace", "--set",
-                    "encoder_pretrain_epochs=0", "--set", "iris_k=16",
+                    "encoder_tuning.pretrain_epochs=0", "--set", "iris_models.k=16",
                     # Both conversations: the first alone holds two refinement examples.
                     "--set", "holdout=0", "--set", "validation=0"],
 }

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rmmjax import core
-from rmmjax.config import get_config
+from rmmjax.config import get_config, with_values
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross import (CrossModel, cross_params_template, cross_scores,
                                    init_cross_params)
@@ -253,11 +253,11 @@ def test_template_has_the_structure_of_the_initial_parameters():
 
 
 def test_auto_computes_in_bfloat16_on_an_accelerator_and_float32_on_a_cpu(monkeypatch):
-  cfg = dataclasses.replace(get_config("locomo"), variant="cross")
-  assert cfg.compute_dtype == "auto"
+  cfg = dataclasses.replace(get_config("locomo"), variant="cross", learner="reranker")
+  assert cfg.cross.compute_dtype == "auto"
   assert cross_spec(cfg, TINY).model.compute_dtype == "float32"  # this CPU
   # (No accelerator here: the backend's name is what `auto` reads.)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert cross_spec(cfg, TINY).model.compute_dtype == "bfloat16"
-  fixed = dataclasses.replace(cfg, compute_dtype="float32")
+  fixed = with_values(cfg, {"compute_dtype": "float32"})
   assert cross_spec(fixed, TINY).model.compute_dtype == "float32"  # a pinned dtype holds

@@ -108,8 +108,8 @@ def test_an_embedding_reranker_is_not_served_as_a_cross_one(encoder):
 
 
 SMALL = ("variant=cross", "units=lace", "dim=32", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
-         "log_every=1", "checkpoint_every=2", "cross_max_length=48",
-         "cross_pretrain_candidates=4", "pretrain_epochs=1")
+         "log_every=1", "checkpoint_every=2", "max_length=48",
+         "pretrain_candidates=4", "pretrain_epochs=1")
 
 
 def keep_order(question, facts):

@@ -361,17 +361,18 @@ def test_lace_training_settings_are_checked(three):
   base = get_config("locomo")
   for changes, message in (
       (["units=lace", "learner=query_encoder"], "set learner=reranker"),
-      (["units=lace", "learner=reranker", "iris=narrow"], "iris='narrow' is not one of"),
+      (["units=lace", "learner=reranker", "iris_evidence.preset=narrow"], "iris_evidence.preset='narrow' is not one of"),
       (["units=lace", "learner=reranker", "citation_reward=0", "verdict_reward=0"],
        "not both 0"),
-      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "learns from citations alone"),
-      (["units=turn", "learner=reranker", "iris=wide"], "or leave iris at default")):
+      # Keys of the section of a reranker over IRIS's evidence are unknown to other runs.
+      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "belongs to the iris_evidence"),
+      (["units=turn", "learner=reranker", "iris_evidence.preset=wide"], "no iris_evidence"),
+      (["units=lace", "learner=reranker", "iris=wide"], "is now 'iris_evidence.preset'")):
     with pytest.raises(ValueError, match=message):
       apply_overrides(base, [f"data={three}", *changes]).validate()
   # The latent simulator refuses the replay's keys instead of storing values it never uses.
-  for changes in (["verdict_reward=1"], ["units=lace", "iris=wide"]):
-    with pytest.raises(ValueError, match="the latent simulator does not use them"):
-      apply_overrides(get_config("latent"), changes).validate()
+  with pytest.raises(ValueError, match="the latent simulator does not use them"):
+    apply_overrides(get_config("latent"), ["units=lace"]).validate()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -137,7 +137,7 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
   from rmmjax.io.export import export_reranker, load_trained_params
   from rmmjax.io.serving import NumpyReranker
   meta = export_reranker(wd, tmp_path / "reranker.safetensors")
-  assert "rank_bias" in meta["score"] and meta["hparams"]["lr"] == cfg.lr
+  assert "rank_bias" in meta["score"] and meta["hparams"]["lr"] == cfg.learning.lr
   scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")
   params, _, _ = load_trained_params(wd)
   rng = np.random.default_rng(0)

@@ -33,8 +33,8 @@ pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
 SMALL = ("variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5", "m=2", "batch=2",
          "steps=4",
-         "log_every=2", "checkpoint_every=2", "cross_max_length=48",
-         "cross_pretrain_candidates=4", "pretrain_epochs=1")
+         "log_every=2", "checkpoint_every=2", "max_length=48",
+         "pretrain_candidates=4", "pretrain_epochs=1")
 
 
 def _args(three, *extra):
@@ -59,7 +59,7 @@ def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
   assert 0 < summary["cross_pairs_truncated"] < summary["cross_pairs"]
   assert summary["cross_pair_length"] == 48
   # compute_dtype=auto (the default) ran in float32 on this CPU, and the record says so.
-  assert json.loads((cross_run / "config.json").read_text())["compute_dtype"] == "auto"
+  assert json.loads((cross_run / "config.json").read_text())["cross"]["compute_dtype"] == "auto"
   assert record["cross"]["compute_dtype"] == "float32"
   assert len(json.loads((cross_run / "pretrain.json").read_text())["loss"]) > 0
   assert np.isfinite(summary["recall_at_m_final"])
@@ -193,8 +193,8 @@ def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_pa
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_args(three, *extra)]) == 2
   err = capsys.readouterr().err
-  assert message in err and "or cross_max_length (48)" in err
-  assert ("k (5)" if extra == ("mode=rl",) else "cross_pretrain_candidates (4)") in err
+  assert message in err and "or cross.max_length (48)" in err
+  assert ("k (5)" if extra == ("mode=rl",) else "cross.pretrain_candidates (4)") in err
   assert not wd.exists()
 
 
@@ -227,10 +227,10 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
 
 @pytest.mark.parametrize("overrides, message", [
     (["units=lace", "learner=both"], "units=lace trains a model of IRIS"),
-    (["learner=query_encoder"], "set learner=reranker"),
-    (["cross_pretrain_candidates=9"], "expected 2 to k=5"),
+    (["learner=query_encoder"], "max_length' for this run .* belongs to the cross section"),
+    (["pretrain_candidates=9"], "expected 2 to k=5"),
     (["compute_dtype=float16"], "compute_dtype"),
-    (["cross_max_length=1024"], "expected 16 to 512"),
+    (["max_length=1024"], "expected 16 to 512"),
     (["steps=0", "mode=rl"], "nothing would learn"),
     (["steps=0", "pretrain_epochs=0"], "nothing would learn"),
     (["head_lr_scale=1e9"], r"head_lr_scale=1e\+09: expected a value in \(0, 10000\]"),
@@ -239,15 +239,19 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["lr=5"], r"lr=5: expected a value in \(0, 1\]"),
 ])
 def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
-  cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL, *overrides])
   with pytest.raises(ValueError, match=message):
-    cfg.validate()
+    apply_overrides(get_config("locomo"), [f"data={three}", *SMALL, *overrides]).validate()
 
 
 def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
   data = f"data={three}"
-  with pytest.raises(ValueError, match="configure variant=cross"):
-    apply_overrides(get_config("locomo"), [data, "prior_scale=2.0"]).validate()
+  # A key of the cross reranker's section is unknown to a run without one, saying whose it is.
+  with pytest.raises(ValueError, match="'prior_scale' for this run .* belongs to the cross"):
+    apply_overrides(get_config("locomo"), [data, "prior_scale=2.0"])
+  with pytest.raises(ValueError, match="is now 'cross.max_length'"):
+    apply_overrides(get_config("locomo"), [data, "variant=cross", "cross_max_length=64"])
+  with pytest.raises(ValueError, match="has no cross section"):
+    apply_overrides(get_config("locomo"), [data, "learner=reranker", "cross.lr=1e-5"])
   with pytest.raises(ValueError, match="or 0 for variant=cross"):
     apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
   apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
@@ -276,8 +280,9 @@ def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(t
   rates, temperature and steps (not the cross reranker's), and no cross keys."""
   locomo = get_config("locomo")
   cfg = apply_overrides(locomo, [f"data={three}", "variant=cross", "learner=both",
-                                 "cross_max_length=64"]).validate()
-  assert (cfg.steps, cfg.tau, cfg.lr) == (0, 1.0, 1e-5)  # the reranker's
+                                 "max_length=64"]).validate()
+  assert (cfg.steps, cfg.learning.tau, cfg.learning.lr) == (0, 1.0, 1e-5)  # the reranker's
+  assert cfg.encoder_tuning == get_config("locomo").encoder_tuning
   stage = encoder_stage(cfg).validate()
   alone = apply_overrides(locomo, [f"data={three}", "learner=query_encoder"]).validate()
   assert stage == alone

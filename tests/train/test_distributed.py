@@ -252,7 +252,7 @@ def test_a_batch_that_does_not_divide_is_refused_before_the_workdir_is_touched(t
         units = "lace" if learner == "iris" else "turn"
         code = main(["train", "--config", "locomo", "--workdir", "{tmp_path}/" + learner,
                      "--quiet", "--set", "data={three}", "--set", "learner=" + learner,
-                     "--set", "units=" + units, "--set", "encoder_pretrain_batch=6"])
+                     "--set", "units=" + units, "--set", "encoder_tuning.pretrain_batch=6"])
         print(learner, code)
       """)
   assert out.split() == ["query_encoder", "2", "iris", "2"]

@@ -16,8 +16,8 @@ from rmmjax.cli import main
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_encoder")]
 
 SMALL = ["dim=32", "learner=iris", "units=lace", "holdout=1", "steps=10", "checkpoint_every=5",
-         "log_every=5", "encoder_pretrain_epochs=1", "encoder_pretrain_batch=4",
-         "retriever=hybrid", "iris_k=32"]
+         "log_every=5", "encoder_tuning.pretrain_epochs=1", "encoder_tuning.pretrain_batch=4",
+         "retriever=hybrid", "iris_models.k=32"]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from rmmjax.cli import main
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_encoder")]
 
 SMALL = ["dim=32", "holdout=1", "steps=20", "checkpoint_every=10", "log_every=5",
-         "encoder_pretrain_epochs=2", "retriever=hybrid", "k=10"]
+         "encoder_tuning.pretrain_epochs=2", "retriever=hybrid", "k=10"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,113 @@
+"""How `--set` names a key of a config (rmmjax.config.Config): a shared key by its name, a
+learner's as section.key or by its name alone (the run's own learner first), and parsing and
+setting values by those names."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rmmjax.config import sections
+
+def _locate(cfg, key: str) -> tuple[str | None, str]:
+  """(section or None, field) of a key as `--set` names it: `section.key`, a shared key, or a
+  key of the run's sections by its name alone (the run's own learner first, so under
+  learner=both `lr` is the reranker's and `encoder_tuning.lr` the encoder's)."""
+  section, _, name = key.rpartition(".")
+  if section:
+    if section not in sections.SECTIONS:
+      raise ValueError(f"unknown config section {section!r} in {key!r}; sections: "
+                       f"{', '.join(sections.SECTIONS)}")
+    if getattr(cfg, section) is None:
+      raise ValueError(f"unknown config key {key!r}: this run ({trains(cfg)}) has no "
+                       f"{section} section; its sections: {', '.join(cfg.section_names())}")
+    if name not in {f.name for f in dataclasses.fields(sections.SECTIONS[section])}:
+      raise ValueError(f"unknown config key {key!r}; the {section} section's keys: "
+                       f"{', '.join(f.name for f in dataclasses.fields(sections.SECTIONS[section]))}")
+    return section, name
+  if name in sections.RENAMED:
+    raise ValueError(f"config key {name!r} is now {sections.RENAMED[name]!r} (each learner has "
+                     "a section of its own)")
+  if name in {f.name for f in dataclasses.fields(cfg)} - set(sections.SECTIONS):
+    return None, name
+  for section in reversed(cfg.section_names()):
+    if name in {f.name for f in dataclasses.fields(getattr(cfg, section))}:
+      return section, name
+  owners = [s for s, kind in sections.SECTIONS.items()
+            if name in {f.name for f in dataclasses.fields(kind)}]
+  if owners:
+    raise ValueError(f"unknown config key {name!r} for this run ({trains(cfg)}): it belongs to "
+                     f"the {' and '.join(owners)} section{'s' if len(owners) > 1 else ''}; this "
+                     f"run's sections: {', '.join(cfg.section_names())}")
+  known = sorted(set(cfg.values()) | {k.split(".")[1] for k in cfg.values() if "." in k})
+  raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
+
+
+def trains(cfg) -> str:
+  return f"config={cfg.config}, learner={cfg.learner}, variant={cfg.variant}" + (
+      f", units={cfg.units}" if cfg.units == "lace" else "")
+
+
+def parse_value(key: str, text: str, cfg) -> Any:
+  """Parses `text` as the type of key `key` of cfg, naming both on failure."""
+  default = get_value(cfg, key)
+  try:
+    if isinstance(default, bool):
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+      return text.lower() in ("true", "1")
+    if isinstance(default, int):
+      return int(text)
+    if isinstance(default, float):
+      value = float(text)
+      if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(text)
+      return value
+    return text
+  except ValueError:
+    raise ValueError(f"{key}={text!r}: expected a finite {type(default).__name__}") from None
+
+
+def get_value(cfg, key: str) -> Any:
+  """The value of a key as `--set` names it."""
+  section, name = _locate(cfg, key)
+  return getattr(getattr(cfg, section) if section else cfg, name)
+
+
+def with_values(cfg, changes: dict[str, Any]) -> Any:
+  """cfg with keys (as `--set` names them) set to parsed values. The shared keys go first,
+  since they decide which sections the run has."""
+  shared = {k: v for k, v in changes.items() if is_shared(cfg, k)}
+  cfg = dataclasses.replace(cfg, **shared)
+  by_section: dict[str, dict] = {}
+  for key, value in changes.items():
+    if not is_shared(cfg, key):
+      section, name = _locate(cfg, key)
+      by_section.setdefault(section, {})[name] = value
+  return dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **v)
+                                     for s, v in by_section.items()})
+
+
+def is_shared(cfg, key: str) -> bool:
+  """Whether `key` is a shared key of cfg (not a section's)."""
+  return key in {f.name for f in dataclasses.fields(cfg)} - set(sections.SECTIONS)
+
+
+def apply_overrides(cfg, overrides: list[str]) -> Any:
+  """Applies `key=value` strings to cfg. Naming a reranker family on a config whose learner
+  trains none (locomo's default, the query encoder) makes the run the reranker over a query
+  encoder tuned first (learner=both), or directly over IRIS's evidence or a given tuned
+  encoder's candidates (learner=reranker), unless the learner is named too."""
+  texts = {}
+  for item in overrides:
+    if "=" not in item:
+      raise ValueError(f"override {item!r}: expected key=value")
+    key, text = item.split("=", 1)
+    texts[key.strip()] = text.strip()
+  shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if is_shared(cfg, k)}
+  if "variant" in shared and "learner" not in shared and cfg.learner == "query_encoder":
+    over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")
+    shared["learner"] = "reranker" if over_given else "both"
+  cfg = dataclasses.replace(cfg, **shared)
+  return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
+                           if not is_shared(cfg, k)})

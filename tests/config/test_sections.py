@@ -1,0 +1,129 @@
+"""The configuration's learner sections: which keys a run has, how `--set` reaches them, and old
+flat config.json files (tests/config/flat_configs/, written by the release before sections)."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from rmmjax.config import (apply_overrides, encoder_stage, from_json, get_config, get_value,
+                           sections)
+from rmmjax.io.workdir import check_resumable
+
+FLAT = Path(__file__).parent / "flat_configs"
+DATA = "data=/data/locomo_dev8.json"  # as the flat files name it (never read here)
+
+
+@pytest.mark.parametrize("overrides, names", [
+    ([], ("encoder_tuning",)),
+    (["learner=reranker"], ("reranker",)),
+    (["variant=cross"], ("encoder_tuning", "cross")),
+    (["variant=cross", "learner=reranker", "units=lace"], ("iris_evidence", "cross")),
+    (["learner=iris", "units=lace"], ("iris_models", "encoder_tuning")),
+])
+def test_a_run_holds_the_sections_of_the_learners_it_trains(overrides, names):
+  cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
+  assert cfg.section_names() == names
+  for name in sections.SECTIONS:
+    assert (getattr(cfg, name) is not None) == (name in names), name
+  assert cfg.learning is getattr(cfg, names[-1])
+  assert get_config("latent").section_names() == ("reranker",)
+
+
+def test_a_key_by_its_name_alone_is_the_run_s_own_learners_first():
+  cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross", "lr=3e-5", "tau=0.5",
+                                               "encoder_tuning.lr=2e-6", "max_length=64"])
+  assert (cfg.cross.lr, cfg.cross.tau, cfg.cross.max_length) == (3e-5, 0.5, 64)
+  assert (cfg.encoder_tuning.lr, cfg.encoder_tuning.tau) == (2e-6, 0.05)
+  assert get_value(cfg, "lr") == 3e-5 and get_value(cfg, "encoder_tuning.lr") == 2e-6
+  # The online steps' hyperparameters are the learner's whose steps the run takes.
+  assert (float(cfg.hparams().lr), float(cfg.hparams().tau)) == pytest.approx((3e-5, 0.5))
+
+
+def test_no_learner_rewrites_another_s_defaults():
+  locomo = get_config("locomo")
+  cross = apply_overrides(locomo, [DATA, "variant=cross"])
+  alone = apply_overrides(locomo, [DATA, "learner=query_encoder"])
+  assert cross.encoder_tuning == alone.encoder_tuning == sections.EncoderTuning()
+  assert cross.cross == sections.Cross() and (cross.steps, cross.learning.tau) == (0, 1.0)
+  # The encoder stage of a cross run is the plain query-encoder run.
+  assert encoder_stage(cross) == alone
+  # The named config's own reranker values stay its own.
+  linear = apply_overrides(locomo, [DATA, "learner=reranker"])
+  assert (linear.reranker.tau, linear.reranker.lr, linear.reranker.rank_prior) == (0.05, 1e-4,
+                                                                                   True)
+  assert get_config("latent").reranker == sections.Reranker()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["max_length=64"], r"'max_length' for this run \(config=locomo, learner=query_encoder, "
+                        r"variant=linear\): it belongs to the cross section"),
+    (["learner=reranker", "cross.lr=1e-5"], "has no cross section; its sections: reranker"),
+    (["learner=reranker", "tune=both"], "belongs to the encoder_tuning section"),
+    (["cross_max_length=64"], "'cross_max_length' is now 'cross.max_length'"),
+    (["encoder_lr=1e-5"], "'encoder_lr' is now 'encoder_tuning.lr'"),
+    (["iris_k=32"], "'iris_k' is now 'iris_models.k'"),
+    (["nosuch.lr=1"], "unknown config section 'nosuch'"),
+    (["encoder_tuning.nosuch=1"], "the encoder_tuning section's keys: tau, lr, steps"),
+    (["nonsense=1"], "unknown config key 'nonsense'; known keys:"),
+    (["encoder_tuning.lr=fast"], r"encoder_tuning.lr='fast': expected a finite float"),
+])
+def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    apply_overrides(get_config("locomo"), overrides)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["encoder_tuning.lr=0.5"], r"encoder_tuning.lr=0.5: expected a value in \(0, 0.1\]"),
+    (["encoder_tuning.pretrain_batch=0"], "encoder_tuning.pretrain_batch=0: expected at least 1"),
+    (["encoder_tuning.tune=all"], "encoder_tuning.tune='all' is not one of query, both"),
+    (["learner=iris", "units=lace", "iris_models.hard_share=2"], r"hard_share=2: expected"),
+    (["learner=reranker", "units=lace", "iris_evidence.preset=narrow"], "preset='narrow'"),
+])
+def test_a_section_checks_its_own_values(overrides, message, tmp_path):
+  data = tmp_path / "d.json"
+  data.write_text("[]")
+  with pytest.raises(ValueError, match=message):
+    apply_overrides(get_config("locomo"), [f"data={data}", *overrides]).validate()
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("cross_both", ["variant=cross", "max_length=64", "head_lr_scale=20", "checkpoint_every=20",
+                    "log_every=5"]),
+    ("cross_both_stage", ["learner=query_encoder", "checkpoint_every=100", "log_every=10"]),
+    ("query_encoder", ["encoder_tuning.lr=2e-5", "tune=both", "steps=300"]),
+    ("linear_lace", ["learner=reranker", "units=lace", "iris_evidence.preset=wide",
+                     "verdict_reward=0.5", "k=64", "steps=200"]),
+    ("iris", ["learner=iris", "units=lace", "iris_models.k=32", "iris_models.validation=0",
+              "holdout=0", "encoder_tuning.pretrain_epochs=1"]),
+])
+def test_a_flat_config_json_of_an_older_release_loads_into_its_sections(name, overrides,
+                                                                         tmp_path):
+  text = (FLAT / f"{name}.json").read_text()
+  assert not any(isinstance(v, dict) for v in json.loads(text).values())  # the old format
+  cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
+  assert from_json(text) == cfg
+  # ...so its workdir resumes under the same settings, and refuses others.
+  (tmp_path / "config.json").write_text(text)
+  check_resumable(tmp_path, cfg)
+  with pytest.raises(ValueError, match="holds a run of another config"):
+    check_resumable(tmp_path, dataclasses.replace(cfg, k=cfg.k + 1))
+
+
+def test_the_latent_config_of_an_older_release_loads():
+  cfg = from_json((FLAT / "latent.json").read_text())
+  assert cfg == apply_overrides(get_config("latent"), ["tau=0.25", "variant=mlp", "hidden=128",
+                                                       "steps=2000"])
+  assert (cfg.reranker.tau, cfg.reranker.hidden, cfg.steps) == (0.25, 128, 2000)
+
+
+def test_config_json_round_trips_and_refuses_what_does_not_belong():
+  cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross", "max_length=64"])
+  data = json.loads(cfg.to_json())
+  assert set(data) & set(sections.SECTIONS) == {"cross", "encoder_tuning"}
+  assert from_json(cfg.to_json()) == cfg
+  with pytest.raises(ValueError, match="section 'iris_models' does not belong to this run"):
+    from_json(json.dumps(data | {"iris_models": {"k": 32}}))
+  with pytest.raises(ValueError, match=r"unknown keys \['width'\] in section 'cross'"):
+    from_json(json.dumps(data | {"cross": data["cross"] | {"width": 3}}))
