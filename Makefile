@@ -31,8 +31,10 @@ $(VENV)/.installed-test: $(VENV)/.installed-run
 demo: $(VENV)/.installed-run
 	$(BIN)/rmmjax train --config latent --workdir checkpoints/latent
 
+# One test file per process on every core (--dist loadfile): a file's module fixtures are built
+# once, in one process.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 bench: $(VENV)/.installed-run
 	$(BIN)/rmmjax bench core --out checkpoints/bench_core.json
