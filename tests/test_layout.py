@@ -8,16 +8,19 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rmmjax"
 MAX_LINES = 400
-# The modules at the package root: its face and the cross-cutting device leaf (the config is a
+# The modules at the package root: its face, the cross-cutting device leaf and the one
+# supervised fit loop every learner's fit runs in (the config is a
 # folder of its own: the keys, their checks and the named configurations).
-ROOT_MODULES = {"__init__", "distributed"}
+ROOT_MODULES = {"__init__", "distributed", "fit"}
 # Each folder (or root module) may import only from folders of a lower rank, and from itself:
 # the entry point, then the agents and the training and evaluation shells, the replay of data,
 # the layered memory above the bank, the learners (each family's model, inputs, export and
-# load, above the files of runs they read and write), the files of runs and exports, the config,
+# load, above the files of runs they read and write), the files of runs and exports, the one
+# supervised fit loop (above the data-parallel helpers it uses), the config,
 # retrieval, the leaves (encoder, data, LLM) and the pure core at the bottom.
 RANKS = {"cli": 11, "bench": 10, "agent": 9, "train": 9, "eval": 8, "replay": 7,
-         "memory.lace": 6, "memory": 5, "learners": 4.5, "io": 4, "config": 3, "distributed": 3,
+         "memory.lace": 6, "memory": 5, "learners": 4.5, "io": 4, "fit": 3.5, "config": 3,
+         "distributed": 3,
          "retrieve": 2, "encode": 1, "data": 1, "llm": 1, "core": 0}
 
 

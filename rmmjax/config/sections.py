@@ -47,11 +47,12 @@ class Learning:
     _in_range(self, "tau", 0.0, 100.0)
     _in_range(self, "pretrain_lr", 0.0, 0.1)
     _in_range(self, "pretrain_tau", 0.0, 100.0)
-    if not isinstance(self.steps, int) or not 0 <= self.steps <= 10**7:
-      raise ValueError(f"{self.NAME}.steps={self.steps!r}: expected an integer from 0 to "
-                       "10,000,000")
-    if not 0 <= self.pretrain_epochs <= 1000:
-      raise ValueError(f"{self.NAME}.pretrain_epochs={self.pretrain_epochs}: expected 0 to 1,000")
+    for name, high in (("steps", 10**7), ("pretrain_epochs", 1000)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f"{self.NAME}.{name}={value!r}: expected an integer >= 0")
+      if value > high:
+        raise ValueError(f"{self.NAME}.{name}={value:,}: expected at most {high:,}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core, distributed
+from rmmjax.fit import Fit, fit
 from rmmjax.core.judge import judge_init, judge_loss
 from rmmjax.core.losses import grouped_listwise_loss
 from rmmjax.encode.tuned import TunedQueryEncoder
@@ -141,13 +142,9 @@ def pad_tokens(encoder, texts: Sequence[str], max_tokens: int):
   return ids_NxT, mask_NxT
 
 
-def _placer(mesh, batch: int):
-  """(state placement, batch placement) for data parallelism over `mesh` (identity without)."""
-  if mesh is None or mesh.devices.size == 1:
-    return (lambda tree: tree), (lambda tree: tree)
-  distributed.check_divisible(batch, mesh, "batch")
-  return (lambda tree: distributed.replicate(tree, mesh),
-          lambda tree: distributed.shard_leading(tree, mesh))
+def _check_parallel(mesh, batch: int) -> None:
+  if mesh is not None and mesh.devices.size > 1:
+    distributed.check_divisible(batch, mesh, "batch")
 
 
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
@@ -159,15 +156,13 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   mesh of several devices each batch is split over them."""
   if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
+  _check_parallel(mesh, batch)
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
   params = jax.tree.map(jnp.copy, params)
-  replicated, split = _placer(mesh, batch)
-  state = replicated((params, core.adam_init(params)))
   module = encoder.module
 
-  @jax.jit
-  def step(state, ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE):
-    params, opt = state
+  def step(state, xs):
+    (params, opt), (ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE) = state, xs
 
     def loss_fn(p):
       q_BxD = module.apply({"params": p}, ids_BxT, mask_BxT)
@@ -175,21 +170,25 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
       return grouped_listwise_loss(scores_BxK, covers_BxKxE, jnp.any(mem_BxKxD != 0, -1), tau)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    return core.adam_update(params, opt, grads, jnp.asarray(lr, jnp.float32)), loss
+    return core.adam_update(params, opt, grads, jnp.asarray(lr, jnp.float32)), {"loss": loss}
 
   rng = np.random.default_rng(seed)
-  losses = []
   usable = len(examples) // batch * batch
-  for _ in range(epochs):
+
+  def epoch_batches(epoch: int) -> list:
     order = rng.permutation(len(examples))[:usable]
+    batches = []
     for start in range(0, usable, batch):
       rows = order[start:start + batch]
       # Each batch padded to its own longest text's bucket: a few compiles, far less padding.
       length = encoder.bucket_length(int(mask_NxT[rows].sum(1).max()))
-      state, loss = step(state, *split((ids_NxT[rows, :length], mask_NxT[rows, :length],
-                                        examples.mem_NxKxD[rows], examples.covers_NxKxE[rows])))
-      losses.append(loss)
-  return distributed.gather(state[0]), np.asarray(distributed.gather(losses), np.float32)
+      batches.append((ids_NxT[rows, :length], mask_NxT[rows, :length],
+                      examples.mem_NxKxD[rows], examples.covers_NxKxE[rows]))
+    return batches
+
+  state, losses = fit((params, core.adam_init(params)), step, epoch_batches,
+                      Fit(epochs, desc="ranking encoder"), mesh)
+  return distributed.gather(state[0]), losses
 
 
 @final
@@ -243,29 +242,30 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
   """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss
   (each batch split over the mesh's devices, when given several)."""
   n, dim = examples.q_NxD.shape
+  _check_parallel(mesh, batch)
   params = judge_init(jax.random.PRNGKey(seed), dim, hidden)
-  replicated, split = _placer(mesh, batch)
-  state = replicated((params, core.adam_init(params)))
 
-  @jax.jit
-  def step(state, q, f, m, y, w):
-    loss, grads = jax.value_and_grad(judge_loss)(state[0], q, f, m, y, w)
-    return core.adam_update(state[0], state[1], grads, jnp.asarray(lr, jnp.float32)), loss
+  def step(state, xs):
+    loss, grads = jax.value_and_grad(judge_loss)(state[0], *xs)
+    return core.adam_update(state[0], state[1], grads, jnp.asarray(lr, jnp.float32)), {
+        "loss": loss}
 
   rng = np.random.default_rng(seed)
-  losses = []
-  for _ in range(epochs):
-    order = rng.permutation(n)
+
+  def epoch_batches(epoch: int) -> list:
+    order, batches = rng.permutation(n), []
     for start in range(0, n, batch):
       rows = order[start:start + batch]
       pad = batch - len(rows)  # the last batch is padded with weight-0 rows: one compile
       rows_p = np.concatenate([rows, np.zeros(pad, int)])
       weight = np.concatenate([np.ones(len(rows)), np.zeros(pad)]).astype(np.float32)
-      state, loss = step(state, *split((examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
-                                        examples.mask_NxF[rows_p], examples.label_N[rows_p],
-                                        weight)))
-      losses.append(loss)
-  return distributed.gather(state[0]), np.asarray(distributed.gather(losses), np.float32)
+      batches.append((examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
+                      examples.mask_NxF[rows_p], examples.label_N[rows_p], weight))
+    return batches
+
+  state, losses = fit((params, core.adam_init(params)), step, epoch_batches,
+                      Fit(epochs, desc="judge"), mesh)
+  return distributed.gather(state[0]), losses
 
 
 @final

@@ -16,9 +16,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from rmmjax import core, distributed
+from rmmjax.fit import Fit, fit
 from rmmjax.data.schema import Conversation
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_sequence
@@ -63,42 +63,28 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
                            hparams: core.HParams, epochs: int, params=None,
                            mesh=None, progress: bool = False) -> tuple[dict, np.ndarray]:
   """Supervised listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes
-  over batches of spec.batch consecutive questions, the batches in a new order each pass. With
-  a mesh of several devices each batch is split over them (data parallel). Each pass runs as
-  scans of PRETRAIN_CHUNK batches, so a progress bar moves every few seconds."""
-  stream_SxB = to_sequence(convs, spec.batch)
-  ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
+  over batches of spec.batch consecutive questions, the batches in a new order each pass, run
+  as scans of PRETRAIN_CHUNK batches by the fit loop (data parallel over a mesh of several
+  devices)."""
+  stream_SxB = jax.tree.map(np.asarray, to_sequence(convs, spec.batch))
+  ids_SxBxT, mask_SxBxT = (np.asarray(x) for x in question_tokens(encoder, convs, spec.batch))
   state = encoder_state(encoder, spec, hparams, params)
   parallel = mesh is not None and mesh.devices.size > 1
   if parallel:
-    distributed.check_divisible(spec.batch, mesh, "encoder_pretrain_batch")
-    state = distributed.replicate(state, mesh)
+    distributed.check_divisible(spec.batch, mesh, "encoder_tuning.pretrain_batch")
+  rng = np.random.default_rng(int(hparams.seed))
 
-  def body(state, xs):
+  def epoch_batches(epoch: int) -> list:
+    return [(jax.tree.map(lambda x: x[i], stream_SxB), ids_SxBxT[i], mask_SxBxT[i])  # noqa: B023
+            for i in rng.permutation(stream_SxB.mask_BxK.shape[0])]
+
+  def step(state, xs):
     batch, ids_BxT, mask_BxT = xs
     return core.supervised_step(state, batch, encoder_scorer(encoder.module, ids_BxT, mask_BxT))
 
-  run = jax.jit(lambda s, xs: jax.lax.scan(body, s, xs))
-  rng = np.random.default_rng(int(hparams.seed))
-  num = stream_SxB.mask_BxK.shape[0]
-  losses = []
-  with tqdm(total=epochs * num, desc="pretrain (query encoder)", unit="batch",
-            disable=not progress) as bar:
-    for _ in range(epochs):
-      order = rng.permutation(num)
-      for lo in range(0, num, PRETRAIN_CHUNK):
-        part = order[lo:lo + PRETRAIN_CHUNK]
-        xs = (jax.tree.map(lambda x, o=part: np.asarray(x)[o], stream_SxB),
-              np.asarray(ids_SxBxT)[part], np.asarray(mask_SxBxT)[part])
-        if parallel:
-          xs = distributed.shard_leading(xs, mesh, axis=1)
-        state, metrics = run(state, xs)
-        losses.append(metrics["loss"])
-        if progress:  # the bar follows the computation, not its dispatch
-          metrics["loss"].block_until_ready()
-          bar.update(len(part))
-  losses = [distributed.gather(x) for x in losses]
-  return (distributed.gather(state.params) if parallel else state.params), np.concatenate(losses)
+  state, losses = fit(state, step, epoch_batches,
+                      Fit(epochs, chunk=PRETRAIN_CHUNK, desc="query encoder"), mesh, progress)
+  return (distributed.gather(state.params) if parallel else state.params), losses
 
 
 def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,

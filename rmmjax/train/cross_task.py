@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,15 +23,18 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core, distributed
+from rmmjax.fit import Fit, fit
 from rmmjax.core import replay as core_replay
 from rmmjax.config import effective_dtype
 from rmmjax.encode.bert import load_pooler
+from rmmjax.io.checkpoint import saved_steps
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.learners.cross import init_cross_params
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
+from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.replay_task import ReplayTask
 
 
@@ -40,6 +44,10 @@ class CrossRerankerTask(ReplayTask):
   checkpoint_pretrained = True  # pretraining takes minutes: a resume should not redo it
   steps_from_host = True  # one compiled step at a time (each costs seconds on a CPU)
   stream_on_devices = False  # each step's batch is packed on the host and sent alone
+
+  @classmethod
+  def preflight(cls, cfg, encoder, workdir) -> None:
+    preflight_cross(cfg, encoder, workdir)
 
   def __init__(self, cfg, encoder=None, progress: bool = False):
     self._progress = progress
@@ -86,7 +94,7 @@ class CrossRerankerTask(ReplayTask):
     state = core.init_state(self.spec, pretrain_hp, self.template.params)
     if cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0:
       state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, cfg, self.mesh,
-                                                       self._replicated, self._progress)
+                                                       self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
     return core_replay.restart_optimizer(state, self.hp)
 
@@ -154,7 +162,7 @@ class CrossRerankerTask(ReplayTask):
                                    disable=not self._progress)):
       recall.append(score(params, pack_batch(batch), self.spec)[0])
       present.append(batch.mask_BxK.any(-1))
-      if i % LOG_EVERY == 0:  # the bar follows the computation, not its dispatch
+      if i % 10 == 0:  # the bar follows the computation, not its dispatch
         recall[-1].block_until_ready()
     recall_all = np.concatenate(jax.device_get(recall))
     return self._base_metrics() | {
@@ -171,54 +179,50 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
   return init_cross_params(params, k, prior_scale)
 
 
-LOG_EVERY = 10  # pretraining steps between the progress bar's loss (and host waits)
-
-
-def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh, replicated,
+def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
                    progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
   """cfg.cross.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
-  every question, with pair tokens), one compiled step at a time from the host, each epoch over
-  a fresh subset of cfg.cross.pretrain_candidates candidates per question in a fresh order,
-  both drawn from (seed, epoch) alone, packed as `cross_pairs.pack` packs them. `replicated`
-  places the state on the mesh. Returns the state, every step's loss and the share of the
-  positions computed that were real tokens. The host waits for the device only every
-  LOG_EVERY steps, where the bar shows the loss."""
+  every question, with pair tokens), one compiled step at a time (the packed shapes vary), each
+  epoch over a fresh subset of cfg.cross.pretrain_candidates candidates per question in a fresh
+  order, both drawn from (seed, epoch) alone, packed as `pairs.pack` packs them. Returns the
+  state, every step's loss and the share of the positions computed that were real tokens."""
   b = state.spec.batch
   questions = jax.tree.map(np.asarray, questions)
   num = questions.mask_BxK.shape[0]
   per_epoch = num // b
   if per_epoch < 1:
     raise ValueError(f"{num} training questions cannot fill one batch of {b}")
+  positions = {"real": 0, "computed": 0}
+
+  def epoch_batches(epoch: int) -> list[core.Batch]:
+    seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
+    subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed))
+    order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
+    batches = [pack_batch(jax.tree.map(lambda x: x[order[i * b:(i + 1) * b]], subset),  # noqa: B023
+                          mesh.devices.size) for i in range(per_epoch)]
+    positions["real"] += sum(int((x.pairs.slots_RxL > 0).sum()) for x in batches)
+    positions["computed"] += sum(x.pairs.slots_RxL.size for x in batches)
+    return batches
+
   # No donation: the hyperparameters are shared with the task's.
-  step = jax.jit(core.supervised_step, compiler_options=compiler_options())
-  sharding = distributed.batch_sharding(mesh)
-  losses, real, computed = [], 0, 0
-  bar = tqdm(total=cfg.cross.pretrain_epochs * per_epoch, desc="pretrain (cross)", unit="step",
-             disable=not progress)
-  with bar:
-    for epoch in range(cfg.cross.pretrain_epochs):
-      seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
-      subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed))
-      order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
-      for i in range(per_epoch):
-        rows = order[i * b:(i + 1) * b]
-        batch = pack_batch(jax.tree.map(lambda x: x[rows], subset),  # noqa: B023
-                           mesh.devices.size)
-        real += int((batch.pairs.slots_RxL > 0).sum())
-        computed += batch.pairs.slots_RxL.size
-        if sharding is not None:
-          batch = distributed.shard_leading(batch, mesh)
-        state, metrics = step(replicated(state), batch)
-        losses.append(metrics["loss"])
-        bar.update(1)
-        if i % LOG_EVERY == 0:  # a log point: the one place the host waits for the device
-          bar.set_postfix(loss=f"{np.mean(jax.device_get(losses[-LOG_EVERY:])):.3f}")
-  return state, np.asarray(jax.device_get(losses), np.float32), real / max(computed, 1)
+  state, losses = fit(state, core.supervised_step, epoch_batches,
+                      Fit(cfg.cross.pretrain_epochs, desc="cross"), mesh, progress,
+                      compiler_options())
+  return state, losses, positions["real"] / max(positions["computed"], 1)
 
 
 def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
   num = streams_CxSxB.mask_BxK.shape[0]
   return [jax.tree.map(lambda x: np.asarray(x)[c], streams_CxSxB) for c in range(num)]  # noqa
+
+
+def preflight_cross(cfg, encoder, workdir) -> None:
+  """A cross reranker's checks before its run writes anything (a resume skips the kinds of
+  step it has taken; see check_cross_run)."""
+  _, conversations, _, encoder = replay_inputs(cfg, encoder)
+  done = saved_steps(Path(workdir) / "checkpoints")
+  check_cross_run(cfg, encoder, conversations, distributed.data_mesh(cfg.devices).devices.size,
+                  pretrained=bool(done), steps_done=done[-1] if done else 0)
 
 
 def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained: bool = False,

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from rmmjax import core, distributed
 from rmmjax.config import Config, effective_dtype
+from rmmjax.config.sections import Cross
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.core import replay as core_replay
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
@@ -33,7 +34,7 @@ from rmmjax.io.record import replay_record
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
-from rmmjax.train.cross_task import cross_initial_params, pretrain_cross
+from rmmjax.train.cross_task import cross_initial_params, preflight_cross, pretrain_cross
 from rmmjax.train.inputs import replay_inputs
 from rmmjax.train.task import Task
 
@@ -48,10 +49,15 @@ class LoggedConversation:
 class IrisTask(Task):
   """The training loop's task (see task.py) for units `lace`."""
 
+  @classmethod
+  def preflight(cls, cfg, encoder, workdir) -> None:
+    if isinstance(cfg.learning, Cross):  # the cross reranker's checks, as on turns
+      preflight_cross(cfg, encoder, workdir)
+
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.hp, self._progress = cfg, cfg.hparams(), progress
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
-    self.cross = cfg.variant == "cross"
+    self.cross = isinstance(cfg.learning, Cross)
     if self.cross:
       require_bert(encoder, "variant=cross")
     self.spec = cross_spec(cfg, encoder.cfg) if self.cross else cfg.core_spec()
@@ -117,8 +123,7 @@ class IrisTask(Task):
       state = state.replace(hparams=hp.replace(lr=jnp.asarray(learning.pretrain_lr, jnp.float32),
                                                tau=jnp.asarray(learning.pretrain_tau, jnp.float32)))
       state, self.pretrain_loss, real = pretrain_cross(
-          state, episodes_batch(self.train_episodes), cfg, self.mesh, self._replicated,
-          self._progress)
+          state, episodes_batch(self.train_episodes), cfg, self.mesh, self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
       return core_replay.restart_optimizer(state, hp)
     if pretrains:

@@ -29,9 +29,7 @@ from rmmjax.io.export import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
-from rmmjax.train.cross_task import check_cross_run
-from rmmjax.train.inputs import replay_inputs
-from rmmjax.train.tasks import make_task
+from rmmjax.train.tasks import make_task, task_class
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 
@@ -113,13 +111,9 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           holding.enter_context(held(stage, "train"))
         check_resumable(stage, encoder_stage(cfg).validate())
-      if cfg.variant == "cross":
-        # The cross reranker's own checks, before a learner=both run tunes its encoder.
-        _, conversations, _, encoder = replay_inputs(cfg, encoder)
-        done = saved_steps(workdir / "checkpoints")  # a resume skips what it has done
-        check_cross_run(cfg, encoder, conversations,
-                        distributed.data_mesh(cfg.devices).devices.size,
-                        pretrained=bool(done), steps_done=done[-1] if done else 0)
+      # The task's own checks (a cross reranker's), before a learner=both run tunes its
+      # encoder.
+      task_class(cfg).preflight(cfg, encoder, workdir)
     if cfg.learner == "both":
       # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
       # run); then the reranker trains on the candidates the tuned encoder retrieves.

@@ -37,6 +37,12 @@ class Task(abc.ABC):
   # `on_step(1)` callback (a progress bar), rather than as one compiled scan.
   steps_from_host: bool = False
 
+  @classmethod
+  def preflight(cls, cfg, encoder, workdir) -> None:
+    """The checks of a run of this task that its config cannot make alone (the encoder, the
+    data, the device's memory), made before anything of the run is written, on every process
+    (before a learner=both run tunes its query encoder); none by default. Raises ValueError."""
+
   def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
     """The mesh every batch of this task is split over; each named batch size must divide
     over its devices (checked here, before the loop writes anything)."""

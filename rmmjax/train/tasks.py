@@ -50,17 +50,31 @@ class LatentTask(Task):
         self._evaluate(self._replicated(state).params, self.eval_batch, self.spec)).items()}
 
 
-def make_task(cfg: Config, encoder=None, progress: bool = False, workdir=None):
-  """What `cfg` learns from. learner=both trains the reranker here (its query encoder, the
+# How each reranker family trains on replayed conversations (the learners' registry says how
+# each serves, exports and loads).
+REPLAY_TASKS: dict[str, type[Task]] = {"linear": ReplayTask, "mlp": ReplayTask,
+                                       "cross": CrossRerankerTask}
+
+
+def task_class(cfg: Config) -> type[Task]:
+  """The task `cfg` learns from. learner=both trains the reranker here (its query encoder, the
   first stage, is trained by the loop before)."""
   if cfg.config == "latent":
-    return LatentTask(cfg)
+    return LatentTask
   if cfg.learner == "query_encoder":
-    return QueryEncoderTask(cfg, encoder, progress)
+    return QueryEncoderTask
   if cfg.learner == "iris":
-    return IrisLearnedTask(cfg, encoder, progress, workdir)
+    return IrisLearnedTask
   if cfg.units == "lace":
-    return IrisTask(cfg, encoder, progress)
-  if cfg.variant == "cross":
-    return CrossRerankerTask(cfg, encoder, progress)
-  return ReplayTask(cfg, encoder, progress)
+    return IrisTask
+  return REPLAY_TASKS[cfg.variant]
+
+
+def make_task(cfg: Config, encoder=None, progress: bool = False, workdir=None) -> Task:
+  """The task of `cfg`, built (its data embedded: see task_class)."""
+  kind = task_class(cfg)
+  if kind is LatentTask:
+    return LatentTask(cfg)
+  if kind is IrisLearnedTask:
+    return IrisLearnedTask(cfg, encoder, progress, workdir)
+  return kind(cfg, encoder, progress)
