@@ -34,7 +34,7 @@ from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.memory.topic_units import topic_text
-from rmmjax.learners.embedding import EmbeddingReader
+from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.registry import reader
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit

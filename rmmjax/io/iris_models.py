@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
-from rmmjax.io.export import read_record
+from rmmjax.io.trained import read_record
 from rmmjax.io.kinds import ANCHOR_DIR, JUDGE_FILE, REFINE_DIR, refuse_unless
 from rmmjax.io.workdir import RUN_FILE, read_config
 from rmmjax.encode.tuned import TunedQueryEncoder

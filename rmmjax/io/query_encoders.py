@@ -16,7 +16,7 @@ from rmmjax.encode.export import EXPORT_RECORD, save_encoder
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
-from rmmjax.io.export import read_record
+from rmmjax.io.trained import read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.workdir import read_config
 

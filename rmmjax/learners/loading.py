@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmmjax import core
-from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.io.trained import load_trained_params, read_record
 from rmmjax.io.kinds import refuse_unless
-from rmmjax.io.reranker_format import read_reranker
+from rmmjax.learners.embedding.format import read_reranker
 from rmmjax.io.workdir import read_config
 from rmmjax.learners.cross.load import cross_export_header, load_cross_export
 from rmmjax.learners.loaded import LoadedReranker, nest

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from rmmjax.learners import embedding
+from rmmjax.learners.embedding import export as embedding_export
 from rmmjax.learners.cross import export as cross_export
 from rmmjax.learners.cross import spec as cross_spec
 from rmmjax.learners.cross.reader import CrossReader
-from rmmjax.learners.embedding import EmbeddingReader
+from rmmjax.learners.embedding.reader import EmbeddingReader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Learner:
   restore: Callable = lambda cfg, workdir: (cfg.core_spec(), None)  # noqa: E731
   # (a training workdir, out) -> a sentence saying what was written: the export a serving
   # system reads, named export_name inside a learner=both export.
-  export: Callable = embedding.export_run
-  export_name: str = embedding.EXPORT_NAME
+  export: Callable = embedding_export.export_run
+  export_name: str = embedding_export.EXPORT_NAME
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
   # learns by default).
   served_frozen: str | None = None

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from rmmjax.config import Config, apply_precision, encoder_stage
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
-from rmmjax.io.export import RECORD_FILE
+from rmmjax.io.trained import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed

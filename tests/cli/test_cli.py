@@ -116,7 +116,7 @@ def test_sweep_refuses_a_static_key(tmp_path, capsys):
 _NUMPY_ONLY = """
 import sys, json, numpy as np
 sys.modules["jax"] = None  # any import of JAX now fails
-from rmmjax.io.serving import NumpyReranker
+from rmmjax.learners.embedding.serving import NumpyReranker
 data = np.load(sys.argv[2])
 scorer = NumpyReranker.load(sys.argv[1])
 scores = np.stack([scorer.score(q, m) for q, m in zip(data["q"], data["m"])])
@@ -137,7 +137,7 @@ def test_export_round_trip_without_jax(tmp_path, variant):
   assert meta["variant"] == variant and meta["dim"] == 16 and meta["hparams"]["tau"] == 0.5
 
   from rmmjax.config import Config
-  from rmmjax.io.export import load_trained_params
+  from rmmjax.io.trained import load_trained_params
   params, cfg, _ = load_trained_params(wd)
   assert isinstance(cfg, Config)
   spec = cfg.core_spec()
@@ -160,7 +160,7 @@ def test_export_refuses_a_workdir_without_checkpoints(tmp_path, capsys):
 
 
 def test_numpy_scorer_refuses_bad_embeddings(tmp_path):
-  from rmmjax.io.serving import NumpyReranker
+  from rmmjax.learners.embedding.serving import NumpyReranker
   scorer = NumpyReranker({"wq": np.zeros((4, 4)), "wm": np.zeros((4, 4))},
                          {"variant": "linear", "dim": 4, "m": 2})
   with pytest.raises(ValueError,

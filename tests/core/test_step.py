@@ -186,7 +186,7 @@ def test_serving_scores_and_learns_from_a_batch_without_labels():
 
 
 def test_embeddings_entering_the_scorer_are_checked():
-  from rmmjax.io.serving import check_embeddings
+  from rmmjax.learners.embedding.serving import check_embeddings
   _, batch = _state_and_batch()
   assert check_embeddings(batch.mem_BxKxD, "mem_BxKxD", 16, 3).dtype == np.float32
   with pytest.raises(ValueError, match=r"mem_BxKxD holds 1 NaN or infinite values"):

@@ -25,8 +25,8 @@ from rmmjax.core.step import recall_per_query
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.metrics import question_metrics
 from rmmjax.eval.retrieval import evaluate_retrieval
-from rmmjax.io.export import export_reranker
-from rmmjax.io.reranker_format import HEADER_KEY, read_reranker
+from rmmjax.learners.embedding.export import export_reranker
+from rmmjax.learners.embedding.format import HEADER_KEY, read_reranker
 from rmmjax.replay import protocols
 from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, evidence_recall,
                                      to_streams)

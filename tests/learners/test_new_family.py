@@ -16,7 +16,7 @@ from rmmjax.agent import Agent, AgentSettings
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loaded import LoadedReranker
-from rmmjax.learners.embedding import EmbeddingReader
+from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.registry import LEARNERS, Learner
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.replay.candidates import build_replay, to_questions, to_sequence

@@ -134,8 +134,9 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
                              encoder=HashEncoder(), reranker=wd)["metrics"]["overall"]
   assert small["words@budget"] <= 60 and 0 < small["recall_all@budget"] < 1
   # The exported weights score like the trained reranker, rank prior included, without JAX.
-  from rmmjax.io.export import export_reranker, load_trained_params
-  from rmmjax.io.serving import NumpyReranker
+  from rmmjax.io.trained import load_trained_params
+  from rmmjax.learners.embedding.export import export_reranker
+  from rmmjax.learners.embedding.serving import NumpyReranker
   meta = export_reranker(wd, tmp_path / "reranker.safetensors")
   assert "rank_bias" in meta["score"] and meta["hparams"]["lr"] == cfg.learning.lr
   scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")

@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 from rmmjax.encode.bert import param_at, weight_names
 from rmmjax.encode.export import TOKENIZER_FILES
 from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
-from rmmjax.io.export import load_trained_params, read_record
+from rmmjax.io.trained import load_trained_params, read_record
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import CROSS_RECORD
 from rmmjax.io.outputs import check_output_dir

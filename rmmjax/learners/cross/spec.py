@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rmmjax import core
 from rmmjax.config import effective_dtype
-from rmmjax.io.export import read_record
+from rmmjax.io.trained import read_record
 from rmmjax.learners.cross.model import CrossModel, cross_params_template
 
 

@@ -1,6 +1,6 @@
-"""Export a trained reranker for serving: safetensors weights whose header holds the description
-(variant, shapes, hyperparameters, batch, and the record of what it was trained on), plus a
-readable JSON copy of that description beside it."""
+"""The embedding rerankers' export for serving: safetensors weights whose header holds the
+description (variant, shapes, hyperparameters, batch, and the record of what it was trained on),
+plus a readable JSON copy of that description beside it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,22 @@ from safetensors.numpy import save_file
 
 from rmmjax import core
 from rmmjax.config import SWEEPABLE, get_value
-from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.reranker_format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
-                                       SCORE_FORMULAS, check_weights)
-from rmmjax.io.workdir import atomic_write_json, read_config
+from rmmjax.io.outputs import check_output_file
+from rmmjax.io.trained import load_trained_params, read_record
+from rmmjax.io.workdir import atomic_write_json
+from rmmjax.learners.embedding.format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
+                                              SCORE_FORMULAS, check_weights)
 
-RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
+EXPORT_NAME = "reranker.safetensors"  # its name in a learner=both export
+
+
+def export_run(workdir: Path, out: Path) -> str:
+  """The workdir's reranker as `out`, a safetensors file whose header describes it; says what
+  was written."""
+  check_output_file(out, "--out")
+  meta = export_reranker(Path(workdir), out)
+  return (f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
+          "copy)\n" + json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
 
 
 def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -32,50 +42,6 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
     else:
       flat[f"{prefix}{name}"] = np.ascontiguousarray(np.asarray(value, np.float32))
   return flat
-
-
-def read_record(workdir: Path) -> dict:
-  path = Path(workdir) / RECORD_FILE
-  if not path.exists():
-    if (Path(workdir) / "query_encoder" / "config.json").exists():
-      raise FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
-                              f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
-                              "the same train command again to finish it")
-    if not (Path(workdir) / "config.json").exists():
-      raise FileNotFoundError(f"{workdir} holds no trained model (no {RECORD_FILE}, no "
-                              "config.json): expected a training workdir or an export")
-    raise FileNotFoundError(f"{path} does not exist: {workdir} was trained by an older rmmjax "
-                            "that did not record what it trained on; train it again")
-  try:
-    record = json.loads(path.read_text())
-  except ValueError as err:
-    raise ValueError(f"{path} is not valid JSON ({err}); the workdir is damaged: train it "
-                     "again") from None
-  if not isinstance(record, dict):
-    raise ValueError(f"{path} holds a {type(record).__name__}, not a record of what the run "
-                     "trained on; the workdir is damaged: train it again")
-  return record
-
-
-def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
-                        template: dict | None = None) -> tuple[dict, "object", int]:
-  """The newest checkpointed parameters of a training workdir, with its config and step.
-  `spec` and `template` (parameters in the checkpoint's structure) are the run's learner's:
-  by default an embedding reranker's, whose identity initialisation has the structure."""
-  cfg = read_config(workdir)
-  if cfg.learner == "query_encoder":
-    raise ValueError(f"{workdir} tuned a query encoder (learner=query_encoder), not a reranker")
-  checkpoints = Path(workdir) / "checkpoints"
-  checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
-  try:
-    state = core.init_state(spec or cfg.core_spec(), cfg.hparams(), template)
-    step, state, _ = checkpointer.restore_latest(state)  # the newest that reads back
-  finally:
-    checkpointer.close()
-  if state is None:
-    raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
-                            "trained reranker")
-  return jax.device_get(state.params), cfg, step
 
 
 def describe(cfg, record: dict, step: int) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.io.reranker_format import read_reranker
+from rmmjax.learners.embedding.format import read_reranker
 
 
 def check_embeddings(x, name: str, dim: int, ndim: int) -> np.ndarray:

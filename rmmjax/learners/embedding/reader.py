@@ -1,26 +1,10 @@
 """The embedding rerankers (linear, MLP) where they serve: they read the embeddings a batch
 already holds (the core scores them, rmmjax.core.reranker), so their reader adds nothing and
-checks only that the encoder's dimension is theirs; they export as one safetensors file."""
+checks only that the encoder's dimension is theirs."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-
-from rmmjax.io.export import export_reranker
-from rmmjax.io.outputs import check_output_file
-
-EXPORT_NAME = "reranker.safetensors"  # its name in a learner=both export
-
-
-def export_run(workdir: Path, out: Path) -> str:
-  """The workdir's reranker as `out`, a safetensors file whose header describes it; says what
-  was written."""
-  check_output_file(out, "--out")
-  meta = export_reranker(Path(workdir), out)
-  return (f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
-          "copy)\n" + json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
 
 
 @dataclasses.dataclass(frozen=True)
