@@ -173,8 +173,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--config", default="latent", choices=sorted(CONFIGS),
                    help="named config (default: latent)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value (repeatable); keys and defaults: "
-                        "rmmjax/config/__init__.py")
+                   help="override a config value (repeatable; a later one of the same key "
+                        "wins): a shared key, SECTION.KEY, or a section's key by its name "
+                        "alone; keys and defaults: rmmjax/config/__init__.py (shared) and "
+                        "rmmjax/config/sections.py (reranker, cross, encoder_tuning, "
+                        "iris_evidence, iris_models)")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_process_flags(p)

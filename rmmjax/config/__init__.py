@@ -171,10 +171,10 @@ class Config:
     for name, high in (("seed", 2**31 - 1), ("world_seed", 2**31 - 1)):
       if not 0 <= getattr(self, name) <= high:
         raise ValueError(f"{name}={getattr(self, name)}: expected an integer from 0 to {high:,}")
+    for name in self.section_names():  # (before the core's checks, which name no section)
+      getattr(self, name).check(self)
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()
-    for name in self.section_names():
-      getattr(self, name).check(self)
     if self.config != "latent":
       checks.check_replay(self)
     else:
@@ -197,7 +197,7 @@ class Config:
                          "candidates")
     # A cross reranker's pretraining is a run of its own (steps=0: its checkpoint is step 0).
     if self.steps == 0 and not isinstance(self.learning, sections.Cross):
-      raise ValueError("steps=0: expected a positive integer"
+      raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer"
                        + (" (or 0 for variant=cross: its pretraining alone)"
                           if self.config != "latent" else ""))
     for name in ("checkpoint_every", "log_every", "eval_sessions"):
@@ -290,6 +290,8 @@ def from_json(text: str) -> Config:
   """A Config from `to_json` output (unknown keys are refused). A config.json written before
   the configuration had sections (flat keys) is read into the sections of its learner."""
   data = json.loads(text)
+  if not isinstance(data, dict):
+    raise ValueError(f"expected a JSON object of config keys, not a {type(data).__name__}")
   if not any(isinstance(v, dict) for v in data.values()) and any(
       k in data for k in ("tau", "lr", "steps")):
     return _from_flat(data)
@@ -297,13 +299,21 @@ def from_json(text: str) -> Config:
   unknown = sorted(set(data) - shared - set(sections.SECTIONS))
   if unknown:
     raise ValueError(f"unknown config keys {unknown}")
+  for key in set(data) & shared:
+    keys.check_type(key, data[key], getattr(CONFIGS["latent"], key))
   cfg = Config(**{k: v for k, v in data.items() if k in shared})
   for name in set(data) & set(sections.SECTIONS):
     if getattr(cfg, name) is None:
       raise ValueError(f"config section {name!r} does not belong to this run ({keys.trains(cfg)})")
-    fields = {f.name for f in dataclasses.fields(sections.SECTIONS[name])}
-    if set(data[name]) - fields:
-      raise ValueError(f"unknown keys {sorted(set(data[name]) - fields)} in section {name!r}")
+    if not isinstance(data[name], dict):
+      raise ValueError(f"config section {name!r}: expected an object of its keys, not "
+                       f"{data[name]!r}")
+    fields = {f.name: f.default for f in dataclasses.fields(sections.SECTIONS[name])}
+    if set(data[name]) - set(fields):
+      raise ValueError(f"unknown keys {sorted(set(data[name]) - set(fields))} in section "
+                       f"{name!r}")
+    for key, value in data[name].items():
+      keys.check_type(f"{name}.{key}", value, fields[key])
   return with_values(cfg, {f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS)
                            for k, v in data[s].items()})
 

@@ -13,8 +13,10 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
   """(section or None, field) of a key as `--set` names it: `section.key`, a shared key, or a
   key of the run's sections by its name alone (the run's own learner first, so under
   learner=both `lr` is the reranker's and `encoder_tuning.lr` the encoder's)."""
-  section, _, name = key.rpartition(".")
-  if section:
+  section, dot, name = key.partition(".") if "." in key else ("", "", key)
+  if dot:
+    if not section or not name or "." in name:
+      raise ValueError(f"config key {key!r}: expected KEY or SECTION.KEY")
     if section not in sections.SECTIONS:
       raise ValueError(f"unknown config section {section!r} in {key!r}; sections: "
                        f"{', '.join(sections.SECTIONS)}")
@@ -65,7 +67,18 @@ def parse_value(key: str, text: str, cfg) -> Any:
       return value
     return text
   except ValueError:
-    raise ValueError(f"{key}={text!r}: expected a finite {type(default).__name__}") from None
+    raise ValueError(f"{key}={text!r}: expected {_KIND[type(default)]}") from None
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
+
+
+def check_type(key: str, value: Any, default: Any) -> None:
+  """Refuses a value read from a file (config.json) whose type is not its key's."""
+  kind = type(default)
+  if (type(value) is not kind and not (kind is float and type(value) is int)) or (
+      kind is float and value != value):
+    raise ValueError(f"{key}={value!r}: expected {_KIND[kind]}")
 
 
 def get_value(cfg, key: str) -> Any:
@@ -103,7 +116,9 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
     if "=" not in item:
       raise ValueError(f"override {item!r}: expected key=value")
     key, text = item.split("=", 1)
-    texts[key.strip()] = text.strip()
+    if key.strip() == "config":
+      raise ValueError(f"override {item!r}: the named config is chosen by --config")
+    texts[key.strip()] = text.strip()  # a later --set of the same key wins
   shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if is_shared(cfg, k)}
   if "variant" in shared and "learner" not in shared and cfg.learner == "query_encoder":
     over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")

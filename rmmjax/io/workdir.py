@@ -198,11 +198,21 @@ def read_config(workdir: Path) -> Config:
                               f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
                               "the same train command again to finish it")
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a training workdir?")
-  return from_json(path.read_text())
+  return read_config_file(path)
+
+
+def read_config_file(path: Path) -> Config:
+  """The config a run's config.json holds (older flat files too), refusing a damaged one in
+  one line that names it."""
+  try:
+    return from_json(path.read_text())
+  except (OSError, ValueError, TypeError) as err:
+    raise ValueError(f"{path} is not a readable rmmjax config ({err}); use a fresh workdir, "
+                     "or restore the file") from None
 
 
 def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
-  old = from_json(path.read_text()).values()  # keys added since: their defaults
+  old = read_config_file(path).values()  # keys added since: their defaults
   new = cfg.values()
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and k.rpartition(".")[2] not in ignore}

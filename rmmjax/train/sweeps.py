@@ -37,7 +37,7 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
     values = [parse_value(key, v.strip(), cfg) for v in text.split(",") if v.strip()]
     if key == "seed":
       raise ValueError("--grid seed=...: use --seeds N for seeds")
-    if key not in SWEEPABLE:
+    if key.rpartition(".")[2] not in SWEEPABLE:
       raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
                        f"one run; sweepable keys: {', '.join(k for k in SWEEPABLE if k != 'seed')}")
     if key in grid:

@@ -44,8 +44,8 @@ def test_train_writes_every_output(tmp_path, capsys):
 
 @pytest.mark.parametrize("override,message", [
     ("m=30", "m=30 > k=20"),
-    ("tau=0", "tau=0.0: expected a temperature > 0"),
-    ("tau=nan", "expected a finite float"),
+    ("tau=0", "reranker.tau=0: expected a value in (0, 100]"),
+    ("tau=nan", "expected a finite number"),
     ("nonsense=1", "unknown config key 'nonsense'"),
     ("variant=cubic", "variant='cubic' is not one of linear, mlp"),
     ("k=40", "k=40 > bank_size=32"),

@@ -9,7 +9,8 @@ import pytest
 
 from rmmjax.config import (apply_overrides, encoder_stage, from_json, get_config, get_value,
                            sections)
-from rmmjax.io.workdir import check_resumable
+from rmmjax.io.workdir import check_resumable, read_config
+from rmmjax.train.sweeps import parse_grid, sweep_configs
 
 FLAT = Path(__file__).parent / "flat_configs"
 DATA = "data=/data/locomo_dev8.json"  # as the flat files name it (never read here)
@@ -67,7 +68,11 @@ def test_no_learner_rewrites_another_s_defaults():
     (["nosuch.lr=1"], "unknown config section 'nosuch'"),
     (["encoder_tuning.nosuch=1"], "the encoder_tuning section's keys: tau, lr, steps"),
     (["nonsense=1"], "unknown config key 'nonsense'; known keys:"),
-    (["encoder_tuning.lr=fast"], r"encoder_tuning.lr='fast': expected a finite float"),
+    (["encoder_tuning.lr=fast"], r"encoder_tuning.lr='fast': expected a finite number"),
+    ([".lr=1"], r"config key '.lr': expected KEY or SECTION.KEY"),
+    (["reranker..lr=1"], r"expected KEY or SECTION.KEY"),
+    (["learner=reranker", "rank_prior=maybe"], "rank_prior='maybe': expected true or false"),
+    (["config=latent"], "the named config is chosen by --config"),
 ])
 def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, message):
   with pytest.raises(ValueError, match=message):
@@ -127,3 +132,31 @@ def test_config_json_round_trips_and_refuses_what_does_not_belong():
     from_json(json.dumps(data | {"iris_models": {"k": 32}}))
   with pytest.raises(ValueError, match=r"unknown keys \['width'\] in section 'cross'"):
     from_json(json.dumps(data | {"cross": data["cross"] | {"width": 3}}))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d | {"reranker": 3}, "section 'reranker': expected an object of its keys"),
+    (lambda d: d | {"reranker": None}, "section 'reranker': expected an object of its keys"),
+    (lambda d: d | {"reranker": d["reranker"] | {"tau": "abc"}},
+     "reranker.tau='abc': expected a finite number"),
+    (lambda d: d | {"k": 2.5}, "k=2.5: expected an integer"),
+    (lambda d: [d], "expected a JSON object of config keys, not a list"),
+])
+def test_a_damaged_config_json_is_refused_naming_the_file(damage, message, tmp_path):
+  data = json.loads(get_config("latent").to_json())
+  (tmp_path / "config.json").write_text(json.dumps(damage(data)))
+  with pytest.raises(ValueError, match=message) as err:
+    read_config(tmp_path)
+  assert str(tmp_path / "config.json") in str(err.value)
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(ValueError, match="config.json is not a readable rmmjax config"):
+    read_config(tmp_path)
+
+
+def test_a_sweep_grid_names_a_section_key_either_way():
+  latent = get_config("latent")
+  assert parse_grid(["reranker.tau=0.1,0.5"], latent) == {"reranker.tau": [0.1, 0.5]}
+  configs = sweep_configs(latent, {"reranker.tau": [0.1, 0.5], "lr": [0.01]}, 1)
+  assert [(c.reranker.tau, c.reranker.lr) for c in configs] == [(0.1, 0.01), (0.5, 0.01)]
+  with pytest.raises(ValueError, match="changes the compiled program"):
+    parse_grid(["reranker.hidden=64,128"], latent)
