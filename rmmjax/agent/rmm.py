@@ -222,12 +222,11 @@ class Agent(ChatAgent):
                           f"{len(known)} users{': ' + ', '.join(known[:5]) if known else ''}"
                           f"{'...' if len(known) > 5 else ''}); add the user first")
 
-  def _batch(self, q_D, mem_KxD, mask_K, tokens) -> core.Batch:
-    """One query's candidates as a batch of one (with their pair tokens for a cross reranker)."""
-    ids, segments = tokens if tokens is not None else (None, None)
+  def _batch(self, q_D, mem_KxD, mask_K, arrays) -> core.Batch:
+    """One query's candidates as a batch of one (with the reranker's own inputs, if any)."""
+    inputs = None if arrays is None else self._reader.inputs(tuple(x[None] for x in arrays))
     batch = core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
-                       tokens_BxKxL=None if ids is None else ids[None],
-                       token_segments_BxKxL=None if ids is None else segments[None])
+                       inputs=inputs)
     return self._reader.pack(batch)
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
@@ -257,7 +256,7 @@ class Agent(ChatAgent):
     memories = [index.memories[r] for r in rows]
     # The text a topic unit holds, which a reranker reading text trained on (not the prompt's).
     texts = [topic_text(m) for m in memories] + [None] * (spec.k - len(memories))
-    tokens = self._reader.candidate_tokens(query, texts)
+    tokens = self._reader.candidate_arrays(query, texts)
     return q_D, mem_KxD, mask_K, memories, tokens
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
@@ -337,8 +336,7 @@ class Agent(ChatAgent):
     q, mem, mask, selected, rewards, *tokens = (np.stack(x)
                                                 for x in zip(*self._pending[:batch_size]))
     batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,  # no labels: citations teach
-                       tokens_BxKxL=tokens[0] if tokens else None,
-                       token_segments_BxKxL=tokens[1] if tokens else None)
+                       inputs=self._reader.inputs(tuple(tokens)) if tokens else None)
     batch = self._reader.pack(batch)
     state, _ = self._update(self.state, batch, selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()

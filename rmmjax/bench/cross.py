@@ -106,14 +106,14 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
         mask_BxK=np.ones((QUESTIONS, k), bool),  # labels for training only; scoring reads none
         relevant_BxK=relevant if k == TRAIN_K else None,
         num_relevant_B=np.ones(QUESTIONS, np.int32) if k == TRAIN_K else None,
-        tokens_BxKxL=t.ids_NxKxL, token_segments_BxKxL=t.segments_NxKxL))
+        inputs=t.candidates()))
 
   score_batches = [batch_of(t, SCORE_K) for t in score_tokens]
   train_batches = [batch_of(t, TRAIN_K) for t in train_tokens]
 
   def ours_score():
     for batch in score_batches:
-      score(params, batch.pairs).block_until_ready()
+      score(params, batch.inputs).block_until_ready()
 
   box = [core.init_state(spec, core.HParams.create(lr=2e-5, tau=1.0), train_params)]
 
@@ -124,13 +124,13 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   ours_score(), ours_train()  # compile every length first
   score_pairs = batches * QUESTIONS * SCORE_K
   train_pairs = batches * QUESTIONS * TRAIN_K
-  packed = [b.pairs for b in score_batches + train_batches]
+  packed = [b.inputs for b in score_batches + train_batches]
   real = sum(int((p.slots_RxL > 0).sum()) for p in packed) / sum(p.ids_RxL.size for p in packed)
   shapes = sorted({p.ids_RxL.shape for p in packed})
   score_s, train_s = median_time(ours_score, repeats), median_time(ours_train, repeats)
-  score_flops = sum(compiled_flops(score, params, b.pairs) for b in score_batches)
+  score_flops = sum(compiled_flops(score, params, b.inputs) for b in score_batches)
   train_flops = sum(compiled_flops(step, box[0], b) for b in train_batches)
-  real_tokens = lambda bs: sum(int((b.pairs.slots_RxL > 0).sum()) for b in bs)  # noqa: E731
+  real_tokens = lambda bs: sum(int((b.inputs.slots_RxL > 0).sum()) for b in bs)  # noqa: E731
   peak = matmul_rate()
   rows = [{"method": "rmmjax (JAX, float32)", "lengths": [list(x) for x in shapes],
            "real_positions": real,

@@ -111,8 +111,8 @@ class Batch(struct.PyTreeNode):
   A query whose mask row is all False is absent: padding of a replayed stream that ran out of
   questions. It is selected from, rewarded, averaged and learnt from nowhere.
 
-  What a reranker reads (the query, its candidates and their mask, and a cross reranker's
-  pairs) is apart from what training and evaluation add (the labels: relevant_BxK,
+  What a reranker reads (the query, its candidates and their mask, and a learner's own inputs)
+  is apart from what training and evaluation add (the labels: relevant_BxK,
   num_relevant_B, evidence_BxKxE). Serving scores and learns from citations without labels, so
   it leaves them None; anything that reads them (recall, simulated citations, the listwise
   loss) is given a labelled batch.
@@ -129,13 +129,10 @@ class Batch(struct.PyTreeNode):
   # that spans several turns (a session, a topic) covers several; recall then counts evidence
   # items found, the definition every evaluation uses, not relevant units selected.
   evidence_BxKxE: jax.Array | None = None
-  # The cross variant's input: each candidate's pair tokens as the host keeps them (int32 ids
-  # of "[CLS] question [SEP] memory [SEP]", 0-padded, and their segments: 1 the question's
-  # side, 2 the memory's, 0 padding), and packed for the encoder (what its model scores: a
-  # rmmjax.learners.cross.PackedPairs).
-  tokens_BxKxL: jax.Array | None = None
-  token_segments_BxKxL: jax.Array | None = None
-  pairs: Any = None
+  # A learner's own inputs for each candidate, beyond the embeddings, leading axes (B, K) (the
+  # cross reranker's pair tokens as the host keeps them, then packed into rows for its model
+  # by its reader: rmmjax.learners.cross.pairs); None for the embedding rerankers.
+  inputs: Any = None
   # int32, optional: each candidate's position in the base order (default 0..K-1). A batch of
   # a subset of each query's candidates (pretraining on a few negatives) keeps their rank prior.
   positions_BxK: jax.Array | None = None

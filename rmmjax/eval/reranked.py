@@ -26,11 +26,11 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   trained with: refused otherwise)."""
   spec = reranker.spec
   read = reader(reranker, encoder)
-  pairs = read.replay_inputs(replays, spec, online)
+  inputs = read.replay_inputs(replays, spec, online)
   state = core.init_state(spec, reranker.hparams, reranker.params)
   # (The embedding rerankers compile as their training did, so eval --online repeats it.)
   replay = jax.jit(heldout_replay, static_argnums=3, compiler_options=read.compiler_options())
-  streams = read.pack_streams(to_streams(replays, spec.batch, pairs=pairs))
+  streams = read.pack_streams(to_streams(replays, spec.batch, inputs=inputs))
   out = replay(state, streams, stream_ids(replays), online)
   scores = np.asarray(out["scores_SxBxK"])
   orders = []

@@ -18,7 +18,9 @@ from rmmjax.learners.embedding.reader import EmbeddingReader
 class Learner:
   name: str
   # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves:
-  # compiler_options(), candidate_tokens(question, texts_K), pack(batch),
+  # compiler_options(), candidate_arrays(question, texts_K) (the arrays of a learner's own
+  # inputs, which an agent keeps with a pending answer), inputs(arrays stacked over queries)
+  # (a batch's `inputs`), pack(batch),
   # replay_inputs(replays, spec, online), pack_streams(streams).
   reader: Callable
   # (a run's config, its workdir) -> (its core spec, parameters in the structure its

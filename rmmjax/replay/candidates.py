@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 from typing import Callable
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -152,13 +153,12 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
 def _batch(arrays: dict) -> Batch:
   return Batch(q_BxD=arrays["q"], mem_BxKxD=arrays["mem"], mask_BxK=arrays["mask"],
                relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_evidence"],
-               evidence_BxKxE=arrays["evidence"], tokens_BxKxL=arrays.get("tokens"),
-               token_segments_BxKxL=arrays.get("token_segments"))
+               evidence_BxKxE=arrays["evidence"], inputs=arrays.get("inputs"))
 
 
-def _arrays(conv: ConversationReplay, length: int, num_e: int, pairs=None) -> dict:
+def _arrays(conv: ConversationReplay, length: int, num_e: int, inputs=None) -> dict:
   """The conversation's questions padded with absent ones to `length`, evidence to num_e (and
-  its candidates' pair tokens, `pairs`, a `cross_pairs.PairTokens`, when given)."""
+  a learner's own inputs of its candidates, `inputs`, leading axis the questions, when given)."""
   n, k, d = conv.mem_NxKxD.shape
   pad = length - n
   evidence = np.zeros((length, k, num_e), bool)
@@ -169,19 +169,24 @@ def _arrays(conv: ConversationReplay, length: int, num_e: int, pairs=None) -> di
          "relevant": np.concatenate([conv.relevant_NxK, np.zeros((pad, k), bool)]),
          "num_evidence": np.concatenate([conv.num_evidence_N, np.ones(pad, np.int32)]),
          "evidence": evidence}
-  if pairs is not None:
-    shape = (pad,) + pairs.ids_NxKxL.shape[1:]
-    out["tokens"] = np.concatenate([pairs.ids_NxKxL, np.zeros(shape, np.int32)])
-    out["token_segments"] = np.concatenate([pairs.segments_NxKxL, np.zeros(shape, np.int8)])
+  if inputs is not None:
+    out["inputs"] = jax.tree.map(
+        lambda x: np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]), inputs)
   return out
 
 
-def _pairs_of(convs: list[ConversationReplay], pairs) -> list:
-  if pairs is None:
+def _inputs_of(convs: list[ConversationReplay], inputs) -> list:
+  if inputs is None:
     return [None] * len(convs)
-  if len(pairs) != len(convs):
-    raise ValueError(f"{len(pairs)} pair tensors for {len(convs)} conversations")
-  return list(pairs)
+  if len(inputs) != len(convs):
+    raise ValueError(f"{len(inputs)} input sets for {len(convs)} conversations")
+  return list(inputs)
+
+
+def _joined(parts: list[dict], join) -> dict:
+  """Each field of the parts (an array, or a learner's inputs: a tree of them) joined."""
+  return {name: jax.tree.map(lambda *xs: join(xs), *[p[name] for p in parts])
+          for name in parts[0]}
 
 
 def _num_evidence(convs: list[ConversationReplay]) -> int:
@@ -193,30 +198,30 @@ def stream_steps(conv: ConversationReplay, batch: int) -> int:
 
 
 def to_streams(convs: list[ConversationReplay], batch: int, steps: int | None = None,
-               pairs=None) -> Batch:
+               inputs=None) -> Batch:
   """Conversations as parallel streams, stream_CxSxB, all padded to the longest (or `steps`).
-  `pairs` (one `cross_pairs.PairTokens` per conversation, of one length) adds the cross
-  reranker's tokens; likewise below."""
+  `inputs` (a learner's own inputs per conversation, of one shape beyond the questions: the
+  cross reranker's pair tokens) adds them; likewise below."""
   steps = steps or max(stream_steps(c, batch) for c in convs)
-  stacked = [_arrays(c, steps * batch, _num_evidence(convs), p)
-             for c, p in zip(convs, _pairs_of(convs, pairs))]
-  return _batch({name: np.stack([s[name] for s in stacked]).reshape(
-      (len(convs), steps, batch) + stacked[0][name].shape[1:]) for name in stacked[0]})
+  stacked = [_arrays(c, steps * batch, _num_evidence(convs), x)
+             for c, x in zip(convs, _inputs_of(convs, inputs))]
+  return _batch(_joined(stacked, lambda xs: np.stack(xs).reshape(
+      (len(convs), steps, batch) + xs[0].shape[1:])))
 
 
-def to_sequence(convs: list[ConversationReplay], batch: int, pairs=None) -> Batch:
+def to_sequence(convs: list[ConversationReplay], batch: int, inputs=None) -> Batch:
   """Conversations one after another as one stream, stream_SxB (each padded to whole steps)."""
-  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs), p)
-           for c, p in zip(convs, _pairs_of(convs, pairs))]
-  flat = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-  return _batch({name: x.reshape((-1, batch) + x.shape[1:]) for name, x in flat.items()})
+  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs), x)
+           for c, x in zip(convs, _inputs_of(convs, inputs))]
+  return _batch(_joined(parts, lambda xs: np.concatenate(xs).reshape(
+      (-1, batch) + xs[0].shape[1:])))
 
 
-def to_questions(convs: list[ConversationReplay], pairs=None) -> Batch:
+def to_questions(convs: list[ConversationReplay], inputs=None) -> Batch:
   """Every question of the conversations as one pool, questions_N (for pretraining)."""
-  parts = [_arrays(c, len(c.questions), _num_evidence(convs), p)
-           for c, p in zip(convs, _pairs_of(convs, pairs))]
-  return _batch({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
+  parts = [_arrays(c, len(c.questions), _num_evidence(convs), x)
+           for c, x in zip(convs, _inputs_of(convs, inputs))]
+  return _batch(_joined(parts, np.concatenate))
 
 
 def folds(num_conversations: int, num_folds: int) -> list[list[int]]:

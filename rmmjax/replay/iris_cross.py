@@ -24,7 +24,7 @@ from tqdm import tqdm
 from rmmjax import core
 from rmmjax.learners.cross import CrossModel, PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.learners.cross.pairs import PAIR_BUCKETS, pack_batch, pair_tokens
+from rmmjax.learners.cross.pairs import PAIR_BUCKETS, CandidateTokens, pack_batch, pair_tokens
 from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
                                          fuse_with_order)
 from rmmjax.retrieve.evidence import Fact
@@ -39,7 +39,8 @@ def with_pair_tokens(episodes: Sequence[IrisEpisode], tokenizer, max_length: int
   k = episodes[0].mem_KxD.shape[0]
   texts = [[f.text for f in e.facts] + [None] * (k - len(e.facts)) for e in episodes]
   pairs = pair_tokens(tokenizer, [e.question for e in episodes], texts, max_length)
-  out = [dataclasses.replace(e, tokens_KxL=pairs.ids_NxKxL[n], token_segments_KxL=pairs.segments_NxKxL[n])
+  out = [dataclasses.replace(e, inputs=CandidateTokens(pairs.ids_NxKxL[n],
+                                                     pairs.segments_NxKxL[n]))
          for n, e in enumerate(episodes)]
   return out, {"pairs": pairs.pairs, "truncated": pairs.truncated,
                "length": int(pairs.ids_NxKxL.shape[2])}

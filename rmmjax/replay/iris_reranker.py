@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, final
+from typing import Any, Protocol, final
 
 import jax
 import jax.numpy as jnp
@@ -61,10 +61,9 @@ class IrisEpisode:
   mem_KxD: np.ndarray  # padded with zero rows to K
   evidence_KxE: np.ndarray  # fact k comes from evidence turn e (padded with False)
   num_evidence: int
-  # A cross reranker's input (rmmjax.replay.iris_cross.with_pair_tokens): the question paired
-  # with each fact's text, tokenised, and which tokens are real.
-  tokens_KxL: np.ndarray | None = None
-  token_segments_KxL: np.ndarray | None = None
+  # A learner's own inputs of the candidates, leading axis K (a cross reranker's: the question
+  # paired with each fact's text, tokenised: rmmjax.replay.iris_cross.with_pair_tokens).
+  inputs: Any = None
 
 
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
@@ -107,11 +106,8 @@ def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   for i, episode in enumerate(episodes):
     mask[i, :len(episode.facts)] = True
   evidence = np.stack([e.evidence_KxE for e in episodes])
-  tokens = {}
-  if episodes[0].tokens_KxL is not None:
-    tokens = {"tokens_BxKxL": np.stack([e.tokens_KxL for e in episodes]),  # the host packs them
-              "token_segments_BxKxL": np.stack([e.token_segments_KxL for e in episodes])}
-  return core.Batch(**tokens,
+  inputs = jax.tree.map(lambda *xs: np.stack(xs), *[e.inputs for e in episodes])
+  return core.Batch(inputs=inputs,  # (the host packs a cross reranker's tokens)
       q_BxD=jnp.asarray(np.stack([e.q_D for e in episodes])),
       mem_BxKxD=jnp.asarray(np.stack([e.mem_KxD for e in episodes])),
       mask_BxK=jnp.asarray(mask), relevant_BxK=jnp.asarray(evidence.any(-1)),
@@ -216,7 +212,7 @@ def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
   for _ in range(num_steps):
     chunk = step_episodes(episodes, state.spec.batch, seed, int(state.step))
     batch = episodes_batch(chunk)
-    if batch.tokens_BxKxL is not None:  # a cross reranker reads the pairs, packed
+    if batch.inputs is not None:  # a cross reranker reads the pairs, packed
       batch = pack_batch(batch, mesh.devices.size if parallel else 1)
     if parallel:
       batch = distributed.shard_leading(batch, mesh)

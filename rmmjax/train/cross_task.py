@@ -57,7 +57,7 @@ class CrossRerankerTask(ReplayTask):
         "bert": dataclasses.asdict(self.encoder.cfg),
         "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross.max_length,
         "compute_dtype": effective_dtype(cfg.cross.compute_dtype),
-        "length": int(self.train_qs.tokens_BxKxL.shape[-1]), **self._pair_counts}}
+        "length": int(self.train_qs.inputs.ids_BxKxL.shape[-1]), **self._pair_counts}}
     self.input_notes = {"cross_pairs": self._pair_counts["pairs"],
                         "cross_pairs_truncated": self._pair_counts["truncated"],
                         "cross_pair_length": self.record["cross"]["length"]}
@@ -70,14 +70,14 @@ class CrossRerankerTask(ReplayTask):
   def _core_spec(self, encoder) -> core.CoreSpec:
     return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_run saw to it)
 
-  def _pairs(self, convs) -> list | None:
+  def _inputs(self, convs) -> list | None:
     if not convs:
       return []
     pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross.max_length)
     for p in pairs:
       self._pair_counts["pairs"] += p.pairs
       self._pair_counts["truncated"] += p.truncated
-    return pairs
+    return [p.candidates() for p in pairs]
 
   def _initial_params(self):
     return cross_initial_params(self.encoder, self.cfg.k, self.cfg.cross.prior_scale)
@@ -200,8 +200,8 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
     order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
     batches = [pack_batch(jax.tree.map(lambda x: x[order[i * b:(i + 1) * b]], subset),  # noqa: B023
                           mesh.devices.size) for i in range(per_epoch)]
-    positions["real"] += sum(int((x.pairs.slots_RxL > 0).sum()) for x in batches)
-    positions["computed"] += sum(x.pairs.slots_RxL.size for x in batches)
+    positions["real"] += sum(int((x.inputs.slots_RxL > 0).sum()) for x in batches)
+    positions["computed"] += sum(x.inputs.slots_RxL.size for x in batches)
     return batches
 
   # No donation: the hyperparameters are shared with the task's.

@@ -52,11 +52,11 @@ class ReplayTask(Task):
     self.record = with_ancestors(record, [(cfg.query_encoder, query_encoder_record(
         cfg.query_encoder))] if tuned else [])
     self.encoder = encoder
-    train_pairs, test_pairs = self._pairs(self.train_convs), self._pairs(self.test_convs)
-    self.train_qs = to_questions(self.train_convs, train_pairs)
-    self.train_seq = to_sequence(self.train_convs, cfg.batch, train_pairs)
+    train_inputs, test_inputs = self._inputs(self.train_convs), self._inputs(self.test_convs)
+    self.train_qs = to_questions(self.train_convs, train_inputs)
+    self.train_seq = to_sequence(self.train_convs, cfg.batch, train_inputs)
     self._host_seq = self.train_seq  # the stream as the host built it (numpy)
-    self.test_streams = (to_streams(self.test_convs, cfg.batch, pairs=test_pairs)
+    self.test_streams = (to_streams(self.test_convs, cfg.batch, inputs=test_inputs)
                          if self.test_convs else None)
     self.test_ids = stream_ids(self.test_convs)
     self.template = core.init_state(self.spec, self.hp, self._initial_params())
@@ -72,8 +72,8 @@ class ReplayTask(Task):
     """The core's spec (a cross reranker's names its encoder's configuration)."""
     return self.cfg.core_spec()
 
-  def _pairs(self, convs) -> list | None:
-    """The candidates' pair tokens of these conversations, for a reranker that reads them."""
+  def _inputs(self, convs) -> list | None:
+    """The learner's own inputs of these conversations' candidates (None: the embeddings)."""
     return None
 
   def _initial_params(self):

@@ -72,7 +72,7 @@ def _batch(seed=0):
   return core.Batch(q_BxD=jnp.zeros((B, 16)), mem_BxKxD=jnp.zeros((B, K, 16)),
                     mask_BxK=jnp.asarray(cand), relevant_BxK=jnp.asarray(relevant),
                     num_relevant_B=jnp.asarray(relevant.sum(1), jnp.int32),
-                    pairs=pack(tokens, segments, 2 * L)[0])
+                    inputs=pack(tokens, segments, 2 * L)[0])
 
 
 def test_a_fresh_cross_reranker_keeps_the_base_order():
@@ -148,7 +148,7 @@ def test_listwise_gradient_matches_finite_differences_in_float64():
     labels /= labels.sum(1, keepdims=True)
 
     def loss(p):
-      scores = cross_scores(p, batch.pairs, TINY, dtype="float64")
+      scores = cross_scores(p, batch.inputs, TINY, dtype="float64")
       assert scores.dtype == jnp.float64
       logp = jax.nn.log_softmax(jnp.where(mask, scores, -1e30), axis=-1)
       return -jnp.sum(jnp.where(mask, labels * logp, 0.0)) / B
@@ -186,7 +186,7 @@ def test_one_compile_serves_every_batch_of_a_packed_shape(caplog):
   step = jax.jit(core.supervised_step)
   train = jax.jit(core.train_step)
   batches = [_batch(seed) for seed in range(6)]
-  shapes = {b.pairs.ids_RxL.shape for b in batches}
+  shapes = {b.inputs.ids_RxL.shape for b in batches}
   assert 1 <= len(shapes) <= 2  # row counts are rounded to a few
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
     for seed, batch in enumerate(batches):

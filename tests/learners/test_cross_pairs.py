@@ -7,7 +7,8 @@ import pytest
 
 from rmmjax import core
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.learners.cross.pairs import PAIR_BUCKETS, bucket, candidate_subset, pair_tokens
+from rmmjax.learners.cross.pairs import (PAIR_BUCKETS, CandidateTokens, bucket, candidate_subset,
+                                         pair_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +70,16 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
                                                                            np.float32),
                      mask_BxK=mask, relevant_BxK=relevant, num_relevant_B=relevant.sum(1),
                      evidence_BxKxE=relevant[..., None],
-                     tokens_BxKxL=np.arange(n * k * 3).reshape(n, k, 3),
-                     token_segments_BxKxL=np.ones((n, k, 3), np.int8))
+                     inputs=CandidateTokens(np.arange(n * k * 3).reshape(n, k, 3),
+                                            np.ones((n, k, 3), np.int8)))
   sub = candidate_subset(batch, 4, seed=1)
   pos = sub.positions_BxK
   assert pos.shape == (n, 4)
   assert (np.diff(pos, axis=1) > 0).all()  # base order kept, no repeats
   rows = np.arange(n)[:, None]
   np.testing.assert_array_equal(sub.relevant_BxK, relevant[rows, pos])
-  np.testing.assert_array_equal(sub.tokens_BxKxL, batch.tokens_BxKxL[rows, pos])
+  np.testing.assert_array_equal(sub.inputs.ids_BxKxL, batch.inputs.ids_BxKxL[rows, pos])
+  np.testing.assert_array_equal(sub.inputs.segments_BxKxL, batch.inputs.segments_BxKxL[rows, pos])
   assert (sub.relevant_BxK.sum(1) >= 1).all() and (sub.relevant_BxK.sum(1) <= 2).all()
   assert sub.mask_BxK.all()  # every question has >= 4 existing candidates
   assert (pos[0] < 7).all()

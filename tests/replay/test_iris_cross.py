@@ -91,7 +91,7 @@ def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
                           np.zeros((K, 1), bool), 1) for i, n in ((0, 4), (2, 3), (1, 4))]
   with_tokens, counts = with_pair_tokens(episodes, encoder.tokenizer, 48)
   assert counts["pairs"] == 11 and counts["truncated"] == 3  # the long text, in each one
-  assert not with_tokens[1].token_segments_KxL[3].any()  # a missing fact has no tokens
+  assert not with_tokens[1].inputs.segments_BxKxL[3].any()  # a missing fact has no tokens
   # Three episodes in batches of two (the last padded): each row as the core scores it alone.
   scores = episode_scores(params, spec, with_tokens)
   assert scores.shape == (3, K)

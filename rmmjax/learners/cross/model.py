@@ -64,7 +64,7 @@ class CrossModel:
 
   def scores(self, params: dict, batch, spec) -> jax.Array:
     del spec  # (the candidates' count is the pairs' own)
-    return cross_scores(params, batch.pairs, self.bert, self.compute_dtype, batch.positions_BxK)
+    return cross_scores(params, batch.inputs, self.bert, self.compute_dtype, batch.positions_BxK)
 
   def lr_scales(self, params: dict) -> dict:
     """The scoring layer and rank prior learn at head_lr_scale times the encoder's rate, since

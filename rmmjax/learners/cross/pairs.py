@@ -13,17 +13,26 @@ import copy
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import final
+from typing import Any, final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from rmmjax.learners.cross.model import PackedPairs, cross_params_template, pair_logits
 from rmmjax.encode.encoder import compiler_options
 
 # Padded pair lengths: a run pads every pair to the first of these that holds its longest one.
 PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class CandidateTokens(struct.PyTreeNode):
+  """Each candidate's pair tokens as the host keeps them, leading axes (..., B, K): a
+  core.Batch's `inputs` until `pack_batch` packs them (see PairTokens for the two arrays)."""
+
+  ids_BxKxL: Any
+  segments_BxKxL: Any
 
 
 @final
@@ -36,6 +45,10 @@ class PairTokens:
   segments_NxKxL: np.ndarray
   truncated: int  # pairs cut to max_length
   pairs: int  # pairs tokenised (candidates that exist)
+
+  def candidates(self) -> CandidateTokens:
+    """The tokens as a batch's `inputs` (question n's candidates on axis 0)."""
+    return CandidateTokens(self.ids_NxKxL, self.segments_NxKxL)
 
   def packed(self, serving: bool = False) -> PackedPairs:
     """These pairs packed into rows for the encoder (`pack`)."""
@@ -126,8 +139,7 @@ def candidate_subset(questions_N, n: int, seed: int):
       q_BxD=np.asarray(questions_N.q_BxD), mem_BxKxD=take(questions_N.mem_BxKxD),
       mask_BxK=take(mask), relevant_BxK=take(relevant),
       evidence_BxKxE=take(questions_N.evidence_BxKxE),
-      tokens_BxKxL=take(questions_N.tokens_BxKxL),
-      token_segments_BxKxL=take(questions_N.token_segments_BxKxL), positions_BxK=cols.astype(np.int32))
+      inputs=jax.tree.map(take, questions_N.inputs), positions_BxK=cols.astype(np.int32))
 
 
 SLOTS_PER_ROW = 4  # pairs a packed row holds at most (its last layer computes this many states)
@@ -197,18 +209,18 @@ def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
   """A host `core.Batch` with pair tokens (B, K, L) -> the same batch with its pairs packed
   into rows of `row_length(L)` (`pack`) and the unpacked tokens dropped: what the core
   scores."""
-  tokens = np.asarray(batch.tokens_BxKxL)
-  pairs, _ = pack(tokens, batch.token_segments_BxKxL, row_length(tokens.shape[-1]),
+  tokens = np.asarray(batch.inputs.ids_BxKxL)
+  pairs, _ = pack(tokens, np.asarray(batch.inputs.segments_BxKxL), row_length(tokens.shape[-1]),
                   multiple_of=multiple_of, serving=serving)
-  return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
+  return batch.replace(inputs=pairs)
 
 
 def pack_streams(batch):
   """A host `core.Batch` whose pair tokens have leading axes (conversations, steps, ...: shape
   (..., B, K, L)) with every (..., B, K) packed into one number of rows, the most any needs:
   one program replays the whole stream."""
-  tokens = np.asarray(batch.tokens_BxKxL)
-  segments = np.asarray(batch.token_segments_BxKxL)
+  tokens = np.asarray(batch.inputs.ids_BxKxL)
+  segments = np.asarray(batch.inputs.segments_BxKxL)
   lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]
   flat_t, flat_s = tokens.reshape(-1, b, k, width), segments.reshape(-1, b, k, width)
   first = [pack(t, g, row_length(width))[0] for t, g in zip(flat_t, flat_s)]
@@ -218,7 +230,7 @@ def pack_streams(batch):
   packed = [p.replace(**{name: grow(getattr(p, name)) for name in (
       "ids_RxL", "positions_RxL", "segments_RxL", "slots_RxL", "cls_RxC")}) for p in first]
   pairs = jax.tree.map(lambda *xs: np.stack(xs).reshape(lead + xs[0].shape), *packed)
-  return batch.replace(tokens_BxKxL=None, token_segments_BxKxL=None, pairs=pairs)
+  return batch.replace(inputs=pairs)
 
 
 def device_memory_bytes() -> int | None:

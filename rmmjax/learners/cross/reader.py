@@ -8,7 +8,7 @@ import dataclasses
 
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
-from rmmjax.learners.cross.pairs import pack_batch, pack_streams, pair_tokens, replay_pairs, step_bytes
+from rmmjax.learners.cross.pairs import CandidateTokens, pack_batch, pack_streams, pair_tokens, replay_pairs, step_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +35,16 @@ class CrossReader:
   def compiler_options(self):
     return compiler_options()  # the encoder's, as its training compiled it
 
-  def candidate_tokens(self, question: str, texts_K):
+  def candidate_arrays(self, question: str, texts_K):
     """One question's pair tokens with each candidate's text (None: no candidate), cut to one
-    length so that a few compiled scorers serve every question."""
+    length so that a few compiled scorers serve every question: (ids_KxL, segments_KxL)."""
     pairs = pair_tokens(self.tokenizer, [question], [texts_K], self.max_length,
                         length=self.max_length)
     return pairs.ids_NxKxL[0], pairs.segments_NxKxL[0]
+
+  def inputs(self, arrays):
+    """A batch's `inputs` from candidate_arrays stacked over its queries."""
+    return CandidateTokens(*arrays)
 
   def pack(self, batch):
     return pack_batch(batch, serving=True)
@@ -57,7 +61,7 @@ class CrossReader:
                          f"{self.max_length} tokens), and one needs {need / 2**30:.1f} GiB where "
                          f"the device holds {limit / 2**30:.1f} GiB: evaluate without --online, "
                          "or on a larger device")
-    return replay_pairs(self.tokenizer, replays, self.max_length)
+    return [p.candidates() for p in replay_pairs(self.tokenizer, replays, self.max_length)]
 
   def pack_streams(self, streams):
     return pack_streams(streams)

@@ -20,7 +20,10 @@ class EmbeddingReader:
   def compiler_options(self):
     return None
 
-  def candidate_tokens(self, question: str, texts_K):
+  def candidate_arrays(self, question: str, texts_K):
+    return None
+
+  def inputs(self, arrays):
     return None
 
   def pack(self, batch):
