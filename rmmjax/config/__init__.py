@@ -295,7 +295,7 @@ def from_json(text: str) -> Config:
   if not any(isinstance(v, dict) for v in data.values()) and any(
       k in data for k in ("tau", "lr", "steps")):
     return _from_flat(data)
-  shared = {f.name for f in dataclasses.fields(Config)} - set(sections.SECTIONS)
+  shared = keys.shared_keys(Config)
   unknown = sorted(set(data) - shared - set(sections.SECTIONS))
   if unknown:
     raise ValueError(f"unknown config keys {unknown}")
@@ -320,12 +320,12 @@ def from_json(text: str) -> Config:
 
 # The flat keys each learner's section took over: the learning keys of the run's own learner,
 # the shape of the embedding rerankers, and the others (sections.MOVED).
-_LEARNING_KEYS = tuple(f.name for f in dataclasses.fields(sections.Learning))
+_LEARNING_KEYS = keys.names(sections.Learning)
 _SHAPE_KEYS = ("formulation", "hidden", "rank_prior")
 
 
 def _from_flat(data: dict) -> Config:
-  shared = {f.name for f in dataclasses.fields(Config)} - set(sections.SECTIONS)
+  shared = keys.shared_keys(Config)
   moved = set(_LEARNING_KEYS) | set(_SHAPE_KEYS) | set(sections.MOVED)
   unknown = sorted(set(data) - shared - moved)
   if unknown:

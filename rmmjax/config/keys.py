@@ -9,6 +9,17 @@ from typing import Any
 
 from rmmjax.config import sections
 
+
+def names(section) -> tuple[str, ...]:
+  """The keys of a section (a class or an instance)."""
+  return tuple(f.name for f in dataclasses.fields(section))
+
+
+def shared_keys(cfg) -> set[str]:
+  """The keys of a config (its class or an instance) outside the sections."""
+  return set(names(cfg)) - set(sections.SECTIONS)
+
+
 def _locate(cfg, key: str) -> tuple[str | None, str]:
   """(section or None, field) of a key as `--set` names it: `section.key`, a shared key, or a
   key of the run's sections by its name alone (the run's own learner first, so under
@@ -23,20 +34,19 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
     if getattr(cfg, section) is None:
       raise ValueError(f"unknown config key {key!r}: this run ({trains(cfg)}) has no "
                        f"{section} section; its sections: {', '.join(cfg.section_names())}")
-    if name not in {f.name for f in dataclasses.fields(sections.SECTIONS[section])}:
+    if name not in names(sections.SECTIONS[section]):
       raise ValueError(f"unknown config key {key!r}; the {section} section's keys: "
-                       f"{', '.join(f.name for f in dataclasses.fields(sections.SECTIONS[section]))}")
+                       f"{', '.join(names(sections.SECTIONS[section]))}")
     return section, name
   if name in sections.RENAMED:
     raise ValueError(f"config key {name!r} is now {sections.RENAMED[name]!r} (each learner has "
                      "a section of its own)")
-  if name in {f.name for f in dataclasses.fields(cfg)} - set(sections.SECTIONS):
+  if name in shared_keys(cfg):
     return None, name
   for section in reversed(cfg.section_names()):
-    if name in {f.name for f in dataclasses.fields(getattr(cfg, section))}:
+    if name in names(getattr(cfg, section)):
       return section, name
-  owners = [s for s, kind in sections.SECTIONS.items()
-            if name in {f.name for f in dataclasses.fields(kind)}]
+  owners = [s for s, kind in sections.SECTIONS.items() if name in names(kind)]
   if owners:
     raise ValueError(f"unknown config key {name!r} for this run ({trains(cfg)}): it belongs to "
                      f"the {' and '.join(owners)} section{'s' if len(owners) > 1 else ''}; this "
@@ -103,7 +113,7 @@ def with_values(cfg, changes: dict[str, Any]) -> Any:
 
 def is_shared(cfg, key: str) -> bool:
   """Whether `key` is a shared key of cfg (not a section's)."""
-  return key in {f.name for f in dataclasses.fields(cfg)} - set(sections.SECTIONS)
+  return key in shared_keys(cfg)
 
 
 def apply_overrides(cfg, overrides: list[str]) -> Any:
