@@ -16,6 +16,7 @@ from rmmjax.io.query_encoders import export_query_encoder
 from rmmjax.io.workdir import read_config
 from rmmjax.learners.registry import learner as learner_of
 from rmmjax.train import sweeps
+from rmmjax.train.replay_sweep import replay_sweep
 from rmmjax.train.loop import train
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
@@ -28,6 +29,14 @@ iris; the reranker's variant=linear, mlp or cross (a cross-encoder reading each 
 a memory's text; naming it on locomo trains it over a query encoder tuned first, learner=both,
 or directly with units=lace or query_encoder=W; by default its pretraining alone, steps=0).
 Running the same command again resumes the workdir."""
+
+
+SWEEP_HELP = """A grid of sweepable keys x seeds. On the latent simulator: one vmapped program.
+On a replayed dataset (--config locomo, the embedding rerankers: learner=reranker, variant=linear
+or mlp): cross-validated over --folds contiguous folds of the conversations, every configuration
+of a fold in one compiled program; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the
+best configuration trained on every conversation). A killed sweep, run again, reruns only the
+folds it had not finished; `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
 def _config(args) -> Config:
@@ -112,6 +121,12 @@ def cmd_sweep(args) -> None:
     if args.steps is not None:
       cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
     grid = sweeps.parse_grid(args.grid or [], cfg)
+    if cfg.config == "latent" and (args.folds is not None or args.dry_run):
+      raise ValueError("--folds and --dry-run are a sweep over replayed conversations' "
+                       "(--config locomo); the latent simulator has no conversations")
+  if cfg.config != "latent":
+    _replay_sweep(args, cfg, grid)
+    return
   result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
@@ -130,6 +145,19 @@ def cmd_sweep(args) -> None:
           f"{mean['reward_last']:12.3f}")
   print(f"\nsweep.json {Path(args.workdir) / 'sweep.json'}\ncurves     "
         f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
+
+
+def _replay_sweep(args, cfg, grid) -> None:
+  workdir = Path(args.workdir)
+  result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds, workdir,
+                        progress=not args.quiet, dry_run=args.dry_run)
+  if result is None or not distributed.is_writer():
+    return
+  print("\n" + "\n".join(result["table"]))
+  print(f"\nbest: {result['best']['settings'] or 'default'}, trained on every conversation in "
+        f"{workdir / 'best'}; evaluate another file with\n  {eval_hint(cfg, workdir / 'best')}")
+  print(f"\nsweep.json {workdir / 'sweep.json'}\ntable      {workdir / 'sweep.md'}\n"
+        f"curves     {workdir / 'curves.png'}\ntensorboard {workdir / 'tb'}")
 
 
 def cmd_export(args) -> None:
@@ -187,11 +215,18 @@ def add_parsers(sub) -> None:
   with_config(p)
   p.set_defaults(func=cmd_train)
 
-  p = sub.add_parser("sweep", help="run a grid x seeds as one vmapped program")
+  p = sub.add_parser("sweep", help="run a grid x seeds as one vmapped program (per fold of "
+                                    "the conversations with --config locomo)",
+                     description=SWEEP_HELP)
   with_config(p)
   p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                  help="a sweepable key and its values (repeatable)")
   p.add_argument("--seeds", type=int, default=1, help="seeds per grid point")
+  p.add_argument("--folds", type=int, default=None,
+                 help="--config locomo: folds of the conversations (default 4), each held out "
+                      "in turn")
+  p.add_argument("--dry-run", action="store_true",
+                 help="--config locomo: print the runs, programs and estimated time, then stop")
   p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
   p.set_defaults(func=cmd_sweep)
 

@@ -82,6 +82,11 @@ class Config:
   # The last conversations of the file, never trained on, for evaluation; 0 trains on every
   # conversation (the right setting when the evaluation file is another one).
   holdout: int = 2
+  # Or, with folds >= 2: the file's conversations in `folds` contiguous folds and fold `fold`
+  # held out (rmmjax.replay.candidates.folds, the split of `sweep --folds`, so one row of a
+  # sweep can be trained again on its own).
+  folds: int = 0
+  fold: int = 0
   mode: str = "pretrain+rl"  # rl or pretrain+rl (see MODES)
   # What learns (see LEARNERS): the reranker over the base retriever's K candidates, the
   # retriever's query encoder itself, both (the query encoder first; then the reranker on the

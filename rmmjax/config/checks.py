@@ -24,6 +24,8 @@ def check_replay(cfg) -> None:
     raise ValueError(f"data={cfg.data!r}: no such file")
   if cfg.holdout < 0:
     raise ValueError(f"holdout={cfg.holdout}: expected 0 (train on every conversation) or more")
+  if cfg.folds or cfg.fold:
+    check_folds(cfg)
   if cfg.learner != "reranker" and cfg.retriever == "bm25":
     raise ValueError(f"learner={cfg.learner} tunes the dense retriever's query encoder, but "
                      "retriever=bm25 does not use it: set retriever=dense or hybrid")
@@ -57,3 +59,18 @@ def check_replay(cfg) -> None:
     raise ValueError(f"steps=0 with {'mode=rl' if cfg.mode == 'rl' else 'pretrain_epochs=0'}: "
                      "nothing would learn (no pretraining and no online step); give steps > 0 "
                      "or pretrain_epochs > 0 with mode=pretrain+rl")
+
+
+def check_folds(cfg) -> None:
+  if cfg.folds == 1 or cfg.folds < 0:
+    raise ValueError(f"folds={cfg.folds}: expected 0 (hold out the last `holdout` "
+                     "conversations) or at least 2")
+  if not 0 <= cfg.fold < max(cfg.folds, 1):
+    raise ValueError(f"fold={cfg.fold}: expected 0 to {cfg.folds - 1}" if cfg.folds else
+                     f"fold={cfg.fold} names a fold, but folds=0: set folds=N too")
+  if cfg.holdout != type(cfg).holdout:
+    raise ValueError(f"holdout={cfg.holdout} with folds={cfg.folds}: the held-out conversations "
+                     "are fold `fold`'s; give one or the other")
+  if cfg.learner == "iris" or cfg.units == "lace":
+    raise ValueError(f"folds={cfg.folds}: IRIS's runs (units=lace) hold out the last `holdout` "
+                     "conversations; leave folds unset")

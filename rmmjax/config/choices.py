@@ -26,7 +26,7 @@ TRAIN_UNITS = UNITS + ("lace",)
 # learner's section's).
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 # Shared keys of the replay of a labelled dataset, which the latent config has no use for.
-REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "mode", "learner",
+REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "folds", "fold", "mode", "learner",
                "query_encoder")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites

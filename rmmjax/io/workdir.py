@@ -239,12 +239,15 @@ def check_resumable(workdir: Path, cfg: Config) -> None:
                      "workdir or the same settings to resume")
 
 
-def sweep_record(grid: dict[str, list], seeds: int) -> dict:
-  """What run.json says of a sweep (its grid as JSON reads it back, for comparisons)."""
-  return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds}
+def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0) -> dict:
+  """What run.json says of a sweep (its grid as JSON reads it back, for comparisons; the folds
+  of a sweep over replayed conversations)."""
+  return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
+      {"folds": folds} if folds else {})
 
 
-def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int) -> None:
+def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,
+                    folds: int = 0) -> None:
   """Refuses a training workdir, or one holding a sweep of another grid, seeds or config (the
   same sweep again may overwrite its own outputs)."""
   record = read_run_record(workdir)
@@ -253,8 +256,9 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
   if record["kind"] == "train":
     raise ValueError(f"{workdir} holds a training run; a sweep needs a fresh workdir (it would "
                      "overwrite the run's config and outputs)")
-  new = sweep_record(grid, seeds)
-  diff = {k: (record.get(k), new[k]) for k in ("grid", "seeds") if record.get(k) != new[k]}
+  new = sweep_record(grid, seeds, folds)
+  diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds")
+          if record.get(k) != new.get(k)}
   path = Path(workdir) / "config.json"
   if path.exists():
     diff.update(_config_diff(path, cfg))

@@ -34,7 +34,7 @@ from rmmjax.learners.cross import init_cross_params
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.inputs import heldout_split, replay_inputs
 from rmmjax.train.replay_task import ReplayTask
 
 
@@ -236,7 +236,7 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
   require_bert(encoder, "variant=cross")
   pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0 and not pretrained
   if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
-    num = sum(len(c.questions) for c in conversations[:len(conversations) - cfg.holdout])
+    num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
     if num < cfg.batch:
       raise ValueError(f"batch={cfg.batch}: the {num} training questions cannot fill one "
                        f"pretraining batch; expected batch <= {num}")

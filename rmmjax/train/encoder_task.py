@@ -23,7 +23,7 @@ from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.query_encoder import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
 from rmmjax.io.record import replay_record
-from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.inputs import heldout_split, replay_inputs
 from rmmjax.train.task import Task
 
 
@@ -38,9 +38,8 @@ class QueryEncoderTask(Task):
     self.unit_builder = functools.partial(conversation_units, encoder=encoder)
     replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,
                            progress=progress, unit_builder=self.unit_builder)
-    split = len(replays) - cfg.holdout
-    self.train_convs, self.test_convs = replays[:split], replays[split:]
-    self.test_conversations = conversations[split:]
+    self.train_convs, self.test_convs = heldout_split(replays, cfg)
+    self.test_conversations = heldout_split(conversations, cfg)[1]
     self.record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "query_encoder", "tune": cfg.encoder_tuning.tune}
     self.spec = encoder_spec(cfg)

@@ -20,31 +20,37 @@ from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall,
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
                                      train_reranker)
 from rmmjax.replay.query_encoder import retrieval_encoders
-from rmmjax.train.inputs import replay_inputs
+from rmmjax.train.inputs import heldout_split, replay_inputs
 from rmmjax.train.task import Task
 
 
+def build_replays(cfg: Config, encoder=None, progress: bool = False):
+  """(resolved data file, load report, encoder, tuned query encoder or None, every
+  conversation's replay in the file's order) of a replay run."""
+  data, conversations, report, encoder = replay_inputs(cfg, encoder)
+  # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
+  # candidates and the questions' embeddings; the units keep the base encoder's.
+  tuned = (load_query_encoder(cfg.query_encoder, encoder, "query_encoder=")
+           if cfg.query_encoder else None)
+  tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
+  memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
+  replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
+                         progress=progress, query_encoder=query_encoder,
+                         unit_builder=functools.partial(conversation_units, encoder=encoder))
+  return data, report, encoder, tuned, replays
+
+
 class ReplayTask(Task):
-  """A labelled dataset's conversations: the last `holdout` are held out for evaluation, the
-  rest are pretrained on (when the mode says so) and then replayed as an online stream."""
+  """A labelled dataset's conversations: the last `holdout` (or fold `fold`) are held out for
+  evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.hp = cfg, cfg.hparams()
-    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
+    data, self.load_report, encoder, tuned, replays = build_replays(cfg, encoder, progress)
     self.spec = self._core_spec(encoder)
-    # A tuned query encoder (learner=both's first stage, or query_encoder=WORKDIR) gives the
-    # candidates and the questions' embeddings; the units keep the base encoder's.
-    tuned = (load_query_encoder(cfg.query_encoder, encoder, "query_encoder=")
-             if cfg.query_encoder else None)
-    tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
-    memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
-    replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
-                           progress=progress, query_encoder=query_encoder,
-                           unit_builder=functools.partial(conversation_units, encoder=encoder))
-    split = len(replays) - cfg.holdout
-    self.train_convs, self.test_convs = replays[:split], replays[split:]
+    self.train_convs, self.test_convs = heldout_split(replays, cfg)
     record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "reranker", "query_encoder": tuned.identity if tuned else None,
         "query_encoder_path": cfg.query_encoder or None}

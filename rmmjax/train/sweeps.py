@@ -27,6 +27,10 @@ from rmmjax import distributed
 from rmmjax.train.loop import first_last, window_means
 
 
+# A replay sweep's configurations also vary their pretraining's rates in the one program.
+REPLAY_SWEEPABLE = ("pretrain_lr", "pretrain_tau")
+
+
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
   """["tau=0.1,0.5", "baseline=0,0.5"] -> {"tau": [0.1, 0.5], "baseline": [0.0, 0.5]}."""
   grid = {}
@@ -37,9 +41,11 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
     values = [parse_value(key, v.strip(), cfg) for v in text.split(",") if v.strip()]
     if key == "seed":
       raise ValueError("--grid seed=...: use --seeds N for seeds")
-    if key.rpartition(".")[2] not in SWEEPABLE:
+    sweepable = [k for k in SWEEPABLE if k != "seed"] + (
+        list(REPLAY_SWEEPABLE) if cfg.config != "latent" else [])
+    if key.rpartition(".")[2] not in sweepable:
       raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
-                       f"one run; sweepable keys: {', '.join(k for k in SWEEPABLE if k != 'seed')}")
+                       f"one run; sweepable keys: {', '.join(sweepable)}")
     if key in grid:
       raise ValueError(f"--grid {key} is given twice")
     if not values:
@@ -78,11 +84,12 @@ def chunk_size(setting: int, num_configs: int) -> int:
   return CPU_CHUNK if jax.default_backend() == "cpu" else num_configs
 
 
-def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size: int,
-               devices: list | None = None, progress: bool = False) -> dict:
-  """Runs C configurations through a jit(vmap(run)) in equal chunks; numpy results (C, ...)."""
+def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | None = None,
+               progress: bool = False, desc: str = "sweep chunks") -> dict:
+  """Runs C configurations (hparams_C: arrays with a leading axis C) through a jit(vmap(run))
+  in equal chunks, `world` the same for all; numpy results (C, ...)."""
   devices = jax.devices() if devices is None else devices
-  c = int(hparams_C.tau.shape[0])
+  c = int(jax.tree.leaves(hparams_C)[0].shape[0])
   chunk = min(chunk_size, c)
   mesh = None
   if len(devices) > 1:
@@ -100,7 +107,7 @@ def run_chunks(run_chunk, hparams_C: core.HParams, world: core.World, chunk_size
 
   starts = list(range(0, padded, chunk))
   host = []
-  with tqdm(total=len(starts), desc="sweep chunks", unit="chunk", disable=not progress) as bar:
+  with tqdm(total=len(starts), desc=desc, unit="chunk", disable=not progress) as bar:
     pending = dispatch(starts[0])
     for i in range(len(starts)):
       # The next chunk is dispatched before this one is fetched: the device always has work
@@ -127,8 +134,8 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
 def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
   with distributed.preflight("configs, grids or workdirs") as found:
     if cfg.config != "latent":
-      raise ValueError(f"sweep runs the latent simulator, not config {cfg.config}; sweeps over "
-                       "replayed conversations are in experiments/replay_tau_baseline.py")
+      raise ValueError(f"this sweep runs the latent simulator, not config {cfg.config} (a "
+                       "sweep over replayed conversations: rmmjax.train.replay_sweep)")
     configs = sweep_configs(cfg.validate(), grid, seeds)
     spec, sim = cfg.core_spec(), cfg.sim_spec()
     workdir = Path(workdir)

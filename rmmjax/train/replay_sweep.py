@@ -1,0 +1,258 @@
+"""Sweeps over replayed conversations: a grid of the embedding reranker's rates x seeds,
+cross-validated by conversation.
+
+Each fold holds out a contiguous block of the file's conversations (`replay.candidates.folds`,
+the split `train --set folds=N --set fold=I` makes, so any row can be trained again alone);
+every configuration of the grid trains on the other conversations exactly as `train` does
+(pretraining, then `steps` online REINFORCE steps) and is scored on the held-out ones, all
+configurations of a fold in one compiled program (vmapped, in chunks of `sweep_chunk`, the
+chunk sharded over the devices). A fold's results are written as it finishes, so a sweep
+killed and started again reruns only the folds it had not finished.
+
+Outputs in the workdir: folds/fold_<i>.npz (per configuration, every held-out question's
+scores), sweep.json (every configuration x fold x seed), sweep.md (the table, with intervals
+over conversations), curves.png and tb/ (online training curves per configuration, mean over
+folds and seeds), and best/ (the best configuration trained on every conversation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from rmmjax import core, distributed
+from rmmjax.config import Config, with_values
+from rmmjax.io import plots, tensorboard
+from rmmjax.io.query_encoders import query_encoder_record
+from rmmjax.io.record import trained_on
+from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
+                               sweep_record, write_run_record)
+from rmmjax.replay.candidates import folds, to_questions, to_sequence, to_streams
+from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
+    train_reranker
+from rmmjax.train import sweep_table
+from rmmjax.train.loop import train
+from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
+from rmmjax.train.replay_task import build_replays
+from rmmjax.train.sweeps import chunk_size, run_chunks, sweep_configs
+
+
+
+def check_learner(cfg: Config) -> None:
+  """The learners a replay sweep runs: the embedding rerankers (one program per fold)."""
+  if cfg.learner != "reranker" or cfg.variant not in ("linear", "mlp") or cfg.units == "lace":
+    raise ValueError(
+        f"sweep --config {cfg.config} runs the embedding rerankers (learner=reranker, "
+        f"variant=linear or mlp, units other than lace), not learner={cfg.learner}, "
+        f"variant={cfg.variant}, units={cfg.units}; sweep the others by `train --set folds=N "
+        "--set fold=I` per configuration")
+  if cfg.folds or cfg.fold:
+    raise ValueError(f"folds={cfg.folds}, fold={cfg.fold}: a sweep's folds are --folds N")
+
+
+def _program(spec: core.CoreSpec, protocol: Protocol, steps: int):
+  """One fold's run of a chunk of configurations: train as `train` does, replay the held out."""
+
+  def program(hparams, pretrain_hparams, world):
+    train_qs, train_seq, test_streams, test_ids = world
+    state, logs = train_reranker(spec, hparams, pretrain_hparams, train_qs, train_seq,
+                                 protocol, steps)
+    frozen = heldout_replay(state, test_streams, test_ids, False)
+    adapting = heldout_replay(state, test_streams, test_ids, True)
+    out = {"recall": frozen["recall_SxB"], "scores": frozen["scores_SxBxK"],
+           "prequential": adapting["recall_SxB"]}
+    if "online" in logs:
+      out["online"] = {k: logs["online"][k] for k in ONLINE_CURVES}
+    if "pretrain_loss" in logs:
+      out["pretrain_loss"] = logs["pretrain_loss"]
+    return out
+
+  run = jax.jit(jax.vmap(lambda hp, world: program(hp[0], hp[1], world), in_axes=(0, None)))
+  return run
+
+
+@dataclasses.dataclass
+class Plan:
+  """What the sweep will run: configurations x folds, and the folds' conversations."""
+
+  configs: list[Config]
+  fold_tests: list[list[int]]  # held-out conversation indices of each fold
+  chunk: int
+
+  @property
+  def runs(self) -> int:
+    return len(self.configs) * len(self.fold_tests)
+
+  @property
+  def chunks_per_fold(self) -> int:
+    return -(-len(self.configs) // self.chunk)
+
+
+def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
+                 workdir: Path, progress: bool = True, dry_run: bool = False,
+                 report=print) -> dict:
+  """Runs (or with dry_run, costs) the sweep; returns sweep.json's content (None if dry)."""
+  with contextlib.ExitStack() as holding:
+    with distributed.preflight("configs, grids or workdirs") as found:
+      check_learner(cfg)
+      configs = sweep_configs(cfg.validate(), grid, seeds)
+      workdir = Path(workdir)
+      if distributed.is_writer() and not dry_run:
+        holding.enter_context(held(workdir, "sweep"))
+      check_sweepable(workdir, cfg, grid, seeds, num_folds)
+      found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True,
+                                        default=str), str(seeds), str(num_folds),
+                                        str(workdir.resolve()))
+    with distributed.preflight("data files or folds") as found:
+      data, _, encoder, tuned, replays = build_replays(cfg, progress=progress)
+      if not 2 <= num_folds <= len(replays):
+        raise ValueError(f"--folds {num_folds}: expected 2 to the {len(replays)} conversations "
+                         f"with questions in {cfg.data}")
+      fold_tests = folds(len(replays), num_folds)
+      if tuned:  # a held-out conversation its candidates' encoder trained on is in-sample
+        record = query_encoder_record(cfg.query_encoder)
+        leaked = [c.conversation_id for c in replays
+                  if trained_on(record, c.conversation_id, c.fingerprint)]
+        if leaked:
+          raise ValueError(f"query_encoder={cfg.query_encoder} trained on {', '.join(leaked)}: "
+                           "every conversation is held out by one fold, so those folds' "
+                           "numbers would be in-sample; sweep over candidates it did not "
+                           "train on")
+      found.digest = distributed.digest(str(data), str(num_folds))
+    devices = list(distributed.data_mesh(cfg.devices).devices.flat)
+    plan = Plan(configs, fold_tests, chunk_size(cfg.sweep_chunk, len(configs)))
+    return _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
+                encoder)
+
+
+def _fold_inputs(cfg: Config, replays, test_idx):
+  train, test = split_fold(replays, test_idx)
+  world = (to_questions(train), to_sequence(train, cfg.batch), to_streams(test, cfg.batch),
+           stream_ids(test))
+  return train, test, world
+
+
+def _stacked(configs: list[Config]):
+  hp = core.stack_hparams([c.hparams() for c in configs])
+  pre = core.stack_hparams([c.hparams().replace(lr=c.learning.pretrain_lr,
+                                                tau=c.learning.pretrain_tau) for c in configs])
+  return hp, pre
+
+
+def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
+         encoder) -> dict | None:
+  protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs)
+  spec = cfg.core_spec()
+  program = _program(spec, protocol, cfg.steps)
+  hparams = _stacked(plan.configs)
+  done = {f for f in range(len(plan.fold_tests)) if (workdir / FOLD_FILE.format(f)).is_file()}
+  todo = [f for f in range(len(plan.fold_tests)) if f not in done]
+  report(f"sweep: {len(plan.configs)} configurations x {len(plan.fold_tests)} folds = "
+         f"{plan.runs} runs; {len(todo)} folds to run ({len(done)} done), each one compiled "
+         f"program over {plan.chunks_per_fold} chunks of {plan.chunk} on {len(devices)} "
+         f"device(s)")
+  if todo:
+    estimate = _estimate(cfg, plan, replays, program, hparams, todo, devices)
+    report(f"estimated time: {_minutes(estimate)} (from a timed first chunk of fold {todo[0]} "
+           "and its compile)")
+  if dry_run:
+    return None
+  if distributed.is_writer():
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests)))
+    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+  for f in todo:
+    _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])
+    out = run_chunks(lambda hp, w: program(hp, w), hparams, world, plan.chunk, devices=devices,
+                     progress=progress and distributed.is_writer(), desc=f"fold {f} chunks")
+    if distributed.is_writer():
+      _save_fold(workdir / FOLD_FILE.format(f), out, test)
+  result = sweep_table.summarise(cfg, grid, seeds, plan, replays, workdir)
+  if distributed.is_writer():
+    _write(workdir, cfg, grid, seeds, plan, result)
+  # The best configuration trained on every conversation, for eval, export and serving (a
+  # training workdir of its own: killed, the same sweep command resumes it).
+  train(best_config(cfg, result), workdir / "best", progress=progress, encoder=encoder)
+  return result
+
+
+def _estimate(cfg, plan, replays, program, hparams, todo, devices) -> float:
+  """Seconds for the folds still to run: the first chunk's compile and run, timed, scaled by
+  each fold's training and held-out steps."""
+  _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[todo[0]])
+  first = jax.tree.map(lambda x: np.asarray(x)[:plan.chunk], hparams)
+  if len(first[0].tau) < plan.chunk:  # every chunk has the same shape
+    first = jax.tree.map(lambda x: np.resize(x, (plan.chunk,) + x.shape[1:]), first)
+  start = time.perf_counter()
+  lowered = jax.jit(lambda hp, w: program(hp, w)).lower(first, world)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(first, world))
+  run_s = time.perf_counter() - start
+  work0 = _work(cfg, replays, plan.fold_tests[todo[0]])
+  return sum(compile_s + plan.chunks_per_fold * run_s * _work(cfg, replays, plan.fold_tests[f])
+             / work0 for f in todo)
+
+
+def _work(cfg, replays, test_idx) -> float:
+  """A fold's steps: pretraining batches, online steps and held-out steps (two replays)."""
+  train, test = split_fold(replays, test_idx)
+  pretrain = cfg.learning.pretrain_epochs * (sum(len(c.questions) for c in train) // cfg.batch)
+  longest = max(-(-len(c.questions) // cfg.batch) for c in test)
+  return pretrain + cfg.steps + 2 * longest * len(test)
+
+
+def _minutes(seconds: float) -> str:
+  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _save_fold(path: Path, out: dict, test) -> None:
+  """Per configuration: held-out recall (frozen and prequential) and scores of every real
+  question, and the training curves."""
+  arrays = {"recall": _per_question(out["recall"], test),
+            "prequential": _per_question(out["prequential"], test),
+            "scores": _per_question(out["scores"], test)}
+  for name, values in out.get("online", {}).items():
+    arrays[f"online_{name}"] = values
+  if "pretrain_loss" in out:
+    arrays["pretrain_loss"] = out["pretrain_loss"]
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp.npz")
+  np.savez(tmp, **arrays)
+  tmp.replace(path)  # whole or absent: a killed sweep never leaves half a fold
+
+
+def _per_question(values_CxNxSxB, test) -> np.ndarray:
+  """(configs, conversations, S, B, ...) -> (configs, questions, ...), held-out order."""
+  values = np.asarray(values_CxNxSxB)
+  tail = values.shape[4:]
+  return np.stack([np.concatenate([v.reshape((-1,) + tail)[:len(c.questions)]
+                                   for v, c in zip(per_config, test)]) for per_config in values])
+
+
+def _write(workdir, cfg, grid, seeds, plan, result) -> None:
+  atomic_write_json(workdir / "sweep.json", result)
+  atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")
+  curves, steps_T = sweep_table.curves(workdir, plan, list(grid), cfg.log_every)
+  if curves:
+    tensorboard.rewrite(workdir / "tb", {label.replace("/", "_"): [
+        {"step": int(s), **{m: float(v[:, t].mean()) for m, v in by_metric.items()}}
+        for t, s in enumerate(steps_T)] for label, by_metric in curves.items()},
+        prefix=f"mean_of_{len(plan.fold_tests)}_folds_x_{seeds}_seeds")
+    plots.plot_curves(workdir / "curves.png", steps_T, curves,
+                      title=f"sweep: {len(curves)} configurations, {len(plan.fold_tests)} folds "
+                            f"x {seeds} seeds, {cfg.steps} online steps")
+
+
+def best_config(cfg: Config, result: dict) -> Config:
+  """The sweep's best configuration (its seed the sweep's first), trained on every
+  conversation."""
+  return with_values(cfg, result["best"]["settings"] | {"holdout": 0}).validate()
+
