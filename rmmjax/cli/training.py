@@ -156,8 +156,10 @@ def _replay_sweep(args, cfg, grid) -> None:
   print("\n" + "\n".join(result["table"]))
   print(f"\nbest: {result['best']['settings'] or 'default'}, trained on every conversation in "
         f"{workdir / 'best'}; evaluate another file with\n  {eval_hint(cfg, workdir / 'best')}")
-  print(f"\nsweep.json {workdir / 'sweep.json'}\ntable      {workdir / 'sweep.md'}\n"
-        f"curves     {workdir / 'curves.png'}\ntensorboard {workdir / 'tb'}")
+  outputs = {"sweep.json": "sweep.json", "table": "sweep.md", "curves": "curves.png",
+             "tensorboard": "tb", "runs": "runs"}  # (a sweep of runs alone: runs/, no curves)
+  print("\n" + "\n".join(f"{name:11s} {workdir / path}" for name, path in outputs.items()
+                          if (workdir / path).exists()))
 
 
 def cmd_export(args) -> None:

@@ -222,9 +222,9 @@ def _shown(diff: dict) -> str:
   return ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
 
 
-def check_resumable(workdir: Path, cfg: Config) -> None:
+def check_resumable(workdir: Path, cfg: Config, same_data: bool = False) -> None:
   """Refuses a sweep's workdir or one that holds a run of another config (before anything is
-  written)."""
+  written); `same_data`: the data file's content is the run's, moved or copied elsewhere."""
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
@@ -233,35 +233,40 @@ def check_resumable(workdir: Path, cfg: Config) -> None:
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
-  diff = _config_diff(path, cfg, EXTENDABLE_KEYS)
+  diff = _config_diff(path, cfg, EXTENDABLE_KEYS + (("data",) if same_data else ()))
   if diff:
     raise ValueError(f"{workdir} holds a run of another config ({_shown(diff)}); use a fresh "
                      "workdir or the same settings to resume")
 
 
-def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0) -> dict:
+def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
+                 data_sha256: str | None = None) -> dict:
   """What run.json says of a sweep (its grid as JSON reads it back, for comparisons; the folds
-  of a sweep over replayed conversations)."""
+  and data file's content of a sweep over replayed conversations)."""
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
-      {"folds": folds} if folds else {})
+      {"folds": folds, "data_sha256": data_sha256} if folds else {})
 
 
 def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,
-                    folds: int = 0) -> None:
-  """Refuses a training workdir, or one holding a sweep of another grid, seeds or config (the
-  same sweep again may overwrite its own outputs)."""
+                    folds: int = 0, data_sha256: str | None = None) -> None:
+  """Refuses a training workdir, or one holding a sweep of another grid, seeds, config or data
+  (the same sweep again may overwrite its own outputs, and resumes a replay sweep: the same data
+  file moved or copied elsewhere is the same data)."""
   record = read_run_record(workdir)
   if record is None:
     return
   if record["kind"] == "train":
     raise ValueError(f"{workdir} holds a training run; a sweep needs a fresh workdir (it would "
                      "overwrite the run's config and outputs)")
-  new = sweep_record(grid, seeds, folds)
+  if record.get("data_sha256") and record["data_sha256"] != data_sha256:
+    raise ValueError(f"{workdir} holds a sweep over other data: {cfg.data} is not the file its "
+                     "folds were computed on (its content differs); use a fresh workdir")
+  new = sweep_record(grid, seeds, folds, data_sha256)
   diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds")
           if record.get(k) != new.get(k)}
   path = Path(workdir) / "config.json"
   if path.exists():
-    diff.update(_config_diff(path, cfg))
+    diff.update(_config_diff(path, cfg, ignore=("data",) if data_sha256 else ()))
   if diff:
     raise ValueError(f"{workdir} holds a sweep of another grid, seeds or config ({_shown(diff)});"
                      " use a fresh workdir, or the same settings to redo it")

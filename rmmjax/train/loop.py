@@ -26,6 +26,7 @@ from rmmjax.config import Config, apply_precision, encoder_stage
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.trained import RECORD_FILE
+from rmmjax.io.record import file_sha256
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
@@ -80,14 +81,28 @@ def _kept_rows(log_path: Path, logged: list[dict], step: int, log_every: int) ->
   return rows
 
 
+def _same_data(workdir: Path, cfg: Config) -> bool:
+  """Whether a run's data file, wherever it is now, has the content the run started on."""
+  path = Path(workdir) / RECORD_FILE
+  if not cfg.data or not path.is_file():
+    return False
+  try:
+    old = json.loads(path.read_text()).get("data_sha256")
+  except (OSError, ValueError, AttributeError):
+    return False  # (a damaged record is refused where it is read)
+  return old is not None and Path(cfg.data).is_file() and old == file_sha256(Path(cfg.data))
+
+
 def _check_record(workdir: Path, record: dict | None) -> None:
   """Refuses to resume a run whose data changed since it started (other file contents, other
-  conversations, units, retriever or encoder)."""
+  conversations, units, retriever or encoder); the same file moved or copied is the same."""
   path = workdir / RECORD_FILE
   if record is None or not path.exists():
     return
   old = json.loads(path.read_text())
-  diff = [k for k in sorted(set(old) | set(record)) if old.get(k) != record.get(k)]
+  moved = old.get("data_sha256") == record.get("data_sha256")
+  diff = [k for k in sorted(set(old) | set(record))
+          if old.get(k) != record.get(k) and not (moved and k == "data")]
   if diff:
     raise ValueError(f"{workdir} was trained on other data than {record.get('data')} holds now "
                      f"({', '.join(diff)} differ); restore that file or use a fresh workdir")
@@ -105,12 +120,13 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       workdir = Path(workdir)
       if distributed.is_writer():  # one process at a time: the second is refused, naming it
         holding.enter_context(held(workdir, "train"))
-      check_resumable(workdir, cfg)  # before anything is created or compiled
+      # before anything is created or compiled
+      check_resumable(workdir, cfg, _same_data(workdir, cfg))
       stage = workdir.resolve() / "query_encoder"
       if cfg.learner == "both":
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           holding.enter_context(held(stage, "train"))
-        check_resumable(stage, encoder_stage(cfg).validate())
+        check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg))
       # The task's own checks (a cross reranker's), before a learner=both run tunes its
       # encoder.
       task_class(cfg).preflight(cfg, encoder, workdir)

@@ -30,28 +30,29 @@ from rmmjax import core, distributed
 from rmmjax.config import Config, with_values
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.query_encoders import query_encoder_record
-from rmmjax.io.record import trained_on
+from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
-from rmmjax.replay.candidates import folds, to_questions, to_sequence, to_streams
+from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
+                                     to_sequence, to_streams)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
     train_reranker
-from rmmjax.train import sweep_table
+from rmmjax.train import sequential_sweep, sweep_table
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
 from rmmjax.train.replay_task import build_replays
-from rmmjax.train.sweeps import chunk_size, run_chunks, sweep_configs
+from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, chunk_size, run_chunks,
+                                 sweep_configs)
 
 
 
 def check_learner(cfg: Config) -> None:
-  """The learners a replay sweep runs: the embedding rerankers (one program per fold)."""
-  if cfg.learner != "reranker" or cfg.variant not in ("linear", "mlp") or cfg.units == "lace":
-    raise ValueError(
-        f"sweep --config {cfg.config} runs the embedding rerankers (learner=reranker, "
-        f"variant=linear or mlp, units other than lace), not learner={cfg.learner}, "
-        f"variant={cfg.variant}, units={cfg.units}; sweep the others by `train --set folds=N "
-        "--set fold=I` per configuration")
+  """What a replay sweep runs: every learner but IRIS's (whose runs hold out the last
+  conversations, not folds)."""
+  if cfg.learner == "iris" or cfg.units == "lace":
+    raise ValueError(f"sweep --config {cfg.config} holds out folds of the conversations; "
+                     f"IRIS's runs (learner={cfg.learner}, units={cfg.units}) hold out the last "
+                     "`holdout` ones: train them one by one")
   if cfg.folds or cfg.fold:
     raise ValueError(f"folds={cfg.folds}, fold={cfg.fold}: a sweep's folds are --folds N")
 
@@ -103,32 +104,76 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
       check_learner(cfg)
       configs = sweep_configs(cfg.validate(), grid, seeds)
       workdir = Path(workdir)
+      for name in ("folds", "runs", "best", "tb"):
+        if (workdir / name).exists() and not (workdir / name).is_dir():
+          raise ValueError(f"{workdir / name} is a file: a sweep writes a folder there; use "
+                           "another workdir")
       if distributed.is_writer() and not dry_run:
         holding.enter_context(held(workdir, "sweep"))
-      check_sweepable(workdir, cfg, grid, seeds, num_folds)
+      data_sha256 = file_sha256(Path(cfg.data))
+      check_sweepable(workdir, cfg, grid, seeds, num_folds, data_sha256)
       found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True,
                                         default=str), str(seeds), str(num_folds),
                                         str(workdir.resolve()))
+    if not vmappable(cfg, grid):
+      return _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run,
+                         report, data_sha256)
     with distributed.preflight("data files or folds") as found:
       data, _, encoder, tuned, replays = build_replays(cfg, progress=progress)
       if not 2 <= num_folds <= len(replays):
         raise ValueError(f"--folds {num_folds}: expected 2 to the {len(replays)} conversations "
                          f"with questions in {cfg.data}")
       fold_tests = folds(len(replays), num_folds)
-      if tuned:  # a held-out conversation its candidates' encoder trained on is in-sample
-        record = query_encoder_record(cfg.query_encoder)
-        leaked = [c.conversation_id for c in replays
-                  if trained_on(record, c.conversation_id, c.fingerprint)]
-        if leaked:
-          raise ValueError(f"query_encoder={cfg.query_encoder} trained on {', '.join(leaked)}: "
-                           "every conversation is held out by one fold, so those folds' "
-                           "numbers would be in-sample; sweep over candidates it did not "
-                           "train on")
+      check_not_trained(cfg, [(c.conversation_id, c.fingerprint) for c in replays])
       found.digest = distributed.digest(str(data), str(num_folds))
     devices = list(distributed.data_mesh(cfg.devices).devices.flat)
     plan = Plan(configs, fold_tests, chunk_size(cfg.sweep_chunk, len(configs)))
     return _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-                encoder)
+                encoder, data_sha256)
+
+
+def vmappable(cfg: Config, grid: dict) -> bool:
+  """Whether every configuration runs in one program per fold: an embedding reranker's, with
+  a grid over its rates (see SWEEPABLE, REPLAY_SWEEPABLE)."""
+  return (cfg.learner == "reranker" and cfg.variant in ("linear", "mlp") and cfg.units != "lace"
+          and all(k.rpartition(".")[2] in SWEEPABLE + REPLAY_SWEEPABLE for k in grid))
+
+
+def check_not_trained(cfg: Config, conversations: list[tuple[str, str]]) -> None:
+  """Refuses candidates from a tuned query encoder that trained on one of the conversations
+  (every conversation is held out by one fold: its numbers would be in-sample)."""
+  if not cfg.query_encoder:
+    return
+  record = query_encoder_record(cfg.query_encoder)
+  leaked = [c for c, fingerprint in conversations if trained_on(record, c, fingerprint)]
+  if leaked:
+    raise ValueError(f"query_encoder={cfg.query_encoder} trained on {', '.join(leaked)}: every "
+                     "conversation is held out by one fold, so those folds' numbers would be "
+                     "in-sample; sweep over candidates of an encoder that did not train on them")
+
+
+def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run, report,
+                data_sha256):
+  with distributed.preflight("data files or folds"):
+    conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
+    check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
+                            for c in conversations])
+  if dry_run:
+    report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
+           f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
+           "the time left is reported after each run")
+    return None
+  if distributed.is_writer():
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256))
+    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+  results = sequential_sweep.run_all(cfg, configs, tests, workdir, progress, report)
+  result = sweep_table.summarise(cfg, grid, seeds, configs, results)
+  if distributed.is_writer():
+    atomic_write_json(workdir / "sweep.json", result)
+    atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")
+  train(best_config(cfg, result), workdir / "best", progress=progress)
+  return result
 
 
 def _fold_inputs(cfg: Config, replays, test_idx):
@@ -146,34 +191,39 @@ def _stacked(configs: list[Config]):
 
 
 def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-         encoder) -> dict | None:
+         encoder, data_sha256) -> dict | None:
   protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs)
-  spec = cfg.core_spec()
-  program = _program(spec, protocol, cfg.steps)
+  program = _program(cfg.core_spec(), protocol, cfg.steps)
   hparams = _stacked(plan.configs)
-  done = {f for f in range(len(plan.fold_tests)) if (workdir / FOLD_FILE.format(f)).is_file()}
+  done = _finished_folds(workdir, plan, replays)
   todo = [f for f in range(len(plan.fold_tests)) if f not in done]
   report(f"sweep: {len(plan.configs)} configurations x {len(plan.fold_tests)} folds = "
          f"{plan.runs} runs; {len(todo)} folds to run ({len(done)} done), each one compiled "
          f"program over {plan.chunks_per_fold} chunks of {plan.chunk} on {len(devices)} "
-         f"device(s)")
+         f"device(s), then best/")
+  first = None
   if todo:
-    estimate = _estimate(cfg, plan, replays, program, hparams, todo, devices)
-    report(f"estimated time: {_minutes(estimate)} (from a timed first chunk of fold {todo[0]} "
-           "and its compile)")
+    first = _first_chunk(cfg, plan, replays, program, hparams, todo[0], devices)
+    report(f"estimated time: {_minutes(_estimate(cfg, plan, replays, todo, first))} (from the "
+           f"timed compile and first chunk of fold {todo[0]})")
   if dry_run:
     return None
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
-    write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests)))
+    write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests), data_sha256))
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
   for f in todo:
     _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])
-    out = run_chunks(lambda hp, w: program(hp, w), hparams, world, plan.chunk, devices=devices,
+    run_chunk, out0 = program, None
+    if first is not None and f == todo[0] and first["reusable"]:
+      run_chunk, out0 = first["compiled"], first["out"]  # (not compiled nor run twice)
+    out = run_chunks(run_chunk, hparams, world, plan.chunk, devices=devices, first=out0,
                      progress=progress and distributed.is_writer(), desc=f"fold {f} chunks")
     if distributed.is_writer():
       _save_fold(workdir / FOLD_FILE.format(f), out, test)
-  result = sweep_table.summarise(cfg, grid, seeds, plan, replays, workdir)
+  result = sweep_table.summarise(cfg, grid, seeds, plan.configs, [
+      sweep_table.replay_fold([replays[i] for i in test_idx], sweep_table.fold_file(workdir, f),
+                              cfg.m) for f, test_idx in enumerate(plan.fold_tests)])
   if distributed.is_writer():
     _write(workdir, cfg, grid, seeds, plan, result)
   # The best configuration trained on every conversation, for eval, export and serving (a
@@ -182,30 +232,60 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
   return result
 
 
-def _estimate(cfg, plan, replays, program, hparams, todo, devices) -> float:
-  """Seconds for the folds still to run: the first chunk's compile and run, timed, scaled by
-  each fold's training and held-out steps."""
-  _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[todo[0]])
-  first = jax.tree.map(lambda x: np.asarray(x)[:plan.chunk], hparams)
-  if len(first[0].tau) < plan.chunk:  # every chunk has the same shape
-    first = jax.tree.map(lambda x: np.resize(x, (plan.chunk,) + x.shape[1:]), first)
+def _finished_folds(workdir, plan, replays) -> set[int]:
+  """Folds whose file is written, each checked to hold the conversations the plan holds out."""
+  done = set()
+  for f, test_idx in enumerate(plan.fold_tests):
+    if not (workdir / FOLD_FILE.format(f)).is_file():
+      continue
+    held_out = [str(c) for c in sweep_table.fold_file(workdir, f)["conversations"]]
+    expected = [replays[i].conversation_id for i in test_idx]
+    if held_out != expected:
+      raise ValueError(f"{workdir / FOLD_FILE.format(f)} holds out {', '.join(held_out)}, not "
+                       f"{', '.join(expected)} as this sweep's fold {f} does; use a fresh workdir")
+    done.add(f)
+  return done
+
+
+def _first_chunk(cfg, plan, replays, program, hparams, fold, devices) -> dict:
+  """The first chunk of `fold` compiled and run, timed. On one device the compiled program
+  and its output are the fold's own (nothing is computed twice)."""
+  _, _, world = _fold_inputs(cfg, replays, plan.fold_tests[fold])
+  index = np.minimum(np.arange(plan.chunk), len(plan.configs) - 1)
+  first = jax.tree.map(lambda x: np.asarray(x)[index], hparams)
   start = time.perf_counter()
-  lowered = jax.jit(lambda hp, w: program(hp, w)).lower(first, world)
-  compiled = lowered.compile()
+  compiled = program.lower(first, world).compile()
   compile_s = time.perf_counter() - start
   start = time.perf_counter()
-  jax.block_until_ready(compiled(first, world))
-  run_s = time.perf_counter() - start
-  work0 = _work(cfg, replays, plan.fold_tests[todo[0]])
-  return sum(compile_s + plan.chunks_per_fold * run_s * _work(cfg, replays, plan.fold_tests[f])
-             / work0 for f in todo)
+  out = jax.block_until_ready(compiled(first, world))
+  return {"compile_s": compile_s, "run_s": time.perf_counter() - start, "compiled": compiled,
+          "out": out, "fold": fold, "reusable": len(devices) == 1}
 
 
-def _work(cfg, replays, test_idx) -> float:
-  """A fold's steps: pretraining batches, online steps and held-out steps (two replays)."""
+def _estimate(cfg, plan, replays, todo, first) -> float:
+  """Seconds for the folds still to run and best/: one compile per distinct shape of the
+  folds' inputs, and each chunk's run scaled from the first by its fold's steps."""
+  shapes = {_shape(cfg, replays, plan.fold_tests[f]) for f in todo}
+  per_work = first["run_s"] / _work(cfg, replays, plan.fold_tests[first["fold"]])
+  chunks = plan.chunks_per_fold * sum(_work(cfg, replays, plan.fold_tests[f]) for f in todo)
+  every = list(range(len(replays)))
+  best = first["compile_s"] + per_work * (_work(cfg, replays, every, heldout=False))
+  return len(shapes) * first["compile_s"] + per_work * chunks + best
+
+
+def _shape(cfg, replays, test_idx) -> tuple:
   train, test = split_fold(replays, test_idx)
+  return (sum(len(c.questions) for c in train), -(-sum(len(c.questions) for c in train)
+                                                 // cfg.batch), len(test),
+          max(-(-len(c.questions) // cfg.batch) for c in test))
+
+
+def _work(cfg, replays, test_idx, heldout: bool = True) -> float:
+  """A fold's steps: pretraining batches, online steps and held-out steps (two replays)."""
+  train = [c for i, c in enumerate(replays) if i not in set(test_idx) or not heldout]
+  test = [replays[i] for i in test_idx] if heldout else []
   pretrain = cfg.learning.pretrain_epochs * (sum(len(c.questions) for c in train) // cfg.batch)
-  longest = max(-(-len(c.questions) // cfg.batch) for c in test)
+  longest = max((-(-len(c.questions) // cfg.batch) for c in test), default=0)
   return pretrain + cfg.steps + 2 * longest * len(test)
 
 
@@ -216,7 +296,8 @@ def _minutes(seconds: float) -> str:
 def _save_fold(path: Path, out: dict, test) -> None:
   """Per configuration: held-out recall (frozen and prequential) and scores of every real
   question, and the training curves."""
-  arrays = {"recall": _per_question(out["recall"], test),
+  arrays = {"conversations": np.array([c.conversation_id for c in test]),
+            "recall": _per_question(out["recall"], test),
             "prequential": _per_question(out["prequential"], test),
             "scores": _per_question(out["scores"], test)}
   for name, values in out.get("online", {}).items():

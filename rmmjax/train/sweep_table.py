@@ -4,6 +4,7 @@ conversations, and the online curves."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -66,51 +67,72 @@ def _label(settings: dict) -> str:
   return ",".join(f"{k}={v}" for k, v in settings.items()) or "default"
 
 
-def summarise(cfg, grid, seeds, plan, replays, workdir) -> dict:
-  """sweep.json's content from the folds' files."""
+@dataclasses.dataclass
+class FoldResult:
+  """One fold's held-out questions, in order, and every configuration's metrics of each:
+  metrics[name] is (configurations, questions); prequential (learning online) if measured."""
+
+  conversations: list[str]  # each question's conversation
+  categories: list[str]
+  base: np.ndarray  # the base order's recall of each question
+  ceiling: np.ndarray | None  # the K candidates' recall, where known
+  metrics: dict[str, np.ndarray]
+  prequential: np.ndarray | None = None
+
+
+def replay_fold(test, data: dict, m: int) -> FoldResult:
+  """A fold of a vmapped replay sweep from its file: eval's metrics from the saved scores."""
+  return FoldResult([c.conversation_id for c in test for _ in c.questions],
+                    [cat for c in test for cat in c.categories],
+                    np.concatenate([base_recall(c, m) for c in test]),
+                    np.concatenate([ceiling_recall(c) for c in test]),
+                    fold_metrics(test, data["scores"], m), data["prequential"])
+
+
+def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
+  """sweep.json's content: a run per configuration x fold, a row per grid point."""
   keys, m = list(grid), cfg.m
-  runs, conversations, categories, base, ceiling = [], [], [], [], []
-  per_config: dict[str, list[np.ndarray]] = {}
-  for f, test_idx in enumerate(plan.fold_tests):
-    test = [replays[i] for i in test_idx]
-    data = fold_file(workdir, f)
-    metrics = fold_metrics(test, data["scores"], m)
-    cats = [cat for c in test for cat in c.categories]
-    conversations += [c.conversation_id for c in test for _ in c.questions]
-    categories += cats
-    fold_base = np.concatenate([base_recall(c, m) for c in test])
-    fold_ceiling = np.concatenate([ceiling_recall(c) for c in test])
-    base.append(fold_base)
-    ceiling.append(fold_ceiling)
-    for name, values in metrics.items():
-      per_config.setdefault(name, []).append(values)
-    per_config.setdefault("prequential", []).append(data["prequential"])
-    for i, c in enumerate(plan.configs):
+  runs = []
+  for f, fold in enumerate(folds):
+    cats = np.array(fold.categories)
+    for i, c in enumerate(configs):
       run = {"settings": {k: get_value(c, k) for k in keys}, "seed": c.seed, "fold": f,
-             "heldout_conversations": [x.conversation_id for x in test],
-             "questions": len(cats),
-             "recall_at_m_base": float(fold_base.mean()), "recall_at_k": float(fold_ceiling.mean()),
-             "recall_at_m_prequential": float(data["prequential"][i].mean())}
-      run.update({name: float(values[i].mean()) for name, values in metrics.items()})
+             "heldout_conversations": list(dict.fromkeys(fold.conversations)),
+             "questions": len(cats), "recall_at_m_base": float(fold.base.mean())}
+      if fold.ceiling is not None:
+        run["recall_at_k"] = float(fold.ceiling.mean())
+      if fold.prequential is not None:
+        run["recall_at_m_prequential"] = float(fold.prequential[i].mean())
+      run.update({name: float(values[i].mean()) for name, values in fold.metrics.items()})
       run["recall_all_by_category"] = {
-          cat: float(metrics[f"recall_all@{m}"][i][np.array(cats) == cat].mean())
-          for cat in sorted(set(cats))}
+          cat: float(fold.metrics[f"recall_all@{m}"][i][cats == cat].mean())
+          for cat in sorted(set(fold.categories))}
       runs.append(run)
-  pooled = {name: np.concatenate(parts, axis=1) for name, parts in per_config.items()}
-  base_Q, ceiling_Q = np.concatenate(base), np.concatenate(ceiling)
-  rows = _rows(plan.configs, keys, pooled, m)
+  conversations = [c for fold in folds for c in fold.conversations]
+  pooled = {name: np.concatenate([fold.metrics[name] for fold in folds], axis=1)
+            for name in folds[0].metrics}
+  if folds[0].prequential is not None:
+    pooled["prequential"] = np.concatenate([fold.prequential for fold in folds], axis=1)
+  base_Q = np.concatenate([fold.base for fold in folds])
+  rows = _rows(configs, keys, pooled, m)
   best = max(rows, key=lambda r: r["recall"])
   for row in rows:
     row["vs_base"] = paired_interval(row["per_question"] - base_Q, conversations)
     row["vs_best"] = paired_interval(row["per_question"] - best["per_question"], conversations)
+    if "prequential_per_question" in row:
+      # Learning online from simulated citations alone on conversations whose labels it
+      # never saw, against the same reranker frozen.
+      row["online_vs_frozen"] = paired_interval(row.pop("prequential_per_question")
+                                                - row["per_question"], conversations)
   result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
-            "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(plan.fold_tests),
-            "fold_conversations": [[replays[i].conversation_id for i in t]
-                                   for t in plan.fold_tests],
-            "recall_at_m_base": float(base_Q.mean()), "recall_at_k": float(ceiling_Q.mean()),
+            "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
+            "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
+            "recall_at_m_base": float(base_Q.mean()),
             "runs": runs,
             "rows": [{k: v for k, v in r.items() if k != "per_question"} for r in rows],
             "best": {"settings": best["settings"], "recall_all": best["recall"]}}
+  if all(fold.ceiling is not None for fold in folds):
+    result["recall_at_k"] = float(np.concatenate([fold.ceiling for fold in folds]).mean())
   result["table"] = table(cfg, result, rows, m)
   return result
 
@@ -131,25 +153,34 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
                  "recall_any": float(pooled[f"recall_any@{m}"][idx].mean()),
                  "ndcg": float(pooled["ndcg@10"][idx].mean()),
                  "mrr": float(pooled["mrr"][idx].mean()),
-                 "prequential": float(pooled["prequential"][idx].mean())})
+                 } | ({"prequential": float(pooled["prequential"][idx].mean()),
+                       "prequential_per_question": pooled["prequential"][idx].mean(0)}
+                      if "prequential" in pooled else {}))
   return rows
 
 
 def table(cfg, result, rows, m) -> list[str]:
   fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
+  online = "online_vs_frozen" in rows[0]
+  ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
+             if "recall_at_k" in result else "")
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
-           f"file's order), {result['seeds']} seed(s) per configuration, learner="
-           f"{cfg.learner} variant={cfg.variant}, {cfg.steps} online steps after "
+           f"file's order), {result['seeds']} seed(s) per configuration; learner="
+           f"{cfg.learner}, variant={cfg.variant}, {cfg.steps} online steps after "
            f"{cfg.learning.pretrain_epochs} pretraining epochs (mode={cfg.mode}). "
-           f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}, of all K={cfg.k} "
-           f"candidates {result['recall_at_k']:.3f}. Intervals: 95%, conversations resampled; "
-           "the best row is chosen on these same folds.", "",
-           f"| configuration | R@{m} all | R@{m} any | NDCG@10 | MRR | R@{m} learning online "
-           "| vs base | vs best |", "|---|---|---|---|---|---|---|---|"]
+           f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
+           "95%, conversations resampled; the best row is chosen on these same folds."
+           + (" Learning online: the trained reranker goes on learning from each held-out "
+              "batch's simulated citations after ranking it (no labels of those "
+              "conversations), against the same reranker frozen." if online else ""), "",
+           f"| configuration | R@{m} all | R@{m} any | NDCG@10 | MRR | vs base | vs best |"
+           + (f" R@{m} learning online | online - frozen |" if online else ""),
+           "|---|---|---|---|---|---|---|" + ("---|---|" if online else "")]
   for r in sorted(rows, key=lambda r: -r["recall"]):
     lines.append(f"| {r['label']} | {r['recall']:.3f} | {r['recall_any']:.3f} | "
-                 f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {r['prequential']:.3f} | "
-                 f"{fmt(r['vs_base'])} | {fmt(r['vs_best'])} |")
+                 f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {fmt(r['vs_base'])} | "
+                 f"{fmt(r['vs_best'])} |" + (f" {r['prequential']:.3f} | "
+                                             f"{fmt(r['online_vs_frozen'])} |" if online else ""))
   return lines
 
 

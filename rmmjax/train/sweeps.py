@@ -29,6 +29,10 @@ from rmmjax.train.loop import first_last, window_means
 
 # A replay sweep's configurations also vary their pretraining's rates in the one program.
 REPLAY_SWEEPABLE = ("pretrain_lr", "pretrain_tau")
+# Keys a replay sweep holds fixed: what learns, on which data, how it is held out and measured.
+FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", "retriever",
+                    "holdout", "folds", "fold", "query_encoder", "m", "devices", "precision",
+                    "checkpoint_every", "log_every", "sweep_chunk")
 
 
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
@@ -41,9 +45,13 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
     values = [parse_value(key, v.strip(), cfg) for v in text.split(",") if v.strip()]
     if key == "seed":
       raise ValueError("--grid seed=...: use --seeds N for seeds")
-    sweepable = [k for k in SWEEPABLE if k != "seed"] + (
-        list(REPLAY_SWEEPABLE) if cfg.config != "latent" else [])
-    if key.rpartition(".")[2] not in sweepable:
+    name = key.rpartition(".")[2]
+    if cfg.config != "latent":  # configurations of other shapes run in sequence
+      if name in FIXED_IN_A_SWEEP:
+        raise ValueError(f"--grid {key}: {name} is the same for every run of a sweep (what "
+                         "is swept, on which data, and how it is held out)")
+    elif name not in SWEEPABLE:
+      sweepable = [k for k in SWEEPABLE if k != "seed"]
       raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
                        f"one run; sweepable keys: {', '.join(sweepable)}")
     if key in grid:
@@ -85,9 +93,10 @@ def chunk_size(setting: int, num_configs: int) -> int:
 
 
 def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | None = None,
-               progress: bool = False, desc: str = "sweep chunks") -> dict:
+               progress: bool = False, desc: str = "sweep chunks", first=None) -> dict:
   """Runs C configurations (hparams_C: arrays with a leading axis C) through a jit(vmap(run))
-  in equal chunks, `world` the same for all; numpy results (C, ...)."""
+  in equal chunks, `world` the same for all; numpy results (C, ...). `first`: the first
+  chunk's output, already computed."""
   devices = jax.devices() if devices is None else devices
   c = int(jax.tree.leaves(hparams_C)[0].shape[0])
   chunk = min(chunk_size, c)
@@ -108,7 +117,7 @@ def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | Non
   starts = list(range(0, padded, chunk))
   host = []
   with tqdm(total=len(starts), desc=desc, unit="chunk", disable=not progress) as bar:
-    pending = dispatch(starts[0])
+    pending = dispatch(starts[0]) if first is None else first
     for i in range(len(starts)):
       # The next chunk is dispatched before this one is fetched: the device always has work
       # queued, and the bar moves as each chunk finishes (also where dispatch runs the chunk).

@@ -96,9 +96,11 @@ def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path,
 
 @pytest.mark.parametrize("extra, sets, message", [
     (["--folds", "4"], (), "--folds 4: expected 2 to the 3 conversations"),
-    ([], ("variant=cross",), "runs the embedding rerankers"),
+    ([], ("units=lace",), "hold out the last `holdout` ones"),
     ([], ("folds=3",), "a sweep's folds are --folds N"),
-    (["--grid", "k=5,10"], (), "--grid k: k changes the compiled program"),
+    (["--grid", "retriever=bm25,dense"], (), "retriever is the same for every run of a sweep"),
+    (["--grid", "lr=1e-4,fast"], (), "lr='fast': expected a finite number"),
+    (["--seeds", "0"], (), "--seeds 0: expected 1 to 1,000"),
     (["--grid", "lr=1e-4,1e-4"], (), "given more than once"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_written(three, tmp_path, capsys, extra, sets,
@@ -165,3 +167,75 @@ def test_folds_hold_out_each_conversation_once_in_the_files_order():
     held += test
   assert held == items  # contiguous folds, in order
   assert heldout_split(items, base) == (items[:-2], items[-2:])  # holdout=2: the last two
+
+
+@pytest.mark.slow
+def test_a_grid_over_another_shape_trains_each_run_alone_with_the_same_numbers(three, swept,
+                                                                               tmp_path, capsys):
+  """pretrain_epochs changes the program's shape: each configuration x fold is a `train` run of
+  its own, measured by `eval`; its numbers are the one-program sweep's."""
+  wd = tmp_path / "seq"
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", *GRID,
+               "--grid", "pretrain_epochs=2", "--folds", "3", "--seeds", "1",
+               *_sets(f"data={three}", *SMALL)]) == 0
+  assert "each a training of its own; 6 to run" in capsys.readouterr().out
+  result = json.loads((wd / "sweep.json").read_text())
+  vmapped = {(r["settings"]["lr"], r["fold"]): r for r in json.loads(
+      (swept / "sweep.json").read_text())["runs"] if r["seed"] == 0}
+  assert len(result["runs"]) == 6
+  for run in result["runs"]:
+    other = vmapped[(run["settings"]["lr"], run["fold"])]
+    for name in ("recall_all@5", "recall_any@5", "ndcg@10", "mrr", "recall_at_m_base"):
+      assert run[name] == pytest.approx(other[name], abs=1e-6), name
+  assert (wd / "best" / "summary.json").is_file()
+  # Run again after a kill that lost one run's measurement: only that run is measured again.
+  (wd / "runs" / "001" / "fold_2" / "heldout.json").unlink()
+  (wd / "sweep.json").unlink()
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", *GRID,
+               "--grid", "pretrain_epochs=2", "--folds", "3", "--seeds", "1",
+               *_sets(f"data={three}", *SMALL)]) == 0
+  assert "1 to run" in capsys.readouterr().out
+  assert json.loads((wd / "sweep.json").read_text())["rows"] == result["rows"]
+
+
+@pytest.mark.slow
+def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsys):
+  wd = tmp_path / "enc"
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
+               "encoder_tuning.lr=1e-5,1e-4", "--folds", "3", "--seeds", "1",
+               *_sets(f"data={three}", "dim=32", "learner=query_encoder", "retriever=hybrid",
+                      "k=10", "log_every=4", "encoder_tuning.steps=8", "encoder_tuning.pretrain_epochs=1",
+                      "encoder_tuning.pretrain_batch=8")]) == 0
+  result = json.loads((wd / "sweep.json").read_text())
+  assert [r["settings"] for r in result["rows"]] in (
+      [{"encoder_tuning.lr": 1e-5}, {"encoder_tuning.lr": 1e-4}],
+      [{"encoder_tuning.lr": 1e-4}, {"encoder_tuning.lr": 1e-5}])
+  assert len(result["runs"]) == 6 and (wd / "best" / "summary.json").is_file()
+  assert "| encoder_tuning.lr=" in (wd / "sweep.md").read_text()
+
+
+def test_the_same_data_moved_resumes_and_other_data_is_refused(three, swept, tmp_path, capsys):
+  wd = tmp_path / "moved"
+  shutil.copytree(swept, wd)
+  moved = tmp_path / "elsewhere.json"
+  shutil.copy(three, moved)
+  capsys.readouterr()
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", *GRID,
+               "--folds", "3", "--seeds", "2", *_sets(f"data={moved}", *SMALL)]) == 0
+  assert "0 folds to run (3 done)" in capsys.readouterr().out  # best/ resumed too
+  data = json.loads(moved.read_text())
+  moved.write_text(json.dumps(data[::-1]))  # the same conversations in another order
+  before = (wd / "sweep.json").read_text()
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", *GRID,
+               "--folds", "3", "--seeds", "2", *_sets(f"data={moved}", *SMALL)]) == 2
+  assert "holds a sweep over other data" in capsys.readouterr().err
+  assert (wd / "sweep.json").read_text() == before
+
+
+def test_a_workdir_with_a_file_where_a_folder_goes_is_refused_first(three, tmp_path, capsys):
+  wd = tmp_path / "w"
+  wd.mkdir()
+  (wd / "folds").write_text("")
+  assert _sweep(three, wd) == 2
+  assert "folds is a file" in capsys.readouterr().err
+  assert sorted(p.name for p in wd.iterdir()) == ["folds"]
