@@ -239,3 +239,16 @@ def test_a_workdir_with_a_file_where_a_folder_goes_is_refused_first(three, tmp_p
   assert _sweep(three, wd) == 2
   assert "folds is a file" in capsys.readouterr().err
   assert sorted(p.name for p in wd.iterdir()) == ["folds"]
+
+
+def test_a_training_run_resumes_from_its_data_file_moved(three, tmp_path, capsys):
+  wd, moved = tmp_path / "run", tmp_path / "moved.json"
+  args = ["train", "--config", "locomo", "--workdir", str(wd), "--quiet"]
+  assert main([*args, *_sets(f"data={three}", *SMALL)]) == 0
+  shutil.copy(three, moved)
+  longer = [s for s in SMALL if not s.startswith("steps=")] + ["steps=16"]
+  assert main([*args, *_sets(f"data={moved}", *longer)]) == 0  # extended from the moved file
+  assert json.loads((wd / "summary.json").read_text())["steps"] == 16
+  moved.write_text(moved.read_text().replace("syn-", "other-"))
+  assert main([*args, *_sets(f"data={moved}", *longer)]) == 2
+  assert "was trained on other data than" in capsys.readouterr().err
