@@ -47,13 +47,14 @@ def _write_subset(source, path, n, rename=None):
 @pytest.fixture(scope="module")
 def trained(three, tmp_path_factory):
   """A reranker trained on the suite's three conversations, the last held out; it
-  learns online fast enough (lr 1e-2) that prequential replay changes rankings."""
+  learns online fast enough (lr 1e-2, sampling at tau 0.05) that prequential replay changes
+  rankings."""
   root = tmp_path_factory.mktemp("trained")
   data = _write_subset(three, root / "three.json", 3)
   cfg = apply_overrides(get_config("locomo"), [
       f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40",
       "checkpoint_every=20", "holdout=1",
-      "pretrain_epochs=2", "lr=0.01"]).validate()
+      "pretrain_epochs=2", "lr=0.01", "tau=0.05"]).validate()
   summary = train(cfg, root / "run", progress=False, encoder=HashEncoder())
   return {"root": root, "data": data, "workdir": root / "run", "summary": summary}
 
@@ -140,7 +141,8 @@ def test_resume_reads_the_same_file_or_is_refused(trained, tmp_path, monkeypatch
   try:
     again = apply_overrides(get_config("locomo"), [f"data={data}", "learner=reranker",
         "retriever=bm25", "dim=32", "steps=60",
-        "checkpoint_every=20", "holdout=1", "pretrain_epochs=2", "lr=0.01"]).validate()
+        "checkpoint_every=20", "holdout=1", "pretrain_epochs=2", "lr=0.01",
+        "tau=0.05"]).validate()
     with pytest.raises(ValueError, match="data_sha256"):
       train(again, moved, progress=False, encoder=HashEncoder())
   finally:
