@@ -243,8 +243,9 @@ def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
                  data_sha256: str | None = None) -> dict:
   """What run.json says of a sweep (its grid as JSON reads it back, for comparisons; the folds
   and data file's content of a sweep over replayed conversations)."""
+  # (a replay sweep's folds are saved by configuration number: the grid's order is kept)
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
-      {"folds": folds, "data_sha256": data_sha256} if folds else {})
+      {"folds": folds, "data_sha256": data_sha256, "grid_order": list(grid)} if folds else {})
 
 
 def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,
@@ -262,7 +263,7 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
     raise ValueError(f"{workdir} holds a sweep over other data: {cfg.data} is not the file its "
                      "folds were computed on (its content differs); use a fresh workdir")
   new = sweep_record(grid, seeds, folds, data_sha256)
-  diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds")
+  diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds", "grid_order")
           if record.get(k) != new.get(k)}
   path = Path(workdir) / "config.json"
   if path.exists():

@@ -30,7 +30,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   data = Path(cfg.data).resolve()
   conversations, report = load_locomo(data)
   conversations = [c for c in conversations if c.questions]
-  if len(conversations) <= cfg.holdout:
+  if not cfg.folds and len(conversations) <= cfg.holdout:
     raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                      f"holdout={cfg.holdout} would leave none to train on")
   if cfg.folds > len(conversations):

@@ -41,8 +41,8 @@ from rmmjax.train import sequential_sweep, sweep_table
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
 from rmmjax.train.replay_task import build_replays
-from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, chunk_size, run_chunks,
-                                 sweep_configs)
+from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, chunk_size, placement,
+                                 run_chunks, sweep_configs)
 
 
 
@@ -55,6 +55,12 @@ def check_learner(cfg: Config) -> None:
                      "`holdout` ones: train them one by one")
   if cfg.folds or cfg.fold:
     raise ValueError(f"folds={cfg.folds}, fold={cfg.fold}: a sweep's folds are --folds N")
+  if cfg.holdout != type(cfg).holdout:
+    raise ValueError(f"holdout={cfg.holdout}: a sweep holds out each of its --folds in turn; "
+                     "leave holdout unset")
+  if jax.process_count() > 1:
+    raise ValueError("a sweep over replayed conversations runs in one process (over all of its "
+                     "devices); start it without --num-processes")
 
 
 def _program(spec: core.CoreSpec, protocol: Protocol, steps: int):
@@ -158,6 +164,9 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
                             for c in conversations])
+    for c in configs:  # every run's own checks, before anything is written
+      for f in range(len(tests)):
+        with_values(c, {"folds": len(tests), "fold": f}).validate()
   if dry_run:
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
@@ -167,7 +176,8 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256))
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
-  results = sequential_sweep.run_all(cfg, configs, tests, workdir, progress, report)
+  results = sequential_sweep.run_all(cfg, configs, conversations, tests, workdir, progress,
+                                     report)
   result = sweep_table.summarise(cfg, grid, seeds, configs, results)
   if distributed.is_writer():
     atomic_write_json(workdir / "sweep.json", result)
@@ -215,12 +225,12 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
   for f in todo:
     _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])
     run_chunk, out0 = program, None
-    if first is not None and f == todo[0] and first["reusable"]:
+    if first is not None and f == todo[0]:
       run_chunk, out0 = first["compiled"], first["out"]  # (not compiled nor run twice)
     out = run_chunks(run_chunk, hparams, world, plan.chunk, devices=devices, first=out0,
                      progress=progress and distributed.is_writer(), desc=f"fold {f} chunks")
     if distributed.is_writer():
-      _save_fold(workdir / FOLD_FILE.format(f), out, test)
+      _save_fold(workdir / FOLD_FILE.format(f), out, test, plan.configs)
   result = sweep_table.summarise(cfg, grid, seeds, plan.configs, [
       sweep_table.replay_fold([replays[i] for i in test_idx], sweep_table.fold_file(workdir, f),
                               cfg.m) for f, test_idx in enumerate(plan.fold_tests)])
@@ -238,8 +248,12 @@ def _finished_folds(workdir, plan, replays) -> set[int]:
   for f, test_idx in enumerate(plan.fold_tests):
     if not (workdir / FOLD_FILE.format(f)).is_file():
       continue
-    held_out = [str(c) for c in sweep_table.fold_file(workdir, f)["conversations"]]
+    data = sweep_table.fold_file(workdir, f)
+    held_out = [str(c) for c in data["conversations"]]
     expected = [replays[i].conversation_id for i in test_idx]
+    if [str(c) for c in data["configurations"]] != list(_labels(plan.configs)):
+      raise ValueError(f"{workdir / FOLD_FILE.format(f)} holds other configurations than this "
+                       "sweep's (or in another order); use a fresh workdir")
     if held_out != expected:
       raise ValueError(f"{workdir / FOLD_FILE.format(f)} holds out {', '.join(held_out)}, not "
                        f"{', '.join(expected)} as this sweep's fold {f} does; use a fresh workdir")
@@ -248,18 +262,21 @@ def _finished_folds(workdir, plan, replays) -> set[int]:
 
 
 def _first_chunk(cfg, plan, replays, program, hparams, fold, devices) -> dict:
-  """The first chunk of `fold` compiled and run, timed. On one device the compiled program
-  and its output are the fold's own (nothing is computed twice)."""
+  """The first chunk of `fold` compiled and run, timed, placed as run_chunks places it: its
+  compiled program and output are the fold's own (nothing is computed twice)."""
   _, _, world = _fold_inputs(cfg, replays, plan.fold_tests[fold])
-  index = np.minimum(np.arange(plan.chunk), len(plan.configs) - 1)
+  mesh, chunk, world = placement(devices, plan.chunk, len(plan.configs), world)
+  index = np.minimum(np.arange(chunk), len(plan.configs) - 1)
   first = jax.tree.map(lambda x: np.asarray(x)[index], hparams)
+  if mesh is not None:
+    first = distributed.shard_leading(first, mesh)
   start = time.perf_counter()
   compiled = program.lower(first, world).compile()
   compile_s = time.perf_counter() - start
   start = time.perf_counter()
   out = jax.block_until_ready(compiled(first, world))
   return {"compile_s": compile_s, "run_s": time.perf_counter() - start, "compiled": compiled,
-          "out": out, "fold": fold, "reusable": len(devices) == 1}
+          "out": out, "fold": fold, "chunks": -(-len(plan.configs) // chunk)}
 
 
 def _estimate(cfg, plan, replays, todo, first) -> float:
@@ -267,10 +284,11 @@ def _estimate(cfg, plan, replays, todo, first) -> float:
   folds' inputs, and each chunk's run scaled from the first by its fold's steps."""
   shapes = {_shape(cfg, replays, plan.fold_tests[f]) for f in todo}
   per_work = first["run_s"] / _work(cfg, replays, plan.fold_tests[first["fold"]])
-  chunks = plan.chunks_per_fold * sum(_work(cfg, replays, plan.fold_tests[f]) for f in todo)
+  work = first["chunks"] * sum(_work(cfg, replays, plan.fold_tests[f]) for f in todo)
   every = list(range(len(replays)))
   best = first["compile_s"] + per_work * (_work(cfg, replays, every, heldout=False))
-  return len(shapes) * first["compile_s"] + per_work * chunks + best
+  # (the first chunk has run: what is left)
+  return len(shapes) * first["compile_s"] + per_work * work - first["run_s"] + best
 
 
 def _shape(cfg, replays, test_idx) -> tuple:
@@ -293,10 +311,17 @@ def _minutes(seconds: float) -> str:
   return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _save_fold(path: Path, out: dict, test) -> None:
+def _labels(configs) -> np.ndarray:
+  """Each configuration as a fold file records it (a resumed sweep checks them)."""
+  return np.array([json.dumps({k: v for k, v in c.values().items() if k != "data"},
+                              sort_keys=True, default=str) for c in configs])
+
+
+def _save_fold(path: Path, out: dict, test, configs) -> None:
   """Per configuration: held-out recall (frozen and prequential) and scores of every real
   question, and the training curves."""
   arrays = {"conversations": np.array([c.conversation_id for c in test]),
+            "configurations": _labels(configs),
             "recall": _per_question(out["recall"], test),
             "prequential": _per_question(out["prequential"], test),
             "scores": _per_question(out["scores"], test)}

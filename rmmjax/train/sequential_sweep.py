@@ -38,6 +38,10 @@ def fold_tests(cfg: Config, num_folds: int) -> tuple[list, list[list[int]]]:
   return conversations, folds(len(conversations), num_folds)
 
 
+def _cutoffs(cfg: Config) -> tuple[int, ...]:
+  return tuple(dict.fromkeys((cfg.m, 10)))  # (the table's Recall@M, and NDCG@10)
+
+
 def run_dir(workdir: Path, index: int, fold: int) -> Path:
   return Path(workdir) / "runs" / f"{index:03d}" / f"fold_{fold}"
 
@@ -47,33 +51,48 @@ def _evaluate(cfg: Config, model: Path, encoder) -> dict:
   model_args = ({"query_encoder": model} if cfg.learner == "query_encoder" else
                 {"reranker": model})
   return evaluate_retrieval(cfg.dataset, Path(cfg.data), cfg.units, cfg.retriever,
-                            (cfg.m, 10), encoder=encoder, per_question=True, **model_args)
+                            _cutoffs(cfg), encoder=encoder, per_question=True, **model_args)
 
 
-def run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir: Path,
-            progress: bool, report, encoder=None) -> list[FoldResult]:
+def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list[list[int]],
+            workdir: Path, progress: bool, report, encoder=None) -> list[FoldResult]:
   """Trains and measures every configuration x fold not finished yet; every fold's results."""
-  todo = [(i, f) for f in range(len(tests)) for i in range(len(configs))
-          if not (run_dir(workdir, i, f) / HELDOUT_FILE).is_file()]
+  todo = []
+  for f in range(len(tests)):
+    for i, c in enumerate(configs):
+      path = run_dir(workdir, i, f) / HELDOUT_FILE
+      if not path.is_file():
+        todo.append((i, f))
+      elif json.loads(path.read_text())["settings"] != _settings(_with_fold(c, len(tests), f)):
+        raise ValueError(f"{path} holds a run of other settings than this sweep's configuration "
+                         f"{i}; use a fresh workdir")
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
          f"{len(configs) * len(tests)} runs, each a training of its own; {len(todo)} to run")
   started = time.perf_counter()
   for n, (i, f) in enumerate(todo):
-    one = with_values(configs[i], {"folds": len(tests), "fold": f}).validate()
+    one = _with_fold(configs[i], len(tests), f)
     where = run_dir(workdir, i, f)
     train(one, where, progress=progress, encoder=encoder)
-    atomic_write_json(where / HELDOUT_FILE, _evaluate(one, where, encoder)["per_question"])
+    atomic_write_json(where / HELDOUT_FILE, {"settings": _settings(one),
+                                             "per_question": _evaluate(one, where,
+                                                                       encoder)["per_question"]})
     spent = time.perf_counter() - started
     report(f"run {n + 1}/{len(todo)} done (configuration {i}, fold {f}); about "
            f"{spent / (n + 1) * (len(todo) - n - 1) / 60:.1f} min left")
   base = _evaluate_base(cfg, encoder)
   results = []
+  names = [name.format(m=cfg.m) for name in METRICS]
   for f in range(len(tests)):
-    per_run = [json.loads((run_dir(workdir, i, f) / HELDOUT_FILE).read_text())
+    per_run = [json.loads((run_dir(workdir, i, f) / HELDOUT_FILE).read_text())["per_question"]
                for i in range(len(configs))]
     convs = [q["conversation"] for q in per_run[0]]
-    names = [name.format(m=cfg.m) for name in METRICS]
-    base_rows = [q for q in base if q["conversation"] in set(convs)]
+    held = set(convs)
+    base_rows = [q for q in base if q["conversation"] in held]
+    expected = [conversations[i].conversation_id for i in tests[f]]
+    if (list(dict.fromkeys(convs)) != expected or any(
+        [q["conversation"] for q in rows] != convs for rows in per_run + [base_rows])):
+      raise ValueError(f"fold {f}'s runs were not measured on its held-out conversations "
+                       f"({', '.join(expected)}) alone and whole; use a fresh workdir")
     results.append(FoldResult(convs, [q["category"] for q in per_run[0]],
                               np.array([q[f"recall_all@{cfg.m}"] for q in base_rows]), None,
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
@@ -81,7 +100,18 @@ def run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir:
   return results
 
 
+def _settings(cfg: Config) -> dict:
+  """A run's settings as its heldout.json records them (the data file is its content: moved
+  elsewhere, it is the same run)."""
+  return json.loads(json.dumps({k: v for k, v in cfg.values().items() if k != "data"},
+                               default=str))
+
+
+def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:
+  return with_values(cfg, {"folds": num_folds, "fold": fold}).validate()
+
+
 def _evaluate_base(cfg: Config, encoder) -> list[dict]:
   """The base retriever's metrics of every question (no model: nothing is left out)."""
   return evaluate_retrieval(cfg.dataset, Path(cfg.data), cfg.units, cfg.retriever,
-                            (cfg.m, 10), encoder=encoder, per_question=True)["per_question"]
+                            _cutoffs(cfg), encoder=encoder, per_question=True)["per_question"]

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.config import SWEEPABLE, Config, get_value, parse_value, with_values
+from rmmjax.config.keys import _locate
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
@@ -30,9 +31,12 @@ from rmmjax.train.loop import first_last, window_means
 # A replay sweep's configurations also vary their pretraining's rates in the one program.
 REPLAY_SWEEPABLE = ("pretrain_lr", "pretrain_tau")
 # Keys a replay sweep holds fixed: what learns, on which data, how it is held out and measured.
+# (and the latent simulator's keys, which a replay does not read, and the encoder's width).
 FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", "retriever",
                     "holdout", "folds", "fold", "query_encoder", "m", "devices", "precision",
-                    "checkpoint_every", "log_every", "sweep_chunk")
+                    "checkpoint_every", "log_every", "sweep_chunk", "dim", "encoder",
+                    "num_users", "bank_size", "min_bank", "max_relevant", "signal",
+                    "distortion", "noise", "world_seed", "eval_sessions")
 
 
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
@@ -54,8 +58,9 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
       sweepable = [k for k in SWEEPABLE if k != "seed"]
       raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
                        f"one run; sweepable keys: {', '.join(sweepable)}")
-    if key in grid:
-      raise ValueError(f"--grid {key} is given twice")
+    same = [k for k in grid if _locate(cfg, k) == _locate(cfg, key)]
+    if same:
+      raise ValueError(f"--grid {key} names the key --grid {same[0]} names")
     if not values:
       raise ValueError(f"--grid {item!r}: no values")
     repeated = [v for i, v in enumerate(values) if v in values[:i]]
@@ -92,6 +97,16 @@ def chunk_size(setting: int, num_configs: int) -> int:
   return CPU_CHUNK if jax.default_backend() == "cpu" else num_configs
 
 
+def placement(devices: list, chunk_size: int, num_configs: int, world):
+  """(the mesh or None, the chunk's size, the world replicated) of C configurations run in
+  chunks over `devices`: every device gets the same share of a chunk."""
+  chunk = min(chunk_size, num_configs)
+  if len(devices) == 1:
+    return None, chunk, world
+  mesh = Mesh(np.array(devices), (distributed.DATA_AXIS,))
+  return mesh, -(-chunk // len(devices)) * len(devices), distributed.replicate(world, mesh)
+
+
 def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | None = None,
                progress: bool = False, desc: str = "sweep chunks", first=None) -> dict:
   """Runs C configurations (hparams_C: arrays with a leading axis C) through a jit(vmap(run))
@@ -99,12 +114,7 @@ def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | Non
   chunk's output, already computed."""
   devices = jax.devices() if devices is None else devices
   c = int(jax.tree.leaves(hparams_C)[0].shape[0])
-  chunk = min(chunk_size, c)
-  mesh = None
-  if len(devices) > 1:
-    mesh = Mesh(np.array(devices), (distributed.DATA_AXIS,))
-    chunk = -(-chunk // len(devices)) * len(devices)  # every device gets the same share
-    world = distributed.replicate(world, mesh)
+  mesh, chunk, world = placement(devices, chunk_size, c, world)
   padded = -(-c // chunk) * chunk
   index = np.minimum(np.arange(padded), c - 1)
 

@@ -101,6 +101,10 @@ def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path,
     (["--grid", "retriever=bm25,dense"], (), "retriever is the same for every run of a sweep"),
     (["--grid", "lr=1e-4,fast"], (), "lr='fast': expected a finite number"),
     (["--seeds", "0"], (), "--seeds 0: expected 1 to 1,000"),
+    (["--grid", "lr=1e-4,1e-3", "--grid", "reranker.lr=1e-2"], (),
+     "--grid reranker.lr names the key --grid lr names"),
+    (["--grid", "noise=0.1,0.2"], (), "noise is the same for every run of a sweep"),
+    ([], ("holdout=0",), "holdout=0: a sweep holds out each of its --folds in turn"),
     (["--grid", "lr=1e-4,1e-4"], (), "given more than once"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_written(three, tmp_path, capsys, extra, sets,
@@ -145,7 +149,7 @@ def test_the_interval_resamples_conversations():
     (("folds=3", "fold=3"), "fold=3: expected 0 to 2"),
     (("fold=1",), "folds=0: set folds=N too"),
     (("folds=3", "holdout=1"), "give one or the other"),
-    (("folds=9",), "folds=9: "),
+    (("folds=9",), "expected at most one fold per conversation"),
 ])
 def test_a_fold_that_cannot_be_held_out_is_refused(three, tmp_path, capsys, sets, message):
   wd = tmp_path / "w"
@@ -252,3 +256,31 @@ def test_a_training_run_resumes_from_its_data_file_moved(three, tmp_path, capsys
   moved.write_text(moved.read_text().replace("syn-", "other-"))
   assert main([*args, *_sets(f"data={moved}", *longer)]) == 2
   assert "was trained on other data than" in capsys.readouterr().err
+
+
+def test_the_same_grid_in_another_order_is_another_sweep(three, swept, capsys):
+  """Folds are saved by configuration number: a reordered grid must not reuse them."""
+  assert main(["sweep", "--config", "locomo", "--workdir", str(swept), "--quiet", "--grid",
+               "lr=1e-3,1e-4", "--folds", "3", "--seeds", "2",
+               *_sets(f"data={three}", *SMALL)]) == 2
+  assert "another grid" in capsys.readouterr().err
+
+
+def test_four_devices_sweep_as_one_does(three, swept, tmp_path, on_four_devices):
+  out = on_four_devices(f"""
+      import json
+      from rmmjax.cli import main
+      args = ["sweep", "--config", "locomo", "--workdir", "{tmp_path / 'four'}", "--quiet",
+              "--grid", "lr=1e-4,1e-3", "--folds", "3", "--seeds", "2"]
+      for item in {[f"data={three}", *SMALL, "devices=4"]!r}:
+        args += ["--set", item]
+      assert main(args) == 0
+      print(json.dumps(json.load(open("{tmp_path / 'four' / 'sweep.json'}"))["runs"]))
+      """)
+  four = json.loads(out.strip().splitlines()[-1])
+  one = json.loads((swept / "sweep.json").read_text())["runs"]
+  assert len(four) == len(one) == 12
+  for a, b in zip(four, one):
+    assert (a["settings"], a["fold"], a["seed"]) == (b["settings"], b["fold"], b["seed"])
+    for name in ("recall_all@5", "ndcg@10", "mrr", "recall_at_m_prequential"):
+      assert a[name] == pytest.approx(b[name], abs=2e-3), name
