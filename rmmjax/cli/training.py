@@ -228,7 +228,8 @@ def add_parsers(sub) -> None:
                  help="--config locomo: folds of the conversations (default 4), each held out "
                       "in turn")
   p.add_argument("--dry-run", action="store_true",
-                 help="--config locomo: print the runs, programs and estimated time, then stop")
+                 help="--config locomo: print the runs, programs and estimated time (from a "
+                      "first chunk compiled and run, timed), then stop; writes nothing")
   p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
   p.set_defaults(func=cmd_sweep)
 
