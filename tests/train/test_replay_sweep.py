@@ -245,6 +245,7 @@ def test_a_workdir_with_a_file_where_a_folder_goes_is_refused_first(three, tmp_p
   assert sorted(p.name for p in wd.iterdir()) == ["folds"]
 
 
+@pytest.mark.slow
 def test_a_training_run_resumes_from_its_data_file_moved(three, tmp_path, capsys):
   wd, moved = tmp_path / "run", tmp_path / "moved.json"
   args = ["train", "--config", "locomo", "--workdir", str(wd), "--quiet"]
@@ -266,6 +267,7 @@ def test_the_same_grid_in_another_order_is_another_sweep(three, swept, capsys):
   assert "another grid" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_four_devices_sweep_as_one_does(three, swept, tmp_path, on_four_devices):
   out = on_four_devices(f"""
       import json
