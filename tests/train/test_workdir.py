@@ -328,7 +328,7 @@ def _refused_after_the_lock(monkeypatch):
   from rmmjax.train import loop  # noqa: PLC0415
   held = []
 
-  def refuse(workdir, cfg):
+  def refuse(workdir, cfg, same_data=False):
     held.append((workdir / ".lock").exists())
     raise ValueError("refused after the lock")
 
