@@ -18,6 +18,8 @@ from rmmjax.cli.process import start_runtime
 NOTHING = "nothing was written"
 # What an interrupted command leaves (chat says it itself: what it kept depends on the session).
 INTERRUPTED = {"train": "rerun the same command to resume",
+               "sweep": "rerun the same command (a sweep over conversations keeps the folds "
+                        "and runs it finished)",
                "ingest": "the sessions reflected before are kept; rerun the same command to "
                          "resume",
                "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
