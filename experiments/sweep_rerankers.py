@@ -4,9 +4,12 @@ Every setting the rows rely on is pinned below; the grid is the online temperatu
 learning rate, 4 folds of the conversations x 2 seeds. A workdir already holding the same sweep
 is reused (its finished folds are not rerun).
 
-    python experiments/sweep_rerankers.py [--data PATH] [--workdir DIR] [--variants linear,mlp]
+    python experiments/sweep_rerankers.py [--data PATH] [--workdir DIR]
+        [--sweeps linear,mlp,linear_rl]
 
-Writes experiments/results/sweep_<variant>.md (the sweep's table, its command and commit).
+linear_rl is the linear reranker without pretraining, learning from simulated citations alone
+(mode=rl), over its online rate. Writes experiments/results/sweep_<name>.md (the sweep's table,
+its command and commit).
 """
 
 from __future__ import annotations
@@ -26,12 +29,21 @@ PINNED = ("learner=reranker", "retriever=hybrid", "units=turn", "k=20", "m=5", "
           "log_every=10")
 GRID = ("tau=0.05,0.25,1.0", "lr=3e-6,1e-5,3e-5,1e-4")
 FOLDS, SEEDS = 4, 2
+# linear_rl: the linear reranker learning from simulated citations alone (no pretraining on
+# labels), at the best row's temperature: what online learning does where it is all there is.
+SWEEPS = {"linear": ((), GRID), "mlp": ((), GRID),
+          "linear_rl": (("mode=rl", "tau=1.0"), ("lr=3e-5,1e-4,3e-4,1e-3",))}
+TITLES = {"linear": "Sweep of the linear reranker's online rates (4-fold cross-validation)",
+          "mlp": "Sweep of the MLP reranker's online rates (4-fold cross-validation)",
+          "linear_rl": "The linear reranker learning from citations alone, no pretraining "
+                       "(4-fold cross-validation)"}
 
 
-def sweep_args(data: Path, workdir: Path, variant: str) -> list[str]:
-  sets = [f"data={data}", *PINNED, f"variant={variant}"]
+def sweep_args(data: Path, workdir: Path, name: str) -> list[str]:
+  extra, grid = SWEEPS[name]
+  sets = [f"data={data}", *PINNED, f"variant={name.partition('_')[0]}", *extra]
   return (["sweep", "--config", "locomo", "--workdir", str(workdir), "--quiet", "--folds",
-           str(FOLDS), "--seeds", str(SEEDS)] + [a for g in GRID for a in ("--grid", g)]
+           str(FOLDS), "--seeds", str(SEEDS)] + [a for g in grid for a in ("--grid", g)]
           + [a for s in sets for a in ("--set", s)])
 
 
@@ -39,20 +51,22 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--workdir", default="checkpoints/sweeps")
-  parser.add_argument("--variants", default="linear")
+  parser.add_argument("--sweeps", default="linear", help=f"of {', '.join(SWEEPS)}")
   args = parser.parse_args()
-  for variant in args.variants.split(","):
-    workdir = Path(args.workdir) / variant
-    command = sweep_args(Path(args.data), workdir, variant)
+  for name in args.sweeps.split(","):
+    if name not in SWEEPS:
+      raise SystemExit(f"--sweeps: {name!r} is not one of {', '.join(SWEEPS)}")
+    workdir = Path(args.workdir) / name
+    command = sweep_args(Path(args.data), workdir, name)
     if rmmjax_main(command) != 0:
-      raise SystemExit(f"the {variant} sweep failed")
+      raise SystemExit(f"the {name} sweep failed")
     table = (workdir / "sweep.md").read_text().strip().splitlines()
-    lines = [f"# Sweep of the {variant} reranker's online rates (4-fold cross-validation)", "",
+    lines = [f"# {TITLES[name]}", "",
              "`rmmjax " + " ".join(command) + "`", "", *table, "",
              "The workdir's best/ holds the best row's configuration trained on every "
              "conversation of the file."]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_markdown(RESULTS / f"sweep_{variant}.md", lines)
+    write_markdown(RESULTS / f"sweep_{name}.md", lines)
     print("\n".join(lines))
 
 

@@ -16,7 +16,8 @@ import jax
 
 from rmmjax import core
 from rmmjax.config import checks, keys, sections
-from rmmjax.config.keys import apply_overrides, get_value, parse_value, with_values
+from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
+                                with_values)
 from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
                                    P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
                                    TUNES, UNITS)
@@ -24,7 +25,7 @@ from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DE
 __all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
            "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
            "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
-           "parse_value", "sections", "with_values"]
+           "parse_value", "qualified", "sections", "with_values"]
 
 @dataclasses.dataclass(frozen=True)
 class Config:

@@ -55,6 +55,12 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
   raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
 
 
+def qualified(cfg, key: str) -> str:
+  """A key as config.json names it (`section.key`, or a shared key alone): one name per field,
+  however `--set` spelled it."""
+  return ".".join(filter(None, _locate(cfg, key)))
+
+
 def trains(cfg) -> str:
   return f"config={cfg.config}, learner={cfg.learner}, variant={cfg.variant}" + (
       f", units={cfg.units}" if cfg.units == "lace" else "")

@@ -48,3 +48,25 @@ def plot_curves(path: Path, steps_T: np.ndarray, curves: dict[str, dict[str, np.
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def plot_parts(path: Path, parts: dict[str, list[tuple[float, float, float]]], ylabel: str,
+               title: str = "") -> None:
+  """A (mean, low, high) per part of a sequence, one line and band per configuration."""
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for label, values in parts.items():
+    mean, low, high = np.array(values).T
+    x = np.arange(1, len(mean) + 1)
+    ax.plot(x, mean, marker="o", lw=1.4, label=label)
+    ax.fill_between(x, low, high, alpha=0.15)
+  ax.axhline(0.0, color="k", lw=0.8)
+  ax.set_xlabel("part of the conversation")
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  if len(parts) > 1:
+    ax.legend(fontsize=7, loc="best")
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rmmjax.config import Config, from_json
+from rmmjax.config import Config, from_json, qualified
 
 # Keys a resumed run may change: more steps extend a run without changing its first steps, and
 # the devices it runs on re-place the same state (equal to float tolerance).
@@ -267,7 +267,10 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
           if record.get(k) != new.get(k)}
   path = Path(workdir) / "config.json"
   if path.exists():
-    diff.update(_config_diff(path, cfg, ignore=("data",) if data_sha256 else ()))
+    # Every configuration sets the grid's keys: the base config's values of them are not used.
+    swept = {qualified(cfg, key) for key in grid}
+    diff.update({k: v for k, v in _config_diff(path, cfg, ignore=("data",) if data_sha256
+                                               else ()).items() if k not in swept})
   if diff:
     raise ValueError(f"{workdir} holds a sweep of another grid, seeds or config ({_shown(diff)});"
                      " use a fresh workdir, or the same settings to redo it")

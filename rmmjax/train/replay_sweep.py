@@ -11,7 +11,8 @@ killed and started again reruns only the folds it had not finished.
 
 Outputs in the workdir: folds/fold_<i>.npz (per configuration, every held-out question's
 scores), sweep.json (every configuration x fold x seed), sweep.md (the table, with intervals
-over conversations), curves.png and tb/ (online training curves per configuration, mean over
+over conversations; learning online against frozen along the held-out conversations, also in
+online.png), curves.png and tb/ (online training curves per configuration, mean over
 folds and seeds), and best/ (the best configuration trained on every conversation).
 """
 
@@ -21,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import zipfile
 from pathlib import Path
 
 import jax
@@ -248,12 +250,19 @@ def _finished_folds(workdir, plan, replays) -> set[int]:
   for f, test_idx in enumerate(plan.fold_tests):
     if not (workdir / FOLD_FILE.format(f)).is_file():
       continue
-    data = sweep_table.fold_file(workdir, f)
-    held_out = [str(c) for c in data["conversations"]]
-    expected = [replays[i].conversation_id for i in test_idx]
+    try:
+      data = sweep_table.fold_file(workdir, f)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+      raise ValueError(f"{workdir / FOLD_FILE.format(f)} cannot be read as a fold's file "
+                       f"({err}); delete it to rerun that fold") from None
+    if "configurations" not in data or "conversations" not in data:
+      raise ValueError(f"{workdir / FOLD_FILE.format(f)} is not a fold of a sweep (it does not "
+                       "name its configurations and conversations); use a fresh workdir")
     if [str(c) for c in data["configurations"]] != list(_labels(plan.configs)):
       raise ValueError(f"{workdir / FOLD_FILE.format(f)} holds other configurations than this "
                        "sweep's (or in another order); use a fresh workdir")
+    held_out = [str(c) for c in data["conversations"]]
+    expected = [replays[i].conversation_id for i in test_idx]
     if held_out != expected:
       raise ValueError(f"{workdir / FOLD_FILE.format(f)} holds out {', '.join(held_out)}, not "
                        f"{', '.join(expected)} as this sweep's fold {f} does; use a fresh workdir")
@@ -346,6 +355,12 @@ def _per_question(values_CxNxSxB, test) -> np.ndarray:
 def _write(workdir, cfg, grid, seeds, plan, result) -> None:
   atomic_write_json(workdir / "sweep.json", result)
   atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")
+  rows = [r for r in result["rows"] if "online_vs_frozen_by_part" in r]
+  if rows:
+    plots.plot_parts(workdir / "online.png", {r["label"]: r["online_vs_frozen_by_part"]
+                                              for r in rows},
+                     ylabel=f"Recall@{cfg.m}: learning online - frozen",
+                     title="learning from citations alone on held-out conversations")
   curves, steps_T = sweep_table.curves(workdir, plan, list(grid), cfg.log_every)
   if curves:
     tensorboard.rewrite(workdir / "tb", {label.replace("/", "_"): [

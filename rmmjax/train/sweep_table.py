@@ -15,6 +15,7 @@ from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.train.loop import window_means
 
 BOOTSTRAP_DRAWS = 2000
+POSITION_BINS = 5  # parts of each held-out conversation in the learning-online curve
 FOLD_FILE = "folds/fold_{}.npz"
 ONLINE_CURVES = ("reward", "citation_rate", "recall_at_m", "entropy")
 
@@ -61,6 +62,21 @@ def paired_interval(diff_Q: np.ndarray, clusters_Q: list[str]) -> tuple[float, f
   means = sums[draws].sum(1) / counts[draws].sum(1)
   low, high = np.percentile(means, [2.5, 97.5])
   return float(diff_Q.mean()), float(low), float(high)
+
+
+def by_part(diff_Q: np.ndarray, clusters_Q: list[str],
+            parts: int = POSITION_BINS) -> list[tuple[float, float, float]]:
+  """paired_interval of a per-question difference in each of `parts` equal parts of every
+  conversation, by the question's position in it (the questions come in conversation order):
+  how a difference builds up as a conversation goes on."""
+  clusters = np.array(clusters_Q)
+  parts = min(parts, *np.unique(clusters, return_counts=True)[1])  # no part left empty
+  part_Q = np.zeros(len(clusters), int)
+  for c in np.unique(clusters):
+    where = np.flatnonzero(clusters == c)
+    part_Q[where] = np.arange(len(where)) * parts // len(where)
+  return [paired_interval(diff_Q[part_Q == p], list(clusters[part_Q == p]))
+          for p in range(parts)]
 
 
 def _label(settings: dict) -> str:
@@ -121,9 +137,10 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
     row["vs_best"] = paired_interval(row["per_question"] - best["per_question"], conversations)
     if "prequential_per_question" in row:
       # Learning online from simulated citations alone on conversations whose labels it
-      # never saw, against the same reranker frozen.
-      row["online_vs_frozen"] = paired_interval(row.pop("prequential_per_question")
-                                                - row["per_question"], conversations)
+      # never saw, against the same reranker frozen: overall and along the conversation.
+      gain_Q = row.pop("prequential_per_question") - row["per_question"]
+      row["online_vs_frozen"] = paired_interval(gain_Q, conversations)
+      row["online_vs_frozen_by_part"] = by_part(gain_Q, conversations)
   result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
             "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
             "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
@@ -159,6 +176,14 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
   return rows
 
 
+def _schedule(cfg) -> str:
+  """What a run trains, as its mode says (the keys of a stage it skips are not used)."""
+  online = f"{cfg.steps} online steps" if "rl" in cfg.mode.split("+") else "no online steps"
+  if "pretrain" not in cfg.mode:
+    return f"{online}, no pretraining (mode={cfg.mode})"
+  return f"{online} after {cfg.learning.pretrain_epochs} pretraining epochs (mode={cfg.mode})"
+
+
 def table(cfg, result, rows, m) -> list[str]:
   fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
   online = "online_vs_frozen" in rows[0]
@@ -166,8 +191,7 @@ def table(cfg, result, rows, m) -> list[str]:
              if "recall_at_k" in result else "")
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
-           f"{cfg.learner}, variant={cfg.variant}, {cfg.steps} online steps after "
-           f"{cfg.learning.pretrain_epochs} pretraining epochs (mode={cfg.mode}). "
+           f"{cfg.learner}, variant={cfg.variant}, {_schedule(cfg)}. "
            f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
            "95%, conversations resampled; the best row is chosen on these same folds."
            + (" Learning online: the trained reranker goes on learning from each held-out "
@@ -181,6 +205,15 @@ def table(cfg, result, rows, m) -> list[str]:
                  f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {fmt(r['vs_base'])} | "
                  f"{fmt(r['vs_best'])} |" + (f" {r['prequential']:.3f} | "
                                              f"{fmt(r['online_vs_frozen'])} |" if online else ""))
+  if online:
+    parts = len(rows[0]["online_vs_frozen_by_part"])
+    lines += ["", f"Learning online - frozen along the held-out conversations (each cut into "
+              f"{parts} equal parts by the questions' order; intervals as above):", "",
+              "| configuration | " + " | ".join(f"part {p + 1}" for p in range(parts)) + " |",
+              "|---|" + "---|" * parts]
+    for r in sorted(rows, key=lambda r: -r["recall"]):
+      lines.append(f"| {r['label']} | "
+                   + " | ".join(fmt(t) for t in r["online_vs_frozen_by_part"]) + " |")
   return lines
 
 

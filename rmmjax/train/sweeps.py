@@ -19,8 +19,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rmmjax import core
-from rmmjax.config import SWEEPABLE, Config, get_value, parse_value, with_values
-from rmmjax.config.keys import _locate
+from rmmjax.config import SWEEPABLE, Config, get_value, parse_value, qualified, with_values
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
@@ -58,7 +57,7 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
       sweepable = [k for k in SWEEPABLE if k != "seed"]
       raise ValueError(f"--grid {key}: {key} changes the compiled program and cannot be swept in "
                        f"one run; sweepable keys: {', '.join(sweepable)}")
-    same = [k for k in grid if _locate(cfg, k) == _locate(cfg, key)]
+    same = [k for k in grid if qualified(cfg, k) == qualified(cfg, key)]
     if same:
       raise ValueError(f"--grid {key} names the key --grid {same[0]} names")
     if not values:

@@ -12,7 +12,7 @@ import pytest
 
 from cli_args import sets as _sets
 from rmmjax.cli import main
-from rmmjax.train.sweep_table import fold_file, paired_interval
+from rmmjax.train.sweep_table import by_part, fold_file, paired_interval
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
@@ -44,8 +44,9 @@ def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept):
   for run in result["runs"]:
     assert run["heldout_conversations"] == result["fold_conversations"][run["fold"]]
     assert 0.0 <= run["recall_all@5"] <= run["recall_at_k"] + 1e-9
-  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 2
-  for name in ("curves.png", "tb", "best/summary.json", "folds/fold_2.npz"):
+  # A row per grid point in the table and in the learning-online table along the conversations.
+  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 2 * 2
+  for name in ("curves.png", "online.png", "tb", "best/summary.json", "folds/fold_2.npz"):
     assert (swept / name).exists(), name
 
 
@@ -142,6 +143,18 @@ def test_the_interval_resamples_conversations():
   assert mean == pytest.approx(0.2)
   assert low == pytest.approx(0.1) and high == pytest.approx(0.3)  # a draw is a, a or b, b
   assert paired_interval(np.full(4, 0.5), ["a", "b", "c", "d"]) == pytest.approx((0.5,) * 3)
+
+
+def test_the_curve_along_conversations_cuts_each_into_equal_parts():
+  # Conversation a: 4 questions, b: 6; 2 parts: a's first 2 and b's first 3 are part 1.
+  diff = np.array([0.0, 0.0, 1.0, 1.0, 0.2, 0.2, 0.2, 0.6, 0.6, 0.6])
+  first, second = by_part(diff, list("aaaabbbbbb"), parts=2)
+  assert first[0] == pytest.approx(0.6 / 5) and second[0] == pytest.approx(3.8 / 5)
+  assert first[1] == pytest.approx(0.0) and first[2] == pytest.approx(0.2)  # a's or b's alone
+  # Never an empty part: conversations of fewer questions than parts give fewer parts.
+  assert len(by_part(diff, list("aaaabbbbbb"), parts=5)) == 4
+  with np.errstate(all="raise"):
+    by_part(np.arange(3.0), list("abc"), parts=5)
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -286,3 +299,28 @@ def test_four_devices_sweep_as_one_does(three, swept, tmp_path, on_four_devices)
     assert (a["settings"], a["fold"], a["seed"]) == (b["settings"], b["fold"], b["seed"])
     for name in ("recall_all@5", "ndcg@10", "mrr", "recall_at_m_prequential"):
       assert a[name] == pytest.approx(b[name], abs=2e-3), name
+
+
+def test_a_grid_keys_base_value_does_not_matter_but_another_key_does(three, swept, tmp_path,
+                                                                     capsys):
+  """Every configuration sets the grid's keys, so the base value of one (a default changed
+  since, or a --set of it) resumes the same sweep; any other key is another sweep."""
+  wd = tmp_path / "base"
+  shutil.copytree(swept, wd)
+  capsys.readouterr()
+  assert _sweep(three, wd, sets=("reranker.lr=0.5",)) == 0
+  assert "0 folds to run (3 done)" in capsys.readouterr().out
+  assert _sweep(three, wd, sets=("tau=0.3",)) == 2
+  assert "reranker.tau: 1.0 there, 0.3 now" in capsys.readouterr().err
+
+
+def test_an_unreadable_fold_file_is_named_with_what_to_do(three, swept, tmp_path, capsys):
+  wd = tmp_path / "broken"
+  shutil.copytree(swept, wd)
+  (wd / "folds" / "fold_1.npz").write_bytes(b"not a zip")
+  capsys.readouterr()
+  assert _sweep(three, wd) == 2
+  assert "fold_1.npz cannot be read as a fold's file" in capsys.readouterr().err
+  np.savez(wd / "folds" / "fold_1.npz", recall=np.zeros(3))  # an array file, not a fold's
+  assert _sweep(three, wd) == 2
+  assert "fold_1.npz is not a fold of a sweep" in capsys.readouterr().err
