@@ -41,6 +41,7 @@ from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream
     train_reranker
 from rmmjax.train import sequential_sweep, sweep_table
 from rmmjax.train.loop import train
+from rmmjax.train.tasks import task_class
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
 from rmmjax.train.replay_task import build_replays
 from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, chunk_size, placement,
@@ -166,9 +167,13 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
                             for c in conversations])
-    for c in configs:  # every run's own checks, before anything is written
+    for i, c in enumerate(configs):  # every run's own checks, before anything is written
       for f in range(len(tests)):
-        with_values(c, {"folds": len(tests), "fold": f}).validate()
+        one = with_values(c, {"folds": len(tests), "fold": f}).validate()
+      # (the encoder, the training questions, a step's memory: checked on the last fold's
+      # run, whose shapes every fold's share; a finished or resumed run is not rechecked)
+      if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
+        task_class(one).preflight(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
   if dry_run:
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "

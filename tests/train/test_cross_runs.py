@@ -486,3 +486,42 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
     save_file(damaged, str(copy / "model.safetensors"), metadata={"format": "pt"})
     err = refused(*evaluate, str(copy))
     assert name in err and "export the training workdir again" in err and "Traceback" not in err
+
+
+SWEEP = [s for s in SMALL if not s.startswith("holdout=")]  # (a sweep holds out its folds)
+
+
+def _cross_sweep(three, wd, *extra):
+  return main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
+               "cross.pretrain_lr=2e-5,1e-3", "--folds", "3", "--seeds", "1", *extra,
+               *_sets(f"data={three}", *SWEEP)])
+
+
+@pytest.mark.slow
+def test_a_cross_sweep_trains_and_measures_each_run_then_its_best(three, tmp_path, capsys):
+  wd = tmp_path / "sweep"
+  assert _cross_sweep(three, wd) == 0
+  assert "2 configurations x 3 folds = 6 runs" in capsys.readouterr().out
+  result = json.loads((wd / "sweep.json").read_text())
+  assert sorted((r["settings"]["cross.pretrain_lr"], r["fold"]) for r in result["runs"]) == [
+      (lr, f) for lr in (2e-5, 1e-3) for f in range(3)]
+  # A run's row is eval's measurement of its workdir on the conversations it held out.
+  run = next(r for r in result["runs"] if r["fold"] == 1 and r["settings"]["cross.pretrain_lr"]
+             == 1e-3)
+  heldout = json.loads((wd / "runs" / "001" / "fold_1" / "heldout.json").read_text())
+  assert run["recall_all@2"] == pytest.approx(
+      np.mean([q["recall_all@2"] for q in heldout["per_question"]]), abs=1e-9)
+  assert json.loads((wd / "best" / "config.json").read_text())["cross"]["pretrain_lr"] == (
+      result["best"]["settings"]["cross.pretrain_lr"])
+  capsys.readouterr()
+  assert main(["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn",
+               "--reranker", str(wd / "best"), "--in-sample"]) == 0
+
+
+def test_a_cross_sweep_whose_step_cannot_fit_is_refused_before_anything_is_written(
+    three, tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(cross_pairs, "device_memory_bytes", lambda: 2**20)
+  wd = tmp_path / "sweep"
+  assert _cross_sweep(three, wd) == 2
+  assert "a pretraining step of the cross reranker needs" in capsys.readouterr().err
+  assert not wd.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any, final
@@ -256,6 +257,11 @@ def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
   limit = device_memory_bytes()
   if limit is None:
     return 0, None
+  return _step_need(bert, k, batch, candidates, max_length, dtype), limit
+
+
+@functools.lru_cache(maxsize=32)  # a sweep checks each of its runs' steps before the first
+def _step_need(bert, k: int, batch: int, candidates: int, max_length: int, dtype: str) -> int:
   # Every pair alone in a row, and the rows rounded up as `pack` rounds them.
   rows, length = batch * candidates + -(-batch * candidates // 16), row_length(max_length)
   params = jax.eval_shape(lambda: cross_params_template(bert, k))
@@ -268,7 +274,7 @@ def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
   analysis = jax.jit(jax.grad(loss), compiler_options=compiler_options()).lower(
       params, pairs).compile().memory_analysis()
   if analysis is None:
-    return 0, limit
+    return 0
   moments = 2 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-          + analysis.temp_size_in_bytes + moments), limit
+          + analysis.temp_size_in_bytes + moments)
