@@ -79,7 +79,9 @@ class Cross(Learning):
   from 0.575 to 0.555 (-0.019 [-0.037, -0.003]): replayed citations repeat the labels the
   pretraining used, with noise. The agent still learns online from an LLM's real citations.
 
-  Each (question, memory) pair is cut to `max_length` tokens; `compute_dtype` is the encoder's
+  Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
+  down (those above only where too few others exist: the top of a tuned retriever's list holds
+  evidence the labels missed). Each (question, memory) pair is cut to `max_length` tokens; `compute_dtype` is the encoder's
   computation dtype (auto: bfloat16 on an accelerator, float32 on a CPU, which has no fast
   bfloat16 matmul; parameters and optimizer state stay float32 either way); `prior_scale`
   spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
@@ -96,6 +98,7 @@ class Cross(Learning):
   pretrain_tau: float = 1.0
   max_length: int = 128
   pretrain_candidates: int = 8
+  negatives_from_rank: int = 1
   compute_dtype: str = "auto"
   prior_scale: float = 1.0
   head_lr_scale: float = 50.0
@@ -110,6 +113,9 @@ class Cross(Learning):
     if not 2 <= self.pretrain_candidates <= cfg.k:
       raise ValueError(f"cross.pretrain_candidates={self.pretrain_candidates}: expected 2 to "
                        f"k={cfg.k}")
+    if not 1 <= self.negatives_from_rank <= cfg.k:
+      raise ValueError(f"cross.negatives_from_rank={self.negatives_from_rank}: expected 1 to "
+                       f"k={cfg.k} (the base rank from which pretraining draws negatives)")
     if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
       raise ValueError(f"cross.compute_dtype={self.compute_dtype!r} is not one of auto, "
                        f"{', '.join(COMPUTE_DTYPES)}")

@@ -196,7 +196,8 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
 
   def epoch_batches(epoch: int) -> list[core.Batch]:
     seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
-    subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed))
+    subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed),
+                              cfg.cross.negatives_from_rank - 1)
     order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
     batches = [pack_batch(jax.tree.map(lambda x: x[order[i * b:(i + 1) * b]], subset),  # noqa: B023
                           mesh.devices.size) for i in range(per_epoch)]

@@ -87,3 +87,16 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
   assert not np.array_equal(candidate_subset(batch, 4, seed=2).positions_BxK, pos)
   with pytest.raises(ValueError, match="expected 2 to k=10"):
     candidate_subset(batch, 11, seed=0)
+  # Negatives from base position 5 on: counted against every question's own candidates.
+  deep = candidate_subset(batch, 4, seed=1, negatives_from=5)
+  for q in range(n):
+    chosen = set(deep.positions_BxK[q].tolist())
+    negatives = [j for j in range(k) if mask[q, j] and not relevant[q, j]]
+    wanted = 4 - min(2, relevant[q].sum())
+    deep_ones = [j for j in negatives if j >= 5]
+    picked = [j for j in chosen if j in negatives]
+    if len(deep_ones) >= wanted:  # every negative drawn from position 5 on
+      assert all(j >= 5 for j in picked), (q, picked)
+    else:  # all of those, then the rest from above
+      assert set(deep_ones) <= chosen, (q, picked)
+  assert not np.array_equal(deep.positions_BxK, pos)

@@ -229,6 +229,8 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["units=lace", "learner=both"], "units=lace trains a model of IRIS"),
     (["learner=query_encoder"], "max_length' for this run .* belongs to the cross section"),
     (["pretrain_candidates=9"], "expected 2 to k=5"),
+    (["negatives_from_rank=6"], "negatives_from_rank=6: expected 1 to k=5"),
+    (["negatives_from_rank=0"], "negatives_from_rank=0: expected 1 to k=5"),
     (["compute_dtype=float16"], "compute_dtype"),
     (["max_length=1024"], "expected 16 to 512"),
     (["steps=0", "mode=rl"], "nothing would learn"),

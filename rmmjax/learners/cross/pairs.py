@@ -114,12 +114,14 @@ def _padded(pairs: PairTokens, length: int) -> PairTokens:
                              segments_NxKxL=np.pad(pairs.segments_NxKxL, width))
 
 
-def candidate_subset(questions_N, n: int, seed: int):
+def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):
   """A pool of questions (a host `core.Batch`, questions_N) with `n` of each one's K candidates:
   its relevant ones first (at most half of n, drawn at random), the rest drawn from the
-  irrelevant ones that exist; each keeps its base position (positions_BxK) and so its rank prior. A listwise
-  loss over these n costs n/K of one over all K: what makes pretraining a cross reranker on
-  every labelled question affordable."""
+  irrelevant ones that exist at base position `negatives_from` or below (0-based; those above
+  only where too few others exist: the top of a tuned retriever's list holds evidence the
+  labels missed); each keeps its base position (positions_BxK) and so its rank prior. A
+  listwise loss over these n costs n/K of one over all K: what makes pretraining a cross
+  reranker on every labelled question affordable."""
   mask, relevant = np.asarray(questions_N.mask_BxK), np.asarray(questions_N.relevant_BxK)
   num, k = mask.shape
   if not 2 <= n <= k:
@@ -127,12 +129,13 @@ def candidate_subset(questions_N, n: int, seed: int):
   rng = np.random.default_rng(seed)
   keys = rng.random((num, k))
   # Sort key per candidate: relevant ones (up to n // 2 of them) first, then the irrelevant
-  # existing ones, then the remaining relevant ones (only where too few others exist), each
-  # group in a random order; missing candidates last.
+  # existing ones from `negatives_from` on, then those above it, then the remaining relevant
+  # ones (only where too few others exist), each group in a random order; missing ones last.
   rank_rel = np.argsort(np.argsort(np.where(relevant & mask, keys, 2.0), 1), 1)
   take_rel = relevant & mask & (rank_rel < max(1, n // 2))
-  group = np.where(take_rel, 0.0, np.where(mask & ~relevant, 1.0,
-                                           np.where(mask, 2.0, 3.0)))
+  deep = np.arange(k)[None, :] >= negatives_from
+  group = np.where(take_rel, 0.0, np.where(mask & ~relevant, np.where(deep, 1.0, 2.0),
+                                           np.where(mask, 3.0, 4.0)))
   cols = np.sort(np.argsort(group + keys, 1, kind="stable")[:, :n], 1)  # kept in base order
   take = lambda x: np.take_along_axis(np.asarray(x), cols.reshape(  # noqa: E731
       cols.shape + (1,) * (np.ndim(x) - 2)), 1)
