@@ -9,13 +9,14 @@ not computed again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from rmmjax.config import Config, with_values
+from rmmjax.config import Config, sections, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.workdir import atomic_write_json
@@ -63,7 +64,8 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
       path = run_dir(workdir, i, f) / HELDOUT_FILE
       if not path.is_file():
         todo.append((i, f))
-      elif json.loads(path.read_text())["settings"] != _settings(_with_fold(c, len(tests), f)):
+      elif _with_added(json.loads(path.read_text())["settings"]) != _settings(
+          _with_fold(c, len(tests), f)):
         raise ValueError(f"{path} holds a run of other settings than this sweep's configuration "
                          f"{i}; use a fresh workdir")
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
@@ -105,6 +107,19 @@ def _settings(cfg: Config) -> dict:
   elsewhere, it is the same run)."""
   return json.loads(json.dumps({k: v for k, v in cfg.values().items() if k != "data"},
                                default=str))
+
+
+def _with_added(settings: dict) -> dict:
+  """A run's recorded settings with the keys added to the configuration since, at their
+  defaults (as a config.json written before them reads): a finished run still counts."""
+  defaults = {f.name: f.default for f in dataclasses.fields(Config)
+              if f.name not in sections.SECTIONS and f.name != "data"} | {
+      f"{name}.{f.name}": f.default for name, section in sections.SECTIONS.items()
+      for f in dataclasses.fields(section)}
+  sectioned = {k.partition(".")[0] for k in settings if "." in k}
+  added = {k: v for k, v in defaults.items() if k not in settings
+           and ("." not in k or k.partition(".")[0] in sectioned)}
+  return json.loads(json.dumps(settings | added, default=str))
 
 
 def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:

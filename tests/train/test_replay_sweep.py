@@ -12,6 +12,7 @@ import pytest
 
 from cli_args import sets as _sets
 from rmmjax.cli import main
+from rmmjax.config import apply_overrides, get_config, with_values
 from rmmjax.train.sweep_table import by_part, fold_file, paired_interval
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
@@ -173,7 +174,7 @@ def test_a_fold_that_cannot_be_held_out_is_refused(three, tmp_path, capsys, sets
 
 
 def test_folds_hold_out_each_conversation_once_in_the_files_order():
-  from rmmjax.config import get_config, with_values  # noqa: PLC0415
+
   from rmmjax.train.inputs import heldout_split  # noqa: PLC0415
   items = list("abcdefg")
   base = get_config("locomo")
@@ -324,3 +325,16 @@ def test_an_unreadable_fold_file_is_named_with_what_to_do(three, swept, tmp_path
   np.savez(wd / "folds" / "fold_1.npz", recall=np.zeros(3))  # an array file, not a fold's
   assert _sweep(three, wd) == 2
   assert "fold_1.npz is not a fold of a sweep" in capsys.readouterr().err
+
+
+def test_a_finished_run_recorded_before_a_key_was_added_still_counts():
+  """A run's heldout.json written before a configuration key existed reads that key at its
+  default (as config.json does); a changed value is still another run."""
+  from rmmjax.train.sequential_sweep import _settings, _with_added  # noqa: PLC0415
+  cfg = apply_overrides(get_config("locomo"), ["data=x.json", "variant=cross", "folds=2"])
+  now = _settings(cfg)
+  before = {k: v for k, v in now.items() if k != "cross.negatives_from_rank"}
+  assert _with_added(before) == now
+  changed = _settings(with_values(cfg, {"cross.negatives_from_rank": 3}))
+  assert _with_added(before) != changed
+  assert "reranker.hidden" not in _with_added(before)  # no section the run does not have
