@@ -121,9 +121,9 @@ def cmd_sweep(args) -> None:
     if args.steps is not None:
       cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
     grid = sweeps.parse_grid(args.grid or [], cfg)
-    if cfg.config == "latent" and (args.folds is not None or args.dry_run):
-      raise ValueError("--folds and --dry-run are a sweep over replayed conversations' "
-                       "(--config locomo); the latent simulator has no conversations")
+    if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
+      raise ValueError("--folds, --dry-run and --no-best are a sweep over replayed "
+                       "conversations' (--config locomo); the latent simulator has none")
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)
     return
@@ -150,12 +150,16 @@ def cmd_sweep(args) -> None:
 def _replay_sweep(args, cfg, grid) -> None:
   workdir = Path(args.workdir)
   result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds, workdir,
-                        progress=not args.quiet, dry_run=args.dry_run)
+                        progress=not args.quiet, dry_run=args.dry_run, best=not args.no_best)
   if result is None or not distributed.is_writer():
     return
   print("\n" + "\n".join(result["table"]))
-  print(f"\nbest: {result['best']['settings'] or 'default'}, trained on every conversation in "
-        f"{workdir / 'best'}; evaluate another file with\n  {eval_hint(cfg, workdir / 'best')}")
+  if args.no_best:
+    print(f"\nbest: {result['best']['settings'] or 'default'} (not trained: --no-best)")
+  else:
+    print(f"\nbest: {result['best']['settings'] or 'default'}, trained on every conversation "
+          f"in {workdir / 'best'}; evaluate another file with\n  "
+          f"{eval_hint(cfg, workdir / 'best')}")
   outputs = {"sweep.json": "sweep.json", "table": "sweep.md", "curves": "curves.png",
              "tensorboard": "tb", "runs": "runs"}  # (a sweep of runs alone: runs/, no curves)
   print("\n" + "\n".join(f"{name:11s} {workdir / path}" for name, path in outputs.items()
@@ -230,6 +234,9 @@ def add_parsers(sub) -> None:
   p.add_argument("--dry-run", action="store_true",
                  help="--config locomo: print the runs, programs and estimated time (from a "
                       "first chunk compiled and run, timed), then stop; writes nothing")
+  p.add_argument("--no-best", action="store_true",
+                 help="--config locomo: do not train the best configuration on every "
+                      "conversation into best/ afterwards")
   p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
   p.set_defaults(func=cmd_sweep)
 

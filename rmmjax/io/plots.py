@@ -60,7 +60,7 @@ def plot_parts(path: Path, parts: dict[str, list[tuple[float, float, float]]], y
     ax.plot(x, mean, marker="o", lw=1.4, label=label)
     ax.fill_between(x, low, high, alpha=0.15)
   ax.axhline(0.0, color="k", lw=0.8)
-  ax.set_xlabel("part of the conversation")
+  ax.set_xlabel("part of the replay (each category's share, in order)")
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   if len(parts) > 1:

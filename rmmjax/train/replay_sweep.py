@@ -106,8 +106,9 @@ class Plan:
 
 def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
-                 report=print) -> dict:
-  """Runs (or with dry_run, costs) the sweep; returns sweep.json's content (None if dry)."""
+                 report=print, best: bool = True) -> dict:
+  """Runs (or with dry_run, costs) the sweep; returns sweep.json's content (None if dry).
+  `best`: then train the best configuration on every conversation into best/."""
   with contextlib.ExitStack() as holding:
     with distributed.preflight("configs, grids or workdirs") as found:
       check_learner(cfg)
@@ -126,7 +127,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                                         str(workdir.resolve()))
     if not vmappable(cfg, grid):
       return _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run,
-                         report, data_sha256)
+                         report, data_sha256, best)
     with distributed.preflight("data files or folds") as found:
       data, _, encoder, tuned, replays = build_replays(cfg, progress=progress)
       if not 2 <= num_folds <= len(replays):
@@ -138,7 +139,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     devices = list(distributed.data_mesh(cfg.devices).devices.flat)
     plan = Plan(configs, fold_tests, chunk_size(cfg.sweep_chunk, len(configs)))
     return _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-                encoder, data_sha256)
+                encoder, data_sha256, best)
 
 
 def vmappable(cfg: Config, grid: dict) -> bool:
@@ -162,7 +163,7 @@ def check_not_trained(cfg: Config, conversations: list[tuple[str, str]]) -> None
 
 
 def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run, report,
-                data_sha256):
+                data_sha256, best):
   with distributed.preflight("data files or folds"):
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
@@ -170,10 +171,11 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     for i, c in enumerate(configs):  # every run's own checks, before anything is written
       for f in range(len(tests)):
         one = with_values(c, {"folds": len(tests), "fold": f}).validate()
-      # (the encoder, the training questions, a step's memory: checked on the last fold's
-      # run, whose shapes every fold's share; a finished or resumed run is not rechecked)
-      if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
-        task_class(one).preflight(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
+        # (the encoder, the fold's training questions, a step's memory, measured once per
+        # shape; a run already started is checked when it resumes)
+        if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
+          task_class(one).preflight(one.resolved(), None,
+                                    sequential_sweep.run_dir(workdir, i, f))
   if dry_run:
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
@@ -189,7 +191,8 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
   if distributed.is_writer():
     atomic_write_json(workdir / "sweep.json", result)
     atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")
-  train(best_config(cfg, result), workdir / "best", progress=progress)
+  if best:
+    train(best_config(cfg, result), workdir / "best", progress=progress)
   return result
 
 
@@ -208,7 +211,7 @@ def _stacked(configs: list[Config]):
 
 
 def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-         encoder, data_sha256) -> dict | None:
+         encoder, data_sha256, best) -> dict | None:
   protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs)
   program = _program(cfg.core_spec(), protocol, cfg.steps)
   hparams = _stacked(plan.configs)
@@ -217,11 +220,12 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
   report(f"sweep: {len(plan.configs)} configurations x {len(plan.fold_tests)} folds = "
          f"{plan.runs} runs; {len(todo)} folds to run ({len(done)} done), each one compiled "
          f"program over {plan.chunks_per_fold} chunks of {plan.chunk} on {len(devices)} "
-         f"device(s), then best/")
+         f"device(s)" + (", then best/" if best else ""))
   first = None
   if todo:
     first = _first_chunk(cfg, plan, replays, program, hparams, todo[0], devices)
-    report(f"estimated time: {_minutes(_estimate(cfg, plan, replays, todo, first))} (from the "
+    report(f"estimated time: {_minutes(_estimate(cfg, plan, replays, todo, first, best))} "
+           f"(from the "
            f"timed compile and first chunk of fold {todo[0]})")
   if dry_run:
     return None
@@ -245,7 +249,8 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
     _write(workdir, cfg, grid, seeds, plan, result)
   # The best configuration trained on every conversation, for eval, export and serving (a
   # training workdir of its own: killed, the same sweep command resumes it).
-  train(best_config(cfg, result), workdir / "best", progress=progress, encoder=encoder)
+  if best:
+    train(best_config(cfg, result), workdir / "best", progress=progress, encoder=encoder)
   return result
 
 
@@ -257,7 +262,7 @@ def _finished_folds(workdir, plan, replays) -> set[int]:
       continue
     try:
       data = sweep_table.fold_file(workdir, f)
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
       raise ValueError(f"{workdir / FOLD_FILE.format(f)} cannot be read as a fold's file "
                        f"({err}); delete it to rerun that fold") from None
     if "configurations" not in data or "conversations" not in data:
@@ -293,16 +298,17 @@ def _first_chunk(cfg, plan, replays, program, hparams, fold, devices) -> dict:
           "out": out, "fold": fold, "chunks": -(-len(plan.configs) // chunk)}
 
 
-def _estimate(cfg, plan, replays, todo, first) -> float:
-  """Seconds for the folds still to run and best/: one compile per distinct shape of the
-  folds' inputs, and each chunk's run scaled from the first by its fold's steps."""
+def _estimate(cfg, plan, replays, todo, first, best: bool = True) -> float:
+  """Seconds for the folds still to run and best/ (if trained): one compile per distinct
+  shape of the folds' inputs, and each chunk's run scaled from the first by its fold's steps."""
   shapes = {_shape(cfg, replays, plan.fold_tests[f]) for f in todo}
   per_work = first["run_s"] / _work(cfg, replays, plan.fold_tests[first["fold"]])
   work = first["chunks"] * sum(_work(cfg, replays, plan.fold_tests[f]) for f in todo)
   every = list(range(len(replays)))
-  best = first["compile_s"] + per_work * (_work(cfg, replays, every, heldout=False))
+  last = first["compile_s"] + per_work * (_work(cfg, replays, every, heldout=False))
   # (the first chunk has run: what is left)
-  return len(shapes) * first["compile_s"] + per_work * work - first["run_s"] + best
+  return (len(shapes) * first["compile_s"] + per_work * work - first["run_s"]
+          + (last if best else 0.0))
 
 
 def _shape(cfg, replays, test_idx) -> tuple:

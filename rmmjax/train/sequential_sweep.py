@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.config import Config, sections, with_values
+from rmmjax.config import Config, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.workdir import atomic_write_json
@@ -110,16 +110,12 @@ def _settings(cfg: Config) -> dict:
 
 
 def _with_added(settings: dict) -> dict:
-  """A run's recorded settings with the keys added to the configuration since, at their
-  defaults (as a config.json written before them reads): a finished run still counts."""
-  defaults = {f.name: f.default for f in dataclasses.fields(Config)
-              if f.name not in sections.SECTIONS and f.name != "data"} | {
-      f"{name}.{f.name}": f.default for name, section in sections.SECTIONS.items()
-      for f in dataclasses.fields(section)}
-  sectioned = {k.partition(".")[0] for k in settings if "." in k}
-  added = {k: v for k, v in defaults.items() if k not in settings
-           and ("." not in k or k.partition(".")[0] in sectioned)}
-  return json.loads(json.dumps(settings | added, default=str))
+  """A run's recorded settings with the keys added to the configuration since, at the defaults
+  a config.json written before them reads (those of the run's named config and learner): a
+  finished run still counts."""
+  fields = {f.name for f in dataclasses.fields(Config)}
+  defaults = _settings(Config(**{k: v for k, v in settings.items() if k in fields}))
+  return settings | {k: v for k, v in defaults.items() if k not in settings}
 
 
 def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:

@@ -64,19 +64,20 @@ def paired_interval(diff_Q: np.ndarray, clusters_Q: list[str]) -> tuple[float, f
   return float(diff_Q.mean()), float(low), float(high)
 
 
-def by_part(diff_Q: np.ndarray, clusters_Q: list[str],
+def by_part(diff_Q: np.ndarray, clusters_Q: list[str], groups_Q: list[str],
             parts: int = POSITION_BINS) -> list[tuple[float, float, float]]:
-  """paired_interval of a per-question difference in each of `parts` equal parts of every
-  conversation, by the question's position in it (the questions come in conversation order):
-  how a difference builds up as a conversation goes on."""
-  clusters = np.array(clusters_Q)
-  parts = min(parts, *np.unique(clusters, return_counts=True)[1])  # no part left empty
+  """paired_interval of a per-question difference in each of `parts` parts of the replay,
+  clusters (conversations) resampled: every group of a conversation's questions (a category:
+  LoCoMo lists a conversation's questions category by category) is cut into `parts` equal
+  parts in its order, so part p holds every category's p-th share and parts differ by how
+  far the replay has gone, not by kind of question. Parts empty everywhere are left out."""
+  clusters, groups = np.array(clusters_Q), np.array(groups_Q)
   part_Q = np.zeros(len(clusters), int)
-  for c in np.unique(clusters):
-    where = np.flatnonzero(clusters == c)
+  for key in set(zip(clusters_Q, groups_Q)):
+    where = np.flatnonzero((clusters == key[0]) & (groups == key[1]))
     part_Q[where] = np.arange(len(where)) * parts // len(where)
   return [paired_interval(diff_Q[part_Q == p], list(clusters[part_Q == p]))
-          for p in range(parts)]
+          for p in range(parts) if (part_Q == p).any()]
 
 
 def _label(settings: dict) -> str:
@@ -125,6 +126,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
           for cat in sorted(set(fold.categories))}
       runs.append(run)
   conversations = [c for fold in folds for c in fold.conversations]
+  categories = [c for fold in folds for c in fold.categories]
   pooled = {name: np.concatenate([fold.metrics[name] for fold in folds], axis=1)
             for name in folds[0].metrics}
   if folds[0].prequential is not None:
@@ -140,7 +142,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
       # never saw, against the same reranker frozen: overall and along the conversation.
       gain_Q = row.pop("prequential_per_question") - row["per_question"]
       row["online_vs_frozen"] = paired_interval(gain_Q, conversations)
-      row["online_vs_frozen_by_part"] = by_part(gain_Q, conversations)
+      row["online_vs_frozen_by_part"] = by_part(gain_Q, conversations, categories)
   result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
             "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
             "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
@@ -176,8 +178,10 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
   return rows
 
 
-def _schedule(cfg) -> str:
+def _schedule(cfg, grid_keys) -> str:
   """What a run trains, as its mode says (the keys of a stage it skips are not used)."""
+  if {k.rpartition(".")[2] for k in grid_keys} & {"mode", "steps", "pretrain_epochs"}:
+    return "the training schedule as each row sets it"
   online = f"{cfg.steps} online steps" if "rl" in cfg.mode.split("+") else "no online steps"
   if "pretrain" not in cfg.mode:
     return f"{online}, no pretraining (mode={cfg.mode})"
@@ -191,7 +195,7 @@ def table(cfg, result, rows, m) -> list[str]:
              if "recall_at_k" in result else "")
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
-           f"{cfg.learner}, variant={cfg.variant}, {_schedule(cfg)}. "
+           f"{cfg.learner}, variant={cfg.variant}, {_schedule(cfg, result['grid'])}. "
            f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
            "95%, conversations resampled; the best row is chosen on these same folds."
            + (" Learning online: the trained reranker goes on learning from each held-out "
@@ -207,8 +211,11 @@ def table(cfg, result, rows, m) -> list[str]:
                                              f"{fmt(r['online_vs_frozen'])} |" if online else ""))
   if online:
     parts = len(rows[0]["online_vs_frozen_by_part"])
-    lines += ["", f"Learning online - frozen along the held-out conversations (each cut into "
-              f"{parts} equal parts by the questions' order; intervals as above):", "",
+    lines += ["", f"Learning online - frozen along the replay of the held-out conversations: "
+              f"each conversation's questions of each category cut into {parts} equal parts in "
+              "the order they are replayed (part p: every category's p-th share, so parts "
+              "differ by how far the replay has gone, not by kind of question); intervals as "
+              "above:", "",
               "| configuration | " + " | ".join(f"part {p + 1}" for p in range(parts)) + " |",
               "|---|" + "---|" * parts]
     for r in sorted(rows, key=lambda r: -r["recall"]):

@@ -146,16 +146,18 @@ def test_the_interval_resamples_conversations():
   assert paired_interval(np.full(4, 0.5), ["a", "b", "c", "d"]) == pytest.approx((0.5,) * 3)
 
 
-def test_the_curve_along_conversations_cuts_each_into_equal_parts():
-  # Conversation a: 4 questions, b: 6; 2 parts: a's first 2 and b's first 3 are part 1.
-  diff = np.array([0.0, 0.0, 1.0, 1.0, 0.2, 0.2, 0.2, 0.6, 0.6, 0.6])
-  first, second = by_part(diff, list("aaaabbbbbb"), parts=2)
-  assert first[0] == pytest.approx(0.6 / 5) and second[0] == pytest.approx(3.8 / 5)
+def test_the_curve_along_conversations_cuts_each_category_into_equal_parts():
+  # Conversation a: 4 questions of one category; b: 2 of category x then 4 of category y.
+  diff = np.array([0.0, 0.0, 1.0, 1.0, 0.2, 0.6, 0.2, 0.2, 0.6, 0.6])
+  clusters, groups = list("aaaabbbbbb"), list("ccccxxyyyy")
+  first, second = by_part(diff, clusters, groups, parts=2)
+  # Part 1: a's first 2, b's first x and first 2 y; part 2: the rest.
+  assert first[0] == pytest.approx((0.0 + 0.0 + 0.2 + 0.2 + 0.2) / 5)
+  assert second[0] == pytest.approx((1.0 + 1.0 + 0.6 + 0.6 + 0.6) / 5)
   assert first[1] == pytest.approx(0.0) and first[2] == pytest.approx(0.2)  # a's or b's alone
-  # Never an empty part: conversations of fewer questions than parts give fewer parts.
-  assert len(by_part(diff, list("aaaabbbbbb"), parts=5)) == 4
-  with np.errstate(all="raise"):
-    by_part(np.arange(3.0), list("abc"), parts=5)
+  # A part no group reaches is left out; a group of one question falls in part 1.
+  assert len(by_part(diff, clusters, groups, parts=5)) == 4  # no group has 5 questions
+  assert len(by_part(np.arange(3.0), list("abc"), list("xyz"), parts=5)) == 1
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -338,3 +340,18 @@ def test_a_finished_run_recorded_before_a_key_was_added_still_counts():
   changed = _settings(with_values(cfg, {"cross.negatives_from_rank": 3}))
   assert _with_added(before) != changed
   assert "reranker.hidden" not in _with_added(before)  # no section the run does not have
+  # The named config's defaults, not the section class's (locomo's reranker has a rank prior).
+  linear = _settings(apply_overrides(get_config("locomo"), ["data=x.json", "learner=reranker"]))
+  assert linear["reranker.rank_prior"] is True
+  assert _with_added({k: v for k, v in linear.items() if k != "reranker.rank_prior"}) == linear
+
+
+def test_no_best_leaves_best_out_of_the_plan_and_the_workdir(three, tmp_path, capsys):
+  wd = tmp_path / "nobest"
+  assert _sweep(three, wd, "--no-best") == 0
+  out = capsys.readouterr().out
+  assert "then best/" not in out and "(not trained: --no-best)" in out
+  assert (wd / "sweep.json").is_file() and not (wd / "best").exists()
+  assert main(["sweep", "--config", "latent", "--workdir", str(tmp_path / "l"), "--no-best",
+               "--quiet"]) == 2
+  assert "--no-best are a sweep over replayed conversations'" in capsys.readouterr().err
