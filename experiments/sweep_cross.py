@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +97,8 @@ def against_k20(workdir: Path) -> list[str]:
 
 def main() -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  # Relative to where it runs: the command written into the results names no machine path.
+  parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
   parser.add_argument("--workdir", default="checkpoints/sweeps/cross_k50")
   parser.add_argument("--rewrite", action="store_true",
                       help="write the .md again from the workdir's finished runs, running nothing")

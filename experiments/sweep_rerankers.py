@@ -15,6 +15,7 @@ its command and commit).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from replay_common import DEFAULT_DATA, RESULTS, write_markdown
@@ -49,7 +50,8 @@ def sweep_args(data: Path, workdir: Path, name: str) -> list[str]:
 
 def main() -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  # Relative to where it runs: the command written into the results names no machine path.
+  parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
   parser.add_argument("--workdir", default="checkpoints/sweeps")
   parser.add_argument("--sweeps", default="linear", help=f"of {', '.join(SWEEPS)}")
   args = parser.parse_args()

@@ -201,10 +201,11 @@ class Config:
       if spec.k > sim.bank_size:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")
-    # A cross reranker's pretraining is a run of its own (steps=0: its checkpoint is step 0).
-    if self.steps == 0 and not isinstance(self.learning, sections.Cross):
+    # A replayed learner's pretraining can be a run of its own (steps=0: its checkpoint is
+    # step 0); the simulator has no pretraining and IRIS's fits are not online steps.
+    if self.steps == 0 and (self.config == "latent" or self.learner == "iris"):
       raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer"
-                       + (" (or 0 for variant=cross: its pretraining alone)"
+                       + (" (0, pretraining alone, is for the rerankers and the query encoder)"
                           if self.config != "latent" else ""))
     for name in ("checkpoint_every", "log_every", "eval_sessions"):
       value = getattr(self, name)

@@ -192,8 +192,9 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   try:
     for bad in unreadable:
       checkpointer.delete(bad)  # redone below; a save of the same step would be refused
-    if pretrained and task.checkpoint_pretrained:
-      checkpointer.save(0, state)  # a resume starts from here rather than pretraining again
+    if pretrained and (task.checkpoint_pretrained or cfg.steps == 0):
+      # a resume starts from here rather than pretraining again; with steps=0 it is the model
+      checkpointer.save(0, state)
     writer = tensorboard.appender(workdir / "tb") if writes else None
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress or cfg.steps == 0) as bar:  # steps=0: pretraining alone

@@ -245,7 +245,7 @@ def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
     apply_overrides(get_config("locomo"), [f"data={three}", *SMALL, *overrides]).validate()
 
 
-def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
+def test_cross_keys_belong_to_the_cross_variant_and_zero_steps_to_replayed_learners(three):
   data = f"data={three}"
   # A key of the cross reranker's section is unknown to a run without one, saying whose it is.
   with pytest.raises(ValueError, match="'prior_scale' for this run .* belongs to the cross"):
@@ -254,8 +254,13 @@ def test_cross_keys_and_zero_steps_belong_to_the_cross_variant(three):
     apply_overrides(get_config("locomo"), [data, "variant=cross", "cross_max_length=64"])
   with pytest.raises(ValueError, match="has no cross section"):
     apply_overrides(get_config("locomo"), [data, "learner=reranker", "cross.lr=1e-5"])
-  with pytest.raises(ValueError, match="or 0 for variant=cross"):
-    apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
+  # steps=0 (pretraining alone) is for the replayed rerankers and query encoder, not IRIS.
+  apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
+  with pytest.raises(ValueError, match="0, pretraining alone, is for the rerankers"):
+    apply_overrides(get_config("locomo"), [data, "learner=iris", "units=lace",
+                                           "steps=0"]).validate()
+  with pytest.raises(ValueError, match="expected a positive integer$"):
+    apply_overrides(get_config("latent"), ["steps=0"]).validate()
   apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
   with pytest.raises(ValueError, match="latent"):
     apply_overrides(get_config("latent"), ["variant=cross"]).validate()

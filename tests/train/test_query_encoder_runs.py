@@ -79,6 +79,36 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   assert not np.allclose(ours, SentenceEncoder().encode(texts), atol=1e-3)  # really tuned
 
 
+@pytest.mark.parametrize("learner", ["query_encoder", "reranker"])
+def test_pretraining_alone_is_a_run_whose_model_is_its_step_0(three, tmp_path, learner,
+                                                              request):
+  # steps=0: the pretrained model is the run's one checkpoint, which eval reads and measures
+  # as the run's own held-out summary did.
+  wd = tmp_path / learner
+  small = [s if not s.startswith("steps=") else "steps=0" for s in SMALL]
+  small = [s.replace("encoder_tuning.", "reranker." if learner == "reranker" else
+                     "encoder_tuning.") for s in small]
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", f"learner={learner}", *small)]) == 0
+  assert sorted(p.name for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == ["0"]
+  summary = json.loads((wd / "summary.json").read_text())
+  assert "reward_first" not in summary and summary["steps"] == 0
+  assert summary["recall_at_m_final"] != summary["recall_at_m_first"]  # pretraining moved it
+  out = tmp_path / "eval.json"
+  model = ["--encoder", str(wd)] if learner == "query_encoder" else ["--reranker", str(wd)]
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
+               *model, "--out", str(out)]) == 0
+  np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
+                             summary["recall_at_m_final"], atol=1e-6)
+  if learner == "query_encoder":  # extended to online steps, it is the uninterrupted run
+    encoder_run = request.getfixturevalue("encoder_run")
+    assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+                 *_sets(f"data={three}", f"learner={learner}", *SMALL)]) == 0
+    assert (wd / "metrics.jsonl").read_text() == (encoder_run / "metrics.jsonl").read_text()
+    assert json.loads((wd / "summary.json").read_text()) == json.loads(
+        (encoder_run / "summary.json").read_text())
+
+
 def test_models_given_where_another_kind_is_expected_are_refused(three, encoder_run, tmp_path,
                                                                  capsys):
   args = ["eval", "--data", str(three), "--retriever", "hybrid", "--quiet"]
