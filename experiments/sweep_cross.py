@@ -1,25 +1,35 @@
-"""The cross reranker reading K = 50 candidates instead of 20, in its pretraining and at
-serving time, by `rmmjax sweep` on the dev file: 2 folds of the conversations (those of
-experiments/cross_reranker.py) x 1 seed. Each run tunes the query encoder stage, pretrains the
-cross reranker and is measured by `eval` on its held-out fold: about 55 minutes on 2 CPU cores
-at K = 50 (20 of them the evaluation of 50 candidates per question).
+"""Changes to what the cross reranker learns from, each an arm of `rmmjax sweep` on the dev
+file: 2 folds of the conversations (those of experiments/cross_reranker.py) x 1 seed, compared
+question by question with that script's row of the same recipe unchanged. Each run tunes the
+query encoder stage, pretrains the cross reranker and is measured by `eval` on its held-out
+fold.
 
 Every setting is pinned below (`variant=cross`'s recipe: the locomo config's query encoder
 tuned first, then the cross reranker pretrained for 2 epochs over 8 of each question's K
 candidates, its relevant ones first and the others drawn at random from the rest of the K).
-K is the run's K throughout: the query encoder stage also tunes over 50 candidates (its
-listwise pretraining and online steps), so the arm changes the retriever a little as well as
-the cross reranker, whose drawn negatives come from ranks 1-50 of that retriever instead of
-1-20, whose training sees the evidence found at ranks 21-50, and whose serving reads 50
-candidates, where the ceiling is higher. No best/ (--no-best): no row is chosen. The K = 20
-arm is cross_reranker.py's row of the same recipe, folds and questions, compared question by
-question. A workdir already holding the same sweep is
-reused (finished runs are not rerun).
+The arms:
 
-    python experiments/sweep_cross.py [--data PATH] [--workdir DIR]
-    python experiments/sweep_cross.py --rewrite   # the .md again from the finished runs
+- k50: K = 50 candidates instead of 20, in pretraining and at serving time (about 55 minutes
+  a run on 2 CPU cores, 20 of them the evaluation of 50 candidates per question). K is the
+  run's K throughout: the query encoder stage also tunes over 50 candidates, so the arm changes
+  the retriever a little as well as the cross reranker, whose drawn negatives come from ranks
+  1-50 of that retriever instead of 1-20, whose training sees the evidence found at ranks
+  21-50, and whose serving reads 50 candidates, where the ceiling is higher.
+- negatives5: K = 20, the pretraining's negatives drawn from ranks 5-20 only
+  (`cross.negatives_from_rank=5`): the retriever's top ranks hold evidence the annotators did
+  not mark, which the recipe would otherwise teach as negative (about 30 minutes a run).
+- encoder0: K = 20, the query encoder stage pretrained alone (`encoder_tuning.steps=0`, the
+  best rows of experiments/sweep_encoder.py), so the cross reranker learns from and reranks
+  that encoder's candidates (about 30 minutes a run).
 
-Writes experiments/results/sweep_cross.md (the sweep's table and command, and the comparison).
+No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
+(finished runs are not rerun).
+
+    python experiments/sweep_cross.py [--arm k50|negatives5|encoder0] [--data PATH] [--workdir DIR]
+    python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
+
+Writes experiments/results/sweep_cross.md (k50) or sweep_cross_<arm>.md: the sweep's table and
+command, and the comparison.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from rmmjax.train.sweep_table import paired_interval
 K20_ROWS = ("cross over the tuned encoder's candidates, 2 pretraining epochs",
             "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)")
 
-PINNED = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "m=5", "batch=4",
+RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=20", "m=5",
+          "batch=4",
           "mode=pretrain+rl", "seed=0", "log_every=5", "checkpoint_every=20",
           "cross.max_length=128", "cross.pretrain_candidates=8", "cross.negatives_from_rank=1",
           "cross.pretrain_epochs=2",
@@ -51,19 +62,29 @@ PINNED = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "m=
           "encoder_tuning.pretrain_lr=2e-5", "encoder_tuning.pretrain_tau=0.05",
           "encoder_tuning.pretrain_batch=16", "encoder_tuning.lr=1e-5",
           "encoder_tuning.tau=0.05", "encoder_tuning.steps=600")
-GRID = ("k=50",)  # (a grid of one value: the sweep's runs, measured as a sweep measures them)
+# Each arm is a grid of one value (the sweep's runs, measured as a sweep measures them) over
+# the recipe above, whose own value of that key is left out.
+ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
+        "encoder0": "encoder_tuning.steps=0"}
+RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
+                "encoder0": "sweep_cross_encoder0.md"}
+TITLES = {"k50": "The cross reranker reading K = 50 candidates",
+          "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
+          "encoder0": "The cross reranker over a query encoder pretrained without online steps"}
 FOLDS, SEEDS = 2, 1
 
 
-def sweep_args(data: Path, workdir: Path) -> list[str]:
-  sets = [f"data={data}", *PINNED]
+def sweep_args(data: Path, workdir: Path, arm: str) -> list[str]:
+  key = ARMS[arm].partition("=")[0]
+  sets = [f"data={data}", *(s for s in RECIPE if s.partition("=")[0] != key)]
+  grid = (ARMS[arm],)
   return (["sweep", "--config", "locomo", "--workdir", str(workdir), "--quiet", "--no-best",
-           "--folds", str(FOLDS), "--seeds", str(SEEDS)] + [a for g in GRID for a in ("--grid", g)]
+           "--folds", str(FOLDS), "--seeds", str(SEEDS)] + [a for g in grid for a in ("--grid", g)]
           + [a for s in sets for a in ("--set", s)])
 
 
-def against_k20(workdir: Path) -> list[str]:
-  """Each question's Recall@5 of the sweep's runs against the same recipe at K = 20, paired
+def against_recipe(workdir: Path, arm: str) -> list[str]:
+  """Each question's Recall@5 of the arm's runs against the recipe unchanged (K = 20), paired
   question by question (both in the file's order), intervals over conversations."""
   saved = json.loads((RESULTS / "cross_reranker.json").read_text())["results"]
   name = next(n for n in K20_ROWS if n in saved)
@@ -77,20 +98,20 @@ def against_k20(workdir: Path) -> list[str]:
   b = np.array(stored["per_question"])
   conv, cats = stored["conversations"], np.array(stored["categories"])
   mean, low, high = paired_interval(a - b, conv)
-  lines = ["", "Against the same recipe at K = 20 (`experiments/cross_reranker.py`'s row "
+  lines = ["", "Against the recipe unchanged (`experiments/cross_reranker.py`'s row "
            f"\"{name}\", the same folds and questions; made by the code of its own commit), "
            "Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
            "|---|---|" + "---|" * len(set(cats))]
-  for name, v in (("K = 50", a), ("K = 20", b)):
+  for name, v in ((ARMS[arm], a), ("unchanged", b)):
     lines.append(f"| {name} | {v.mean():.3f} | "
                  + " | ".join(f"{v[cats == c].mean():.3f}" for c in sorted(set(cats))) + " |")
-  lines += ["", f"K = 50 - K = 20: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, conversations "
-            "resampled)."]
+  lines += ["", f"{ARMS[arm]} - unchanged: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, "
+            "conversations resampled)."]
   for f in range(FOLDS):
     held = json.loads((workdir / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())
     convs = list(dict.fromkeys(q["conversation"] for q in held["per_question"]))
     keep = np.isin(conv, convs)
-    lines.append(f"Fold {f} ({', '.join(convs)}): K = 50 {a[keep].mean():.3f}, K = 20 "
+    lines.append(f"Fold {f} ({', '.join(convs)}): {ARMS[arm]} {a[keep].mean():.3f}, unchanged "
                  f"{b[keep].mean():.3f}.")
   return lines
 
@@ -99,19 +120,20 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   # Relative to where it runs: the command written into the results names no machine path.
   parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
-  parser.add_argument("--workdir", default="checkpoints/sweeps/cross_k50")
+  parser.add_argument("--arm", default="k50", choices=sorted(ARMS))
+  parser.add_argument("--workdir", help="default checkpoints/sweeps/cross_ARM")
   parser.add_argument("--rewrite", action="store_true",
                       help="write the .md again from the workdir's finished runs, running nothing")
   args = parser.parse_args()
-  workdir = Path(args.workdir)
-  command = sweep_args(Path(args.data), workdir)
+  workdir = Path(args.workdir or f"checkpoints/sweeps/cross_{args.arm}")
+  command = sweep_args(Path(args.data), workdir, args.arm)
   if not args.rewrite and rmmjax_main(command) != 0:
     raise SystemExit("the cross reranker's sweep failed")
   table = (workdir / "sweep.md").read_text().strip().splitlines()
-  lines = ["# The cross reranker reading K = 50 candidates (2-fold cross-validation)", "",
-           "`rmmjax " + " ".join(command) + "`", "", *table, *against_k20(workdir)]
+  lines = [f"# {TITLES[args.arm]} (2-fold cross-validation)", "",
+           "`rmmjax " + " ".join(command) + "`", "", *table, *against_recipe(workdir, args.arm)]
   RESULTS.mkdir(parents=True, exist_ok=True)
-  write_markdown(RESULTS / "sweep_cross.md", lines)
+  write_markdown(RESULTS / RESULT_FILES[args.arm], lines)
   print("\n".join(lines))
 
 

@@ -79,8 +79,9 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
                                              "per_question": _evaluate(one, where,
                                                                        encoder)["per_question"]})
     spent = time.perf_counter() - started
-    report(f"run {n + 1}/{len(todo)} done (configuration {i}, fold {f}); about "
-           f"{spent / (n + 1) * (len(todo) - n - 1) / 60:.1f} min left")
+    report(f"run {n + 1}/{len(todo)} done (configuration {i}, fold {f}) after "
+           f"{spent / 60:.1f} min; about {spent / (n + 1) * (len(todo) - n - 1) / 60:.1f} min "
+           "left")
   base = _evaluate_base(cfg, encoder)
   results = []
   names = [name.format(m=cfg.m) for name in METRICS]

@@ -193,9 +193,11 @@ def table(cfg, result, rows, m) -> list[str]:
   online = "online_vs_frozen" in rows[0]
   ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
              if "recall_at_k" in result else "")
+  # (the variant names the reranker's model: a query encoder has none)
+  variant = "" if cfg.learner == "query_encoder" else f", variant={cfg.variant}"
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
-           f"{cfg.learner}, variant={cfg.variant}, {_schedule(cfg, result['grid'])}. "
+           f"{cfg.learner}{variant}, {_schedule(cfg, result['grid'])}. "
            f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
            "95%, conversations resampled; the best row is chosen on these same folds."
            + (" Learning online: the trained reranker goes on learning from each held-out "

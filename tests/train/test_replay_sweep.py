@@ -231,7 +231,10 @@ def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsy
       [{"encoder_tuning.lr": 1e-5}, {"encoder_tuning.lr": 1e-4}],
       [{"encoder_tuning.lr": 1e-4}, {"encoder_tuning.lr": 1e-5}])
   assert len(result["runs"]) == 6 and (wd / "best" / "summary.json").is_file()
-  assert "| encoder_tuning.lr=" in (wd / "sweep.md").read_text()
+  table = (wd / "sweep.md").read_text()
+  assert "| encoder_tuning.lr=" in table
+  assert "learner=query_encoder, 8 online steps" in table  # (no reranker's variant named)
+  assert "run 6/6 done (configuration 1, fold 2) after " in capsys.readouterr().out
 
 
 def test_the_same_data_moved_resumes_and_other_data_is_refused(three, swept, tmp_path, capsys):
