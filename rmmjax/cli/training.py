@@ -27,16 +27,22 @@ learner=both, lr is the reranker's and encoder_tuning.lr the encoder's). docs/co
 describes the outputs. What learns: learner=query_encoder (locomo's default), reranker, both or
 iris; the reranker's variant=linear, mlp or cross (a cross-encoder reading each question beside
 a memory's text; naming it on locomo trains it over a query encoder tuned first, learner=both,
-or directly with units=lace or query_encoder=W; by default its pretraining alone, steps=0).
+or directly with units=lace or query_encoder=W; by default its pretraining alone, steps=0,
+which any replayed reranker or query encoder can also ask for).
 Running the same command again resumes the workdir."""
 
 
 SWEEP_HELP = """A grid of sweepable keys x seeds. On the latent simulator: one vmapped program.
-On a replayed dataset (--config locomo, the embedding rerankers: learner=reranker, variant=linear
-or mlp): cross-validated over --folds contiguous folds of the conversations, every configuration
-of a fold in one compiled program; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the
-best configuration trained on every conversation). A killed sweep, run again, reruns only the
-folds it had not finished; `train --set folds=N --set fold=I` trains one row's fold alone."""
+On a replayed dataset (--config locomo): cross-validated over --folds contiguous folds of the
+conversations. The embedding rerankers (learner=reranker, variant=linear or mlp) with a grid
+over rates run every configuration of a fold as one compiled program, with the time estimated
+first; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configuration trained
+on every conversation), and a killed sweep run again reruns only the folds it had not
+finished. Everything else (the query encoder, the cross reranker, learner=both, or a grid over
+keys that change shapes: k, epochs, steps, candidates) trains one `train --set folds=N --set
+fold=I` run per configuration x fold in runs/, one after another, with the time left printed
+after each; writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only the
+runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
 def _config(args) -> Config:
@@ -221,8 +227,8 @@ def add_parsers(sub) -> None:
   with_config(p)
   p.set_defaults(func=cmd_train)
 
-  p = sub.add_parser("sweep", help="run a grid x seeds as one vmapped program (per fold of "
-                                    "the conversations with --config locomo)",
+  p = sub.add_parser("sweep", help="run a grid x seeds, cross-validated over folds of the "
+                                    "conversations with --config locomo",
                      description=SWEEP_HELP)
   with_config(p)
   p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
@@ -232,8 +238,9 @@ def add_parsers(sub) -> None:
                  help="--config locomo: folds of the conversations (default 4), each held out "
                       "in turn")
   p.add_argument("--dry-run", action="store_true",
-                 help="--config locomo: print the runs, programs and estimated time (from a "
-                      "first chunk compiled and run, timed), then stop; writes nothing")
+                 help="--config locomo: check everything and print the runs and programs (and "
+                      "for one compiled program per fold, the time estimated from a first "
+                      "chunk compiled and run), then stop; writes nothing")
   p.add_argument("--no-best", action="store_true",
                  help="--config locomo: do not train the best configuration on every "
                       "conversation into best/ afterwards")

@@ -204,9 +204,11 @@ class Config:
     # A replayed learner's pretraining can be a run of its own (steps=0: its checkpoint is
     # step 0); the simulator has no pretraining and IRIS's fits are not online steps.
     if self.steps == 0 and (self.config == "latent" or self.learner == "iris"):
-      raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer"
-                       + (" (0, pretraining alone, is for the rerankers and the query encoder)"
-                          if self.config != "latent" else ""))
+      raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer ("
+                       + ("the simulator's runs have no pretraining to stand alone"
+                          if self.config == "latent" else
+                          "0, pretraining alone, is for learner=reranker, query_encoder or "
+                          "both") + ")")
     for name in ("checkpoint_every", "log_every", "eval_sessions"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -217,9 +219,9 @@ class Config:
       raise ValueError(f"sweep_chunk={self.sweep_chunk}: expected 0 (automatic) or a positive "
                        "integer")
     if self.steps % self.log_every:
-      raise ValueError(f"steps={self.steps} is not a multiple of log_every={self.log_every}: a "
-                       "run extended from it would average other windows than an uninterrupted "
-                       "one")
+      raise ValueError(f"{self.learning.NAME}.steps={self.steps} is not a multiple of "
+                       f"log_every={self.log_every}: a run extended from it would average other "
+                       "windows than an uninterrupted one")
     if self.checkpoint_every % self.log_every:
       raise ValueError(f"checkpoint_every={self.checkpoint_every} is not a multiple of "
                        f"log_every={self.log_every}")

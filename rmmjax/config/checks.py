@@ -56,9 +56,11 @@ def check_replay(cfg) -> None:
     raise ValueError(f"variant=cross is a reranker: set learner=reranker (or both, to rerank a "
                      f"query encoder it tunes first), not learner={cfg.learner}")
   if cfg.steps == 0 and (cfg.mode == "rl" or cfg.learning.pretrain_epochs == 0):
-    raise ValueError(f"steps=0 with {'mode=rl' if cfg.mode == 'rl' else 'pretrain_epochs=0'}: "
-                     "nothing would learn (no pretraining and no online step); give steps > 0 "
-                     "or pretrain_epochs > 0 with mode=pretrain+rl")
+    name = cfg.learning.NAME  # (under learner=both, the stage's own section)
+    why = "mode=rl" if cfg.mode == "rl" else f"{name}.pretrain_epochs=0"
+    raise ValueError(f"{name}.steps=0 with {why}: nothing would learn (no pretraining and no "
+                     f"online step); give {name}.steps > 0 or {name}.pretrain_epochs > 0 with "
+                     "mode=pretrain+rl")
 
 
 def check_folds(cfg) -> None:

@@ -81,8 +81,9 @@ class Cross(Learning):
 
   Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
   down (those above only where too few others exist: the top of a tuned retriever's list holds
-  evidence the labels missed). Each (question, memory) pair is cut to `max_length` tokens; `compute_dtype` is the encoder's
-  computation dtype (auto: bfloat16 on an accelerator, float32 on a CPU, which has no fast
+  evidence the labels missed). Each (question, memory) pair is cut to `max_length` tokens;
+  `compute_dtype` is the encoder's computation dtype (auto: bfloat16 on an accelerator,
+  float32 on a CPU, which has no fast
   bfloat16 matmul; parameters and optimizer state stay float32 either way); `prior_scale`
   spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
   layer starts at zero and passes the encoder no gradient until it grows, so it and the prior

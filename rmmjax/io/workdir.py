@@ -263,8 +263,12 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
     raise ValueError(f"{workdir} holds a sweep over other data: {cfg.data} is not the file its "
                      "folds were computed on (its content differs); use a fresh workdir")
   new = sweep_record(grid, seeds, folds, data_sha256)
+  # A key spelled plainly or with its section is the same key.
+  spelled = {"grid": lambda g: {qualified(cfg, k): v for k, v in g.items()},
+             "grid_order": lambda keys: [qualified(cfg, k) for k in keys]}
+  same = lambda k, v: spelled[k](v) if k in spelled and v is not None else v  # noqa: E731
   diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds", "grid_order")
-          if record.get(k) != new.get(k)}
+          if same(k, record.get(k)) != same(k, new.get(k))}
   path = Path(workdir) / "config.json"
   if path.exists():
     # Every configuration sets the grid's keys: the base config's values of them are not used.

@@ -85,6 +85,20 @@ def ceiling_recall(conv: ConversationReplay) -> np.ndarray:
   return evidence_recall(conv, np.where(conv.mask_NxK, np.arange(conv.mask_NxK.shape[1]), -1))
 
 
+def unit_pools(conversations: list[Conversation], units: str, k: int,
+               unit_builder: Callable = build_units) -> dict:
+  """Each conversation's units by its id, refused when one holds fewer than k."""
+  pools = {c.conversation_id: unit_builder(c, units) for c in conversations}
+  small = {cid: len(p) for cid, p in pools.items() if len(p) < k}
+  if small:
+    cid, n = min(small.items(), key=lambda item: item[1])
+    raise ValueError(f"k={k} candidates, but conversation {cid} has only {n} {units} units "
+                     f"({len(small)} conversation{'s' if len(small) > 1 else ''} "
+                     f"{'have' if len(small) > 1 else 'has'} fewer than {k}): expected k <= "
+                     f"{min(small.values())} for these conversations")
+  return pools
+
+
 def build_replay(conversations: list[Conversation], units: str, retriever: str, encoder,
                  k: int, depth: int | None = RANK_DEPTH, progress: bool = False,
                  query_encoder=None,
@@ -96,14 +110,7 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
   above, rmmjax.memory.units)."""
   out = []
   with_questions = [c for c in conversations if c.questions]
-  pools = {c.conversation_id: unit_builder(c, units) for c in with_questions}
-  small = {cid: len(p) for cid, p in pools.items() if len(p) < k}
-  if small:  # checked before anything is embedded
-    cid, n = min(small.items(), key=lambda item: item[1])
-    raise ValueError(f"k={k} candidates, but conversation {cid} has only {n} {units} units "
-                     f"({len(small)} conversation{'s' if len(small) > 1 else ''} "
-                     f"{'have' if len(small) > 1 else 'has'} fewer than {k}): expected k <= "
-                     f"{min(small.values())} for these conversations")
+  pools = unit_pools(with_questions, units, k, unit_builder)  # before anything is embedded
   for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):
     pool = pools[conv.conversation_id]

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import jax
 import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.config import Config
+from rmmjax.data.locomo import load_locomo
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
@@ -61,6 +63,22 @@ class QueryEncoderTask(Task):
           axis=1)
     self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
                             static_argnums=4, donate_argnums=0)
+
+  @classmethod
+  def preflight(cls, cfg, encoder, workdir) -> None:
+    """The training questions fill a batch of online steps and one of pretraining (a larger
+    pretraining batch would be padded until it ran out of memory), before anything is embedded
+    or written."""
+    conversations = [c for c in load_locomo(Path(cfg.data))[0] if c.questions]
+    num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
+    tuning = cfg.encoder_tuning
+    batches = {"batch": cfg.batch}
+    if cfg.mode != "rl" and tuning.pretrain_epochs:
+      batches["encoder_tuning.pretrain_batch"] = tuning.pretrain_batch
+    for key, size in batches.items():
+      if size > num:
+        raise ValueError(f"{key}={size}: the {num} training questions cannot fill one batch; "
+                         f"expected {key} <= {num}")
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer fresh."""

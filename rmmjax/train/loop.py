@@ -108,6 +108,15 @@ def _check_record(workdir: Path, record: dict | None) -> None:
                      f"({', '.join(diff)} differ); restore that file or use a fresh workdir")
 
 
+def check_run(cfg: Config, encoder, workdir: Path) -> None:
+  """The task's own checks of a run (and of a learner=both run's query encoder stage), which
+  its config cannot make alone; before anything is written."""
+  if cfg.learner == "both":
+    stage = encoder_stage(cfg).validate()
+    task_class(stage).preflight(stage, encoder, Path(workdir) / "query_encoder")
+  task_class(cfg).preflight(cfg, encoder, workdir)
+
+
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
   """Trains (or resumes) a reranker on the config's task; returns the summary it writes. The
   workdir is held by this process until it returns (a second run into it is refused)."""
@@ -127,9 +136,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           holding.enter_context(held(stage, "train"))
         check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg))
-      # The task's own checks (a cross reranker's), before a learner=both run tunes its
-      # encoder.
-      task_class(cfg).preflight(cfg, encoder, workdir)
+      # The tasks' own checks, before a learner=both run tunes its encoder.
+      check_run(cfg, encoder, workdir)
     if cfg.learner == "both":
       # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
       # run); then the reranker trains on the candidates the tuned encoder retrieves.

@@ -36,16 +36,15 @@ from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
 from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
-                                     to_sequence, to_streams)
+                                     to_sequence, to_streams, unit_pools)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
     train_reranker
 from rmmjax.train import sequential_sweep, sweep_table
-from rmmjax.train.loop import train
-from rmmjax.train.tasks import task_class
+from rmmjax.train.loop import check_run, train
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
 from rmmjax.train.replay_task import build_replays
-from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, chunk_size, placement,
-                                 run_chunks, sweep_configs)
+from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, check_grid_read, chunk_size,
+                                 placement, run_chunks, sweep_configs)
 
 
 
@@ -113,6 +112,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     with distributed.preflight("configs, grids or workdirs") as found:
       check_learner(cfg)
       configs = sweep_configs(cfg.validate(), grid, seeds)
+      check_grid_read(grid, configs, online_held_out=vmappable(cfg, grid))
       workdir = Path(workdir)
       for name in ("folds", "runs", "best", "tb"):
         if (workdir / name).exists() and not (workdir / name).is_dir():
@@ -168,18 +168,23 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
                             for c in conversations])
+    for k in sorted({c.k for c in configs}):  # (topics are built by the run, from its encoder)
+      if cfg.units != "topic":
+        unit_pools(conversations, cfg.units, k)
     for i, c in enumerate(configs):  # every run's own checks, before anything is written
       for f in range(len(tests)):
         one = with_values(c, {"folds": len(tests), "fold": f}).validate()
         # (the encoder, the fold's training questions, a step's memory, measured once per
         # shape; a run already started is checked when it resumes)
         if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
-          task_class(one).preflight(one.resolved(), None,
-                                    sequential_sweep.run_dir(workdir, i, f))
+          check_run(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
   if dry_run:
+    done = sum((sequential_sweep.run_dir(workdir, i, f) / sequential_sweep.HELDOUT_FILE)
+               .is_file() for i in range(len(configs)) for f in range(len(tests)))
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
-           "the time left is reported after each run")
+           f"{len(configs) * len(tests) - done} to run ({done} done); the time left is "
+           "reported after each run")
     return None
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,41 @@ FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", 
                     "distortion", "noise", "world_seed", "eval_sessions")
 
 
+# Keys that only pretraining reads, and keys that only online steps read (those of the held-out
+# conversations too, where a sweep measures learning online on them).
+PRETRAINING_KEYS = ("pretrain_lr", "pretrain_tau", "pretrain_epochs", "pretrain_batch",
+                    "pretrain_candidates", "negatives_from_rank")
+ONLINE_KEYS = ("tau", "lr", "baseline", "baseline_kind", "p_rel", "p_irr")
+
+
+def check_grid_read(grid: dict, configs: list[Config], online_held_out: bool) -> None:
+  """Refuses a grid key that no configuration of a replay sweep reads: its rows would be the
+  same run, hours of it for the cross reranker."""
+  for key in grid:
+    section, _, name = qualified(configs[0], key).rpartition(".")
+    reasons = [_unread(c, section, name, online_held_out) for c in configs]
+    if all(reasons):
+      raise ValueError(f"--grid {key}: no run of this sweep reads it ({reasons[0]}), so every "
+                       "row would be the same run")
+
+
+def _unread(cfg: Config, section: str, name: str, online_held_out: bool) -> str:
+  """Why cfg's runs do not read the key (empty when they do)."""
+  learnings = [getattr(cfg, n) for n in ([section] if section else cfg.section_names())]
+  where = f"{section}." if section else ""
+  if name in PRETRAINING_KEYS:
+    if "pretrain" not in cfg.mode:
+      return f"mode={cfg.mode} does not pretrain"
+    if all(getattr(one, "pretrain_epochs", 1) == 0 for one in learnings):
+      return f"{where}pretrain_epochs=0"
+  if name in ONLINE_KEYS and not online_held_out and all(
+      getattr(one, "steps", 1) == 0 for one in learnings):
+    return f"{where}steps=0: no online step"
+  if name == "hidden" and cfg.variant != "mlp":
+    return f"variant={cfg.variant} has no hidden layer"
+  return ""
+
+
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
   """["tau=0.1,0.5", "baseline=0,0.5"] -> {"tau": [0.1, 0.5], "baseline": [0.0, 0.5]}."""
   grid = {}

@@ -256,10 +256,10 @@ def test_cross_keys_belong_to_the_cross_variant_and_zero_steps_to_replayed_learn
     apply_overrides(get_config("locomo"), [data, "learner=reranker", "cross.lr=1e-5"])
   # steps=0 (pretraining alone) is for the replayed rerankers and query encoder, not IRIS.
   apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
-  with pytest.raises(ValueError, match="0, pretraining alone, is for the rerankers"):
+  with pytest.raises(ValueError, match="0, pretraining alone, is for learner=reranker, query"):
     apply_overrides(get_config("locomo"), [data, "learner=iris", "units=lace",
                                            "steps=0"]).validate()
-  with pytest.raises(ValueError, match="expected a positive integer$"):
+  with pytest.raises(ValueError, match="positive integer .the simulator's runs have no pre"):
     apply_overrides(get_config("latent"), ["steps=0"]).validate()
   apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
   with pytest.raises(ValueError, match="latent"):
@@ -396,7 +396,8 @@ def test_a_batch_larger_than_the_training_questions_is_refused_before_anything_i
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_args(three, "batch=500", f"learner={learner}")]) == 2
-  assert "cannot fill one pretraining batch" in capsys.readouterr().err
+  # (learner=both: its query encoder stage, checked first, says so of its own batches)
+  assert "batch=500: the 93 training questions cannot fill one" in capsys.readouterr().err
   assert not wd.exists()
 
 

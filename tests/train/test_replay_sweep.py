@@ -108,6 +108,20 @@ def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path,
     (["--grid", "noise=0.1,0.2"], (), "noise is the same for every run of a sweep"),
     ([], ("holdout=0",), "holdout=0: a sweep holds out each of its --folds in turn"),
     (["--grid", "lr=1e-4,1e-4"], (), "given more than once"),
+    # A key no run reads: every row would be the same run.
+    (["--grid", "pretrain_tau=0.05,1.0"], ("mode=rl",),
+     "--grid pretrain_tau: no run of this sweep reads it (mode=rl does not pretrain)"),
+    (["--grid", "reranker.hidden=16,32"], (), "(variant=linear has no hidden layer)"),
+    (["--grid", "lr=1e-5,3e-5"], ("variant=cross", "steps=0"), "(cross.steps=0: no online step)"),
+    (["--grid", "encoder_tuning.pretrain_lr=1e-5,2e-5"],
+     ("learner=query_encoder", "retriever=hybrid", "encoder_tuning.pretrain_epochs=0"),
+     "(encoder_tuning.pretrain_epochs=0)"),
+    # A query encoder's pretraining batch its training questions cannot fill (it would be
+    # padded until memory ran out).
+    (["--grid", "encoder_tuning.pretrain_batch=8,5000"],
+     ("learner=query_encoder", "retriever=hybrid"), "encoder_tuning.pretrain_batch=5000: the "),
+    # More candidates than a conversation has units, in a sweep of runs: before any run.
+    (["--grid", "k=10,400"], (), "k=400 candidates, but conversation syn-"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_written(three, tmp_path, capsys, extra, sets,
                                                            message):
@@ -118,6 +132,17 @@ def test_bad_sweeps_are_refused_before_anything_is_written(three, tmp_path, caps
     args += GRID
   assert main(args) == 2
   assert message in capsys.readouterr().err
+  assert not wd.exists()
+
+
+@pytest.mark.parametrize("learner", ["query_encoder", "both"])
+def test_a_batch_the_training_questions_cannot_fill_is_refused_before_writing(
+    three, tmp_path, capsys, learner):
+  wd = tmp_path / "w"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *SMALL, f"learner={learner}", "retriever=hybrid",
+                      "holdout=1", "encoder_tuning.pretrain_batch=5000")]) == 2
+  assert "encoder_tuning.pretrain_batch=5000: the " in capsys.readouterr().err
   assert not wd.exists()
 
 
@@ -235,6 +260,13 @@ def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsy
   assert "| encoder_tuning.lr=" in table
   assert "learner=query_encoder, 8 online steps" in table  # (no reranker's variant named)
   assert "run 6/6 done (configuration 1, fold 2) after " in capsys.readouterr().out
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
+               "encoder_tuning.lr=1e-5,1e-4", "--folds", "3", "--seeds", "1", "--dry-run",
+               *_sets(f"data={three}", "dim=32", "learner=query_encoder", "retriever=hybrid",
+                      "k=10", "log_every=4", "encoder_tuning.steps=8",
+                      "encoder_tuning.pretrain_epochs=1", "encoder_tuning.pretrain_batch=8")]) == 0
+  assert "6 runs, each a training of its own (a compile each); 0 to run (6 done)" in (
+      capsys.readouterr().out)
 
 
 def test_the_same_data_moved_resumes_and_other_data_is_refused(three, swept, tmp_path, capsys):
@@ -276,6 +308,16 @@ def test_a_training_run_resumes_from_its_data_file_moved(three, tmp_path, capsys
   moved.write_text(moved.read_text().replace("syn-", "other-"))
   assert main([*args, *_sets(f"data={moved}", *longer)]) == 2
   assert "was trained on other data than" in capsys.readouterr().err
+
+
+def test_a_grid_key_spelled_with_its_section_is_the_same_sweep(three, swept, tmp_path, capsys):
+  wd = tmp_path / "spelled"
+  shutil.copytree(swept, wd)
+  capsys.readouterr()
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
+               "reranker.lr=1e-4,1e-3", "--folds", "3", "--seeds", "2", "--dry-run",
+               *_sets(f"data={three}", *SMALL)]) == 0
+  assert "0 folds to run (3 done)" in capsys.readouterr().out
 
 
 def test_the_same_grid_in_another_order_is_another_sweep(three, swept, capsys):
