@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
-from rmmjax.config import CONFIGS, Config, apply_overrides, apply_precision, get_config
+from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
+                           qualified)
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
 from rmmjax.io.iris_models import export_iris_model
@@ -127,9 +128,12 @@ def cmd_sweep(args) -> None:
     if args.steps is not None:
       cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
     grid = sweeps.parse_grid(args.grid or [], cfg)
+    if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps")
+                                      for k in grid):
+      raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
     if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
-      raise ValueError("--folds, --dry-run and --no-best are a sweep over replayed "
-                       "conversations' (--config locomo); the latent simulator has none")
+      raise ValueError("--folds, --dry-run and --no-best are for a sweep over replayed "
+                       "conversations (--config locomo); the latent simulator has none")
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)
     return

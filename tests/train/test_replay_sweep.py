@@ -120,6 +120,8 @@ def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path,
     # padded until memory ran out).
     (["--grid", "encoder_tuning.pretrain_batch=8,5000"],
      ("learner=query_encoder", "retriever=hybrid"), "encoder_tuning.pretrain_batch=5000: the "),
+    (["--grid", "reranker.steps=4,8", "--steps", "12"], (),
+     "--steps 12 and --grid over the same steps: give one"),
     # More candidates than a conversation has units, in a sweep of runs: before any run.
     (["--grid", "k=10,400"], (), "k=400 candidates, but conversation syn-"),
 ])
@@ -399,4 +401,5 @@ def test_no_best_leaves_best_out_of_the_plan_and_the_workdir(three, tmp_path, ca
   assert (wd / "sweep.json").is_file() and not (wd / "best").exists()
   assert main(["sweep", "--config", "latent", "--workdir", str(tmp_path / "l"), "--no-best",
                "--quiet"]) == 2
-  assert "--no-best are a sweep over replayed conversations'" in capsys.readouterr().err
+  assert "--no-best are for a sweep over replayed conversations (--config locomo)" in (
+      capsys.readouterr().err)
