@@ -264,8 +264,13 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
                      "folds were computed on (its content differs); use a fresh workdir")
   new = sweep_record(grid, seeds, folds, data_sha256)
   # A key spelled plainly or with its section is the same key.
-  spelled = {"grid": lambda g: {qualified(cfg, k): v for k, v in g.items()},
-             "grid_order": lambda keys: [qualified(cfg, k) for k in keys]}
+  def named(key: str) -> str:  # (a recorded key this run cannot name differs anyway)
+    try:
+      return qualified(cfg, key)
+    except ValueError:
+      return key
+  spelled = {"grid": lambda g: {named(k): v for k, v in g.items()},
+             "grid_order": lambda keys: [named(k) for k in keys]}
   same = lambda k, v: spelled[k](v) if k in spelled and v is not None else v  # noqa: E731
   diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds", "grid_order")
           if same(k, record.get(k)) != same(k, new.get(k))}

@@ -20,6 +20,7 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.data.locomo import load_locomo
+from rmmjax.io.checkpoint import saved_steps
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
@@ -72,8 +73,9 @@ class QueryEncoderTask(Task):
     conversations = [c for c in load_locomo(Path(cfg.data))[0] if c.questions]
     num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
     tuning = cfg.encoder_tuning
-    batches = {"batch": cfg.batch}
-    if cfg.mode != "rl" and tuning.pretrain_epochs:
+    pretrained = bool(saved_steps(Path(workdir) / "checkpoints"))  # (a resume skips it)
+    batches = {"batch": cfg.batch} if cfg.steps else {}
+    if cfg.mode != "rl" and tuning.pretrain_epochs and not pretrained:
       batches["encoder_tuning.pretrain_batch"] = tuning.pretrain_batch
     for key, size in batches.items():
       if size > num:

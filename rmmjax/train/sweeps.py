@@ -42,7 +42,8 @@ FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", 
 # conversations too, where a sweep measures learning online on them).
 PRETRAINING_KEYS = ("pretrain_lr", "pretrain_tau", "pretrain_epochs", "pretrain_batch",
                     "pretrain_candidates", "negatives_from_rank")
-ONLINE_KEYS = ("tau", "lr", "baseline", "baseline_kind", "p_rel", "p_irr")
+ONLINE_KEYS = ("tau", "lr", "baseline", "baseline_kind", "p_rel", "p_irr", "credit",
+               "log_prob", "sampling", "running_decay")
 
 
 def check_grid_read(grid: dict, configs: list[Config], online_held_out: bool) -> None:
@@ -63,7 +64,9 @@ def _unread(cfg: Config, section: str, name: str, online_held_out: bool) -> str:
   if name in PRETRAINING_KEYS:
     if "pretrain" not in cfg.mode:
       return f"mode={cfg.mode} does not pretrain"
-    if all(getattr(one, "pretrain_epochs", 1) == 0 for one in learnings):
+    # (pretrain_epochs=0 itself is read: it turns the pretraining off)
+    if name != "pretrain_epochs" and all(getattr(one, "pretrain_epochs", 1) == 0
+                                         for one in learnings):
       return f"{where}pretrain_epochs=0"
   if name in ONLINE_KEYS and not online_held_out and all(
       getattr(one, "steps", 1) == 0 for one in learnings):

@@ -13,6 +13,7 @@ import pytest
 from cli_args import sets as _sets
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, get_config, with_values
+from rmmjax.io.workdir import check_sweepable, sweep_record, write_run_record
 from rmmjax.train.sweep_table import by_part, fold_file, paired_interval
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
@@ -310,6 +311,24 @@ def test_a_training_run_resumes_from_its_data_file_moved(three, tmp_path, capsys
   moved.write_text(moved.read_text().replace("syn-", "other-"))
   assert main([*args, *_sets(f"data={moved}", *longer)]) == 2
   assert "was trained on other data than" in capsys.readouterr().err
+
+
+def test_a_grid_that_turns_pretraining_off_is_read(three, tmp_path, capsys):
+  # (pretrain_epochs=0 is a pretraining key whose own value is what the run reads)
+  assert main(["sweep", "--config", "locomo", "--workdir", str(tmp_path / "w"), "--quiet",
+               "--grid", "encoder_tuning.pretrain_epochs=0", "--folds", "3", "--dry-run",
+               *_sets(f"data={three}", *SMALL, "learner=query_encoder",
+                      "retriever=hybrid")]) == 0
+  assert "1 configurations x 3 folds = 3 runs" in capsys.readouterr().out
+
+
+def test_a_recorded_grid_key_this_run_cannot_name_is_another_sweep(three, tmp_path):
+  wd = tmp_path / "w"
+  wd.mkdir()
+  write_run_record(wd, sweep_record({"cross.negatives_from_rank": [5]}, 1, 3, "0" * 64))
+  cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL]).validate()
+  with pytest.raises(ValueError, match="holds a sweep of another grid"):
+    check_sweepable(wd, cfg, {"lr": [1e-4, 1e-3]}, 1, 3, "0" * 64)
 
 
 def test_a_grid_key_spelled_with_its_section_is_the_same_sweep(three, swept, tmp_path, capsys):
