@@ -117,9 +117,12 @@ def check_run(cfg: Config, encoder, workdir: Path) -> None:
   task_class(cfg).preflight(cfg, encoder, workdir)
 
 
-def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> dict:
+def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
+          measure_heldout: bool = True) -> dict:
   """Trains (or resumes) a reranker on the config's task; returns the summary it writes. The
-  workdir is held by this process until it returns (a second run into it is refused)."""
+  workdir is held by this process until it returns (a second run into it is refused).
+  measure_heldout=False leaves the held-out conversations unscored, for a caller that measures
+  them itself (a sweep of runs, by `eval`): for the cross reranker that is minutes."""
   with contextlib.ExitStack() as holding:
     # Every check of every stage runs before anything is written, on every process, and a
     # refusal on one reaches all of them (rather than leaving the others in a collective).
@@ -145,11 +148,11 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None) -> di
       cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
     else:
       cfg_task = cfg
-    return _train(cfg, workdir, progress, encoder, cfg_task)
+    return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout)
 
 
-def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None
-           ) -> dict:
+def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None,
+           measure_heldout: bool = True) -> dict:
   """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records
   (a learner=both run's query-encoder stage is a workdir inside its own, held with it)."""
   task_cfg = task_cfg or cfg
@@ -232,7 +235,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     checkpointer.close()
 
   task.finish(state)
-  eval_final = task.evaluate(state)
+  eval_final = task.evaluate(state) if measure_heldout else {}
   summary = {"config": cfg.config, "steps": cfg.steps, "eval_queries": task.eval_queries,
              "k": cfg.k, "m": cfg.m}
   if eval_final:  # a replay run with holdout=0 has nothing held out to evaluate

@@ -4,7 +4,7 @@ keys that change shapes (k, epochs, candidates). Every configuration x fold is a
 of its own (`train --set folds=N --set fold=I`, in `runs/<configuration>/fold_<I>`) and is
 measured by `eval` on the conversations its fold holds out, one after another. A run killed
 midway resumes from its checkpoints; a finished run's held-out metrics (`heldout.json`) are
-not computed again.
+not computed again. A run's own summary holds no held-out scores: `eval`'s are its measure.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
   for n, (i, f) in enumerate(todo):
     one = _with_fold(configs[i], len(tests), f)
     where = run_dir(workdir, i, f)
-    train(one, where, progress=progress, encoder=encoder)
+    # Measured once, by eval below: the run's own held-out scores would be the same numbers.
+    train(one, where, progress=progress, encoder=encoder, measure_heldout=False)
     atomic_write_json(where / HELDOUT_FILE, {"settings": _settings(one),
                                              "per_question": _evaluate(one, where,
                                                                        encoder)["per_question"]})

@@ -236,6 +236,9 @@ def test_a_grid_over_another_shape_trains_each_run_alone_with_the_same_numbers(t
     for name in ("recall_all@5", "recall_any@5", "ndcg@10", "mrr", "recall_at_m_base"):
       assert run[name] == pytest.approx(other[name], abs=1e-6), name
   assert (wd / "best" / "summary.json").is_file()
+  # A run is scored once, by eval: its own summary holds no held-out score.
+  run_summary = json.loads((wd / "runs" / "000" / "fold_0" / "summary.json").read_text())
+  assert "recall_at_m_final" not in run_summary and run_summary["heldout_conversations"]
   # Run again after a kill that lost one run's measurement: only that run is measured again.
   (wd / "runs" / "001" / "fold_2" / "heldout.json").unlink()
   (wd / "sweep.json").unlink()
