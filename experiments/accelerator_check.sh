@@ -20,10 +20,12 @@ print(describe(info))
 if info["backend"] == "cpu":
   print("warning: JAX sees no accelerator here; the numbers below are the CPU's")
 EOF
-# The parity tests (they compare against independent computations at full float32).
-timeout 300 python -m pytest -q -p no:cacheprovider \
+# The parity tests (they compare against independent computations at full float32), on the
+# accelerator: the suite's settings pin JAX to the CPU unless JAX_PLATFORMS names a platform.
+PLATFORM=$(python -c "import jax; print(jax.devices()[0].platform)")
+JAX_PLATFORMS=$PLATFORM timeout 300 python -m pytest -q -p no:cacheprovider \
   tests/core/test_reranker.py tests/core/test_step.py tests/core/test_selection.py \
-  tests/core/test_cross.py tests/cli/test_cli.py tests/encode \
+  tests/learners/test_cross_model.py tests/cli/test_cli.py tests/encode \
   -k "naive or equals or matches or export or sentence or cross or bfloat16 or compile" \
   2>&1 | tail -5 | tee "$OUT/parity.txt"
 timeout 120 rmmjax bench core --quick --out "$OUT/bench_core.json" | tee "$OUT/bench_core.txt"

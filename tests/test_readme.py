@@ -63,3 +63,12 @@ def test_every_link_of_the_documents_resolves_inside_the_repository():
   # Nothing points at files outside the repository (the design notes beside it included).
   for doc in DOCUMENTS:
     assert "shared/DESIGN" not in doc.read_text(), doc
+
+
+def test_the_accelerator_check_names_only_tests_that_exist():
+  """experiments/accelerator_check.sh runs on machines the suite never sees: a test file it
+  names that was moved would make its parity step collect nothing."""
+  script = (ROOT / "experiments" / "accelerator_check.sh").read_text()
+  named = re.findall(r"\btests/[\w/.]+", script)
+  assert len(named) >= 5
+  assert [p for p in named if not (ROOT / p).exists()] == []
