@@ -20,6 +20,9 @@ def check_replay(cfg) -> None:
   if not cfg.data:
     raise ValueError(f"config {cfg.config} replays a dataset file: pass --set data=PATH "
                      "(for example the LoCoMo dev file locomo_dev8.json)")
+  if Path(cfg.data).is_dir():
+    raise ValueError(f"data={cfg.data!r} is a directory; expected a LoCoMo JSON file (a list "
+                     "of conversations, such as locomo_dev8.json)")
   if not Path(cfg.data).is_file():
     raise ValueError(f"data={cfg.data!r}: no such file")
   if cfg.holdout < 0:

@@ -162,6 +162,8 @@ def test_locomo_config_refuses_missing_or_absent_data(tmp_path):
     get_config("locomo").validate()
   with pytest.raises(ValueError, match="no such file"):
     apply_overrides(get_config("locomo"), [f"data={tmp_path / 'nope.json'}"]).validate()
+  with pytest.raises(ValueError, match="is a directory; expected a LoCoMo JSON file"):
+    apply_overrides(get_config("locomo"), [f"data={tmp_path}"]).validate()
   with pytest.raises(ValueError, match="retriever='tfidf' is not one of bm25, dense, hybrid"):
     apply_overrides(get_config("locomo"), [f"data={tmp_path}", "retriever=tfidf"]).validate()
 
