@@ -79,6 +79,10 @@ class Cross(Learning):
   from 0.575 to 0.555 (-0.019 [-0.037, -0.003]): replayed citations repeat the labels the
   pretraining used, with noise. The agent still learns online from an LLM's real citations.
 
+  `observations`: the training conversations' LoCoMo observations (the annotators' statements
+  of what each session established, each naming its turn) join their questions, as more
+  labelled (text, turn) pairs; the held-out conversations keep their questions alone.
+
   Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
   down (those above only where too few others exist: the top of a tuned retriever's list holds
   evidence the labels missed). Each (question, memory) pair is cut to `max_length` tokens;
@@ -103,6 +107,7 @@ class Cross(Learning):
   compute_dtype: str = "auto"
   prior_scale: float = 1.0
   head_lr_scale: float = 50.0
+  observations: bool = False
 
   def check(self, cfg) -> None:
     super().check(cfg)
@@ -117,6 +122,9 @@ class Cross(Learning):
     if not 1 <= self.negatives_from_rank <= cfg.k:
       raise ValueError(f"cross.negatives_from_rank={self.negatives_from_rank}: expected 1 to "
                        f"k={cfg.k} (the base rank from which pretraining draws negatives)")
+    if self.observations and cfg.units != "turn":
+      raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
+                       f"expected units=turn, not {cfg.units}")
     if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
       raise ValueError(f"cross.compute_dtype={self.compute_dtype!r} is not one of auto, "
                        f"{', '.join(COMPUTE_DTYPES)}")

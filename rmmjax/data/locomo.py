@@ -12,7 +12,8 @@ the field, the value and what was expected. Two departures are read and counted 
 - category given as its digit string ("2") or as the name the loader gives it ("temporal";
   one of multi-hop, temporal, open-domain, single-hop, adversarial).
 Any other category (0, 6, 2.0, "Temporal", true) is refused. Fields the loader does not use
-(observations, summaries, image URLs) are not checked.
+(observations, summaries, image URLs) are not checked; `load_observations` reads the
+observations leniently, for the runs that ask for them.
 """
 
 from __future__ import annotations
@@ -160,3 +161,36 @@ def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:
                                 evidence=tuple(dict.fromkeys(evidence)), category=category))
     conversations.append(Conversation(conv_id, tuple(sessions), tuple(questions)))
   return conversations, report
+
+
+def load_observations(path: str | Path, conversations: list[Conversation]
+                      ) -> dict[str, tuple[Question, ...]]:
+  """Each conversation's observations as questions of category "observation": LoCoMo's
+  annotators wrote, per session and speaker, statements of what the dialogue established, each
+  naming the turn it comes from ([text, "D1:3"], or several ids), so each is one more labelled
+  (text, turn) pair of the same conversation. Read leniently (an optional field, for the runs
+  that ask): an item of another shape, or naming no turn of its conversation, is skipped.
+  Conversations are matched to the file's records by id; those without observations get ()."""
+  known = {c.conversation_id: c.turn_ids() for c in conversations}
+  found: dict[str, tuple[Question, ...]] = {}
+  ignored = LoadReport()  # (its counts are not reported: the field is optional)
+  for record in read_records(Path(path), EXPECTED, "conversations"):
+    conv_id = record.get("sample_id") if isinstance(record, dict) else None
+    sessions = record.get("observation") if conv_id in known else None
+    if not isinstance(sessions, dict):
+      continue
+    out = []
+    for by_speaker in sessions.values():
+      for items in by_speaker.values() if isinstance(by_speaker, dict) else ():
+        for item in items if isinstance(items, list) else ():
+          if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                  and item[0].strip()):
+            continue
+          raw = item[1] if isinstance(item[1], list) else [item[1]]
+          evidence = [t for r in raw if isinstance(r, str)
+                      for t in parse_evidence(r, known[conv_id], ignored)]
+          if evidence:
+            out.append(Question(question=item[0].strip(), answer="",
+                                evidence=tuple(dict.fromkeys(evidence)), category="observation"))
+    found[conv_id] = tuple(out)
+  return found

@@ -3,11 +3,12 @@ encoder, both checked against the config before anything is embedded."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rmmjax import distributed
 from rmmjax.config import Config
-from rmmjax.data.locomo import load_locomo
+from rmmjax.data.locomo import load_locomo, load_observations
 from rmmjax.data.schema import Conversation
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -36,8 +37,26 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   if cfg.folds > len(conversations):
     raise ValueError(f"folds={cfg.folds}: {cfg.data} has {len(conversations)} conversations "
                      "with questions; expected at most one fold per conversation")
+  if cfg.variant == "cross" and cfg.cross.observations:
+    conversations = with_observations(data, conversations, cfg)
   if encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(cache_path())))
   if encoder.dim != cfg.dim:
     raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
   return data, conversations, report, encoder
+
+
+def with_observations(data: Path, conversations: list[Conversation], cfg: Config
+                      ) -> list[Conversation]:
+  """The conversations, the training ones (heldout_split's) with their LoCoMo observations
+  after their questions (`load_observations`): more labelled pairs to learn from, in the
+  conversations trained on only. Refused where the training conversations have none."""
+  found = load_observations(data, conversations)
+  train, _ = heldout_split(list(range(len(conversations))), cfg)
+  if not any(found.get(conversations[i].conversation_id) for i in train):
+    raise ValueError(f"cross.observations=true: the training conversations of {cfg.data} hold "
+                     "no observations (LoCoMo's per-session \"observation\" statements, each "
+                     "naming its turn); expected a file with them, or cross.observations=false")
+  train = set(train)
+  return [dataclasses.replace(c, questions=c.questions + found.get(c.conversation_id, ()))
+          if i in train else c for i, c in enumerate(conversations)]

@@ -1,0 +1,119 @@
+"""cross.observations: LoCoMo's observations (per session and speaker, statements naming the
+turn they come from) read leniently, joined to the training conversations' questions only, and
+refused before anything is written where the file has none."""
+
+import json
+
+import pytest
+
+from cli_args import sets as _sets
+from rmmjax.cli import main
+from rmmjax.config import apply_overrides, get_config
+from rmmjax.data.locomo import load_locomo, load_observations
+from rmmjax.train.inputs import with_observations
+
+
+def _with_observations(three, tmp_path):
+  """The three synthetic conversations, each given one observation per session naming that
+  session's first turn, and the first also given items of every other shape."""
+  records = json.loads(three.read_text())
+  for record in records:
+    chat = record["conversation"]
+    record["observation"] = {
+        f"session_{n}_observation": {"A": [[f"what {record['sample_id']} said in {n}",
+                                            chat[f"session_{n}"][0]["dia_id"]]]}
+        for n in range(1, 5)}
+  first = records[0]["observation"]["session_1_observation"]
+  turn, other = (records[0]["conversation"]["session_1"][j]["dia_id"] for j in (1, 2))
+  first["B"] = [[" two turns at once ", [turn, other]], ["a turn of no session", "D99:1"],
+                ["text alone"], [3, turn], "not a list", ["  ", turn], ["an id list", [7]]]
+  records[1]["observation"]["session_2_observation"] = "not an object"
+  path = tmp_path / "observed.json"
+  path.write_text(json.dumps(records))
+  return path, records
+
+
+def test_observations_are_read_leniently_and_matched_to_their_turns(three, tmp_path):
+  path, records = _with_observations(three, tmp_path)
+  conversations, _ = load_locomo(path)
+  found = load_observations(path, conversations)
+  assert sorted(found) == ["syn-1", "syn-2", "syn-3"]
+  assert [len(found[c]) for c in ("syn-1", "syn-2", "syn-3")] == [5, 3, 4]
+  first_turns = [records[0]["conversation"][f"session_{n}"][0]["dia_id"] for n in range(1, 5)]
+  turn, other = (records[0]["conversation"]["session_1"][j]["dia_id"] for j in (1, 2))
+  assert [(q.question, q.evidence) for q in found["syn-1"]] == [  # in the file's order
+      ("what syn-1 said in 1", (first_turns[0],)), ("two turns at once", (turn, other)),
+      *((f"what syn-1 said in {n}", (first_turns[n - 1],)) for n in range(2, 5))]
+  assert {q.category for qs in found.values() for q in qs} == {"observation"}
+  # The questions the loader reads are not touched by the field.
+  assert [c.questions for c in conversations] == [c.questions for c in load_locomo(three)[0]]
+
+
+def test_the_training_conversations_alone_gain_their_observations(three, tmp_path):
+  path, _ = _with_observations(three, tmp_path)
+  conversations, _ = load_locomo(path)
+  found = load_observations(path, conversations)
+  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "folds=3",
+                                               "fold=1", "cross.observations=true"])
+  joined = with_observations(path, conversations, cfg)
+  assert joined[1] == conversations[1]  # held out: its questions alone
+  for i in (0, 2):
+    assert joined[i].questions == conversations[i].questions + found[joined[i].conversation_id]
+    assert joined[i].sessions == conversations[i].sessions
+
+
+def test_a_file_without_observations_is_refused_before_anything_is_written(three, tmp_path,
+                                                                           capsys):
+  wd = tmp_path / "run"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", "variant=cross", "learner=reranker", "holdout=1",
+                      "cross.observations=true")]) != 0
+  assert "hold no observations" in capsys.readouterr().err
+  assert not wd.exists()
+
+
+@pytest.mark.usefixtures("tiny_encoder")
+def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path):
+  path, _ = _with_observations(three, tmp_path)
+  summaries = {}
+  for on in ("false", "true"):
+    wd = tmp_path / on
+    assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *_sets(
+        f"data={path}", "variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5",
+        "m=2", "batch=2", "steps=0", "max_length=48", "pretrain_candidates=4",
+        "pretrain_epochs=1", f"cross.observations={on}")]) == 0
+    summaries[on] = json.loads((wd / "summary.json").read_text())
+  # The two training conversations' 5 + 3 observations, each paired with its k candidates.
+  assert summaries["true"]["cross_pairs"] - summaries["false"]["cross_pairs"] == 8 * 5
+  assert summaries["true"]["eval_queries"] == summaries["false"]["eval_queries"]
+
+
+def test_the_dev_file_observations_join_each_fold_s_training_side(locomo_path):
+  conversations, _ = load_locomo(locomo_path)
+  found = load_observations(locomo_path, conversations)
+  # Every observation of the dev file names a turn of its conversation.
+  assert sum(len(v) for v in found.values()) == sum(
+      len(items) for record in json.loads(locomo_path.read_text())
+      for by_speaker in record["observation"].values() for items in by_speaker.values())
+  cfg = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "variant=cross",
+                                               "folds=2", "fold=0", "cross.observations=true"])
+  joined = with_observations(locomo_path, conversations, cfg)
+  added = [len(j.questions) - len(c.questions) for j, c in zip(joined, conversations)]
+  assert sorted(i for i, n in enumerate(added) if n == 0) == [0, 1, 2, 3]  # fold 0 held out
+  assert all(added[i] == len(found[conversations[i].conversation_id]) > 0 for i in range(4, 8))
+
+
+@pytest.mark.usefixtures("tiny_encoder")
+def test_a_grid_over_observations_sweeps_and_one_that_nothing_trains_on_is_refused(
+    three, tmp_path, capsys):
+  path, _ = _with_observations(three, tmp_path)
+  wd = tmp_path / "sweep"
+  args = ["sweep", "--config", "locomo", "--workdir", str(wd), "--dry-run", "--folds", "3",
+          "--grid", "cross.observations=false,true", *_sets(
+              f"data={path}", "variant=cross", "learner=reranker", "dim=32", "k=5", "m=2",
+              "batch=2", "max_length=48", "pretrain_candidates=4")]
+  assert main([*args, "--set", "pretrain_epochs=0", "--set", "steps=0"]) != 0
+  assert "nothing would learn" in capsys.readouterr().err
+  assert main([*args, "--set", "pretrain_epochs=1", "--set", "steps=0"]) == 0
+  assert "2 configurations x 3 folds = 6 runs" in capsys.readouterr().out
+  assert not wd.exists()
