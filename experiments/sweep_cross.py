@@ -21,11 +21,20 @@ The arms:
 - encoder0: K = 20, the query encoder stage pretrained alone (`encoder_tuning.steps=0`, the
   best rows of experiments/sweep_encoder.py), so the cross reranker learns from and reranks
   that encoder's candidates (about 30 minutes a run).
+- lr4e-5: K = 20, the cross reranker pretrained at 4e-5 instead of 2e-5 (its head and prior at
+  50 times that, as in the recipe): the rate was set from fine-tuning practice, not searched
+  (about 30 minutes a run).
+- observations: K = 20, the training conversations' LoCoMo observations (2,046 in the dev file,
+  statements of what each session established, each naming its turn) join their questions in
+  pretraining (`cross.observations=true`): about twice the labelled pairs, from the same
+  conversations; held-out conversations are measured on their questions alone (about 50
+  minutes a run).
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).
 
-    python experiments/sweep_cross.py [--arm k50|negatives5|encoder0] [--data PATH] [--workdir DIR]
+    python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations]
+        [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
 Writes experiments/results/sweep_cross.md (k50) or sweep_cross_<arm>.md: the sweep's table and
@@ -56,7 +65,8 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
           "cross.max_length=128", "cross.pretrain_candidates=8", "cross.negatives_from_rank=1",
           "cross.pretrain_epochs=2",
           "cross.pretrain_lr=2e-5", "cross.pretrain_tau=1.0", "cross.head_lr_scale=50.0",
-          "cross.prior_scale=1.0", "cross.compute_dtype=float32", "cross.lr=1e-5",
+          "cross.prior_scale=1.0", "cross.observations=false", "cross.compute_dtype=float32",
+          "cross.lr=1e-5",
           "cross.tau=1.0", "cross.steps=0",
           "encoder_tuning.tune=query", "encoder_tuning.pretrain_epochs=2",
           "encoder_tuning.pretrain_lr=2e-5", "encoder_tuning.pretrain_tau=0.05",
@@ -65,12 +75,16 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
 # Each arm is a grid of one value (the sweep's runs, measured as a sweep measures them) over
 # the recipe above, whose own value of that key is left out.
 ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
-        "encoder0": "encoder_tuning.steps=0"}
+        "encoder0": "encoder_tuning.steps=0", "lr4e-5": "cross.pretrain_lr=4e-5",
+        "observations": "cross.observations=true"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
-                "encoder0": "sweep_cross_encoder0.md"}
+                "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
+                "observations": "sweep_cross_observations.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
-          "encoder0": "The cross reranker over a query encoder pretrained without online steps"}
+          "encoder0": "The cross reranker over a query encoder pretrained without online steps",
+          "lr4e-5": "The cross reranker pretrained at twice the rate",
+          "observations": "The cross reranker also pretrained on LoCoMo's observations"}
 FOLDS, SEEDS = 2, 1
 
 
