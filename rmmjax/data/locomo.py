@@ -170,7 +170,14 @@ def load_observations(path: str | Path, conversations: list[Conversation]
   naming the turn it comes from ([text, "D1:3"], or several ids), so each is one more labelled
   (text, turn) pair of the same conversation. Read leniently (an optional field, for the runs
   that ask): an item of another shape, or naming no turn of its conversation, is skipped.
-  Conversations are matched to the file's records by id; those without observations get ()."""
+  Conversations are matched to the file's records by id (an id given twice is refused: one
+  record's observations would go to the other); one whose record has none is absent."""
+  ids = [c.conversation_id for c in conversations]
+  if len(set(ids)) < len(ids):
+    twice = next(i for i in ids if ids.count(i) > 1)
+    raise MalformedData(f"{path}: conversation id {twice!r} is given to more than one "
+                        "conversation; expected each sample_id once (observations are matched "
+                        "to their conversation by it)")
   known = {c.conversation_id: c.turn_ids() for c in conversations}
   found: dict[str, tuple[Question, ...]] = {}
   ignored = LoadReport()  # (its counts are not reported: the field is optional)

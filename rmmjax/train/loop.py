@@ -144,7 +144,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
     if cfg.learner == "both":
       # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
       # run); then the reranker trains on the candidates the tuned encoder retrieves.
-      _train(encoder_stage(cfg), stage, progress, encoder)
+      _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout)
       cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
     else:
       cfg_task = cfg
@@ -187,7 +187,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     write_run_record(workdir, {"kind": "train"})
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
-  eval_first = task.evaluate_first()
+  eval_first = task.evaluate_first() if measure_heldout else {}
   pretrained = state is None
   if pretrained:
     state = task.initial_state()  # pretraining, for the replay tasks that have it

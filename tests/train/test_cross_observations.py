@@ -8,9 +8,10 @@ import pytest
 
 from cli_args import sets as _sets
 from rmmjax.cli import main
-from rmmjax.config import apply_overrides, get_config
-from rmmjax.data.locomo import load_locomo, load_observations
-from rmmjax.train.inputs import with_observations
+from hash_encoder import HashEncoder
+from rmmjax.config import apply_overrides, encoder_stage, get_config
+from rmmjax.data.locomo import MalformedData, load_locomo, load_observations
+from rmmjax.train.inputs import replay_inputs, with_observations
 
 
 def _with_observations(three, tmp_path):
@@ -60,6 +61,29 @@ def test_the_training_conversations_alone_gain_their_observations(three, tmp_pat
   for i in (0, 2):
     assert joined[i].questions == conversations[i].questions + found[joined[i].conversation_id]
     assert joined[i].sessions == conversations[i].sessions
+
+
+def test_the_encoder_stage_of_a_cross_run_reads_the_questions_alone(three, tmp_path):
+  """learner=both tunes its query encoder on the questions; the observations are the cross
+  reranker's."""
+  path, _ = _with_observations(three, tmp_path)
+  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "dim=32",
+                                               "holdout=1", "cross.observations=true"]).validate()
+  questions = lambda c: [len(x.questions) for x in replay_inputs(c, HashEncoder())[1]]  # noqa: E731
+  plain = [len(c.questions) for c in load_locomo(path)[0]]
+  assert questions(cfg) == [plain[0] + 5, plain[1] + 3, plain[2]]
+  assert questions(encoder_stage(cfg).validate()) == plain
+
+
+def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path):
+  path, records = _with_observations(three, tmp_path)
+  with pytest.raises(ValueError, match="expected units=turn, not session"):
+    apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "units=session",
+                                           "cross.observations=true"]).validate()
+  records[2]["sample_id"] = records[0]["sample_id"]
+  path.write_text(json.dumps(records))
+  with pytest.raises(MalformedData, match="'syn-1' is given to more than one conversation"):
+    load_observations(path, load_locomo(path)[0])
 
 
 def test_a_file_without_observations_is_refused_before_anything_is_written(three, tmp_path,
