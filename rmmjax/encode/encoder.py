@@ -69,7 +69,10 @@ def compiler_options() -> dict | None:
   return CPU_COMPILER_OPTIONS
 
 
-def _model_identity(model_dir: Path) -> str:
+def model_identity(model_dir: Path | None = None) -> str:
+  """A model directory's name and weights hash (default: `default_model_dir()`), as an encoder
+  loaded from it names itself in every record."""
+  model_dir = default_model_dir() if model_dir is None else Path(model_dir)
   digest = hashlib.sha256()
   with open(model_dir / "model.safetensors", "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
@@ -101,7 +104,7 @@ class SentenceEncoder:
         compiler_options=compiler_options())
     self.batch_size = batch_size
     self.cache = cache
-    self.identity = _model_identity(self.model_dir)
+    self.identity = model_identity(self.model_dir)
     self.dim = self.cfg.hidden_size
 
   def with_cache(self, cache: EmbeddingCache | None) -> "SentenceEncoder":

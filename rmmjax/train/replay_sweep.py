@@ -178,9 +178,9 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
         # shape; a run already started is checked when it resumes)
         if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
           check_run(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
+  todo = sequential_sweep.unfinished(configs, len(tests), workdir)  # (refuses a mixed sweep)
   if dry_run:
-    done = sum((sequential_sweep.run_dir(workdir, i, f) / sequential_sweep.HELDOUT_FILE)
-               .is_file() for i in range(len(configs)) for f in range(len(tests)))
+    done = len(configs) * len(tests) - len(todo)
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
            f"{len(configs) * len(tests) - done} to run ({done} done); the time left is "

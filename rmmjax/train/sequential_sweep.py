@@ -18,7 +18,9 @@ import numpy as np
 
 from rmmjax.config import Config, with_values
 from rmmjax.data.locomo import load_locomo
+from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
+from rmmjax.io.trained import RECORD_FILE
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import folds
 from rmmjax.train.loop import train
@@ -58,16 +60,7 @@ def _evaluate(cfg: Config, model: Path, encoder) -> dict:
 def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list[list[int]],
             workdir: Path, progress: bool, report, encoder=None) -> list[FoldResult]:
   """Trains and measures every configuration x fold not finished yet; every fold's results."""
-  todo = []
-  for f in range(len(tests)):
-    for i, c in enumerate(configs):
-      path = run_dir(workdir, i, f) / HELDOUT_FILE
-      if not path.is_file():
-        todo.append((i, f))
-      elif _with_added(json.loads(path.read_text())["settings"]) != _settings(
-          _with_fold(c, len(tests), f)):
-        raise ValueError(f"{path} holds a run of other settings than this sweep's configuration "
-                         f"{i}; use a fresh workdir")
+  todo = unfinished(configs, len(tests), workdir, encoder)
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
          f"{len(configs) * len(tests)} runs, each a training of its own; {len(todo)} to run")
   started = time.perf_counter()
@@ -102,6 +95,36 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
                                for name in names}))
   return results
+
+
+def unfinished(configs: list[Config], num_folds: int, workdir: Path, encoder=None
+               ) -> list[tuple[int, int]]:
+  """(configuration, fold) of every run without its held-out measurement, fold by fold. A
+  finished run of other settings, or trained with another encoder than the one the sweep would
+  use now, is refused (its row would mix two sweeps), as is a measurement that cannot be read."""
+  ours = encoder.identity if encoder is not None else model_identity()
+  todo = []
+  for f in range(num_folds):
+    for i, c in enumerate(configs):
+      where = run_dir(workdir, i, f)
+      path = where / HELDOUT_FILE
+      if not path.is_file():
+        todo.append((i, f))
+        continue
+      try:
+        settings = json.loads(path.read_text())["settings"]
+        theirs = json.loads((where / RECORD_FILE).read_text())["encoder"]
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} or the {RECORD_FILE} beside it cannot be read ({e}); delete "
+                         f"{path} to measure that run again") from None
+      if _with_added(settings) != _settings(_with_fold(c, num_folds, f)):
+        raise ValueError(f"{path} holds a run of other settings than this sweep's configuration "
+                         f"{i}; use a fresh workdir")
+      if theirs != ours:
+        raise ValueError(f"{where} was trained with the encoder {theirs}, and this sweep's is "
+                         f"{ours} (RMMJAX_ENCODER): its row would mix two encoders; use that "
+                         "encoder again or a fresh workdir")
+  return todo
 
 
 def _settings(cfg: Config) -> dict:

@@ -250,6 +250,34 @@ def test_a_grid_over_another_shape_trains_each_run_alone_with_the_same_numbers(t
 
 
 @pytest.mark.slow
+def test_finished_runs_of_another_encoder_or_unreadable_are_refused_before_any_run(
+    three, tmp_path, monkeypatch, capsys):
+  """A sweep of runs resumed with another encoder would mix two encoders' rows in one table; a
+  damaged measurement is named with what to do. Both before anything runs, dry run too."""
+  wd = tmp_path / "seq"
+  args = ["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--no-best", *GRID,
+          "--grid", "pretrain_epochs=2", "--folds", "2", "--seeds", "1",
+          *_sets(f"data={three}", *SMALL)]
+  assert main(args) == 0
+  table = (wd / "sweep.md").read_text()
+  capsys.readouterr()
+  import tiny_bert  # noqa: PLC0415
+  monkeypatch.setenv("RMMJAX_ENCODER", str(tiny_bert.write_tiny_encoder(tmp_path / "other",
+                                                                        seed=1)))
+  for extra in ([], ["--dry-run"]):
+    assert main([*args, *extra]) != 0
+    assert "was trained with the encoder" in capsys.readouterr().err
+  monkeypatch.undo()
+  assert main(args) == 0  # the encoder it was trained with: nothing to run, the same table
+  assert (wd / "sweep.md").read_text() == table
+  damaged = wd / "runs" / "001" / "fold_1" / "heldout.json"
+  damaged.write_text("{")
+  capsys.readouterr()
+  assert main([*args, "--dry-run"]) != 0
+  assert f"delete {damaged} to measure that run again" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsys):
   wd = tmp_path / "enc"
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
