@@ -183,7 +183,7 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     done = len(configs) * len(tests) - len(todo)
     report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
            f"{len(configs) * len(tests)} runs, each a training of its own (a compile each); "
-           f"{len(configs) * len(tests) - done} to run ({done} done); the time left is "
+           f"{len(todo)} to run ({done} done); the time left is "
            "reported after each run")
     return None
   if distributed.is_writer():
@@ -191,7 +191,7 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256))
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
   results = sequential_sweep.run_all(cfg, configs, conversations, tests, workdir, progress,
-                                     report)
+                                     report, todo)
   result = sweep_table.summarise(cfg, grid, seeds, configs, results)
   if distributed.is_writer():
     atomic_write_json(workdir / "sweep.json", result)

@@ -58,9 +58,10 @@ def _evaluate(cfg: Config, model: Path, encoder) -> dict:
 
 
 def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list[list[int]],
-            workdir: Path, progress: bool, report, encoder=None) -> list[FoldResult]:
-  """Trains and measures every configuration x fold not finished yet; every fold's results."""
-  todo = unfinished(configs, len(tests), workdir, encoder)
+            workdir: Path, progress: bool, report, todo: list[tuple[int, int]], encoder=None
+            ) -> list[FoldResult]:
+  """Trains and measures the runs `todo` (`unfinished`'s, checked before anything was
+  written); every fold's results."""
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
          f"{len(configs) * len(tests)} runs, each a training of its own; {len(todo)} to run")
   started = time.perf_counter()
