@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rmmjax import core
+from rmmjax.learners.cross import pairs as cross_pairs
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.learners.cross.pairs import (PAIR_BUCKETS, CandidateTokens, bucket, candidate_subset,
                                          pair_tokens)
@@ -100,3 +101,35 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
     else:  # all of those, then the rest from above
       assert set(deep_ones) <= chosen, (q, picked)
   assert not np.array_equal(deep.positions_BxK, pos)
+
+
+MINILM = core.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+                         num_attention_heads=12, intermediate_size=1536,
+                         max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12)
+SMALL = core.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128, type_vocab_size=2, layer_norm_eps=1e-12)
+
+
+@pytest.mark.parametrize("bert, batch, candidates, max_length", [
+    (SMALL, 2, 3, 32), (SMALL, 4, 8, 128), (MINILM, 1, 4, 64), (MINILM, 4, 8, 128)])
+def test_the_bound_from_shapes_holds_what_the_compiled_step_measures(bert, batch, candidates,
+                                                                     max_length):
+  """The bound that spares the compile must be above the compiler's own count of the step
+  (float32, the widest dtype), and not so loose that it lets through nothing."""
+  measured = cross_pairs._step_need(bert, 20, batch, candidates, max_length, "float32")
+  bound = cross_pairs.step_bound(bert, 20, batch, candidates, max_length)
+  assert measured < bound < 4 * measured
+
+
+def test_a_step_far_below_the_device_is_not_compiled_to_measure_it(monkeypatch):
+  def compiled(*args):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(cross_pairs, "_step_need", compiled)
+  bound = cross_pairs.step_bound(SMALL, 20, 4, 8, 128)
+  monkeypatch.setattr(cross_pairs, "device_memory_bytes", lambda: 4 * bound)
+  assert cross_pairs.step_bytes(SMALL, 20, 4, 8, 128, "float32") == (bound, 4 * bound)
+  # Nearer the device's size, the step is compiled and measured.
+  monkeypatch.setattr(cross_pairs, "device_memory_bytes", lambda: 4 * bound - 1)
+  with pytest.raises(AssertionError, match="compiled"):
+    cross_pairs.step_bytes(SMALL, 20, 4, 8, 128, "float32")

@@ -149,6 +149,14 @@ def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):
 SLOTS_PER_ROW = 4  # pairs a packed row holds at most (its last layer computes this many states)
 
 
+def row_steps() -> int:
+  """Into how many steps a batch's possible row counts are cut (each a compiled shape): on a
+  CPU a sixteenth of its pairs, where every empty row costs its full work; an accelerator that
+  a batch leaves mostly idle computes a few more rows for nothing, and each compile costs it
+  most of a minute, so a quarter there."""
+  return 16 if jax.default_backend() == "cpu" else 4
+
+
 def row_length(max_length: int) -> int:
   """The length of a packed row for pairs of at most max_length tokens: the longest alone, two
   or three of the usual ones (LoCoMo's pairs average about half of 128). Longer rows pack
@@ -163,8 +171,8 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
   """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
   `PackedPairs`): longest first, each into the first row with room for it and a free slot
   (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
-  (and to `multiple_of`, the devices a batch is split over), so a run compiles for a few row
-  counts only (`rows` gives the count instead, when it holds them; `serving` rounds it up to
+  (`row_steps`: a quarter on an accelerator; and to `multiple_of`, the devices a batch is split
+  over), so a run compiles for a few row counts only (`rows` gives the count instead, when it holds them; `serving` rounds it up to
   a power of two, for one query's candidates: two or three compiled shapes in all). Returns the
   packed pairs and the share of their positions that are real."""
   lengths = (np.asarray(segments_NxKxL) > 0).sum(-1)
@@ -186,7 +194,7 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
   if serving:
     rows = 1 << max(0, len(used) - 1).bit_length()
   elif rows is None or rows < len(used):
-    step = max(1, -(-n * k // 16))
+    step = max(1, -(-n * k // row_steps()))
     rows = max(1, -(-len(used) // step) * step)
   rows = -(-rows // multiple_of) * multiple_of
   ids = np.zeros((rows, length), np.int32)
@@ -260,13 +268,41 @@ def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
   limit = device_memory_bytes()
   if limit is None:
     return 0, None
+  # Compiling the step to measure it costs as much as the run's own compile (most of a minute
+  # on an accelerator), so a step whose generous bound is far below the device is not measured.
+  bound = step_bound(bert, k, batch, candidates, max_length)
+  if bound <= limit // 4:
+    return bound, limit
   return _step_need(bert, k, batch, candidates, max_length, dtype), limit
+
+
+def _most_rows(pairs: int) -> int:
+  """The rows `pack` may give a batch of this many pairs: every pair alone, rounded up."""
+  return pairs + -(-pairs // row_steps())
+
+
+def step_bound(bert, k: int, batch: int, candidates: int, max_length: int) -> int:
+  """A count from the shapes alone that a learning step's memory stays under (tested against
+  the compiled measurement): every activation a BERT layer keeps for its backward pass,
+  float32, each counted twice (the backward pass's own of the same size), and the
+  parameters, their gradients and Adam's two moments."""
+  rows, length = _most_rows(batch * candidates), row_length(max_length)
+  h, heads, inner = bert.hidden_size, bert.num_attention_heads, bert.intermediate_size
+  tokens = rows * length
+  # per layer: input, query, key, value, context, attention out, two norms and the
+  # feed-forward's output (9 of width h); the feed-forward's inner width before and after its
+  # activation (2 of width inner); the attention scores and their softmax (2 per head).
+  per_layer = tokens * (9 * h + 2 * inner) + 2 * heads * rows * length * length
+  activations = 2 * 4 * (bert.num_hidden_layers * per_layer + tokens * h)
+  params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(
+      lambda: cross_params_template(bert, k))))
+  return activations + 4 * 4 * params
 
 
 @functools.lru_cache(maxsize=32)  # a sweep checks each of its runs' steps before the first
 def _step_need(bert, k: int, batch: int, candidates: int, max_length: int, dtype: str) -> int:
   # Every pair alone in a row, and the rows rounded up as `pack` rounds them.
-  rows, length = batch * candidates + -(-batch * candidates // 16), row_length(max_length)
+  rows, length = _most_rows(batch * candidates), row_length(max_length)
   params = jax.eval_shape(lambda: cross_params_template(bert, k))
   shaped = jax.ShapeDtypeStruct
   pairs = PackedPairs(
