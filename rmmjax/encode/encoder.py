@@ -24,6 +24,9 @@ from rmmjax.encode.cache import EmbeddingCache
 # Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile
 # each) up to 128, coarser beyond where few texts reach.
 BUCKETS = tuple(range(8, 129, 8)) + (160, 192, 256, 384, 512)
+# An accelerator pads to fewer lengths: a batch of texts is far too small to keep it busy, so
+# padding costs it almost nothing, while each length's compile costs it seconds.
+ACCELERATOR_BUCKETS = (32, 64, 128, 256, 512)
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # XLA's CPU backend hands each matmul to YNNPACK together with the elementwise ops around it
 # (GELU, LayerNorm, softmax); those run faster in XLA's own loop fusions, so only the matmuls go
@@ -115,7 +118,8 @@ class SentenceEncoder:
 
   def bucket_length(self, length: int) -> int:
     """The padded length a batch whose longest text has `length` tokens is compiled for."""
-    return next((b for b in BUCKETS if b >= length and b <= self.max_length), self.max_length)
+    buckets = BUCKETS if jax.default_backend() == "cpu" else ACCELERATOR_BUCKETS
+    return next((b for b in buckets if b >= length and b <= self.max_length), self.max_length)
 
   def tokenize(self, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in self.tokenizer.encode_batch(list(texts))]

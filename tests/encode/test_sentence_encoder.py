@@ -3,6 +3,7 @@
 import copy
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -50,6 +51,16 @@ def test_padding_and_batch_composition_do_not_change_embeddings(encoder):
   pairs = copy.copy(encoder)
   pairs.batch_size = 2
   np.testing.assert_allclose(pairs.encode(texts), alone, atol=2e-6)
+
+
+def test_an_accelerator_pads_to_fewer_lengths_with_the_same_embeddings(encoder, monkeypatch):
+  texts = ["a short one", "a much longer sentence " * 12, "mid length text about painting"]
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  here = encoder.encode(texts)
+  assert [encoder.bucket_length(n) for n in (5, 40, 100)] == [8, 40, 104]
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert [encoder.bucket_length(n) for n in (5, 40, 100, 300)] == [32, 64, 128, 256]
+  np.testing.assert_allclose(encoder.encode(texts), here, atol=2e-6)
 
 
 def test_cache_serves_repeated_texts_without_the_model(tmp_path, encoder):

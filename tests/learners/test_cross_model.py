@@ -104,7 +104,9 @@ def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
   packed, real = pack(ids, segments, 2 * L)
   assert packed.ids_RxL.shape[0] < alone.ids_RxL.shape[0] and real > real_alone
   present = segments.any(-1)
-  a, b = (np.asarray(_scores(params, p, TINY)) for p in (alone, packed))
+  # (at full float32: an accelerator's default matmul rounds each layout its own way)
+  with jax.default_matmul_precision("highest"):
+    a, b = (np.asarray(_scores(params, p, TINY)) for p in (alone, packed))
   np.testing.assert_allclose(b[present], a[present], atol=1e-5)
   # Every token of a pair sits in one row, in order, at its own positions 0..n-1.
   lengths = (segments > 0).sum(-1)
@@ -120,7 +122,11 @@ def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():
     assert (packed.slots_RxL[row] == slot + 1).sum() == lengths[n, k]
 
 
-def test_packing_takes_a_few_row_counts_and_most_positions():
+@pytest.mark.parametrize("backend, most_shapes, least_real", [("cpu", 5, 0.85), ("gpu", 3, 0.7)])
+def test_packing_takes_a_few_row_counts_and_most_positions(backend, most_shapes, least_real,
+                                                          monkeypatch):
+  # (an accelerator takes fewer row counts, each compiled, for more empty rows)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
   rng = np.random.default_rng(0)
   shapes, reals = set(), []
   for _ in range(200):
@@ -129,8 +135,8 @@ def test_packing_takes_a_few_row_counts_and_most_positions():
     packed, real = pack(segments.astype(np.int32), segments, 128)
     shapes.add(packed.ids_RxL.shape)
     reals.append(real)
-  assert len(shapes) <= 5, shapes
-  assert np.mean(reals) >= 0.85, np.mean(reals)
+  assert len(shapes) <= most_shapes, shapes
+  assert np.mean(reals) >= least_real, np.mean(reals)
 
 
 def test_listwise_gradient_matches_finite_differences_in_float64():
@@ -255,8 +261,9 @@ def test_template_has_the_structure_of_the_initial_parameters():
 def test_auto_computes_in_bfloat16_on_an_accelerator_and_float32_on_a_cpu(monkeypatch):
   cfg = dataclasses.replace(get_config("locomo"), variant="cross", learner="reranker")
   assert cfg.cross.compute_dtype == "auto"
-  assert cross_spec(cfg, TINY).model.compute_dtype == "float32"  # this CPU
-  # (No accelerator here: the backend's name is what `auto` reads.)
+  here = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  assert cross_spec(cfg, TINY).model.compute_dtype == here
+  # (The backend's name is what `auto` reads.)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert cross_spec(cfg, TINY).model.compute_dtype == "bfloat16"
   fixed = with_values(cfg, {"compute_dtype": "float32"})
