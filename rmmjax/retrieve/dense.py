@@ -13,12 +13,19 @@ from jax.sharding import PartitionSpec as P
 from rmmjax.retrieve.fusion import RRF_C, rrf_top
 
 QUERY_CHUNK = 64  # queries scored together: bounds the (chunk x N) score matrix
+BANK_ROWS = 256  # the fewest rows a bank is padded to
 
 
 @functools.partial(jax.jit, static_argnames="k")
 def dense_top_k(q_QxD: jax.Array, bank_NxD: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """Inner-product top-k of each query over the bank: (scores_QxK, indices_QxK), best first."""
   return jax.lax.top_k(q_QxD @ bank_NxD.T, k)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def masked_top_k(q_QxD: jax.Array, bank_NxD: jax.Array, valid_N: jax.Array, k: int):
+  """dense_top_k over the bank's valid rows only (the others score -inf)."""
+  return jax.lax.top_k(jnp.where(valid_N[None, :], q_QxD @ bank_NxD.T, -jnp.inf), k)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,14 +72,20 @@ def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int, devices=None) -> np.
     top_k = _sharded_top_k(mesh, k)
     run = lambda q: top_k(q, bank, valid)  # noqa: E731
   else:
-    bank = jnp.asarray(bank_NxD, jnp.float32)
-    run = lambda q: dense_top_k(q, bank, k)  # noqa: E731
+    # The bank padded to a power of two (pads never chosen): conversations of every size share
+    # a few compiled programs, where each one costs seconds on an accelerator.
+    n = bank_NxD.shape[0]
+    size = max(BANK_ROWS, 1 << (n - 1).bit_length())
+    bank = jnp.zeros((size, bank_NxD.shape[1]), jnp.float32).at[:n].set(bank_NxD)
+    valid = jnp.arange(size) < n
+    wanted = size if k == n else k  # a whole ranking: every row, the pads last, cut below
+    run = lambda q: masked_top_k(q, bank, valid, wanted)  # noqa: E731
   out = []
   for start in range(0, len(q_QxD), QUERY_CHUNK):
     chunk = q_QxD[start:start + QUERY_CHUNK]
     padded = np.zeros((QUERY_CHUNK, q_QxD.shape[1]), np.float32)
     padded[:len(chunk)] = chunk
-    out.append(np.asarray(run(padded)[1])[:len(chunk)])
+    out.append(np.asarray(run(padded)[1])[:len(chunk), :k])
   return np.concatenate(out) if out else np.zeros((0, k), np.int32)
 
 
