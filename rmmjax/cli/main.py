@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from rmmjax.cli import signals
@@ -45,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return _main(argv)
   except KeyboardInterrupt:
-    print(f"\nrmmjax {command}: interrupted; {INTERRUPTED.get(command, NOTHING)}",
+    stopped = "interrupted" if signals.received == signal.SIGINT else "terminated"
+    print(f"\nrmmjax {command}: {stopped}; {INTERRUPTED.get(command, NOTHING)}",
           file=sys.stderr)
-    return 130
+    return 128 + signals.received
 
 
 def _main(argv: list[str]) -> int:

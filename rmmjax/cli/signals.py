@@ -24,15 +24,23 @@ def _cannot_raise_here(frame) -> bool:
   return False
 
 
+received = signal.SIGINT  # the signal that stopped the command: its exit status is 128 + it
+
+
 def _on_interrupt(signum, frame) -> None:
+  global received
   if _cannot_raise_here(frame):
     threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
     return
+  received = signum
   raise KeyboardInterrupt
 
 
 def install() -> None:
   """Replaces Python's own SIGINT handler (a process started with SIGINT ignored keeps it
-  ignored)."""
+  ignored), and SIGTERM's default (a scheduler's or `kill`'s stop, which ended the process
+  without a word) with the same: the command says it stopped and how to resume."""
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _on_interrupt)
+  if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _on_interrupt)

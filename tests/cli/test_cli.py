@@ -220,6 +220,19 @@ def test_ctrl_c_stops_a_run_at_any_moment_of_its_start(tmp_path, delay):
   assert not (tmp_path / "run" / "summary.json").exists()
 
 
+def test_sigterm_stops_a_run_saying_so_and_how_to_resume(tmp_path):
+  proc = subprocess.Popen([sys.executable, "-m", "rmmjax.cli", "train", "--workdir",
+                           str(tmp_path / "run"), "--quiet", *_sets("steps=20000")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  time.sleep(3.0)
+  proc.terminate()
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err[-2000:]  # 128 + SIGTERM, as the shell reports a kill
+  assert "rmmjax train: terminated; rerun the same command to resume" in err, err[-2000:]
+  assert "Traceback" not in err
+
+
 def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   from rmmjax.cli.training import eval_hint
   from rmmjax.config import apply_overrides, get_config
