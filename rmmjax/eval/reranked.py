@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from rmmjax import core
+from rmmjax.core import replay as core_replay
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.registry import reader
 from rmmjax.replay.candidates import ConversationReplay, to_streams
@@ -28,11 +29,14 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   read = reader(reranker, encoder)
   inputs = read.replay_inputs(replays, spec, online)
   state = core.init_state(spec, reranker.hparams, reranker.params)
-  # (The embedding rerankers compile as their training did, so eval --online repeats it.)
-  replay = jax.jit(heldout_replay, static_argnums=3, compiler_options=read.compiler_options())
-  streams = read.pack_streams(to_streams(replays, spec.batch, inputs=inputs))
-  out = replay(state, streams, stream_ids(replays), online)
-  scores = np.asarray(out["scores_SxBxK"])
+  if read.batchwise and not online:
+    scores = _batchwise_scores(state.params, replays, inputs, read, spec)
+  else:
+    # (The embedding rerankers compile as their training did, so eval --online repeats it.)
+    replay = jax.jit(heldout_replay, static_argnums=3, compiler_options=read.compiler_options())
+    streams = read.pack_streams(to_streams(replays, spec.batch, inputs=inputs))
+    out = replay(state, streams, stream_ids(replays), online)
+    scores = np.asarray(out["scores_SxBxK"])
   orders = []
   for conv, scores_SxBxK in zip(replays, scores):
     n, k = conv.mask_NxK.shape
@@ -42,3 +46,21 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
     orders.append(np.concatenate([ranked, conv.order_NxR[:, k:]], 1))
   return orders
 
+
+
+def _batchwise_scores(params, replays, inputs, read, spec) -> list[np.ndarray]:
+  """Each conversation's scores_SxBxK from its own batches, each packed to its own few rows:
+  a replay's streams are evened to the longest conversation and every batch to the fullest
+  one's rows, all of which a cross reranker would compute. The same scores, batch by batch, as
+  the training run's own held-out evaluation takes them."""
+  score = jax.jit(core_replay.rerank_recall, static_argnums=2,
+                  compiler_options=read.compiler_options())
+  params = jax.device_put(params)  # (once, not at every batch)
+  out = []
+  for c, conv in enumerate(replays):
+    stream = to_streams([conv], spec.batch, inputs=None if inputs is None else [inputs[c]])
+    batches = [jax.tree.map(lambda x, s=s: np.asarray(x)[0, s], stream)
+               for s in range(stream.mask_BxK.shape[1])]
+    out.append(np.stack(jax.device_get([score(params, read.pack_many(b), spec)[1]
+                                        for b in batches])))
+  return out

@@ -20,7 +20,8 @@ class Learner:
   # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves:
   # compiler_options(), candidate_arrays(question, texts_K) (the arrays of a learner's own
   # inputs, which an agent keeps with a pending answer), inputs(arrays stacked over queries)
-  # (a batch's `inputs`), pack(batch),
+  # (a batch's `inputs`), pack(batch) (one served query's), pack_many(batch) (several
+  # questions'), batchwise (held out, scored batch by batch rather than replayed),
   # replay_inputs(replays, spec, online), pack_streams(streams).
   reader: Callable
   # (a run's config, its workdir) -> (its core spec, parameters in the structure its

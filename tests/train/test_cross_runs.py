@@ -70,6 +70,21 @@ def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
   assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
 
 
+def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, three, tmp_path,
+                                                                 monkeypatch):
+  """Held out without learning, eval packs each batch to its own rows rather than replaying
+  streams evened to the longest conversation and the fullest batch: the same ranking."""
+  from rmmjax.learners.cross.reader import CrossReader
+  args = ["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn", "--reranker",
+          str(cross_run), "--k", "1,2,5", "--quiet", "--out"]
+  assert main(args + [str(tmp_path / "batchwise.json")]) == 0
+  monkeypatch.setattr(CrossReader, "batchwise", False)
+  assert main(args + [str(tmp_path / "streams.json")]) == 0
+  a, b = (json.loads((tmp_path / f"{name}.json").read_text())["metrics"]
+          for name in ("batchwise", "streams"))
+  assert a == b and a["overall"]["recall_all@5"] > 0
+
+
 def test_eval_takes_the_retriever_from_the_run_and_refuses_another_tokenizer(
     cross_run, three, tmp_path, capsys):
   out = tmp_path / "report.json"

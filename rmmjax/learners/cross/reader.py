@@ -16,6 +16,9 @@ class CrossReader:
   tokenizer: object
   max_length: int
   source: str
+  # Held out without learning, a batch's pairs are scored packed to its own rows (`pack_many`):
+  # a replay's streams would even every conversation and batch to the largest.
+  batchwise = True
 
   @classmethod
   def for_reranker(cls, reranker, encoder) -> "CrossReader":
@@ -48,6 +51,10 @@ class CrossReader:
 
   def pack(self, batch):
     return pack_batch(batch, serving=True)
+
+  def pack_many(self, batch):
+    """A batch of several questions packed as training packs them (a few row counts)."""
+    return pack_batch(batch)
 
   def replay_inputs(self, replays, spec, online: bool):
     """Every replayed question's pairs; with `online` each batch also takes a learning step,
