@@ -5,6 +5,8 @@ of its own (`train --set folds=N --set fold=I`, in `runs/<configuration>/fold_<I
 measured by `eval` on the conversations its fold holds out, one after another. A run killed
 midway resumes from its checkpoints; a finished run's held-out metrics (`heldout.json`) are
 not computed again. A run's own summary holds no held-out scores: `eval`'s are its measure.
+Before the first run, a sweep of cross reranker runs states their time from each kind of step
+timed once (`estimate`); every run then reports the time left.
 """
 
 from __future__ import annotations
@@ -62,8 +64,6 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
             ) -> list[FoldResult]:
   """Trains and measures the runs `todo` (`unfinished`'s, checked before anything was
   written); every fold's results."""
-  report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
-         f"{len(configs) * len(tests)} runs, each a training of its own; {len(todo)} to run")
   started = time.perf_counter()
   for n, (i, f) in enumerate(todo):
     one = _with_fold(configs[i], len(tests), f)
@@ -96,6 +96,35 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
                                for name in names}))
   return results
+
+
+def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
+             todo: list[tuple[int, int]], encoder=None) -> float | None:
+  """Seconds the runs `todo` will spend in their cross reranker's steps and held-out scoring,
+  each kind of step timed once per shape (`learners.cross.cost`); None unless every run is a
+  cross reranker's."""
+  if not todo or any(configs[i].variant != "cross" for i, _ in todo):
+    return None
+  from rmmjax.data.locomo import load_observations  # noqa: PLC0415
+  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
+  from rmmjax.learners.cross.cost import run_seconds, time_steps  # noqa: PLC0415
+  encoder = encoder or SentenceEncoder()
+  timed, total = {}, 0.0
+  for i, f in todo:
+    c = configs[i]
+    shape = (c.k, c.batch, c.cross.pretrain_candidates, c.cross.max_length,
+             c.cross.compute_dtype, c.cross.prior_scale)
+    if shape not in timed:
+      timed[shape] = time_steps(c, encoder, conversations)
+    held = set(tests[f])
+    train = [x for j, x in enumerate(conversations) if j not in held]
+    items = sum(len(x.questions) for x in train)
+    if c.cross.observations:
+      found = load_observations(Path(c.data), conversations)
+      items += sum(len(found.get(x.conversation_id, ())) for x in train)
+    total += run_seconds(c, timed[shape], items,
+                         [len(conversations[j].questions) for j in tests[f]])
+  return total
 
 
 def unfinished(configs: list[Config], num_folds: int, workdir: Path, encoder=None

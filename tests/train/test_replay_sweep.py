@@ -226,7 +226,8 @@ def test_a_grid_over_another_shape_trains_each_run_alone_with_the_same_numbers(t
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", *GRID,
                "--grid", "pretrain_epochs=2", "--folds", "3", "--seeds", "1",
                *_sets(f"data={three}", *SMALL)]) == 0
-  assert "each a training of its own; 6 to run" in capsys.readouterr().out
+  assert "each a training of its own (its own compiles); 6 to run (0 done)" in (
+      capsys.readouterr().out)
   result = json.loads((wd / "sweep.json").read_text())
   vmapped = {(r["settings"]["lr"], r["fold"]): r for r in json.loads(
       (swept / "sweep.json").read_text())["runs"] if r["seed"] == 0}
@@ -299,7 +300,7 @@ def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsy
                *_sets(f"data={three}", "dim=32", "learner=query_encoder", "retriever=hybrid",
                       "k=10", "log_every=4", "encoder_tuning.steps=8",
                       "encoder_tuning.pretrain_epochs=1", "encoder_tuning.pretrain_batch=8")]) == 0
-  assert "6 runs, each a training of its own (a compile each); 0 to run (6 done)" in (
+  assert "6 runs, each a training of its own (its own compiles); 0 to run (6 done)" in (
       capsys.readouterr().out)
 
 

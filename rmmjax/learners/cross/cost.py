@@ -1,0 +1,103 @@
+"""What a cross reranker's run will take, before it starts: a pretraining step and a held-out
+scoring batch, each compiled and timed on pairs of the data file's own texts, times the number
+of each that the run takes. A sweep of runs states its time from these (most of a cross run's
+time on a CPU is these steps; what is left out is said where the estimate is printed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from rmmjax import core
+from rmmjax.encode.bert import load_pooler
+from rmmjax.encode.encoder import compiler_options
+from rmmjax.learners.cross.model import init_cross_params
+from rmmjax.learners.cross.pairs import pack_batch, pair_tokens
+from rmmjax.learners.cross.spec import cross_spec
+from rmmjax.retrieve.units import build_units
+
+SAMPLE_BATCHES = 6  # each kind of step is timed over this many batches (each length-mix its own)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+  train_s: float  # a pretraining step: batch x cross.pretrain_candidates pairs, with Adam
+  score_s: float  # a held-out batch: batch x k pairs, forward only
+  compile_s: float  # compiling one shape of each kind
+
+
+def time_steps(cfg, encoder, conversations: list) -> StepTimes:
+  """The median step of each kind on pairs of `conversations`' questions with random turns of
+  their own conversation (LoCoMo's mix of lengths), packed as a run packs them, after their
+  compile."""
+  rng = np.random.default_rng(0)
+  spec = cross_spec(cfg, encoder.cfg)
+  weights = dict(encoder.params)
+  pooler = load_pooler(encoder.model_dir)
+  if pooler is not None:
+    weights["pooler"] = pooler
+  params = init_cross_params(weights, cfg.k, cfg.cross.prior_scale)
+  state = core.init_state(spec, cfg.hparams(cfg.cross), params)
+  step = jax.jit(core.supervised_step, compiler_options=compiler_options())
+  score = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
+
+  def batches(k: int) -> list[core.Batch]:
+    out = []
+    for i in range(SAMPLE_BATCHES):
+      conv = conversations[i % len(conversations)]
+      texts = [u.text for u in build_units(conv, "turn")]
+      picks = rng.choice(len(conv.questions), cfg.batch, replace=len(conv.questions) < cfg.batch)
+      pairs = pair_tokens(encoder.tokenizer, [conv.questions[j].question for j in picks],
+                          [list(rng.choice(texts, k)) for _ in picks], cfg.cross.max_length)
+      relevant = np.zeros((cfg.batch, k), bool)
+      relevant[:, 0] = True
+      out.append(pack_batch(core.Batch(
+          q_BxD=np.zeros((cfg.batch, 1), np.float32),
+          mem_BxKxD=np.zeros((cfg.batch, k, 1), np.float32),
+          mask_BxK=np.ones((cfg.batch, k), bool), relevant_BxK=relevant,
+          num_relevant_B=np.ones(cfg.batch, np.int32), inputs=pairs.candidates(),
+          positions_BxK=np.tile(np.arange(k, dtype=np.int32), (cfg.batch, 1)))))
+    return out
+
+  def timed(run, inputs) -> tuple[float, float]:
+    """(the first call's extra time, a compile; the median call)."""
+    start = time.perf_counter()
+    run(inputs[0])
+    first = time.perf_counter() - start
+    times = []
+    for x in inputs:
+      start = time.perf_counter()
+      run(x)
+      times.append(time.perf_counter() - start)
+    middle = float(np.median(times))
+    return max(first - middle, 0.0), middle
+
+  box = [state]
+
+  def train(batch):
+    box[0] = jax.block_until_ready(step(box[0], batch)[0])
+
+  # Every batch at the first one's row count: one compile, and the median step is timed at a
+  # typical shape (a run's batches spread a little either side of it).
+  def one_shape(bs):
+    rows = bs[0].inputs.ids_RxL.shape[0]
+    return [b for b in bs if b.inputs.ids_RxL.shape[0] == rows]
+
+  train_compile, train_s = timed(train, one_shape(batches(cfg.cross.pretrain_candidates)))
+  score_compile, score_s = timed(
+      lambda b: jax.block_until_ready(score(state.params, b, spec)), one_shape(batches(cfg.k)))
+  return StepTimes(train_s, score_s, train_compile + score_compile)
+
+
+def run_seconds(cfg, times: StepTimes, train_items: int, heldout_questions: list[int]) -> float:
+  """A run's cross reranker steps and held-out scoring: its pretraining over `train_items`
+  labelled questions, its online steps (each over all k candidates), and `eval`'s batches of
+  each held-out conversation's questions; with one compile of each kind."""
+  pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0
+  steps = cfg.cross.pretrain_epochs * (train_items // cfg.batch) if pretrains else 0
+  online = cfg.steps * times.train_s * cfg.k / cfg.cross.pretrain_candidates
+  scoring = sum(-(-n // cfg.batch) for n in heldout_questions) * times.score_s
+  return steps * times.train_s + online + scoring + times.compile_s
