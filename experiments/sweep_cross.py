@@ -24,6 +24,9 @@ The arms:
 - lr4e-5: K = 20, the cross reranker pretrained at 4e-5 instead of 2e-5 (its head and prior at
   50 times that, as in the recipe): the rate was set from fine-tuning practice, not searched
   (about 30 minutes a run).
+- candidates16: K = 20, each pretraining step over 16 of each question's candidates instead of
+  8 (`cross.pretrain_candidates=16`): twice the negatives beside each question's evidence in
+  the listwise loss, at twice the pretraining's cost (about 40 minutes a run).
 - observations: K = 20, the training conversations' LoCoMo observations (2,046 in the dev file,
   statements of what each session established, each naming its turn) join their questions in
   pretraining (`cross.observations=true`): about twice the labelled pairs, from the same
@@ -33,7 +36,8 @@ The arms:
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).
 
-    python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations]
+    python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
+                                             candidates16]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -76,15 +80,18 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
 # the recipe above, whose own value of that key is left out.
 ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "encoder0": "encoder_tuning.steps=0", "lr4e-5": "cross.pretrain_lr=4e-5",
-        "observations": "cross.observations=true"}
+        "observations": "cross.observations=true",
+        "candidates16": "cross.pretrain_candidates=16"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
-                "observations": "sweep_cross_observations.md"}
+                "observations": "sweep_cross_observations.md",
+                "candidates16": "sweep_cross_candidates16.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
           "lr4e-5": "The cross reranker pretrained at twice the rate",
-          "observations": "The cross reranker also pretrained on LoCoMo's observations"}
+          "observations": "The cross reranker also pretrained on LoCoMo's observations",
+          "candidates16": "The cross reranker pretrained over 16 candidates per question"}
 FOLDS, SEEDS = 2, 1
 
 
