@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from rmmjax.agent import ChatAgent, Reply
+from rmmjax.cli import signals
 
 
 def _print_response(response: Reply) -> None:
@@ -73,9 +74,10 @@ def chat_loop(agent: ChatAgent, user: str, lines, has_llm: bool) -> None:
       sys.stdout.flush()
   except KeyboardInterrupt:
     agent.close()
-    print(f"\nrmmjax chat: interrupted; {_kept(agent, turns_before)}; rerun the same command "
+    stopped, code = signals.status()
+    print(f"\nrmmjax chat: {stopped}; {_kept(agent, turns_before)}; rerun the same command "
           f"to continue", file=sys.stderr)
-    raise SystemExit(130) from None
+    raise SystemExit(code) from None
   agent.close()
   stats = agent.stats
   print(f"reranker updates: {stats['updates']}; queries {stats['queries']}, cited "

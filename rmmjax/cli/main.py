@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from rmmjax.cli import signals
@@ -46,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return _main(argv)
   except KeyboardInterrupt:
-    stopped = "interrupted" if signals.received == signal.SIGINT else "terminated"
+    stopped, code = signals.status()
     print(f"\nrmmjax {command}: {stopped}; {INTERRUPTED.get(command, NOTHING)}",
           file=sys.stderr)
-    return 128 + signals.received
+    return code
 
 
 def _main(argv: list[str]) -> int:
@@ -58,6 +57,7 @@ def _main(argv: list[str]) -> int:
   except ValueError as err:
     print(f"rmmjax: error: {err}", file=sys.stderr)
     return 2
+  signals.install()  # again: a distributed runtime took SIGTERM over
   from rmmjax.llm.base import LLMError  # noqa: PLC0415  (after the runtime started)
   args = build_parser().parse_args(argv)
   try:

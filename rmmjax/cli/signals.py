@@ -42,5 +42,12 @@ def install() -> None:
   without a word) with the same: the command says it stopped and how to resume."""
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _on_interrupt)
-  if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+  # (set again once the runtime has started: JAX's distributed runtime puts its own SIGTERM
+  # handler in below Python's, which stops nothing)
+  if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_interrupt):
     signal.signal(signal.SIGTERM, _on_interrupt)
+
+
+def status() -> tuple[str, int]:
+  """What stopped the command and the exit status that says so (128 + the signal)."""
+  return ("interrupted" if received == signal.SIGINT else "terminated"), 128 + received
