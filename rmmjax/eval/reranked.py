@@ -16,7 +16,7 @@ from rmmjax import core
 from rmmjax.core import replay as core_replay
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.registry import reader
-from rmmjax.replay.candidates import ConversationReplay, to_streams
+from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_streams
 from rmmjax.replay.protocols import heldout_replay, stream_ids
 
 
@@ -29,7 +29,7 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   read = reader(reranker, encoder)
   inputs = read.replay_inputs(replays, spec, online)
   state = core.init_state(spec, reranker.hparams, reranker.params)
-  if read.batchwise and not online:
+  if getattr(read, "batchwise", False) and not online:
     scores = _batchwise_scores(state.params, replays, inputs, read, spec)
   else:
     # (The embedding rerankers compile as their training did, so eval --online repeats it.)
@@ -56,11 +56,14 @@ def _batchwise_scores(params, replays, inputs, read, spec) -> list[np.ndarray]:
   score = jax.jit(core_replay.rerank_recall, static_argnums=2,
                   compiler_options=read.compiler_options())
   params = jax.device_put(params)  # (once, not at every batch)
+  # One set of streams: every batch has the evidence width of all of them (one compile per
+  # row count, not per conversation), and each conversation's own steps are scored.
+  streams = to_streams(replays, spec.batch, inputs=inputs)
   out = []
   for c, conv in enumerate(replays):
-    stream = to_streams([conv], spec.batch, inputs=None if inputs is None else [inputs[c]])
-    batches = [jax.tree.map(lambda x, s=s: np.asarray(x)[0, s], stream)
-               for s in range(stream.mask_BxK.shape[1])]
-    out.append(np.stack(jax.device_get([score(params, read.pack_many(b), spec)[1]
-                                        for b in batches])))
+    scores = [score(params, read.pack_many(jax.tree.map(lambda x, s=s: np.asarray(x)[c, s],
+                                                          streams)), spec)[1]
+              for s in range(stream_steps(conv, spec.batch))]
+    out.append(np.stack(jax.device_get(scores)) if scores else
+               np.zeros((0, spec.batch, spec.k), np.float32))
   return out
