@@ -76,8 +76,9 @@ def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int, devices=None) -> np.
     # a few compiled programs, where each one costs seconds on an accelerator.
     n = bank_NxD.shape[0]
     size = max(BANK_ROWS, 1 << (n - 1).bit_length())
-    bank = jnp.zeros((size, bank_NxD.shape[1]), jnp.float32).at[:n].set(bank_NxD)
-    valid = jnp.arange(size) < n
+    padded = np.zeros((size, bank_NxD.shape[1]), np.float32)  # (on the host: no compile per n)
+    padded[:n] = bank_NxD
+    bank, valid = jnp.asarray(padded), jnp.asarray(np.arange(size) < n)
     wanted = size if k == n else k  # a whole ranking: every row, the pads last, cut below
     run = lambda q: masked_top_k(q, bank, valid, wanted)  # noqa: E731
   out = []
