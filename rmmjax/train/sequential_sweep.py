@@ -16,12 +16,14 @@ import json
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from rmmjax.config import Config, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
+from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import RECORD_FILE
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import folds
@@ -99,13 +101,16 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
 
 
 def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
-             todo: list[tuple[int, int]], encoder=None) -> float | None:
-  """Seconds the runs `todo` will spend in their cross reranker's steps and held-out scoring,
-  each kind of step timed once per shape (`learners.cross.cost`); None unless every run is a
-  cross reranker's."""
-  if not todo or any(configs[i].variant != "cross" for i, _ in todo):
+             todo: list[tuple[int, int]], workdir: Path, best: bool, encoder=None
+             ) -> float | None:
+  """Seconds the runs `todo` (and best/, costed as configuration 0 on every conversation) will
+  spend in their cross reranker's steps and held-out scoring, each kind of step timed once per
+  shape (`learners.cross.cost`); a run already pretrained is costed its scoring only. None
+  unless every run is a cross reranker's on one device (a step timed whole on one device would
+  say little of one split over several, or not fit)."""
+  if (not todo or any(configs[i].variant != "cross" for i, _ in todo)
+      or len(jax.devices()) > 1):
     return None
-  from rmmjax.data.locomo import load_observations  # noqa: PLC0415
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   from rmmjax.learners.cross.cost import run_seconds, time_steps  # noqa: PLC0415
   encoder = encoder or SentenceEncoder()
@@ -118,13 +123,25 @@ def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
       timed[shape] = time_steps(c, encoder, conversations)
     held = set(tests[f])
     train = [x for j, x in enumerate(conversations) if j not in held]
-    items = sum(len(x.questions) for x in train)
-    if c.cross.observations:
-      found = load_observations(Path(c.data), conversations)
-      items += sum(len(found.get(x.conversation_id, ())) for x in train)
-    total += run_seconds(c, timed[shape], items,
+    pretrained = bool(saved_steps(run_dir(workdir, i, f) / "checkpoints"))
+    total += run_seconds(c, timed[shape], 0 if pretrained else _items(c, conversations, train),
                          [len(conversations[j].questions) for j in tests[f]])
+  if best:
+    c = configs[0]
+    total += run_seconds(c, next(iter(timed.values())), _items(c, conversations, conversations),
+                         [])
   return total
+
+
+def _items(cfg: Config, conversations: list, train: list) -> int:
+  """The labelled questions a cross run pretrains on: the training conversations' questions,
+  and their observations where the run reads them."""
+  items = sum(len(x.questions) for x in train)
+  if cfg.cross.observations:
+    from rmmjax.data.locomo import load_observations  # noqa: PLC0415
+    found = load_observations(Path(cfg.data), conversations)
+    items += sum(len(found.get(x.conversation_id, ())) for x in train)
+  return items
 
 
 def unfinished(configs: list[Config], num_folds: int, workdir: Path, encoder=None

@@ -57,4 +57,5 @@ def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path,
   out = capsys.readouterr().out
   assert "6 runs, each a training of its own" in out
   assert "estimated time: " in out and "in the cross reranker's steps" in out
+  assert "best/ included" in out  # (trained unless --no-best)
   assert not wd.exists()  # (a dry run writes nothing)

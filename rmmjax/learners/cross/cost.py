@@ -15,7 +15,7 @@ from rmmjax import core
 from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.learners.cross.model import init_cross_params
-from rmmjax.learners.cross.pairs import pack_batch, pair_tokens
+from rmmjax.learners.cross.pairs import bucket, pack_batch, pair_tokens
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.units import build_units
 
@@ -50,8 +50,11 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
       conv = conversations[i % len(conversations)]
       texts = [u.text for u in build_units(conv, "turn")]
       picks = rng.choice(len(conv.questions), cfg.batch, replace=len(conv.questions) < cfg.batch)
+      # (at the length a run's pairs all take: the longest of the file's, nearly always the
+      # limit's bucket)
       pairs = pair_tokens(encoder.tokenizer, [conv.questions[j].question for j in picks],
-                          [list(rng.choice(texts, k)) for _ in picks], cfg.cross.max_length)
+                          [list(rng.choice(texts, k)) for _ in picks], cfg.cross.max_length,
+                          length=bucket(cfg.cross.max_length, cfg.cross.max_length))
       relevant = np.zeros((cfg.batch, k), bool)
       relevant[:, 0] = True
       out.append(pack_batch(core.Batch(
