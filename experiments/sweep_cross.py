@@ -23,7 +23,7 @@ The arms:
   that encoder's candidates (about 30 minutes a run).
 - lr4e-5: K = 20, the cross reranker pretrained at 4e-5 instead of 2e-5 (its head and prior at
   50 times that, as in the recipe): the rate was set from fine-tuning practice, not searched
-  (about 30 minutes a run).
+  (about 22 minutes a run).
 - candidates16: K = 20, each pretraining step over 16 of each question's candidates instead of
   8 (`cross.pretrain_candidates=16`): twice the negatives beside each question's evidence in
   the listwise loss, at twice the pretraining's cost (about 40 minutes a run).
