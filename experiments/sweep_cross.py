@@ -27,6 +27,9 @@ The arms:
 - candidates16: K = 20, each pretraining step over 16 of each question's candidates instead of
   8 (`cross.pretrain_candidates=16`): twice the negatives beside each question's evidence in
   the listwise loss, at twice the pretraining's cost (about 40 minutes a run).
+- lambda: K = 20, pretrained with LambdaLoss instead of the softmax's cross-entropy
+  (`cross.pretrain_loss=lambda`): pairs of an evidence and another candidate, each weighted by
+  the NDCG its swap would change, so the top of the list counts most (about 25 minutes a run).
 - observations: K = 20, the training conversations' LoCoMo observations (2,046 in the dev file,
   statements of what each session established, each naming its turn) join their questions in
   pretraining (`cross.observations=true`): about twice the labelled pairs, from the same
@@ -37,7 +40,7 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
 (finished runs are not rerun).
 
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
-                                             candidates16]
+                                             candidates16|lambda]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -69,7 +72,8 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
           "cross.max_length=128", "cross.pretrain_candidates=8", "cross.negatives_from_rank=1",
           "cross.pretrain_epochs=2",
           "cross.pretrain_lr=2e-5", "cross.pretrain_tau=1.0", "cross.head_lr_scale=50.0",
-          "cross.prior_scale=1.0", "cross.observations=false", "cross.compute_dtype=float32",
+          "cross.prior_scale=1.0", "cross.observations=false", "cross.pretrain_loss=softmax",
+          "cross.compute_dtype=float32",
           "cross.lr=1e-5",
           "cross.tau=1.0", "cross.steps=0",
           "encoder_tuning.tune=query", "encoder_tuning.pretrain_epochs=2",
@@ -81,17 +85,19 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
 ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "encoder0": "encoder_tuning.steps=0", "lr4e-5": "cross.pretrain_lr=4e-5",
         "observations": "cross.observations=true",
-        "candidates16": "cross.pretrain_candidates=16"}
+        "candidates16": "cross.pretrain_candidates=16", "lambda": "cross.pretrain_loss=lambda"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
-                "candidates16": "sweep_cross_candidates16.md"}
+                "candidates16": "sweep_cross_candidates16.md",
+                "lambda": "sweep_cross_lambda.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
           "lr4e-5": "The cross reranker pretrained at twice the rate",
           "observations": "The cross reranker also pretrained on LoCoMo's observations",
-          "candidates16": "The cross reranker pretrained over 16 candidates per question"}
+          "candidates16": "The cross reranker pretrained over 16 candidates per question",
+          "lambda": "The cross reranker pretrained with LambdaLoss"}
 FOLDS, SEEDS = 2, 1
 
 

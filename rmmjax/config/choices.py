@@ -37,3 +37,5 @@ P_REL_DEFAULT = 0.911
 P_IRR_DEFAULT = 1.0 - 0.846
 # The cross reranker encoder's computation dtypes (besides auto: see Config.compute_dtype).
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# The losses the cross reranker's pretraining may take (rmmjax.core.losses.PRETRAIN_LOSSES).
+PRETRAIN_LOSSES = ("softmax", "lambda")

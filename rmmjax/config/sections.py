@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rmmjax.config.choices import COMPUTE_DTYPES, TUNES
+from rmmjax.config.choices import COMPUTE_DTYPES, PRETRAIN_LOSSES, TUNES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 
 
@@ -94,7 +94,10 @@ class Cross(Learning):
   bfloat16 matmul; parameters and optimizer state stay float32 either way); `prior_scale`
   spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
   layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
-  learn at `head_lr_scale` times the rate.
+  learn at `head_lr_scale` times the rate. `pretrain_loss`: softmax, the cross-entropy of
+  the softmax over each question's candidates; lambda, LambdaLoss (pairs of a relevant and an
+  irrelevant candidate, each weighted by the NDCG its swap would change: the top of the list
+  weighs most).
   """
 
   NAME = "cross"
@@ -111,6 +114,7 @@ class Cross(Learning):
   prior_scale: float = 1.0
   head_lr_scale: float = 50.0
   observations: bool = False
+  pretrain_loss: str = "softmax"
 
   def check(self, cfg) -> None:
     super().check(cfg)
@@ -128,6 +132,9 @@ class Cross(Learning):
     if self.observations and cfg.units != "turn":
       raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
                        f"expected units=turn, not {cfg.units}")
+    if self.pretrain_loss not in PRETRAIN_LOSSES:
+      raise ValueError(f"cross.pretrain_loss={self.pretrain_loss!r} is not one of "
+                       f"{', '.join(PRETRAIN_LOSSES)}")
     if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
       raise ValueError(f"cross.compute_dtype={self.compute_dtype!r} is not one of auto, "
                        f"{', '.join(COMPUTE_DTYPES)}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
+import rax
 
 from rmmjax.core.selection import selection_log_prob_terms
 from rmmjax.core.types import BASELINE_KINDS
@@ -108,6 +111,25 @@ def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.
       logits_BxK, labels_BxK, where=mask_BxK, reduce_fn=None)
   per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
   return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)
+
+
+def lambda_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,
+                tau: jax.Array | float = 1.0) -> jax.Array:
+  """LambdaLoss (Wang et al., 2018, the NDCG-Loss2 weighting, through rax): the logistic loss
+  of every (relevant, irrelevant) pair of a query's candidates, each weighted by how much NDCG
+  swapping the two would change at their present ranks, so the order at the top of the list
+  counts most; a mean over the pairs. Queries without a valid relevant candidate contribute
+  nothing."""
+  labels_BxK = (relevant_BxK & mask_BxK).astype(jnp.float32)
+  weights = functools.partial(rax.dcg2_lambdaweight, normalize=True)
+  # (rax discounts integer ranks as floats: standard promotion, wherever strict is set)
+  with jax.numpy_dtype_promotion("standard"):
+    return rax.pairwise_logistic_loss(scores_BxK / tau, labels_BxK, where=mask_BxK,
+                                      lambdaweight_fn=weights, reduce_fn=jnp.mean)
+
+
+# The supervised losses pretraining may take (cross.pretrain_loss), by name.
+PRETRAIN_LOSSES = {"softmax": listwise_loss, "lambda": lambda_loss}
 
 
 def grouped_listwise_loss(scores_BxK: jax.Array, covers_BxKxE: jax.Array, mask_BxK: jax.Array,

@@ -155,14 +155,15 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
   return state, metrics
 
 
-def supervised_step(state: TrainState, batch: Batch,
-                    scorer: Callable | None = None) -> tuple[TrainState, dict]:
-  """One step of listwise pretraining on labelled relevance (softmax CE, several positives).
+def supervised_step(state: TrainState, batch: Batch, scorer: Callable | None = None,
+                    loss_fn: Callable = losses.listwise_loss) -> tuple[TrainState, dict]:
+  """One step of listwise pretraining on labelled relevance (softmax CE, several positives;
+  `loss_fn` another of `losses.PRETRAIN_LOSSES`).
 
   `scorer` as in `train_step`."""
   scorer = scorer or (lambda params, batch: scores_and_pullback(params, batch, state.spec))
   scores_BxK, pullback = scorer(state.params, batch)
-  loss, g_scores_BxK = jax.value_and_grad(losses.listwise_loss)(
+  loss, g_scores_BxK = jax.value_and_grad(loss_fn)(
       scores_BxK, batch.relevant_BxK, batch.mask_BxK, state.hparams.tau)
   grads = pullback(g_scores_BxK)
   active = jnp.any(batch.relevant_BxK & batch.mask_BxK)

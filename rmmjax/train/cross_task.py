@@ -14,6 +14,7 @@ other rerankers draw, so a resumed run ends where an uninterrupted one does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -206,7 +207,9 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
     return batches
 
   # No donation: the hyperparameters are shared with the task's.
-  state, losses = fit(state, core.supervised_step, epoch_batches,
+  step = functools.partial(core.supervised_step,
+                           loss_fn=core.losses.PRETRAIN_LOSSES[cfg.cross.pretrain_loss])
+  state, losses = fit(state, step, epoch_batches,
                       Fit(cfg.cross.pretrain_epochs, desc="cross"), mesh, progress,
                       compiler_options())
   return state, losses, positions["real"] / max(positions["computed"], 1)

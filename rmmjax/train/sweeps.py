@@ -41,7 +41,7 @@ FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", 
 # Keys that only pretraining reads, and keys that only online steps read (those of the held-out
 # conversations too, where a sweep measures learning online on them).
 PRETRAINING_KEYS = ("pretrain_lr", "pretrain_tau", "pretrain_epochs", "pretrain_batch",
-                    "pretrain_candidates", "negatives_from_rank")
+                    "pretrain_candidates", "negatives_from_rank", "pretrain_loss")
 ONLINE_KEYS = ("tau", "lr", "baseline", "baseline_kind", "p_rel", "p_irr", "credit",
                "log_prob", "sampling", "running_decay")
 

@@ -85,6 +85,8 @@ def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, m
     (["encoder_tuning.tune=all"], "encoder_tuning.tune='all' is not one of query, both"),
     (["learner=iris", "units=lace", "iris_models.hard_share=2"], r"hard_share=2: expected"),
     (["learner=reranker", "units=lace", "iris_evidence.preset=narrow"], "preset='narrow'"),
+    (["variant=cross", "cross.pretrain_loss=listnet"],
+     "cross.pretrain_loss='listnet' is not one of softmax, lambda"),
 ])
 def test_a_section_checks_its_own_values(overrides, message, tmp_path):
   data = tmp_path / "d.json"
@@ -161,3 +163,9 @@ def test_a_sweep_grid_names_a_section_key_either_way():
   assert [(c.reranker.tau, c.reranker.lr) for c in configs] == [(0.1, 0.01), (0.5, 0.01)]
   with pytest.raises(ValueError, match="changes the compiled program"):
     parse_grid(["reranker.hidden=64,128"], latent)
+
+
+def test_the_pretraining_losses_a_config_names_are_the_core_s():
+  from rmmjax import core
+  from rmmjax.config.choices import PRETRAIN_LOSSES
+  assert tuple(core.losses.PRETRAIN_LOSSES) == PRETRAIN_LOSSES

@@ -98,3 +98,44 @@ def test_listwise_loss_by_hand_and_masked_rows():
   assert np.isfinite(np.asarray(g)).all() and not np.asarray(g).any()
   g = jax.grad(lambda s: core.listwise_loss(s, relevant, mask))(scores)
   assert float(g[0, 3]) == 0.0 and not np.asarray(g[1]).any()
+
+
+def _lambda_loss_naive(scores, relevant, mask, tau):
+  """LambdaLoss written out pair by pair: every (relevant, irrelevant) pair of valid candidates,
+  its logistic loss weighted by K |gain_i - gain_j| / ideal DCG * |D(d) - D(d + 1)|, d the two
+  ranks' distance, D(r) = 1 / log2(1 + r), gain = 2^y - 1; the mean over those pairs."""
+  total, count = 0.0, 0
+  b, k = scores.shape
+  for q in range(b):
+    valid = [i for i in range(k) if mask[q, i]]
+    order = sorted(valid, key=lambda i: -scores[q, i])
+    rank = {i: r + 1 for r, i in enumerate(order)}
+    labels = {i: float(relevant[q, i]) for i in valid}
+    gains = {i: 2.0 ** labels[i] - 1.0 for i in valid}
+    ideal = sum(g / np.log2(1 + r) for r, g in enumerate(sorted(gains.values(), reverse=True), 1))
+    ideal = ideal or 1.0
+    discount = lambda r: 1.0 / np.log2(1.0 + r)  # noqa: E731
+    for i in valid:
+      for j in valid:
+        if labels[i] > labels[j]:
+          d = abs(rank[i] - rank[j])
+          weight = k * abs(gains[i] - gains[j]) / ideal * abs(discount(d) - discount(d + 1))
+          total += weight * np.log1p(np.exp(-(scores[q, i] - scores[q, j]) / tau))
+          count += 1
+  return total / max(count, 1)
+
+
+def test_lambda_loss_matches_the_pairs_written_out():
+  rng = np.random.default_rng(3)
+  scores = rng.normal(size=(3, 6))
+  relevant = np.array([[1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]], bool)
+  mask = np.ones((3, 6), bool)
+  mask[1, 2] = mask[0, 5] = False  # missing candidates take no part
+  got = core.losses.lambda_loss(jnp.asarray(scores, jnp.float32), relevant, mask, 0.5)
+  np.testing.assert_allclose(float(got), _lambda_loss_naive(scores, relevant, mask, 0.5),
+                             rtol=1e-5)
+  # A relevant candidate ranked higher lowers it, and its gradient pushes the relevant up.
+  grad = jax.grad(core.losses.lambda_loss)(jnp.asarray(scores, jnp.float32), relevant, mask, 0.5)
+  assert float(grad[0, 0]) < 0 and float(grad[1, 5]) < 0 and float(grad[1, 0]) > 0
+  assert float(jnp.abs(grad[2]).max()) == 0.0  # (no relevant candidate: no pair)
+  assert float(grad[1, 2]) == 0.0

@@ -70,6 +70,18 @@ def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
   assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
 
 
+def test_pretraining_with_lambdaloss_learns_from_another_loss(cross_run, three, tmp_path):
+  wd = tmp_path / "lambda"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "cross.pretrain_loss=lambda")]) == 0
+  softmax = json.loads((cross_run / "pretrain.json").read_text())["loss"]
+  pairwise = json.loads((wd / "pretrain.json").read_text())["loss"]
+  assert len(pairwise) == len(softmax) and np.all(np.isfinite(pairwise))
+  assert pairwise != softmax  # (the same batches, another loss)
+  loaded = load_reranker(wd)
+  assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
+
+
 def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, three, tmp_path,
                                                                  monkeypatch):
   """Held out without learning, eval packs each batch to its own rows rather than replaying
