@@ -115,21 +115,24 @@ def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
   from rmmjax.learners.cross.cost import run_seconds, time_steps  # noqa: PLC0415
   encoder = encoder or SentenceEncoder()
   timed, total = {}, 0.0
-  for i, f in todo:
-    c = configs[i]
+
+  def times(c: Config):
     shape = (c.k, c.batch, c.cross.pretrain_candidates, c.cross.max_length,
              c.cross.compute_dtype, c.cross.prior_scale)
     if shape not in timed:
       timed[shape] = time_steps(c, encoder, conversations)
+    return timed[shape]
+
+  for i, f in todo:
+    c = configs[i]
     held = set(tests[f])
     train = [x for j, x in enumerate(conversations) if j not in held]
     pretrained = bool(saved_steps(run_dir(workdir, i, f) / "checkpoints"))
-    total += run_seconds(c, timed[shape], 0 if pretrained else _items(c, conversations, train),
+    total += run_seconds(c, times(c), 0 if pretrained else _items(c, conversations, train),
                          [len(conversations[j].questions) for j in tests[f]])
   if best:
-    c = configs[0]
-    total += run_seconds(c, next(iter(timed.values())), _items(c, conversations, conversations),
-                         [])
+    total += run_seconds(configs[0], times(configs[0]),
+                         _items(configs[0], conversations, conversations), [])
   return total
 
 
