@@ -179,17 +179,7 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
         if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
           check_run(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
   todo = sequential_sweep.unfinished(configs, len(tests), workdir)  # (refuses a mixed sweep)
-  done = len(configs) * len(tests) - len(todo)
-  report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
-         f"{len(configs) * len(tests)} runs, each a training of its own (its own compiles); "
-         f"{len(todo)} to run ({done} done)")
-  seconds = sequential_sweep.estimate(configs, conversations, tests, todo, workdir, best)
-  if seconds is not None:
-    report(f"estimated time: {_minutes(seconds)} in the cross reranker's steps and held-out "
-           "scoring" + (", best/ included" if best else "") + " (each kind of step compiled "
-           "and timed here on the file's pairs); each run's candidate retrieval, and a "
-           "learner=both run's query encoder stage, come on top")
-  report("the time left is reported after each run")
+  sequential_sweep.announce(configs, conversations, tests, todo, workdir, best, report)
   if dry_run:
     return None
   if distributed.is_writer():

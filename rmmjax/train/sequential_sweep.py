@@ -100,6 +100,23 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
   return results
 
 
+def announce(configs: list[Config], conversations: list, tests: list[list[int]],
+             todo: list[tuple[int, int]], workdir: Path, best: bool, report) -> None:
+  """What the sweep will run and, for cross reranker runs, the time it will take."""
+  done = len(configs) * len(tests) - len(todo)
+  report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
+         f"{len(configs) * len(tests)} runs, each a training of its own (its own compiles); "
+         f"{len(todo)} to run ({done} done)")
+  seconds = estimate(configs, conversations, tests, todo, workdir, best)
+  if seconds is not None:
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    report(f"estimated time: {took} in the cross reranker's steps and held-out scoring"
+           + (", best/ included" if best else "") + " (each kind of step compiled and timed "
+           "here on the file's pairs); each run's candidate retrieval, and a learner=both "
+           "run's query encoder stage, come on top")
+  report("the time left is reported after each run")
+
+
 def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
              todo: list[tuple[int, int]], workdir: Path, best: bool, encoder=None
              ) -> float | None:
