@@ -47,7 +47,6 @@ def reranked_orders(replays: list[ConversationReplay], reranker: LoadedReranker,
   return orders
 
 
-
 def _batchwise_scores(params, replays, inputs, read, spec) -> list[np.ndarray]:
   """Each conversation's scores_SxBxK from its own batches, each packed to its own few rows:
   a replay's streams are evened to the longest conversation and every batch to the fullest

@@ -12,9 +12,8 @@ import jax
 import numpy as np
 
 from rmmjax import core
-from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.learners.cross.model import init_cross_params
+from rmmjax.learners.cross.model import cross_initial_params
 from rmmjax.learners.cross.pairs import bucket, pack_batch, pair_tokens
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.units import build_units
@@ -35,11 +34,7 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
   compile."""
   rng = np.random.default_rng(0)
   spec = cross_spec(cfg, encoder.cfg)
-  weights = dict(encoder.params)
-  pooler = load_pooler(encoder.model_dir)
-  if pooler is not None:
-    weights["pooler"] = pooler
-  params = init_cross_params(weights, cfg.k, cfg.cross.prior_scale)
+  params = cross_initial_params(encoder, cfg.k, cfg.cross.prior_scale)
   state = core.init_state(spec, cfg.hparams(cfg.cross), params)
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
   score = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
