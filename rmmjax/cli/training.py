@@ -47,8 +47,11 @@ writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only 
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
-def _config(args) -> Config:
-  cfg = apply_overrides(get_config(args.config), args.set or []).validate()
+def _config(args, validate: bool = True) -> Config:
+  """The config --config and --set name; a sweep checks it as each grid point sets its keys."""
+  cfg = apply_overrides(get_config(args.config), args.set or [])
+  if validate:
+    cfg.validate()
   check_output_dir(args.workdir, "--workdir")
   apply_precision(cfg.precision)
   return cfg
@@ -125,9 +128,9 @@ def eval_hint(cfg, workdir: str) -> str:
 
 def cmd_sweep(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
-    cfg = _config(args)
+    cfg = _config(args, validate=False)
     if args.steps is not None:
-      cfg = apply_overrides(cfg, [f"steps={args.steps}"]).validate()
+      cfg = apply_overrides(cfg, [f"steps={args.steps}"])
     grid = sweeps.parse_grid(args.grid or [], cfg)
     if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps")
                                       for k in grid):

@@ -26,6 +26,11 @@ def heldout_split(items: list, cfg: Config) -> tuple[list, list]:
           [x for i, x in enumerate(items) if i in test])
 
 
+def base_encoder() -> SentenceEncoder:
+  """The encoder of a replay's memories, its embeddings cached on disk across runs."""
+  return SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(cache_path())))
+
+
 def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], object, object]:
   """(resolved data path, conversations with questions, load report, encoder)."""
   data = Path(cfg.data).resolve()
@@ -39,8 +44,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
                      "with questions; expected at most one fold per conversation")
   if cfg.variant == "cross" and cfg.cross.observations:
     conversations = with_observations(data, conversations, cfg)
-  if encoder is None:
-    encoder = SentenceEncoder(cache=EmbeddingCache(distributed.host_cache(cache_path())))
+  encoder = base_encoder() if encoder is None else encoder
   if encoder.dim != cfg.dim:
     raise ValueError(f"dim={cfg.dim} but the encoder embeds into {encoder.dim} dimensions")
   return data, conversations, report, encoder

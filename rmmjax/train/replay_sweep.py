@@ -36,7 +36,7 @@ from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                sweep_record, write_run_record)
 from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
-                                     to_sequence, to_streams, unit_pools)
+                                     to_sequence, to_streams)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
     train_reranker
 from rmmjax.train import sequential_sweep, sweep_table
@@ -111,7 +111,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
   with contextlib.ExitStack() as holding:
     with distributed.preflight("configs, grids or workdirs") as found:
       check_learner(cfg)
-      configs = sweep_configs(cfg.validate(), grid, seeds)
+      configs = sweep_configs(cfg, grid, seeds)
       check_grid_read(grid, configs, online_held_out=vmappable(cfg, grid))
       workdir = Path(workdir)
       for name in ("folds", "runs", "best", "tb"):
@@ -168,9 +168,7 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
                             for c in conversations])
-    for k in sorted({c.k for c in configs}):  # (topics are built by the run, from its encoder)
-      if cfg.units != "topic":
-        unit_pools(conversations, cfg.units, k)
+    sequential_sweep.check_units(cfg, conversations, {c.k for c in configs})
     for i, c in enumerate(configs):  # every run's own checks, before anything is written
       for f in range(len(tests)):
         one = with_values(c, {"folds": len(tests), "fold": f}).validate()

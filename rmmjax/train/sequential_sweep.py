@@ -12,6 +12,7 @@ timed once (`estimate`); every run then reports the time left.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -26,7 +27,10 @@ from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import RECORD_FILE
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.replay.candidates import folds
+from rmmjax.memory.topic_units import conversation_units
+from rmmjax.replay.candidates import folds, unit_pools
+from rmmjax.retrieve.units import build_units
+from rmmjax.train.inputs import base_encoder
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FoldResult
 
@@ -43,6 +47,16 @@ def fold_tests(cfg: Config, num_folds: int) -> tuple[list, list[list[int]]]:
     raise ValueError(f"--folds {num_folds}: expected 2 to the {len(conversations)} "
                      f"conversations with questions in {cfg.data}")
   return conversations, folds(len(conversations), num_folds)
+
+
+def check_units(cfg: Config, conversations: list, ks: set[int]) -> None:
+  """Refuses a k above a conversation's units before any run. Topic units are built here as
+  each run builds them, from the replay's base encoder (its disk cache then serves the runs)."""
+  build = (build_units if cfg.units != "topic" else
+           functools.partial(conversation_units, encoder=base_encoder()))
+  units = {c.conversation_id: build(c, cfg.units) for c in conversations}
+  for k in sorted(ks):
+    unit_pools(conversations, cfg.units, k, unit_builder=lambda c, _: units[c.conversation_id])
 
 
 def _cutoffs(cfg: Config) -> tuple[int, ...]:

@@ -117,8 +117,27 @@ def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config
   for values in itertools.product(*(grid[k] for k in keys)):
     for s in range(seeds):
       point = with_values(cfg, dict(zip(keys, values)) | {"seed": cfg.seed + s})
-      configs.append(point.validate())
+      try:
+        configs.append(point.validate())
+      except ValueError as error:
+        if not keys or _refused_alone(cfg, keys, error):
+          raise
+        # The base values are checked only as each point sets them: a grid may lift a base
+        # value's refusal (a grid over k with the base's pretraining candidates above some k).
+        raise ValueError(f"--grid point {_label(point, keys)}: {error}") from None
   return configs
+
+
+def _refused_alone(cfg: Config, keys: list[str], error: ValueError) -> bool:
+  """Whether the configuration without the grid is refused the same way, over none of the
+  grid's keys (then the refusal is not the grid point's, and is said without it)."""
+  if any(key.rpartition(".")[2] in str(error) for key in keys):
+    return False
+  try:
+    cfg.validate()
+  except ValueError as alone:
+    return str(alone) == str(error)
+  return False
 
 
 # On a CPU a vmapped step streams the Adam state of every configuration in the chunk; two
@@ -192,7 +211,7 @@ def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
     if cfg.config != "latent":
       raise ValueError(f"this sweep runs the latent simulator, not config {cfg.config} (a "
                        "sweep over replayed conversations: rmmjax.train.replay_sweep)")
-    configs = sweep_configs(cfg.validate(), grid, seeds)
+    configs = sweep_configs(cfg, grid, seeds)
     spec, sim = cfg.core_spec(), cfg.sim_spec()
     workdir = Path(workdir)
     if distributed.is_writer():  # one process at a time: the second is refused, naming it
