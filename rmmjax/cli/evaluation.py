@@ -82,6 +82,9 @@ def cmd_eval(args) -> None:
     if planned is not None and step < planned:
       print(f"NOTE: {args.reranker} has trained {step} of its {planned} steps (interrupted or "
             f"still running): these are the numbers of step {step}")
+  if config["without_questions"]:  # (nothing to measure there; said, so counts add up)
+    print(f"left out {plural(len(config['without_questions']), 'conversation')} without "
+          f"questions: {', '.join(config['without_questions'])}")
   print(format_table(result, ks))
   counts = result["load_report"]["counts"]
   if counts:

@@ -46,9 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     return _main(argv)
   except KeyboardInterrupt:
     stopped, code = signals.status()
-    print(f"\nrmmjax {command}: {stopped}; {INTERRUPTED.get(command, NOTHING)}",
-          file=sys.stderr)
+    print(f"\nrmmjax {command}: {stopped}; {_left(command, argv)}", file=sys.stderr)
     return code
+
+
+def _left(command: str, argv: list[str]) -> str:
+  """What the interrupted command leaves. A latent sweep writes only at its end: a rerun
+  starts it over."""
+  config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
+                next((a.partition("=")[2] for a in argv if a.startswith("--config=")), "latent"))
+  if command == "sweep" and config == "latent":
+    return f"{NOTHING} (the latent simulator's sweep writes at its end: a rerun starts over)"
+  return INTERRUPTED.get(command, NOTHING)
 
 
 def _main(argv: list[str]) -> int:

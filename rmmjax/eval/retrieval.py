@@ -114,6 +114,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if loaded and query_encoder is None and loaded.record.get("query_encoder_path"):
     query_encoder = recorded_query_encoder(Path(reranker), loaded.record)
   conversations, report = DATASETS[dataset](data)
+  without_questions = [c.conversation_id for c in conversations if not c.questions]
   conversations = [c for c in conversations if c.questions]
   if not conversations:
     raise ValueError(f"{data} holds no question with evidence labels; it cannot be evaluated "
@@ -131,7 +132,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
             "retriever": retriever, "k": list(ks), "budget_words": budget_words,
             "encoder": encoder_identity(encoder) if encoder is not None else None,
             "query_encoder": str(query_encoder) if query_encoder else None,
-            "query_encoder_identity": tuned.identity if tuned else None, "mismatches": []}
+            "query_encoder_identity": tuned.identity if tuned else None, "mismatches": [],
+            "without_questions": without_questions}
   models = []
   if model is not None:
     config["iris_model"] = model.source

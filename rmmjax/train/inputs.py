@@ -58,7 +58,10 @@ def with_observations(data: Path, conversations: list[Conversation], cfg: Config
   found = load_observations(data, conversations)
   train, _ = heldout_split(list(range(len(conversations))), cfg)
   if not any(found.get(conversations[i].conversation_id) for i in train):
-    raise ValueError(f"cross.observations=true: the training conversations of {cfg.data} hold "
+    ids = ", ".join(conversations[i].conversation_id for i in train)
+    which = ("the training conversations"
+             + (f" of fold={cfg.fold} (folds={cfg.folds})" if cfg.folds else "") + f" ({ids})")
+    raise ValueError(f"cross.observations=true: {which} in {cfg.data} hold "
                      "no observations (LoCoMo's per-session \"observation\" statements, each "
                      "naming its turn); expected a file with them, or cross.observations=false")
   train = set(train)

@@ -128,6 +128,11 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
            + (", best/ included" if best else "") + " (each kind of step compiled and timed "
            "here on the file's pairs); each run's candidate retrieval, and a learner=both "
            "run's query encoder stage, come on top")
+  elif todo:  # (said, so that no estimate is not read as no cost)
+    report("no time estimate before the first run: " + (
+        f"it times a cross reranker's step on one device, and these runs spread over "
+        f"{len(jax.devices())}" if all(configs[i].variant == "cross" for i, _ in todo) else
+        "it is made for the cross reranker's runs, not the query encoder's"))
   report("the time left is reported after each run")
 
 

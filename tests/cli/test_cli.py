@@ -245,3 +245,12 @@ def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   assert eval_hint(cfg("learner=reranker", "units=lace", "iris_evidence.preset=wide"), "W").endswith(
       "--units lace --iris wide --retriever hybrid --reranker W")
   assert eval_hint(cfg("learner=both"), "W").endswith("--reranker W")
+
+
+def test_an_interrupted_sweep_says_whether_a_rerun_resumes_it():
+  from rmmjax.cli.main import _left
+  assert "a rerun starts over" in _left("sweep", ["sweep", "--workdir", "w"])
+  assert "a rerun starts over" in _left("sweep", ["sweep", "--config=latent", "--workdir", "w"])
+  for argv in (["sweep", "--config", "locomo"], ["sweep", "--config=locomo"]):
+    assert "keeps the folds and runs it finished" in _left("sweep", argv)
+  assert _left("train", ["train", "--config", "latent"]) == "rerun the same command to resume"

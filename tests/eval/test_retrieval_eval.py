@@ -208,3 +208,13 @@ def test_dense_search_with_the_bank_sharded_over_devices_equals_exhaustive_ranki
 def test_bm25_ranks_a_query_of_stopwords_only_without_failing():
   retriever = BM25Retriever(["the cat sat on the mat", "a dog ran"])
   assert retriever.rank(["the of and", "dog"], 2).tolist() == [[0, 1], [1, 0]]
+
+
+def test_eval_names_the_conversations_it_leaves_out_for_having_no_questions(three, tmp_path,
+                                                                           capsys):
+  records = json.loads(Path(three).read_text())
+  records[1]["qa"] = []
+  path = tmp_path / "two_asked.json"
+  path.write_text(json.dumps(records))
+  assert main(["eval", "--data", str(path), "--quiet", "--k", "5"]) == 0
+  assert "left out 1 conversation without questions: syn-2" in capsys.readouterr().out

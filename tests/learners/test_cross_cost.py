@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import pytest
 
 from cli_args import sets as _sets
@@ -59,3 +60,18 @@ def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path,
   assert "estimated time: " in out and "in the cross reranker's steps" in out
   assert "best/ included" in out  # (trained unless --no-best)
   assert not wd.exists()  # (a dry run writes nothing)
+
+
+def test_a_sweep_without_an_estimate_says_why(three, tmp_path, monkeypatch):
+  from rmmjax.train.sequential_sweep import announce  # noqa: PLC0415
+  conversations, _ = load_locomo(three)
+  lines = []
+  encoder = apply_overrides(get_config("locomo"), [f"data={three}", "learner=query_encoder",
+                                                   "retriever=hybrid"])
+  announce([encoder], conversations, [[0], [1], [2]], [(0, 0)], tmp_path, False, lines.append)
+  assert "made for the cross reranker's runs, not the query encoder's" in lines[1]
+  monkeypatch.setattr(jax, "devices", lambda *_: ["one", "two"])
+  lines.clear()
+  announce([_cfg(f"data={three}")], conversations, [[0], [1], [2]], [(0, 0)], tmp_path, False,
+           lines.append)
+  assert "these runs spread over 2" in lines[1]

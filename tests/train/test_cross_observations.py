@@ -86,13 +86,17 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
     load_observations(path, load_locomo(path)[0])
 
 
+@pytest.mark.parametrize("split, which", [
+    (("holdout=1",), "the training conversations (syn-1, syn-2) in "),
+    (("folds=3", "fold=1"), "the training conversations of fold=1 (folds=3) (syn-1, syn-3) in ")])
 def test_a_file_without_observations_is_refused_before_anything_is_written(three, tmp_path,
-                                                                           capsys):
+                                                                           capsys, split, which):
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_sets(f"data={three}", "variant=cross", "learner=reranker", "holdout=1",
+               *_sets(f"data={three}", "variant=cross", "learner=reranker", *split,
                       "cross.observations=true")]) != 0
-  assert "hold no observations" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert which in err and "hold no observations" in err
   assert not wd.exists()
 
 
