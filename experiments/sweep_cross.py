@@ -35,12 +35,14 @@ The arms:
   pretraining (`cross.observations=true`): about twice the labelled pairs, from the same
   conversations; held-out conversations are measured on their questions alone (about 50
   minutes a run).
+- k50-observations: the two arms that helped, together: K = 50 and the observations in
+  pretraining (a grid of one value of each key).
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).
 
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
-                                             candidates16|lambda]
+                                             candidates16|lambda|k50-observations]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -85,26 +87,39 @@ RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=
 ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "encoder0": "encoder_tuning.steps=0", "lr4e-5": "cross.pretrain_lr=4e-5",
         "observations": "cross.observations=true",
-        "candidates16": "cross.pretrain_candidates=16", "lambda": "cross.pretrain_loss=lambda"}
+        "candidates16": "cross.pretrain_candidates=16", "lambda": "cross.pretrain_loss=lambda",
+        "k50-observations": ("k=50", "cross.observations=true")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
                 "candidates16": "sweep_cross_candidates16.md",
-                "lambda": "sweep_cross_lambda.md"}
+                "lambda": "sweep_cross_lambda.md",
+                "k50-observations": "sweep_cross_k50-observations.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
           "lr4e-5": "The cross reranker pretrained at twice the rate",
           "observations": "The cross reranker also pretrained on LoCoMo's observations",
           "candidates16": "The cross reranker pretrained over 16 candidates per question",
-          "lambda": "The cross reranker pretrained with LambdaLoss"}
+          "lambda": "The cross reranker pretrained with LambdaLoss",
+          "k50-observations": "The cross reranker reading K = 50 candidates, also pretrained on "
+                              "LoCoMo's observations"}
 FOLDS, SEEDS = 2, 1
 
 
+def arm_settings(arm: str) -> tuple[str, ...]:
+  """The arm's KEY=VALUE settings (one, or several changed together)."""
+  return (ARMS[arm],) if isinstance(ARMS[arm], str) else ARMS[arm]
+
+
+def arm_name(arm: str) -> str:
+  return ", ".join(arm_settings(arm))
+
+
 def sweep_args(data: Path, workdir: Path, arm: str) -> list[str]:
-  key = ARMS[arm].partition("=")[0]
-  sets = [f"data={data}", *(s for s in RECIPE if s.partition("=")[0] != key)]
-  grid = (ARMS[arm],)
+  grid = arm_settings(arm)
+  keys = {g.partition("=")[0] for g in grid}
+  sets = [f"data={data}", *(s for s in RECIPE if s.partition("=")[0] not in keys)]
   return (["sweep", "--config", "locomo", "--workdir", str(workdir), "--quiet", "--no-best",
            "--folds", str(FOLDS), "--seeds", str(SEEDS)] + [a for g in grid for a in ("--grid", g)]
           + [a for s in sets for a in ("--set", s)])
@@ -129,16 +144,16 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
            f"\"{name}\", the same folds and questions; made by the code of its own commit), "
            "Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
            "|---|---|" + "---|" * len(set(cats))]
-  for name, v in ((ARMS[arm], a), ("unchanged", b)):
+  for name, v in ((arm_name(arm), a), ("unchanged", b)):
     lines.append(f"| {name} | {v.mean():.3f} | "
                  + " | ".join(f"{v[cats == c].mean():.3f}" for c in sorted(set(cats))) + " |")
-  lines += ["", f"{ARMS[arm]} - unchanged: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, "
+  lines += ["", f"{arm_name(arm)} - unchanged: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, "
             "conversations resampled)."]
   for f in range(FOLDS):
     held = json.loads((workdir / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())
     convs = list(dict.fromkeys(q["conversation"] for q in held["per_question"]))
     keep = np.isin(conv, convs)
-    lines.append(f"Fold {f} ({', '.join(convs)}): {ARMS[arm]} {a[keep].mean():.3f}, unchanged "
+    lines.append(f"Fold {f} ({', '.join(convs)}): {arm_name(arm)} {a[keep].mean():.3f}, unchanged "
                  f"{b[keep].mean():.3f}.")
   return lines
 

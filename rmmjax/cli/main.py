@@ -47,15 +47,25 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     stopped, code = signals.status()
     print(f"\nrmmjax {command}: {stopped}; {_left(command, argv)}", file=sys.stderr)
+    if _latent_sweep(command, argv):
+      # Its compiled chunk in flight would hold the exit until it ends (minutes), for a result
+      # nothing keeps: leave without waiting for it.
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
     return code
+
+
+def _latent_sweep(command: str, argv: list[str]) -> bool:
+  config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
+                next((a.partition("=")[2] for a in argv if a.startswith("--config=")), "latent"))
+  return command == "sweep" and config == "latent"
 
 
 def _left(command: str, argv: list[str]) -> str:
   """What the interrupted command leaves. A latent sweep writes only at its end: a rerun
   starts it over."""
-  config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
-                next((a.partition("=")[2] for a in argv if a.startswith("--config=")), "latent"))
-  if command == "sweep" and config == "latent":
+  if _latent_sweep(command, argv):
     return f"{NOTHING} (the latent simulator's sweep writes at its end: a rerun starts over)"
   return INTERRUPTED.get(command, NOTHING)
 

@@ -233,6 +233,21 @@ def test_sigterm_stops_a_run_saying_so_and_how_to_resume(tmp_path):
   assert "Traceback" not in err
 
 
+def test_sigterm_ends_a_latent_sweep_without_waiting_for_its_chunk_in_flight(tmp_path):
+  # (a chunk of 2,000,000 steps runs for minutes here; the sweep writes nothing before its end)
+  proc = subprocess.Popen([sys.executable, "-m", "rmmjax.cli", "sweep", "--workdir",
+                           str(tmp_path / "sweep"), "--quiet", "--grid", "lr=1e-3,1e-2",
+                           *_sets("steps=2000000")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  time.sleep(8.0)
+  proc.terminate()
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 143, err[-2000:]
+  assert "rmmjax sweep: terminated; nothing was written" in err and "Traceback" not in err
+  assert not (tmp_path / "sweep").exists()
+
+
 def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   from rmmjax.cli.training import eval_hint
   from rmmjax.config import apply_overrides, get_config
