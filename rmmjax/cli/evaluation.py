@@ -84,7 +84,7 @@ def cmd_eval(args) -> None:
             f"still running): these are the numbers of step {step}")
   if config["without_questions"]:  # (nothing to measure there; said, so counts add up)
     print(f"left out {plural(len(config['without_questions']), 'conversation')} without "
-          f"questions: {', '.join(config['without_questions'])}")
+          f"evidence-labelled questions: {', '.join(config['without_questions'])}")
   print(format_table(result, ks))
   counts = result["load_report"]["counts"]
   if counts:

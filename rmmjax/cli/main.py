@@ -9,6 +9,7 @@ them is imported: their imports touch JAX (bm25s runs a JAX op when imported).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -19,7 +20,7 @@ NOTHING = "nothing was written"
 # What an interrupted command leaves (chat says it itself: what it kept depends on the session).
 INTERRUPTED = {"train": "rerun the same command to resume",
                "sweep": "rerun the same command (a sweep over conversations keeps the folds "
-                        "and runs it finished)",
+                        "and runs it finished; the latent simulator's starts over)",
                "ingest": "the sessions reflected before are kept; rerun the same command to "
                          "resume",
                "memory": "a write is one transaction: the bank is as it was, or holds all of it"}
@@ -46,28 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     return _main(argv)
   except KeyboardInterrupt:
     stopped, code = signals.status()
-    print(f"\nrmmjax {command}: {stopped}; {_left(command, argv)}", file=sys.stderr)
-    if _latent_sweep(command, argv):
+    # (not imported here: only a sweep that is running has it loaded)
+    sweeps = sys.modules.get("rmmjax.train.sweeps")
+    if sweeps is not None and sweeps.nothing_kept_in_flight:
+      print(f"\nrmmjax {command}: {stopped}; {NOTHING} (the latent simulator's sweep writes at "
+            "its end: a rerun starts over)", file=sys.stderr)
       # Its compiled chunk in flight would hold the exit until it ends (minutes), for a result
       # nothing keeps: leave without waiting for it.
-      sys.stdout.flush()
-      sys.stderr.flush()
+      with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
       os._exit(code)
+    print(f"\nrmmjax {command}: {stopped}; {INTERRUPTED.get(command, NOTHING)}",
+          file=sys.stderr)
     return code
-
-
-def _latent_sweep(command: str, argv: list[str]) -> bool:
-  config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
-                next((a.partition("=")[2] for a in argv if a.startswith("--config=")), "latent"))
-  return command == "sweep" and config == "latent"
-
-
-def _left(command: str, argv: list[str]) -> str:
-  """What the interrupted command leaves. A latent sweep writes only at its end: a rerun
-  starts it over."""
-  if _latent_sweep(command, argv):
-    return f"{NOTHING} (the latent simulator's sweep writes at its end: a rerun starts over)"
-  return INTERRUPTED.get(command, NOTHING)
 
 
 def _main(argv: list[str]) -> int:

@@ -132,7 +132,7 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
     report("no time estimate before the first run: " + (
         f"it times a cross reranker's step on one device, and these runs spread over "
         f"{len(jax.devices())}" if all(configs[i].variant == "cross" for i, _ in todo) else
-        "it is made for the cross reranker's runs, not the query encoder's"))
+        "it is made for the cross reranker's runs alone"))
   report("the time left is reported after each run")
 
 

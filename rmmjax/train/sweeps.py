@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -131,7 +132,10 @@ def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config
 def _refused_alone(cfg: Config, keys: list[str], error: ValueError) -> bool:
   """Whether the configuration without the grid is refused the same way, over none of the
   grid's keys (then the refusal is not the grid point's, and is said without it)."""
-  if any(key.rpartition(".")[2] in str(error) for key in keys):
+  # (a grid key's value named in the refusal, with its section or without: `k=`, not the
+  # k of "checkpoint_every")
+  if any(re.search(rf"(?<!\w)(?:\w+\.)?{re.escape(key.rpartition('.')[2])}=", str(error))
+         for key in keys):
     return False
   try:
     cfg.validate()
@@ -198,6 +202,28 @@ def _label(cfg: Config, keys: list[str]) -> str:
   return ",".join(f"{k}={get_value(cfg, k)}" for k in keys) or "default"
 
 
+# True while a latent sweep computes what it writes only at its end: a stop then loses
+# nothing by leaving without waiting for the compiled chunk in flight (minutes, for long
+# chunks). Read by the command line when Ctrl-C or SIGTERM stops it.
+nothing_kept_in_flight = False
+
+
+@contextlib.contextmanager
+def _nothing_kept(alone: bool):
+  """Marks the block as computing nothing that a stop would keep; not with several processes,
+  each of which must leave the distributed runtime in step."""
+  global nothing_kept_in_flight
+  nothing_kept_in_flight = alone
+  try:
+    yield
+  except KeyboardInterrupt:
+    raise  # (the mark stays up for the stop it lets through)
+  except BaseException:
+    nothing_kept_in_flight = False
+    raise
+  nothing_kept_in_flight = False
+
+
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
           progress: bool = True) -> dict:
   """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir, which
@@ -224,8 +250,9 @@ def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
   world = core.make_world(sim, spec.dim)
   hparams_C = core.stack_hparams([c.hparams() for c in configs])
   run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
-  out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
-                   devices=devices, progress=progress and distributed.is_writer())
+  with _nothing_kept(jax.process_count() == 1):
+    out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
+                     devices=devices, progress=progress and distributed.is_writer())
   result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
             "runs": _runs(configs, list(grid), out, cfg.log_every)[0]}
   if not distributed.is_writer():  # process 0 writes; every process returns the result

@@ -217,4 +217,4 @@ def test_eval_names_the_conversations_it_leaves_out_for_having_no_questions(thre
   path = tmp_path / "two_asked.json"
   path.write_text(json.dumps(records))
   assert main(["eval", "--data", str(path), "--quiet", "--k", "5"]) == 0
-  assert "left out 1 conversation without questions: syn-2" in capsys.readouterr().out
+  assert "left out 1 conversation without evidence-labelled questions: syn-2" in capsys.readouterr().out

@@ -27,8 +27,13 @@ def test_a_refused_point_is_named_and_a_refusal_of_the_base_alone_is_not(three):
     sweep_configs(_locomo(three, "k=10"), {"cross.pretrain_candidates": [4, 12]}, seeds=1)
   with pytest.raises(ValueError, match=r"^cross.pretrain_candidates=8: expected 2 to"):
     sweep_configs(_locomo(three, "k=6"), {"cross.lr": [1e-5, 2e-5]}, seeds=1)
+  # (the k of checkpoint_every is not the grid's k)
+  with pytest.raises(ValueError, match=r"^checkpoint_every=15 is not a multiple"):
+    sweep_configs(_locomo(three, "checkpoint_every=15", "log_every=10"), {"k": [10, 20]},
+                  seeds=1)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_encoder")
 def test_the_command_line_checks_the_base_only_through_the_grid(three, tmp_path, capsys):
   wd = tmp_path / "w"
@@ -42,6 +47,7 @@ def test_the_command_line_checks_the_base_only_through_the_grid(three, tmp_path,
   assert not wd.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_encoder")
 def test_more_candidates_than_topics_is_refused_before_a_sweep_of_runs_writes(three, tmp_path,
                                                                               capsys):
