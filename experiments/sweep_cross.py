@@ -37,12 +37,19 @@ The arms:
   minutes a run).
 - k50-observations: the two arms that helped, together: K = 50 and the observations in
   pretraining (a grid of one value of each key).
+- head10: K = 20, the scoring layer and the prior learning at 10 times the encoder's rate
+  instead of 50 (`cross.head_lr_scale=10`): the 50 was set by reasoning about Adam's first
+  steps on a head that starts at zero, not searched (about 22 minutes a run).
+- prior0: K = 20, the prior over base positions starting flat (`cross.prior_scale=0`) instead
+  of at -log(1 + position): whether the retriever's order, given as a starting prior, helps
+  a reranker that reads every candidate's text (about 22 minutes a run).
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).
 
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
-                                             candidates16|lambda|k50-observations]
+                                             candidates16|lambda|k50-observations|
+                                             head10|prior0]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -88,13 +95,15 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "encoder0": "encoder_tuning.steps=0", "lr4e-5": "cross.pretrain_lr=4e-5",
         "observations": "cross.observations=true",
         "candidates16": "cross.pretrain_candidates=16", "lambda": "cross.pretrain_loss=lambda",
-        "k50-observations": ("k=50", "cross.observations=true")}
+        "k50-observations": ("k=50", "cross.observations=true"),
+        "head10": "cross.head_lr_scale=10.0", "prior0": "cross.prior_scale=0.0"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
                 "candidates16": "sweep_cross_candidates16.md",
                 "lambda": "sweep_cross_lambda.md",
-                "k50-observations": "sweep_cross_k50-observations.md"}
+                "k50-observations": "sweep_cross_k50-observations.md",
+                "head10": "sweep_cross_head10.md", "prior0": "sweep_cross_prior0.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -103,7 +112,9 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "candidates16": "The cross reranker pretrained over 16 candidates per question",
           "lambda": "The cross reranker pretrained with LambdaLoss",
           "k50-observations": "The cross reranker reading K = 50 candidates, also pretrained on "
-                              "LoCoMo's observations"}
+                              "LoCoMo's observations",
+          "head10": "The cross reranker's head and prior learning at 10 times the rate, not 50",
+          "prior0": "The cross reranker without the base order's starting prior"}
 FOLDS, SEEDS = 2, 1
 
 
