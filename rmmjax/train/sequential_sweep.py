@@ -5,8 +5,8 @@ of its own (`train --set folds=N --set fold=I`, in `runs/<configuration>/fold_<I
 measured by `eval` on the conversations its fold holds out, one after another. A run killed
 midway resumes from its checkpoints; a finished run's held-out metrics (`heldout.json`) are
 not computed again. A run's own summary holds no held-out scores: `eval`'s are its measure.
-Before the first run, a sweep of cross reranker runs states their time from each kind of step
-timed once (`estimate`); every run then reports the time left.
+Before the first run, a sweep of query encoder or cross reranker runs states their time from
+each kind of step timed once (`estimate`); every run then reports the time left.
 """
 
 from __future__ import annotations
@@ -116,41 +116,55 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
 
 def announce(configs: list[Config], conversations: list, tests: list[list[int]],
              todo: list[tuple[int, int]], workdir: Path, best: bool, report) -> None:
-  """What the sweep will run and, for cross reranker runs, the time it will take."""
+  """What the sweep will run and, for query encoder and cross reranker runs, the time it will
+  take."""
   done = len(configs) * len(tests) - len(todo)
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
          f"{len(configs) * len(tests)} runs, each a training of its own (its own compiles); "
          f"{len(todo)} to run ({done} done)")
   seconds = estimate(configs, conversations, tests, todo, workdir, best)
+  runs = [configs[i] for i, _ in todo]
   if seconds is not None:
     took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    report(f"estimated time: {took} in the cross reranker's steps and held-out scoring"
-           + (", best/ included" if best else "") + " (each kind of step compiled and timed "
-           "here on the file's pairs); each run's candidate retrieval, and a learner=both "
-           "run's query encoder stage, come on top")
+    timed = ([] if all(c.learner == "reranker" for c in runs) else
+             ["the query encoder's setup and steps"])
+    if any(c.learner != "query_encoder" for c in runs):
+      timed.append("the cross reranker's steps and held-out scoring")
+    left = (["each cross run's candidate retrieval"] if any(c.learner == "reranker" for c in runs)
+            else []) + (["the query encoder's held-out eval"]
+                        if any(c.learner == "query_encoder" for c in runs) else [])
+    report(f"estimated time: {took}" + (", best/ included" if best else "") + " ("
+           + " and ".join(timed) + ", each kind of step compiled and timed here on the file's "
+           "own texts)" + (f"; not in it: {', '.join(left)}" if left else ""))
   elif todo:  # (said, so that no estimate is not read as no cost)
     report("no time estimate before the first run: " + (
-        f"it times a cross reranker's step on one device, and these runs spread over "
-        f"{len(jax.devices())}" if all(configs[i].variant == "cross" for i, _ in todo) else
-        "it is made for the cross reranker's runs alone"))
+        f"it times a step on one device, and these runs spread over {len(jax.devices())}"
+        if all(map(_costed, runs)) else
+        "it is made for the query encoder's and the cross reranker's runs"))
   report("the time left is reported after each run")
+
+
+def _costed(c: Config) -> bool:
+  """A run the estimate times: a query encoder's, or a cross reranker's (with its stage)."""
+  return c.learner == "query_encoder" or c.variant == "cross"
 
 
 def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
              todo: list[tuple[int, int]], workdir: Path, best: bool, encoder=None
              ) -> float | None:
   """Seconds the runs `todo` (and best/, costed as configuration 0 on every conversation) will
-  spend in their cross reranker's steps and held-out scoring, each kind of step timed once per
-  shape (`learners.cross.cost`); a run already pretrained is costed its scoring only. None
-  unless every run is a cross reranker's on one device (a step timed whole on one device would
-  say little of one split over several, or not fit)."""
-  if (not todo or any(configs[i].variant != "cross" for i, _ in todo)
-      or len(jax.devices()) > 1):
+  take in their query encoder's setup and steps (`encoder_cost`; a learner=both run's cross
+  candidates costed as its stage's setup) and their cross reranker's steps and held-out
+  scoring (`learners.cross.cost`), each kind of step timed once per shape; a stage already
+  trained, or a cross run already pretrained, is not costed again. None unless every run is
+  one of those on one device (a step timed whole on one device would say little of one split
+  over several, or not fit)."""
+  if not todo or not all(_costed(configs[i]) for i, _ in todo) or len(jax.devices()) > 1:
     return None
-  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   from rmmjax.learners.cross.cost import run_seconds, time_steps  # noqa: PLC0415
-  encoder = encoder or SentenceEncoder()
-  timed, total = {}, 0.0
+  from rmmjax.train.encoder_cost import stage_seconds, time_stage  # noqa: PLC0415
+  encoder = encoder or base_encoder()
+  timed, staged = {}, {}
 
   def times(c: Config):
     shape = (c.k, c.batch, c.cross.pretrain_candidates, c.cross.max_length,
@@ -159,16 +173,33 @@ def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
       timed[shape] = time_steps(c, encoder, conversations)
     return timed[shape]
 
+  def stage_times(c: Config, fold: int):
+    key = (c.k, c.batch, c.units, c.retriever, c.mode, c.encoder_tuning)
+    if key not in staged:
+      staged[key] = time_stage(with_values(c, {"folds": len(tests), "fold": fold}), encoder)
+    return staged[key]
+
+  def cost(c: Config, where: Path, fold: int, train: list, heldout: list[int]) -> float:
+    seconds = 0.0
+    stage = where if c.learner == "query_encoder" else where / "query_encoder"
+    if c.learner != "reranker" and not (stage / "summary.json").exists():
+      st = stage_times(c, fold)
+      seconds += stage_seconds(c, st, [len(x.questions) for x in train])
+      seconds += st.setup_s if c.learner == "both" else 0.0  # (its cross run's candidates)
+    if c.learner != "query_encoder":
+      pretrained = bool(saved_steps(where / "checkpoints"))
+      seconds += run_seconds(c, times(c), 0 if pretrained else _items(c, conversations, train),
+                             heldout)
+    return seconds
+
+  total = 0.0
   for i, f in todo:
-    c = configs[i]
     held = set(tests[f])
-    train = [x for j, x in enumerate(conversations) if j not in held]
-    pretrained = bool(saved_steps(run_dir(workdir, i, f) / "checkpoints"))
-    total += run_seconds(c, times(c), 0 if pretrained else _items(c, conversations, train),
-                         [len(conversations[j].questions) for j in tests[f]])
+    total += cost(configs[i], run_dir(workdir, i, f), f,
+                  [x for j, x in enumerate(conversations) if j not in held],
+                  [len(conversations[j].questions) for j in tests[f]])
   if best:
-    total += run_seconds(configs[0], times(configs[0]),
-                         _items(configs[0], conversations, conversations), [])
+    total += cost(configs[0], Path(workdir) / "best", 0, conversations, [])
   return total
 
 

@@ -3,6 +3,7 @@ count made by hand, and the timing of the steps on pairs of the file's texts."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -48,17 +49,26 @@ def test_the_steps_are_timed_on_the_files_pairs(three):
 
 
 @pytest.mark.usefixtures("tiny_encoder")
-def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path, capsys):
+@pytest.mark.parametrize("learner, timed, left", [
+    ("reranker", "(the cross reranker's steps and held-out scoring, each kind",
+     "; not in it: each cross run's candidate retrieval"),
+    ("both", "(the query encoder's setup and steps and the cross reranker's steps and held-out "
+             "scoring, each kind", None)])
+def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path, capsys,
+                                                                 learner, timed, left):
   wd = tmp_path / "sweep"
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--dry-run", "--folds", "3",
                "--grid", "cross.pretrain_lr=1e-5,2e-5", *_sets(
-                   f"data={three}", "variant=cross", "learner=reranker", "dim=32", "k=5",
+                   f"data={three}", "variant=cross", f"learner={learner}", "dim=32", "k=5",
                    "m=2", "batch=2", "max_length=48", "pretrain_candidates=4",
-                   "pretrain_epochs=1", "steps=0")]) == 0
+                   "pretrain_epochs=1", "steps=0", "retriever=hybrid", "log_every=2",
+                   *(("encoder_tuning.pretrain_batch=4", "encoder_tuning.steps=4")
+                     if learner == "both" else ()))]) == 0
   out = capsys.readouterr().out
   assert "6 runs, each a training of its own" in out
-  assert "estimated time: " in out and "in the cross reranker's steps" in out
+  assert "estimated time: " in out and timed in out
   assert "best/ included" in out  # (trained unless --no-best)
+  assert (left in out) if left else "not in it" not in out
   assert not wd.exists()  # (a dry run writes nothing)
 
 
@@ -66,12 +76,28 @@ def test_a_sweep_without_an_estimate_says_why(three, tmp_path, monkeypatch):
   from rmmjax.train.sequential_sweep import announce  # noqa: PLC0415
   conversations, _ = load_locomo(three)
   lines = []
-  encoder = apply_overrides(get_config("locomo"), [f"data={three}", "learner=query_encoder",
-                                                   "retriever=hybrid"])
-  announce([encoder], conversations, [[0], [1], [2]], [(0, 0)], tmp_path, False, lines.append)
-  assert "made for the cross reranker's runs alone" in lines[1]
+  linear = apply_overrides(get_config("locomo"), [f"data={three}", "learner=reranker"])
+  announce([linear], conversations, [[0], [1], [2]], [(0, 0)], tmp_path, False, lines.append)
+  assert "made for the query encoder's and the cross reranker's runs" in lines[1]
   monkeypatch.setattr(jax, "devices", lambda *_: ["one", "two"])
   lines.clear()
   announce([_cfg(f"data={three}")], conversations, [[0], [1], [2]], [(0, 0)], tmp_path, False,
            lines.append)
   assert "these runs spread over 2" in lines[1]
+
+
+@pytest.mark.usefixtures("tiny_encoder")
+def test_a_query_encoder_stage_is_timed_and_counted_as_its_run_trains(three):
+  from rmmjax.train.encoder_cost import StageTimes, stage_seconds, time_stage  # noqa: PLC0415
+  cfg = apply_overrides(get_config("locomo"), [
+      f"data={three}", "learner=both", "variant=cross", "dim=32", "k=5", "m=2", "batch=2",
+      "encoder_tuning.pretrain_batch=4", "encoder_tuning.pretrain_epochs=3",
+      "encoder_tuning.steps=10", "folds=3", "fold=0"])
+  times = time_stage(cfg, SentenceEncoder())
+  assert all(math.isfinite(t) and t >= 0 for t in dataclasses.astuple(times))
+  assert times.setup_s > 0 and times.pretrain_s > 0 and times.online_s > 0
+  # 3 epochs over conversations of 5 and 9 questions in batches of 4 (2 + 3 a pass), and 10
+  # online steps
+  one = StageTimes(setup_s=100.0, pretrain_s=1.0, online_s=10.0, compile_s=1000.0)
+  assert stage_seconds(cfg, one, [5, 9]) == 100 + 3 * 5 + 10 * 10 + 1000
+  assert stage_seconds(apply_overrides(cfg, ["mode=rl"]), one, [5, 9]) == 100 + 100 + 1000

@@ -294,7 +294,9 @@ def test_the_query_encoder_sweeps_through_its_own_section(three, tmp_path, capsy
   table = (wd / "sweep.md").read_text()
   assert "| encoder_tuning.lr=" in table
   assert "learner=query_encoder, 8 online steps" in table  # (no reranker's variant named)
-  assert "run 6/6 done (configuration 1, fold 2) after " in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "run 6/6 done (configuration 1, fold 2) after " in out
+  assert "estimated time: " in out and "(the query encoder's setup and steps, each kind" in out
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--grid",
                "encoder_tuning.lr=1e-5,1e-4", "--folds", "3", "--seeds", "1", "--dry-run",
                *_sets(f"data={three}", "dim=32", "learner=query_encoder", "retriever=hybrid",
