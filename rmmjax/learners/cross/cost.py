@@ -19,19 +19,23 @@ from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.units import build_units
 
 SAMPLE_BATCHES = 6  # each kind of step is timed over this many batches (each length-mix its own)
+# Batches packed (not run) to see how their row counts spread: a run compiles once per row
+# count its batches take, and a step's time grows with its rows.
+SHAPE_BATCHES = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
   train_s: float  # a pretraining step: batch x cross.pretrain_candidates pairs, with Adam
   score_s: float  # a held-out batch: batch x k pairs, forward only
-  compile_s: float  # compiling one shape of each kind
+  compile_s: float  # compiling each kind once per row count its batches take
 
 
 def time_steps(cfg, encoder, conversations: list) -> StepTimes:
   """The median step of each kind on pairs of `conversations`' questions with random turns of
   their own conversation (LoCoMo's mix of lengths), packed as a run packs them, after their
-  compile."""
+  compile; scaled to the mean row count of many such batches (a step's time grows with its
+  rows), with a compile for each row count they take."""
   rng = np.random.default_rng(0)
   spec = cross_spec(cfg, encoder.cfg)
   params = cross_initial_params(encoder, cfg.k, cfg.cross.prior_scale)
@@ -39,9 +43,9 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
   score = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_options())
 
-  def batches(k: int) -> list[core.Batch]:
+  def batches(k: int, count: int = SAMPLE_BATCHES) -> list[core.Batch]:
     out = []
-    for i in range(SAMPLE_BATCHES):
+    for i in range(count):
       conv = conversations[i % len(conversations)]
       texts = [u.text for u in build_units(conv, "turn")]
       picks = rng.choice(len(conv.questions), cfg.batch, replace=len(conv.questions) < cfg.batch)
@@ -84,16 +88,26 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
     rows = bs[0].inputs.ids_RxL.shape[0]
     return [b for b in bs if b.inputs.ids_RxL.shape[0] == rows]
 
-  train_compile, train_s = timed(train, one_shape(batches(cfg.cross.pretrain_candidates)))
+  def spread(k: int, timed_batches: list) -> tuple[float, int]:
+    """(the mean row count of many batches over the timed batches', the row counts seen)."""
+    rows = [b.inputs.ids_RxL.shape[0] for b in batches(k, SHAPE_BATCHES)]
+    return float(np.mean(rows)) / timed_batches[0].inputs.ids_RxL.shape[0], len(set(rows))
+
+  train_batches = one_shape(batches(cfg.cross.pretrain_candidates))
+  score_batches = one_shape(batches(cfg.k))
+  train_compile, train_s = timed(train, train_batches)
   score_compile, score_s = timed(
-      lambda b: jax.block_until_ready(score(state.params, b, spec)), one_shape(batches(cfg.k)))
-  return StepTimes(train_s, score_s, train_compile + score_compile)
+      lambda b: jax.block_until_ready(score(state.params, b, spec)), score_batches)
+  (train_scale, train_shapes), (score_scale, score_shapes) = (
+      spread(cfg.cross.pretrain_candidates, train_batches), spread(cfg.k, score_batches))
+  return StepTimes(train_s * train_scale, score_s * score_scale,
+                   train_compile * train_shapes + score_compile * score_shapes)
 
 
 def run_seconds(cfg, times: StepTimes, train_items: int, heldout_questions: list[int]) -> float:
   """A run's cross reranker steps and held-out scoring: its pretraining over `train_items`
   labelled questions, its online steps (each over all k candidates), and `eval`'s batches of
-  each held-out conversation's questions; with one compile of each kind."""
+  each held-out conversation's questions; with their compiles."""
   pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0
   steps = cfg.cross.pretrain_epochs * (train_items // cfg.batch) if pretrains else 0
   online = cfg.steps * times.train_s * cfg.k / cfg.cross.pretrain_candidates
