@@ -14,19 +14,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from rmmjax.config import Config, with_values
+from rmmjax.config import Config, encoder_stage, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import RECORD_FILE
-from rmmjax.io.workdir import atomic_write_json
+from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import folds, unit_pools
 from rmmjax.retrieve.units import build_units
@@ -84,6 +85,7 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
   for n, (i, f) in enumerate(todo):
     one = _with_fold(configs[i], len(tests), f)
     where = run_dir(workdir, i, f)
+    share_stage(one, where, [run_dir(workdir, j, f) for j in range(len(configs)) if j != i])
     # Measured once, by eval below: the run's own held-out scores would be the same numbers.
     train(one, where, progress=progress, encoder=encoder, measure_heldout=False)
     atomic_write_json(where / HELDOUT_FILE, {"settings": _settings(one),
@@ -173,18 +175,28 @@ def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
       timed[shape] = time_steps(c, encoder, conversations)
     return timed[shape]
 
+  def stage_key(c: Config) -> tuple:
+    return (c.k, c.batch, c.units, c.retriever, c.mode, c.encoder_tuning, c.seed)
+
   def stage_times(c: Config, fold: int):
-    key = (c.k, c.batch, c.units, c.retriever, c.mode, c.encoder_tuning)
+    key = stage_key(c)[:-1]  # (the seed changes no step's time)
     if key not in staged:
       staged[key] = time_stage(with_values(c, {"folds": len(tests), "fold": fold}), encoder)
     return staged[key]
 
-  def cost(c: Config, where: Path, fold: int, train: list, heldout: list[int]) -> float:
+  trained = set()  # (fold, stage) of the stages costed: a learner=both run shares its fold's
+
+  def cost(c: Config, where: Path, fold, train: list, heldout: list[int]) -> float:
     seconds = 0.0
     stage = where if c.learner == "query_encoder" else where / "query_encoder"
-    if c.learner != "reranker" and not (stage / "summary.json").exists():
-      st = stage_times(c, fold)
-      seconds += stage_seconds(c, st, [len(x.questions) for x in train])
+    if c.learner != "reranker":
+      st = stage_times(c, fold if fold != "best" else 0)
+      if (stage / "summary.json").exists() or (
+          c.learner == "both" and (fold, stage_key(c)) in trained):
+        seconds += st.setup_s  # (resumed finished: its task is built again)
+      else:
+        seconds += stage_seconds(c, st, [len(x.questions) for x in train])
+        trained.add((fold, stage_key(c)))
       seconds += st.setup_s if c.learner == "both" else 0.0  # (its cross run's candidates)
     if c.learner != "query_encoder":
       pretrained = bool(saved_steps(where / "checkpoints"))
@@ -199,7 +211,7 @@ def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
                   [x for j, x in enumerate(conversations) if j not in held],
                   [len(conversations[j].questions) for j in tests[f]])
   if best:
-    total += cost(configs[0], Path(workdir) / "best", 0, conversations, [])
+    total += cost(configs[0], Path(workdir) / "best", "best", conversations, [])
   return total
 
 
@@ -258,6 +270,30 @@ def _with_added(settings: dict) -> dict:
   fields = {f.name for f in dataclasses.fields(Config)}
   defaults = _settings(Config(**{k: v for k, v in settings.items() if k in fields}))
   return settings | {k: v for k, v in defaults.items() if k not in settings}
+
+
+def share_stage(cfg: Config, where: Path, others: list[Path]) -> None:
+  """A learner=both run's query encoder stage, copied from another configuration's run of the
+  same fold whose stage is the same run, finished (a grid over the cross reranker's keys then
+  trains one stage per fold, not one per configuration); the run resumes it as finished, with
+  the outputs it would have trained to (training is deterministic)."""
+  stage = where / "query_encoder"
+  if cfg.learner != "both" or stage.exists():
+    return
+  ours = json.loads(encoder_stage(cfg).validate().resolved().to_json())
+  for other in others:
+    source = other / "query_encoder"
+    try:
+      same = ((source / "summary.json").is_file()
+              and json.loads((source / "config.json").read_text()) == ours)
+    except (OSError, ValueError):  # (a stage being written, or unreadable: trained here)
+      same = False
+    if same:
+      partial = where / ".query_encoder.partial"  # (a copy killed midway is made again)
+      shutil.rmtree(partial, ignore_errors=True)
+      shutil.copytree(source, partial, ignore=shutil.ignore_patterns(LOCK_FILE))
+      partial.rename(stage)
+      return
 
 
 def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:

@@ -1,4 +1,7 @@
-"""A sweep's configurations: the base values are checked as each grid point sets its keys."""
+"""A sweep's configurations: the base values checked as each grid point sets its keys, k against
+the units before any run, and one query encoder stage per fold shared by its runs."""
+
+import json
 
 import pytest
 
@@ -58,3 +61,27 @@ def test_more_candidates_than_topics_is_refused_before_a_sweep_of_runs_writes(th
                                          "cross.pretrain_candidates=4")]) == 2
   assert "k=6 candidates, but conversation syn-1 has only 2 topic units" in capsys.readouterr().err
   assert not wd.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_encoder")
+def test_a_grid_over_cross_keys_trains_one_query_encoder_stage_per_fold(three, tmp_path):
+  wd = tmp_path / "w"
+  assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--folds", "2",
+               "--no-best", "--grid", "cross.pretrain_lr=1e-5,2e-5",
+               *sets(f"data={three}", "variant=cross", "learner=both", "dim=32", "k=5", "m=2",
+                     "batch=2", "log_every=2", "cross.max_length=48",
+                     "cross.pretrain_candidates=4", "cross.pretrain_epochs=1", "cross.steps=0",
+                     "encoder_tuning.pretrain_batch=4", "encoder_tuning.steps=4")]) == 0
+  for fold in (0, 1):
+    first, second = (wd / "runs" / run / f"fold_{fold}" / "query_encoder" for run in ("000", "001"))
+    # The second configuration's stage is the first's, copied (its files keep their times),
+    # not trained again; and it is a finished run of its own
+    assert (second / "summary.json").read_text() == (first / "summary.json").read_text()
+    for path in (first / "checkpoints").rglob("*"):
+      copied = second / path.relative_to(first)
+      assert copied.stat().st_mtime == path.stat().st_mtime, copied
+    assert not list(second.parent.glob(".query_encoder.partial"))
+  held = [json.loads((wd / "runs" / run / "fold_0" / "heldout.json").read_text())
+          for run in ("000", "001")]
+  assert held[0]["settings"] != held[1]["settings"]
