@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
       os._exit(code)
-    print(f"\nrmmjax {command}: {stopped}; {INTERRUPTED.get(command, NOTHING)}",
-          file=sys.stderr)
+    left = NOTHING if "--dry-run" in argv else INTERRUPTED.get(command, NOTHING)
+    print(f"\nrmmjax {command}: {stopped}; {left}", file=sys.stderr)
     return code
 
 

@@ -41,8 +41,9 @@ first; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configur
 on every conversation), and a killed sweep run again reruns only the folds it had not
 finished. Everything else (the query encoder, the cross reranker, learner=both, or a grid over
 keys that change shapes: k, epochs, steps, candidates) trains one `train --set folds=N --set
-fold=I` run per configuration x fold in runs/, one after another (a sweep of cross reranker
-runs first states its time from its steps timed), with the time left printed after each;
+fold=I` run per configuration x fold in runs/, one after another (a sweep of query encoder or
+cross reranker runs first states its time from their steps timed), with the time left printed
+after each;
 writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only the
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
@@ -248,7 +249,8 @@ def add_parsers(sub) -> None:
   p.add_argument("--dry-run", action="store_true",
                  help="--config locomo: check everything and print the runs and programs, and "
                       "the time estimated (one compiled program per fold: from a first chunk "
-                      "compiled and run; runs of the cross reranker: from its steps timed), "
+                      "compiled and run; runs of the query encoder or the cross reranker: "
+                      "from their steps timed), "
                       "then stop; writes nothing")
   p.add_argument("--no-best", action="store_true",
                  help="--config locomo: do not train the best configuration on every "

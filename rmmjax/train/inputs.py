@@ -60,7 +60,7 @@ def with_observations(data: Path, conversations: list[Conversation], cfg: Config
   if not any(found.get(conversations[i].conversation_id) for i in train):
     ids = ", ".join(conversations[i].conversation_id for i in train)
     which = ("the training conversations"
-             + (f" of fold={cfg.fold} (folds={cfg.folds})" if cfg.folds else "") + f" ({ids})")
+             + (f" of fold={cfg.fold} of folds={cfg.folds}" if cfg.folds else "") + f" ({ids})")
     raise ValueError(f"cross.observations=true: {which} in {cfg.data} hold "
                      "no observations (LoCoMo's per-session \"observation\" statements, each "
                      "naming its turn); expected a file with them, or cross.observations=false")

@@ -218,7 +218,8 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
   todo = [f for f in range(len(plan.fold_tests)) if f not in done]
   report(f"sweep: {len(plan.configs)} configurations x {len(plan.fold_tests)} folds = "
          f"{plan.runs} runs; {len(todo)} folds to run ({len(done)} done), each one compiled "
-         f"program over {plan.chunks_per_fold} chunks of {plan.chunk} on {len(devices)} "
+         f"program over {plan.chunks_per_fold} chunk{'s' if plan.chunks_per_fold > 1 else ''} of "
+         f"{plan.chunk} on {len(devices)} "
          f"device(s)" + (", then best/" if best else ""))
   first = None
   if todo:

@@ -142,7 +142,8 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
     report("no time estimate before the first run: " + (
         f"it times a step on one device, and these runs spread over {len(jax.devices())}"
         if all(map(_costed, runs)) else
-        "it is made for the query encoder's and the cross reranker's runs"))
+        "it is made for the query encoder's and the cross reranker's runs, not the "
+        "embedding rerankers'"))
   report("the time left is reported after each run")
 
 

@@ -121,7 +121,7 @@ def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config
       try:
         configs.append(point.validate())
       except ValueError as error:
-        if not keys or _refused_alone(cfg, keys, error):
+        if not _names_a_grid_key(cfg, keys, error):
           raise
         # The base values are checked only as each point sets them: a grid may lift a base
         # value's refusal (a grid over k with the base's pretraining candidates above some k).
@@ -129,18 +129,16 @@ def sweep_configs(cfg: Config, grid: dict[str, list], seeds: int) -> list[Config
   return configs
 
 
-def _refused_alone(cfg: Config, keys: list[str], error: ValueError) -> bool:
-  """Whether the configuration without the grid is refused the same way, over none of the
-  grid's keys (then the refusal is not the grid point's, and is said without it)."""
-  # (a grid key's value named in the refusal, with its section or without: `k=`, not the
-  # k of "checkpoint_every")
-  if any(re.search(rf"(?<!\w)(?:\w+\.)?{re.escape(key.rpartition('.')[2])}=", str(error))
-         for key in keys):
-    return False
-  try:
-    cfg.validate()
-  except ValueError as alone:
-    return str(alone) == str(error)
+def _names_a_grid_key(cfg: Config, keys: list[str], error: ValueError) -> bool:
+  """Whether the refusal names one of the grid's keys as KEY=, however spelled (then it is the
+  grid point's, and is said with it; else the base's, said without)."""
+  ours = {qualified(cfg, key) for key in keys}
+  for name in re.findall(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)?)=", str(error)):
+    try:
+      if qualified(cfg, name) in ours:
+        return True
+    except ValueError:  # (a word before "=" that is no key of this config)
+      continue
   return False
 
 

@@ -88,7 +88,7 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
 
 @pytest.mark.parametrize("split, which", [
     (("holdout=1",), "the training conversations (syn-1, syn-2) in "),
-    (("folds=3", "fold=1"), "the training conversations of fold=1 (folds=3) (syn-1, syn-3) in ")])
+    (("folds=3", "fold=1"), "the training conversations of fold=1 of folds=3 (syn-1, syn-3) in ")])
 def test_a_file_without_observations_is_refused_before_anything_is_written(three, tmp_path,
                                                                            capsys, split, which):
   wd = tmp_path / "run"

@@ -30,6 +30,14 @@ def test_a_refused_point_is_named_and_a_refusal_of_the_base_alone_is_not(three):
     sweep_configs(_locomo(three, "k=10"), {"cross.pretrain_candidates": [4, 12]}, seeds=1)
   with pytest.raises(ValueError, match=r"^cross.pretrain_candidates=8: expected 2 to"):
     sweep_configs(_locomo(three, "k=6"), {"cross.lr": [1e-5, 2e-5]}, seeds=1)
+  # A refusal naming no grid key is the base's, though the base alone is refused first by
+  # another (which the grid lifts); a key of another section is not the grid's
+  with pytest.raises(ValueError, match=r"^m=9 > k=6"):
+    sweep_configs(_locomo(three, "k=6", "m=9"), {"cross.pretrain_candidates": [2, 4]}, seeds=1)
+  both = apply_overrides(get_config("locomo"), [f"data={three}", "learner=both",
+                                                "reranker.lr=-1"])
+  with pytest.raises(ValueError, match=r"^reranker.lr=-1"):
+    sweep_configs(both, {"encoder_tuning.lr": [1e-5, 2e-5]}, seeds=1)
   # (the k of checkpoint_every is not the grid's k)
   with pytest.raises(ValueError, match=r"^checkpoint_every=15 is not a multiple"):
     sweep_configs(_locomo(three, "checkpoint_every=15", "log_every=10"), {"k": [10, 20]},
