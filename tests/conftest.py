@@ -13,7 +13,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite compiles hundreds of small programs and runs each a few times, so LLVM's optimisation
 # of the compiled CPU code costs more than it saves: without it a tiny BERT's training step
 # compiles about four times faster. Subprocesses inherit it with the rest of the environment.
-SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# Fake devices (--xla_force_host_platform_device_count) are threads on the same cores: on a
+# loaded machine one may join a collective late, and XLA aborts the process after 40 seconds.
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0 "
+                   "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402
