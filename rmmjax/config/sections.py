@@ -94,10 +94,11 @@ class Cross(Learning):
   bfloat16 matmul; parameters and optimizer state stay float32 either way); `prior_scale`
   spreads the base positions' starting prior (-prior_scale * log(1 + position)); the scoring
   layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
-  learn at `head_lr_scale` times the rate. `pretrain_loss`: softmax, the cross-entropy of
-  the softmax over each question's candidates; lambda, LambdaLoss (pairs of a relevant and an
-  irrelevant candidate, each weighted by the NDCG its swap would change: the top of the list
-  weighs most).
+  learn at `head_lr_scale` times the rate (10 instead of 50: -0.012 [-0.023, -0.003] on the
+  same folds, experiments/sweep_cross.py --arm head10). `pretrain_loss`: softmax, the
+  cross-entropy of the softmax over each question's candidates; lambda, LambdaLoss (pairs of a
+  relevant and an irrelevant candidate, each weighted by the NDCG its swap would change: the
+  top of the list weighs most; -0.007 [-0.020, +0.002] against softmax, --arm lambda).
   """
 
   NAME = "cross"
