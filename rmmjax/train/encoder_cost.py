@@ -17,6 +17,7 @@ from rmmjax.config import Config, encoder_stage
 from rmmjax.encode.tuned import encoder_state
 from rmmjax.replay.candidates import to_sequence
 from rmmjax.replay.query_encoder import pretrain_step, question_tokens
+from rmmjax.step_timing import compile_and_step
 from rmmjax.train.encoder_task import QueryEncoderTask
 
 TIMED_STEPS = 5  # each kind of step is timed over this many after its compile
@@ -59,24 +60,10 @@ def time_stage(cfg: Config, encoder) -> StageTimes:
   def online(_) -> None:
     box[0] = jax.block_until_ready(task.advance(box[0], TIMED_STEPS)[0])
 
-  pre_compile, pretrain_s = _timed(pretrain)
+  pre_compile, pretrain_s = compile_and_step(pretrain, range(TIMED_STEPS))
   box[0] = encoder_state(encoder, task.spec, task.hp)
-  online_compile, online_s = _timed(online)
+  online_compile, online_s = compile_and_step(online, range(TIMED_STEPS))
   return StageTimes(setup_s, pretrain_s, online_s / TIMED_STEPS, pre_compile + online_compile)
-
-
-def _timed(run) -> tuple[float, float]:
-  """(the first call's extra time, a compile; the median of TIMED_STEPS calls after it)."""
-  start = time.perf_counter()
-  run(0)
-  first = time.perf_counter() - start
-  times = []
-  for i in range(1, TIMED_STEPS + 1):
-    start = time.perf_counter()
-    run(i)
-    times.append(time.perf_counter() - start)
-  middle = float(np.median(times))
-  return max(first - middle, 0.0), middle
 
 
 def stage_seconds(cfg: Config, times: StageTimes, train_questions: list[int]) -> float:

@@ -14,7 +14,8 @@ from rmmjax.cli import main
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.learners.cross.cost import StepTimes, run_seconds, time_steps
+import rmmjax.learners.cross.cost as cost
+from rmmjax.learners.cross.cost import StepTimes, at_spread, run_seconds, time_steps
 
 TIMES = StepTimes(train_s=1.0, score_s=10.0, compile_s=100.0)
 
@@ -37,8 +38,15 @@ def test_a_run_is_its_steps_times_their_time_with_one_compile():
       6 * 2.5 + 100.0)
 
 
+def test_a_step_timed_at_one_row_count_is_scaled_to_the_runs_rows():
+  # Timed at 20 rows; a run's batches take 18, 20, 20 and 26 (mean 21): 21 / 20 of the step,
+  # and three row counts, each compiled once.
+  assert at_spread(2.0, 10.0, 20, [18, 20, 20, 26]) == (pytest.approx(2.1), 30.0)
+  assert at_spread(2.0, 10.0, 20, [20]) == (2.0, 10.0)
+
+
 @pytest.mark.usefixtures("tiny_encoder")
-def test_the_steps_are_timed_on_the_files_pairs(three):
+def test_the_steps_are_timed_on_the_files_pairs(three, monkeypatch):
   conversations, _ = load_locomo(three)
   cfg = _cfg(f"data={three}", "dim=32", "cross.max_length=48", "k=5", "m=2",
              "cross.pretrain_candidates=4")
@@ -46,6 +54,21 @@ def test_the_steps_are_timed_on_the_files_pairs(three):
   assert all(math.isfinite(t) and t >= 0 for t in (times.train_s, times.score_s,
                                                     times.compile_s))
   assert times.train_s > 0 and times.score_s > 0
+  # Each kind is scaled by its own batches' rows: record what the scaling is given.
+  spreads = []
+
+  def recording(step_s, compile_s, timed_rows, rows):
+    spreads.append((timed_rows, rows))
+    return at_spread(step_s, compile_s, timed_rows, rows)
+
+  monkeypatch.setattr(cost, "at_spread", recording)
+  time_steps(cfg, SentenceEncoder(), conversations)
+  (train_timed, train_rows), (score_timed, score_rows) = spreads
+  assert len(train_rows) == len(score_rows) == cost.SHAPE_BATCHES
+  # (packed rows of 48 positions: a pretraining batch's 4 x 4 pairs, a held-out one's 4 x 5)
+  assert all(0 < r <= 4 * 4 for r in train_rows) and all(0 < r <= 4 * 5 for r in score_rows)
+  assert train_timed in train_rows and score_timed in score_rows
+  assert sum(score_rows) > sum(train_rows)  # (more pairs a batch, more rows)
 
 
 @pytest.mark.usefixtures("tiny_encoder")

@@ -6,7 +6,6 @@ time on a CPU is these steps; what is left out is said where the estimate is pri
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import numpy as np
@@ -17,6 +16,7 @@ from rmmjax.learners.cross.model import cross_initial_params
 from rmmjax.learners.cross.pairs import bucket, pack_batch, pair_tokens
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.units import build_units
+from rmmjax.step_timing import compile_and_step
 
 SAMPLE_BATCHES = 6  # each kind of step is timed over this many batches (each length-mix its own)
 # Batches packed (not run) to see how their row counts spread: a run compiles once per row
@@ -64,19 +64,6 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
           positions_BxK=np.tile(np.arange(k, dtype=np.int32), (cfg.batch, 1)))))
     return out
 
-  def timed(run, inputs) -> tuple[float, float]:
-    """(the first call's extra time, a compile; the median call)."""
-    start = time.perf_counter()
-    run(inputs[0])
-    first = time.perf_counter() - start
-    times = []
-    for x in inputs:
-      start = time.perf_counter()
-      run(x)
-      times.append(time.perf_counter() - start)
-    middle = float(np.median(times))
-    return max(first - middle, 0.0), middle
-
   box = [state]
 
   def train(batch):
@@ -88,20 +75,26 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
     rows = bs[0].inputs.ids_RxL.shape[0]
     return [b for b in bs if b.inputs.ids_RxL.shape[0] == rows]
 
-  def spread(k: int, timed_batches: list) -> tuple[float, int]:
-    """(the mean row count of many batches over the timed batches', the row counts seen)."""
-    rows = [b.inputs.ids_RxL.shape[0] for b in batches(k, SHAPE_BATCHES)]
-    return float(np.mean(rows)) / timed_batches[0].inputs.ids_RxL.shape[0], len(set(rows))
+  def rows(bs: list) -> list[int]:
+    return [b.inputs.ids_RxL.shape[0] for b in bs]
 
   train_batches = one_shape(batches(cfg.cross.pretrain_candidates))
   score_batches = one_shape(batches(cfg.k))
-  train_compile, train_s = timed(train, train_batches)
-  score_compile, score_s = timed(
+  train_compile, train_s = compile_and_step(train, train_batches)
+  score_compile, score_s = compile_and_step(
       lambda b: jax.block_until_ready(score(state.params, b, spec)), score_batches)
-  (train_scale, train_shapes), (score_scale, score_shapes) = (
-      spread(cfg.cross.pretrain_candidates, train_batches), spread(cfg.k, score_batches))
-  return StepTimes(train_s * train_scale, score_s * score_scale,
-                   train_compile * train_shapes + score_compile * score_shapes)
+  train_s, train_compile = at_spread(train_s, train_compile, rows(train_batches)[0],
+                                     rows(batches(cfg.cross.pretrain_candidates, SHAPE_BATCHES)))
+  score_s, score_compile = at_spread(score_s, score_compile, rows(score_batches)[0],
+                                     rows(batches(cfg.k, SHAPE_BATCHES)))
+  return StepTimes(train_s, score_s, train_compile + score_compile)
+
+
+def at_spread(step_s: float, compile_s: float, timed_rows: int, rows: list[int]
+              ) -> tuple[float, float]:
+  """(a step timed at `timed_rows` rows scaled to the mean of a run's `rows`, a step's time
+  growing with its rows; its compile once per row count among them)."""
+  return step_s * float(np.mean(rows)) / timed_rows, compile_s * len(set(rows))
 
 
 def run_seconds(cfg, times: StepTimes, train_items: int, heldout_questions: list[int]) -> float:
