@@ -35,7 +35,8 @@ def time_steps(cfg, encoder, conversations: list) -> StepTimes:
   """The median step of each kind on pairs of `conversations`' questions with random turns of
   their own conversation (LoCoMo's mix of lengths), packed as a run packs them, after their
   compile; scaled to the mean row count of many such batches (a step's time grows with its
-  rows), with a compile for each row count they take."""
+  rows), with a compile for each row count they take. (A run's candidates are its retriever's:
+  the base retriever's are as long as random turns, a tuned query encoder's longer.)"""
   rng = np.random.default_rng(0)
   spec = cross_spec(cfg, encoder.cfg)
   params = cross_initial_params(encoder, cfg.k, cfg.cross.prior_scale)
