@@ -111,6 +111,8 @@ def test_a_flat_config_json_of_an_older_release_loads_into_its_sections(name, ov
   text = (FLAT / f"{name}.json").read_text()
   assert not any(isinstance(v, dict) for v in json.loads(text).values())  # the old format
   cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
+  if cfg.cross is not None:  # (the starting prior of that release, since made flat by a sweep)
+    cfg = dataclasses.replace(cfg, cross=dataclasses.replace(cfg.cross, prior_scale=1.0))
   assert from_json(text) == cfg
   # ...so its workdir resumes under the same settings, and refuses others.
   (tmp_path / "config.json").write_text(text)
