@@ -45,13 +45,16 @@ The arms:
   a reranker that reads every candidate's text (about 22 minutes a run).
 - k50-observations-prior0: the three arms above the recipe, together: K = 50, the
   observations in pretraining and the flat starting prior (over an hour a run).
+- k50-prior0: K = 50 and the flat starting prior, without the observations: what the
+  observations add at K = 50.
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).
 
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
                                              candidates16|lambda|k50-observations|
-                                             head10|prior0|k50-observations-prior0]
+                                             head10|prior0|k50-observations-prior0|
+                                             k50-prior0]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -99,7 +102,8 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "candidates16": "cross.pretrain_candidates=16", "lambda": "cross.pretrain_loss=lambda",
         "k50-observations": ("k=50", "cross.observations=true"),
         "head10": "cross.head_lr_scale=10.0", "prior0": "cross.prior_scale=0.0",
-        "k50-observations-prior0": ("k=50", "cross.observations=true", "cross.prior_scale=0.0")}
+        "k50-observations-prior0": ("k=50", "cross.observations=true", "cross.prior_scale=0.0"),
+        "k50-prior0": ("k=50", "cross.prior_scale=0.0")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -107,7 +111,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "lambda": "sweep_cross_lambda.md",
                 "k50-observations": "sweep_cross_k50-observations.md",
                 "head10": "sweep_cross_head10.md", "prior0": "sweep_cross_prior0.md",
-                "k50-observations-prior0": "sweep_cross_k50-observations-prior0.md"}
+                "k50-observations-prior0": "sweep_cross_k50-observations-prior0.md",
+                "k50-prior0": "sweep_cross_k50-prior0.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -121,7 +126,8 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "prior0": "The cross reranker without the base order's starting prior",
           "k50-observations-prior0": "The cross reranker reading K = 50 candidates, also "
                                      "pretrained on LoCoMo's observations, without the "
-                                     "starting prior"}
+                                     "starting prior",
+          "k50-prior0": "The cross reranker reading K = 50 candidates without the starting prior"}
 FOLDS, SEEDS = 2, 1
 
 
