@@ -151,8 +151,8 @@ class IrisTask(Task):
                                                  self.spec)))
 
   def evaluate_first(self) -> dict:
-    """A fresh cross reranker scores by its decreasing rank prior alone, IRIS's own order:
-    known without reading a pair through the encoder."""
+    """A fresh cross reranker scores by its rank prior alone (flat, ties kept in order, or
+    decreasing), IRIS's own order: known without reading a pair through the encoder."""
     if not (self.cross and self.test_episodes):
       return super().evaluate_first()
     batch = episodes_batch(self.test_episodes)

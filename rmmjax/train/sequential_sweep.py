@@ -137,8 +137,9 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
                         if any(c.learner == "query_encoder" for c in runs) else []) + (
         # (measured on the dev file: 72 tokens a pair against the base retriever's 61 and the
         # random turns' 62, 22 packed rows a pretraining batch against 18)
-        ["that the tuned query encoder retrieves longer turns than the ones timed"]
-        if any(c.learner == "both" and c.variant == "cross" for c in runs) else [])
+        ["the tuned query encoder's longer candidate turns (random turns are timed)"]
+        if any(c.variant == "cross" and (c.learner == "both" or c.query_encoder) for c in runs)
+        else [])
     report(f"estimated time: {took}" + (", best/ included" if best else "") + " ("
            + " and ".join(timed) + ", each kind of step compiled and timed here on the file's "
            "own texts)" + (f"; not in it: {', '.join(left)}" if left else ""))

@@ -112,6 +112,10 @@ def test_a_flat_config_json_of_an_older_release_loads_into_its_sections(name, ov
   assert not any(isinstance(v, dict) for v in json.loads(text).values())  # the old format
   cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
   if cfg.cross is not None:  # (the starting prior of that release, since made flat by a sweep)
+    # A resume under today's default is refused, naming the key, not mixed with the old run's.
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=r"cross.prior_scale: 1.0 there, 0.0 now"):
+      check_resumable(tmp_path, cfg)
     cfg = dataclasses.replace(cfg, cross=dataclasses.replace(cfg.cross, prior_scale=1.0))
   assert from_json(text) == cfg
   # ...so its workdir resumes under the same settings, and refuses others.

@@ -59,7 +59,7 @@ class CrossModel:
 
   bert: BertConfig
   compute_dtype: str = "float32"
-  prior_scale: float = 1.0
+  prior_scale: float = 1.0  # (a run's is its config's, flat by default)
   head_lr_scale: float = 1.0
 
   def scores(self, params: dict, batch, spec) -> jax.Array:
@@ -84,15 +84,17 @@ class CrossModel:
 
 
 def rank_prior_init(k: int, scale: float) -> jax.Array:
-  """A decreasing prior over the K base positions: -scale * log(1 + position). With the head at
-  zero the scores follow the base order; `scale` sets how far apart the positions start (in
-  units of the temperature, it sets how concentrated the first samples are)."""
+  """A prior over the K base positions: -scale * log(1 + position), flat at scale 0. With the
+  head at zero the scores follow the base order (ties keep it); `scale` sets how far apart the
+  positions start (in units of the temperature, it sets how concentrated the first samples
+  are)."""
   return -jnp.float32(scale) * jnp.log1p(jnp.arange(k, dtype=jnp.float32))
 
 
 def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
   """The cross reranker's parameters from a pretrained encoder's (its embeddings and layers, and
-  its pooler when it has one): the scoring layer at zero, the rank prior decreasing."""
+  its pooler when it has one): the scoring layer at zero, the rank prior at
+  -prior_scale * log(1 + position)."""
   encoder = dict(encoder_params)
   h = _hidden(encoder)
   if "pooler" not in encoder:  # a checkpoint without BERT's pooler: tanh of the [CLS] state
