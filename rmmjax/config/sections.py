@@ -95,10 +95,10 @@ class Cross(Learning):
   spreads the base positions' starting prior (-prior_scale * log(1 + position)): flat by
   default, as reading every candidate's text did better without the retriever's order to
   start from (0.667 against 0.658 at 1, +0.010 [+0.000, +0.017] on the dev file's 2 folds,
-  experiments/sweep_cross.py --arm prior0; the prior still learns, from zero); the scoring
-  layer starts at zero and passes the encoder no gradient until it grows, so it and the prior
-  learn at `head_lr_scale` times the rate (10 instead of 50: -0.012 [-0.023, -0.003] on the
-  same folds, experiments/sweep_cross.py --arm head10). `pretrain_loss`: softmax, the
+  experiments/sweep_cross.py --arm prior0, over turns; the prior still learns, from zero);
+  the scoring layer starts at zero and passes the encoder no gradient until it grows, so it
+  and the prior learn at `head_lr_scale` times the rate (10 instead of 50: -0.012 [-0.023,
+  -0.003] on the same folds, experiments/sweep_cross.py --arm head10). `pretrain_loss`: softmax, the
   cross-entropy of the softmax over each question's candidates; lambda, LambdaLoss (pairs of a
   relevant and an irrelevant candidate, each weighted by the NDCG its swap would change: the
   top of the list weighs most; -0.007 [-0.020, +0.002] against softmax, --arm lambda).
