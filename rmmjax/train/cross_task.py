@@ -132,8 +132,7 @@ class CrossRerankerTask(ReplayTask):
   def evaluate_first(self) -> dict:
     """A fresh cross reranker orders the candidates as the base retriever does (its head is
     zero and its prior flat, ties kept in order, or decreasing), so its held-out recall is the
-    base order's: known without
-    running the encoder over every held-out pair."""
+    base order's: known without running the encoder over every held-out pair."""
     base = self._base_metrics()
     return base | {"recall_at_m": base["recall_at_m_base"]} if base else {}
 
