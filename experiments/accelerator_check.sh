@@ -42,10 +42,12 @@ rm -rf "$OUT/train"
 timeout 150 rmmjax train --config locomo --set data="$DATA" --set steps=100 \
   --set checkpoint_every=50 --workdir "$OUT/train" --quiet | tee "$OUT/train.txt"
 rm -rf "$OUT/cross"
-# The cross reranker over the base hybrid's candidates, one epoch (pinned: the variant's
-# defaults would tune a query encoder first and pretrain two epochs).
+# The cross reranker over the base hybrid's candidates, one epoch, K = 20, the questions alone
+# (pinned: the variant's defaults would tune a query encoder first, read 50 candidates and the
+# file's observations, and pretrain two epochs).
 timeout 240 rmmjax train --config locomo --set data="$DATA" --set variant=cross \
   --set learner=reranker --set pretrain_epochs=1 --set compute_dtype=bfloat16 --set steps=20 \
+  --set k=20 --set cross.observations=false \
   --workdir "$OUT/cross" | tee "$OUT/cross.txt"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
 echo "wrote $OUT"

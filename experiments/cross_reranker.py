@@ -72,6 +72,7 @@ ONLINE_STEPS = 60
 CROSS = ["variant=cross", "retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
          "mode=pretrain+rl", "max_length=128", "pretrain_candidates=8",
          "pretrain_lr=2e-5", "pretrain_tau=1.0", "head_lr_scale=50.0", "prior_scale=1.0",
+         "observations=false",
          "compute_dtype=float32", "lr=1e-5", "tau=1.0", "checkpoint_every=20", "log_every=5",
          "seed=0"]
 RUNS = {

@@ -66,6 +66,7 @@ RUNS = {"linear": ["variant=linear", "learner=reranker", "rank_prior=true",
                   "pretrain_lr=2e-5", "pretrain_tau=1.0", "tau=1.0", "lr=1e-5",
                   "checkpoint_every=20", "log_every=5", "max_length=128",
                   "pretrain_candidates=8", "head_lr_scale=50.0", "prior_scale=1.0",
+                  "observations=false",
                   "compute_dtype=float32"]}
 
 

@@ -90,6 +90,9 @@ def cmd_train(args) -> None:
   if "cross_pairs_truncated" in summary:
     print(f"(question, memory) pairs: {summary['cross_pairs']}, cut to "
           f"cross.max_length={cfg.cross.max_length}: {summary['cross_pairs_truncated']}")
+  if summary.get("cross_observations"):
+    print(f"LoCoMo observations pretrained on beside the questions: "
+          f"{summary['cross_observations']} (cross.observations={cfg.cross.observations})")
   if rows:
     print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:

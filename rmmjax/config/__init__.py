@@ -37,7 +37,7 @@ class Config:
   # The reranker's family (variant) and its selection.
   variant: str = "linear"
   dim: int = 64
-  k: int = 20
+  k: int = 20  # (50 where --set names variant=cross over turns: see keys.apply_overrides)
   m: int = 5
   # Objective of the online steps, whatever learns.
   batch: int = 4
@@ -323,10 +323,17 @@ def from_json(text: str) -> Config:
     if set(data[name]) - set(fields):
       raise ValueError(f"unknown keys {sorted(set(data[name]) - set(fields))} in section "
                        f"{name!r}")
+    data[name] = {key: sections.retyped(name, key, value) for key, value in data[name].items()}
     for key, value in data[name].items():
       keys.check_type(f"{name}.{key}", value, fields[key])
-  return with_values(cfg, {f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS)
-                           for k, v in data[s].items()})
+  return with_values(cfg, _absent_keys(cfg) | {
+      f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS) for k, v in data[s].items()})
+
+
+def _absent_keys(cfg: Config) -> dict[str, Any]:
+  """The values of the section keys a config.json written before them lacks
+  (sections.ABSENT), for the sections cfg holds."""
+  return {f"{s}.{k}": v for (s, k), v in sections.ABSENT.items() if getattr(cfg, s) is not None}
 
 
 # The flat keys each learner's section took over: the learning keys of the run's own learner,
@@ -353,4 +360,4 @@ def _from_flat(data: dict) -> Config:
   for old, new in sections.MOVED.items():
     if old in data and getattr(cfg, new.split(".")[0]) is not None:
       changes[new] = data[old]
-  return with_values(cfg, changes)
+  return with_values(cfg, _absent_keys(cfg) | changes)

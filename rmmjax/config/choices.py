@@ -39,3 +39,6 @@ P_IRR_DEFAULT = 1.0 - 0.846
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # The losses the cross reranker's pretraining may take (rmmjax.core.losses.PRETRAIN_LOSSES).
 PRETRAIN_LOSSES = ("softmax", "lambda")
+# Whether the cross reranker also pretrains on LoCoMo's observations (Cross.observations):
+# auto reads them where the data holds them.
+OBSERVATIONS = ("auto", "true", "false")

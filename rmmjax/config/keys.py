@@ -126,7 +126,9 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
   """Applies `key=value` strings to cfg. Naming a reranker family on a config whose learner
   trains none (locomo's default, the query encoder) makes the run the reranker over a query
   encoder tuned first (learner=both), or directly over IRIS's evidence or a given tuned
-  encoder's candidates (learner=reranker), unless the learner is named too."""
+  encoder's candidates (learner=reranker), unless the learner is named too. variant=cross over
+  turns also reads more candidates (k=50, sections.Cross.CANDIDATES_OVER_TURNS) unless k is
+  named."""
   texts = {}
   for item in overrides:
     if "=" not in item:
@@ -139,6 +141,9 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
   if "variant" in shared and "learner" not in shared and cfg.learner == "query_encoder":
     over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")
     shared["learner"] = "reranker" if over_given else "both"
+  if (shared.get("variant") == "cross" and "k" not in shared and cfg.config != "latent"
+      and shared.get("units", cfg.units) == "turn"):
+    shared["k"] = sections.Cross.CANDIDATES_OVER_TURNS
   cfg = dataclasses.replace(cfg, **shared)
   return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
                            if not is_shared(cfg, k)})

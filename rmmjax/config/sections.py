@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rmmjax.config.choices import COMPUTE_DTYPES, PRETRAIN_LOSSES, TUNES
+from rmmjax.config.choices import COMPUTE_DTYPES, OBSERVATIONS, PRETRAIN_LOSSES, TUNES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 
 
@@ -83,8 +83,18 @@ class Cross(Learning):
   of what each session established, each naming its turn) join their questions, as more
   labelled (text, turn) pairs; the held-out conversations keep their questions alone. On the
   dev file's 2-fold cross-validation +0.008 [+0.001, +0.014] Recall@5 (0.666 against 0.658,
-  experiments/sweep_cross.py --arm observations) for 2.2 times the pretraining: off by default,
-  as a file without the field would be refused.
+  experiments/sweep_cross.py --arm observations) for 2.2 times the pretraining, and +0.017 at
+  K = 50 (0.711 against 0.694, --arm k50-observations-prior0 against --arm k50-prior0). auto
+  (the default) reads them in a run over turns of a LoCoMo file whose training conversations
+  hold some, and trains without them otherwise (the summary counts them); true refuses a file
+  without them; false never reads them.
+
+  K over turns: naming variant=cross on the locomo config sets k=50 unless k is named too
+  (`CANDIDATES_OVER_TURNS`; other units keep the config's 20): with the flat prior, 0.694
+  against 0.667 at K = 20 on the same folds (--arm k50-prior0 against --arm prior0): 50
+  candidates hold more of the evidence, for 2.5 times the scoring. Together the defaults are --arm
+  k50-observations-prior0's settings: 0.711 (folds 0.702, 0.718) against the recipe's 0.658,
+  +0.053 [+0.037, +0.067], chosen on those same folds, so optimistic.
 
   Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
   down (those above only where too few others exist: the top of a tuned retriever's list holds
@@ -105,6 +115,7 @@ class Cross(Learning):
   """
 
   NAME = "cross"
+  CANDIDATES_OVER_TURNS = 50  # the k of variant=cross over turns, unless named (see above)
   tau: float = 1.0
   lr: float = 1e-5
   steps: int = 0  # its pretraining alone (the checkpoint is step 0)
@@ -117,7 +128,7 @@ class Cross(Learning):
   compute_dtype: str = "auto"
   prior_scale: float = 0.0
   head_lr_scale: float = 50.0
-  observations: bool = False
+  observations: str = "auto"
   pretrain_loss: str = "softmax"
 
   def check(self, cfg) -> None:
@@ -133,7 +144,10 @@ class Cross(Learning):
     if not 1 <= self.negatives_from_rank <= cfg.k:
       raise ValueError(f"cross.negatives_from_rank={self.negatives_from_rank}: expected 1 to "
                        f"k={cfg.k} (the base rank from which pretraining draws negatives)")
-    if self.observations and cfg.units != "turn":
+    if self.observations not in OBSERVATIONS:
+      raise ValueError(f"cross.observations={self.observations!r} is not one of "
+                       f"{', '.join(OBSERVATIONS)}")
+    if self.observations == "true" and cfg.units != "turn":
       raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
                        f"expected units=turn, not {cfg.units}")
     if self.pretrain_loss not in PRETRAIN_LOSSES:
@@ -142,6 +156,11 @@ class Cross(Learning):
     if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
       raise ValueError(f"cross.compute_dtype={self.compute_dtype!r} is not one of auto, "
                        f"{', '.join(COMPUTE_DTYPES)}")
+
+  def reads_observations(self, cfg) -> bool:
+    """Whether the run looks for observations in its data (auto or true, over turns; auto goes
+    without where the training conversations hold none)."""
+    return self.observations != "false" and cfg.units == "turn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,3 +276,16 @@ MOVED = {"cross_max_length": "cross.max_length",
            "verdict_reward": "iris_evidence.verdict_reward", "iris_k": "iris_models.k",
            "iris_hard_share": "iris_models.hard_share", "validation": "iris_models.validation"}
 RENAMED = {old: new for old, new in MOVED.items() if new.split(".")[1] != old}
+# Section keys whose type changed, and how a config.json written before reads: each old value
+# as the new one.
+RETYPED = {("cross", "observations"): {False: "false", True: "true"}}
+# Section keys added since a config.json could be written without them, with the value such a
+# run had (not today's default, which may differ): a resume keeps that run's settings.
+ABSENT = {("cross", "observations"): "false"}
+
+
+def retyped(section: str, key: str, value):
+  """A section key's value as config.json holds it, in the key's present type."""
+  old = RETYPED.get((section, key))
+  return old[value] if old is not None and type(value) is bool else value
+

@@ -42,7 +42,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   if cfg.folds > len(conversations):
     raise ValueError(f"folds={cfg.folds}: {cfg.data} has {len(conversations)} conversations "
                      "with questions; expected at most one fold per conversation")
-  if cfg.variant == "cross" and cfg.cross.observations:
+  if cfg.variant == "cross" and cfg.cross.reads_observations(cfg):
     conversations = with_observations(data, conversations, cfg)
   encoder = base_encoder() if encoder is None else encoder
   if encoder.dim != cfg.dim:
@@ -54,10 +54,13 @@ def with_observations(data: Path, conversations: list[Conversation], cfg: Config
                       ) -> list[Conversation]:
   """The conversations, the training ones (heldout_split's) with their LoCoMo observations
   after their questions (`load_observations`): more labelled pairs to learn from, in the
-  conversations trained on only. Refused where the training conversations have none."""
+  conversations trained on only. Where the training conversations have none, the
+  conversations as they are (cross.observations=auto) or refused (true)."""
   found = load_observations(data, conversations)
   train, _ = heldout_split(list(range(len(conversations))), cfg)
   if not any(found.get(conversations[i].conversation_id) for i in train):
+    if cfg.cross.observations == "auto":
+      return conversations
     ids = ", ".join(conversations[i].conversation_id for i in train)
     which = ("the training conversations"
              + (f" of fold={cfg.fold} of folds={cfg.folds}" if cfg.folds else "") + f" ({ids})")

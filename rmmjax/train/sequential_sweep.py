@@ -225,7 +225,7 @@ def _items(cfg: Config, conversations: list, train: list) -> int:
   """The labelled questions a cross run pretrains on: the training conversations' questions,
   and their observations where the run reads them."""
   items = sum(len(x.questions) for x in train)
-  if cfg.cross.observations:
+  if cfg.cross.reads_observations(cfg):
     from rmmjax.data.locomo import load_observations  # noqa: PLC0415
     found = load_observations(Path(cfg.data), conversations)
     items += sum(len(found.get(x.conversation_id, ())) for x in train)

@@ -2,6 +2,7 @@
 flat config.json files (tests/config/flat_configs/, written by the release before sections)."""
 
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 
@@ -48,8 +49,8 @@ def test_no_learner_rewrites_another_s_defaults():
   alone = apply_overrides(locomo, [DATA, "learner=query_encoder"])
   assert cross.encoder_tuning == alone.encoder_tuning == sections.EncoderTuning()
   assert cross.cross == sections.Cross() and (cross.steps, cross.learning.tau) == (0, 1.0)
-  # The encoder stage of a cross run is the plain query-encoder run.
-  assert encoder_stage(cross) == alone
+  # The encoder stage of a cross run is the plain query-encoder run, over the run's K.
+  assert encoder_stage(cross) == dataclasses.replace(alone, k=50)
   # The named config's own reranker values stay its own.
   linear = apply_overrides(locomo, [DATA, "learner=reranker"])
   assert (linear.reranker.tau, linear.reranker.lr, linear.reranker.rank_prior) == (1.0, 3e-5,
@@ -96,8 +97,8 @@ def test_a_section_checks_its_own_values(overrides, message, tmp_path):
 
 
 @pytest.mark.parametrize("name, overrides", [
-    ("cross_both", ["variant=cross", "max_length=64", "head_lr_scale=20", "checkpoint_every=20",
-                    "log_every=5"]),
+    ("cross_both", ["variant=cross", "k=20", "max_length=64", "head_lr_scale=20",
+                    "checkpoint_every=20", "log_every=5"]),
     ("cross_both_stage", ["learner=query_encoder", "checkpoint_every=100", "log_every=10"]),
     ("query_encoder", ["encoder_tuning.lr=2e-5", "tune=both", "steps=300"]),
     # (the locomo reranker's online rates of that release, since chosen by a sweep)
@@ -111,12 +112,16 @@ def test_a_flat_config_json_of_an_older_release_loads_into_its_sections(name, ov
   text = (FLAT / f"{name}.json").read_text()
   assert not any(isinstance(v, dict) for v in json.loads(text).values())  # the old format
   cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
-  if cfg.cross is not None:  # (the starting prior of that release, since made flat by a sweep)
-    # A resume under today's default is refused, naming the key, not mixed with the old run's.
+  if cfg.cross is not None:  # (the starting prior of that release, since made flat by a sweep;
+    # the observations it never read, since read where the data holds them)
+    # A resume under today's defaults is refused, naming the keys, not mixed with the old run's.
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(ValueError, match=r"cross.prior_scale: 1.0 there, 0.0 now"):
       check_resumable(tmp_path, cfg)
-    cfg = dataclasses.replace(cfg, cross=dataclasses.replace(cfg.cross, prior_scale=1.0))
+    with pytest.raises(ValueError, match=r"cross.observations: 'false' there, 'auto' now"):
+      check_resumable(tmp_path, cfg)
+    cfg = dataclasses.replace(cfg, cross=dataclasses.replace(cfg.cross, prior_scale=1.0,
+                                                             observations="false"))
   assert from_json(text) == cfg
   # ...so its workdir resumes under the same settings, and refuses others.
   (tmp_path / "config.json").write_text(text)
@@ -141,6 +146,47 @@ def test_config_json_round_trips_and_refuses_what_does_not_belong():
     from_json(json.dumps(data | {"iris_models": {"k": 32}}))
   with pytest.raises(ValueError, match=r"unknown keys \['width'\] in section 'cross'"):
     from_json(json.dumps(data | {"cross": data["cross"] | {"width": 3}}))
+
+
+def test_a_config_json_from_before_observations_were_read_by_default_keeps_its_run_s_value():
+  """cross.observations was true or false, and before that absent (never read): each loads as
+  the run had it, so a resume under today's auto is refused rather than mixing the two."""
+  cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross"])
+  data = json.loads(cfg.to_json())
+  for old, now in ((True, "true"), (False, "false"), (None, "false")):
+    section = {k: v for k, v in data["cross"].items() if k != "observations"}
+    if old is not None:
+      section["observations"] = old
+    assert from_json(json.dumps(data | {"cross": section})).cross.observations == now
+  with pytest.raises(ValueError, match=r"cross.observations=1: expected text"):
+    from_json(json.dumps(data | {"cross": data["cross"] | {"observations": 1}}))
+
+
+@pytest.mark.parametrize("overrides, k", [
+    (["variant=cross"], 50), (["variant=cross", "learner=reranker"], 50),
+    (["variant=cross", "k=30"], 30), (["k=30", "variant=cross"], 30),
+    (["variant=cross", "units=session"], 20), (["variant=cross", "units=lace"], 20),
+    (["variant=linear", "learner=reranker"], 20), ([], 20)])
+def test_variant_cross_over_turns_reads_50_candidates_unless_k_is_named(overrides, k):
+  assert apply_overrides(get_config("locomo"), [DATA, *overrides]).k == k
+
+
+def test_variant_cross_s_defaults_are_the_cross_sweep_s_best_arm(monkeypatch):
+  """variant=cross's defaults are experiments/sweep_cross.py's arm k50-observations-prior0,
+  but for what changes no number: the loop's output cadence, compute_dtype auto (float32 on a
+  CPU, as pinned there) and observations auto (read from the dev file as true reads them:
+  tests/train/test_cross_observations.py)."""
+  monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "experiments"))
+  sweep_cross = importlib.import_module("sweep_cross")
+  arm = sweep_cross.ARMS["k50-observations-prior0"]
+  named = {a.split("=")[0] for a in arm}
+  pinned = [s for s in sweep_cross.RECIPE if s.split("=")[0] not in named] + list(arm)
+  swept = apply_overrides(get_config("locomo"), [DATA, *pinned]).values()
+  default = apply_overrides(get_config("locomo"), [DATA, "variant=cross"]).values()
+  assert set(swept) == set(default)
+  assert {k: (swept[k], default[k]) for k in swept if swept[k] != default[k]} == {
+      "log_every": (5, 10), "checkpoint_every": (20, 100),
+      "cross.compute_dtype": ("float32", "auto"), "cross.observations": ("true", "auto")}
 
 
 @pytest.mark.parametrize("damage, message", [

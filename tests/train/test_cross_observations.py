@@ -1,6 +1,7 @@
 """cross.observations: LoCoMo's observations (per session and speaker, statements naming the
-turn they come from) read leniently, joined to the training conversations' questions only, and
-refused before anything is written where the file has none."""
+turn they come from) read leniently, joined to the training conversations' questions only;
+where the file has none, gone without (auto, the default) or refused before anything is
+written (true)."""
 
 import json
 
@@ -104,7 +105,7 @@ def test_a_file_without_observations_is_refused_before_anything_is_written(three
 def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path):
   path, _ = _with_observations(three, tmp_path)
   summaries = {}
-  for on in ("false", "true"):
+  for on in ("false", "true", "auto"):
     wd = tmp_path / on
     assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *_sets(
         f"data={path}", "variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5",
@@ -114,6 +115,29 @@ def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path):
   # The two training conversations' 5 + 3 observations, each paired with its k candidates.
   assert summaries["true"]["cross_pairs"] - summaries["false"]["cross_pairs"] == 8 * 5
   assert summaries["true"]["eval_queries"] == summaries["false"]["eval_queries"]
+  # auto (the default) reads a file's observations as true does, and counts them.
+  assert ([summaries[on]["cross_observations"] for on in ("false", "true", "auto")]
+          == [0, 8, 8])
+  assert summaries["auto"]["cross_pairs"] == summaries["true"]["cross_pairs"]
+
+
+@pytest.mark.parametrize("overrides", [(), ("units=session",), ("cross.observations=false",)])
+def test_auto_trains_without_observations_where_there_are_none_to_read(three, tmp_path,
+                                                                       overrides):
+  """A file without them, or a run they cannot join (other units), goes without, where true
+  is refused."""
+  observed, _ = _with_observations(three, tmp_path)
+  for path in (three, observed) if overrides else (three,):
+    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "dim=32",
+                                                 "holdout=1", *overrides]).validate()
+    assert cfg.cross.observations == ("false" if "cross.observations=false" in overrides
+                                      else "auto")
+    plain = [len(c.questions) for c in load_locomo(path)[0]]
+    assert [len(x.questions) for x in replay_inputs(cfg, HashEncoder())[1]] == plain
+  with pytest.raises(ValueError, match="cross.observations='yes' is not one of auto, true, "
+                                       "false"):
+    apply_overrides(get_config("locomo"), [f"data={three}", "variant=cross",
+                                           "cross.observations=yes"]).validate()
 
 
 def test_the_dev_file_observations_join_each_fold_s_training_side(locomo_path):
@@ -126,6 +150,11 @@ def test_the_dev_file_observations_join_each_fold_s_training_side(locomo_path):
   cfg = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "variant=cross",
                                                "folds=2", "fold=0", "cross.observations=true"])
   joined = with_observations(locomo_path, conversations, cfg)
+  # The default, auto, reads them as true does.
+  auto = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "variant=cross",
+                                                "folds=2", "fold=0"])
+  assert auto.cross.observations == "auto" and auto.cross.reads_observations(auto)
+  assert with_observations(locomo_path, conversations, auto) == joined
   added = [len(j.questions) - len(c.questions) for j, c in zip(joined, conversations)]
   assert sorted(i for i, n in enumerate(added) if n == 0) == [0, 1, 2, 3]  # fold 0 held out
   assert all(added[i] == len(found[conversations[i].conversation_id]) > 0 for i in range(4, 8))

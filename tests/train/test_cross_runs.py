@@ -311,14 +311,15 @@ def test_the_cross_variant_tunes_a_query_encoder_first_unless_it_has_one(three, 
 
 def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(three):
   """learner=both with variant=cross: the query encoder first, with the named config's own
-  rates, temperature and steps (not the cross reranker's), and no cross keys."""
+  rates, temperature and steps (not the cross reranker's), and no cross keys; the run's K
+  (50, variant=cross's over turns) is the stage's too."""
   locomo = get_config("locomo")
   cfg = apply_overrides(locomo, [f"data={three}", "variant=cross", "learner=both",
                                  "max_length=64"]).validate()
   assert (cfg.steps, cfg.learning.tau, cfg.learning.lr) == (0, 1.0, 1e-5)  # the reranker's
   assert cfg.encoder_tuning == get_config("locomo").encoder_tuning
   stage = encoder_stage(cfg).validate()
-  alone = apply_overrides(locomo, [f"data={three}", "learner=query_encoder"]).validate()
+  alone = apply_overrides(locomo, [f"data={three}", "learner=query_encoder", "k=50"]).validate()
   assert stage == alone
   linear = apply_overrides(locomo, [f"data={three}", "learner=both", "steps=40"]).validate()
   assert encoder_stage(linear) == dataclasses.replace(linear, learner="query_encoder")
