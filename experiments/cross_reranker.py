@@ -10,7 +10,9 @@ means):
 - a copy of that workdir extended to 60 steps learns online by REINFORCE from simulated
   citations;
 - `train --set variant=cross --set learner=both --set pretrain_epochs=2` is `variant=cross`'s
-  recipe: the locomo config's query encoder tuned first (its stage's settings are checked
+  recipe at K = 20 over the questions alone (the defaults of then: K = 50 and the
+  observations since, experiments/sweep_cross.py): the locomo config's query encoder tuned
+  first (its stage's settings are checked
   below), then the cross reranker pretrained for 2 epochs over the tuned hybrid's candidates;
 - the same cross reranker pretrained for 1 epoch over that run's tuned encoder
   (`learner=reranker --set query_encoder=W/query_encoder`, what learner=both does with 1 epoch);

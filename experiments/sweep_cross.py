@@ -4,7 +4,8 @@ question by question with that script's row of the same recipe unchanged. Each r
 query encoder stage, pretrains the cross reranker and is measured by `eval` on its held-out
 fold.
 
-Every setting is pinned below (`variant=cross`'s recipe: the locomo config's query encoder
+Every setting is pinned below (`variant=cross`'s recipe before these arms, at K = 20 over the
+questions alone: the locomo config's query encoder
 tuned first, then the cross reranker pretrained for 2 epochs over 8 of each question's K
 candidates, its relevant ones first and the others drawn at random from the rest of the K).
 The arms:
@@ -47,6 +48,9 @@ The arms:
   observations in pretraining and the flat starting prior (over an hour a run).
 - k50-prior0: K = 50 and the flat starting prior, without the observations: what the
   observations add at K = 50.
+
+The k50-observations-prior0 arm's settings are `variant=cross`'s defaults since (over turns;
+tests/config/test_sections.py holds them together).
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused
 (finished runs are not rerun).

@@ -289,3 +289,8 @@ def retyped(section: str, key: str, value):
   old = RETYPED.get((section, key))
   return old[value] if old is not None and type(value) is bool else value
 
+
+def retyped_setting(name: str, value):
+  """`retyped` for a key as a sweep's records name it (`section.key`, or a shared key)."""
+  section, _, key = name.partition(".")
+  return retyped(section, key, value) if key else value

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rmmjax.config import Config, from_json, qualified
+from rmmjax.config import Config, from_json, qualified, sections
 
 # Keys a resumed run may change: more steps extend a run without changing its first steps, and
 # the devices it runs on re-place the same state (equal to float tolerance).
@@ -269,7 +269,9 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
       return qualified(cfg, key)
     except ValueError:
       return key
-  spelled = {"grid": lambda g: {named(k): v for k, v in g.items()},
+  # (and a value recorded in a key's former type is the value it reads as now)
+  spelled = {"grid": lambda g: {named(k): [sections.retyped_setting(named(k), x) for x in v]
+                                for k, v in g.items()},
              "grid_order": lambda keys: [named(k) for k in keys]}
   same = lambda k, v: spelled[k](v) if k in spelled and v is not None else v  # noqa: E731
   diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds", "grid_order")

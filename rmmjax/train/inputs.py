@@ -9,7 +9,7 @@ from pathlib import Path
 from rmmjax import distributed
 from rmmjax.config import Config
 from rmmjax.data.locomo import load_locomo, load_observations
-from rmmjax.data.schema import Conversation
+from rmmjax.data.schema import Conversation, MalformedData
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.candidates import folds
@@ -50,13 +50,26 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   return data, conversations, report, encoder
 
 
+def observations_found(data: Path, conversations: list[Conversation], cfg: Config
+                       ) -> dict[str, tuple]:
+  """`load_observations` of the file; under cross.observations=auto none where the file gives
+  one id to several conversations (no observation can be matched to its own), as true refuses
+  it."""
+  try:
+    return load_observations(data, conversations)
+  except MalformedData:
+    if cfg.cross.observations == "auto":
+      return {}
+    raise
+
+
 def with_observations(data: Path, conversations: list[Conversation], cfg: Config
                       ) -> list[Conversation]:
   """The conversations, the training ones (heldout_split's) with their LoCoMo observations
   after their questions (`load_observations`): more labelled pairs to learn from, in the
   conversations trained on only. Where the training conversations have none, the
   conversations as they are (cross.observations=auto) or refused (true)."""
-  found = load_observations(data, conversations)
+  found = observations_found(data, conversations, cfg)
   train, _ = heldout_split(list(range(len(conversations))), cfg)
   if not any(found.get(conversations[i].conversation_id) for i in train):
     if cfg.cross.observations == "auto":

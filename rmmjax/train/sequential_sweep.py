@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rmmjax.config import Config, encoder_stage, with_values
+from rmmjax.config import Config, encoder_stage, sections, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
@@ -31,7 +31,7 @@ from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import folds, unit_pools
 from rmmjax.retrieve.units import build_units
-from rmmjax.train.inputs import base_encoder
+from rmmjax.train.inputs import base_encoder, observations_found
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FoldResult
 
@@ -226,8 +226,7 @@ def _items(cfg: Config, conversations: list, train: list) -> int:
   and their observations where the run reads them."""
   items = sum(len(x.questions) for x in train)
   if cfg.cross.reads_observations(cfg):
-    from rmmjax.data.locomo import load_observations  # noqa: PLC0415
-    found = load_observations(Path(cfg.data), conversations)
+    found = observations_found(Path(cfg.data), conversations, cfg)
     items += sum(len(found.get(x.conversation_id, ())) for x in train)
   return items
 
@@ -270,12 +269,15 @@ def _settings(cfg: Config) -> dict:
 
 
 def _with_added(settings: dict) -> dict:
-  """A run's recorded settings with the keys added to the configuration since, at the defaults
-  a config.json written before them reads (those of the run's named config and learner): a
-  finished run still counts."""
+  """A run's recorded settings as a config.json written then reads today: each value in its
+  key's present type (sections.RETYPED), and the keys added since at the value such a run had
+  (sections.ABSENT), else at the defaults of the run's named config and learner: a finished
+  run still counts, and one of other settings does not."""
+  settings = {k: sections.retyped_setting(k, v) for k, v in settings.items()}
   fields = {f.name for f in dataclasses.fields(Config)}
   defaults = _settings(Config(**{k: v for k, v in settings.items() if k in fields}))
-  return settings | {k: v for k, v in defaults.items() if k not in settings}
+  absent = {f"{s}.{k}": v for (s, k), v in sections.ABSENT.items()}
+  return settings | {k: absent.get(k, v) for k, v in defaults.items() if k not in settings}
 
 
 def share_stage(cfg: Config, where: Path, others: list[Path]) -> None:

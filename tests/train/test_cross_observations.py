@@ -85,6 +85,16 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
   path.write_text(json.dumps(records))
   with pytest.raises(MalformedData, match="'syn-1' is given to more than one conversation"):
     load_observations(path, load_locomo(path)[0])
+  # Refused by true; under auto (the default) the run goes without them.
+  conversations = load_locomo(path)[0]
+  for value, plain in (("true", False), ("auto", True)):
+    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "holdout=1",
+                                                 f"cross.observations={value}"])
+    if plain:
+      assert with_observations(path, conversations, cfg) == conversations
+    else:
+      with pytest.raises(MalformedData, match="is given to more than one conversation"):
+        with_observations(path, conversations, cfg)
 
 
 @pytest.mark.parametrize("split, which", [

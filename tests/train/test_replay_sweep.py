@@ -365,6 +365,18 @@ def test_a_recorded_grid_key_this_run_cannot_name_is_another_sweep(three, tmp_pa
     check_sweepable(wd, cfg, {"lr": [1e-4, 1e-3]}, 1, 3, "0" * 64)
 
 
+def test_a_grid_recorded_when_observations_were_true_or_false_is_the_same_sweep(three, tmp_path):
+  """cross.observations was a bool before it had auto: a sweep recorded then, over it, is the
+  same sweep as today's spelling of its values, and still another sweep than other values."""
+  wd = tmp_path / "w"
+  wd.mkdir()
+  write_run_record(wd, sweep_record({"cross.observations": [False, True]}, 1, 3, "0" * 64))
+  cfg = apply_overrides(get_config("locomo"), [f"data={three}", "variant=cross", "k=5"])
+  check_sweepable(wd, cfg, {"observations": ["false", "true"]}, 1, 3, "0" * 64)
+  with pytest.raises(ValueError, match="holds a sweep of another grid"):
+    check_sweepable(wd, cfg, {"observations": ["false", "auto"]}, 1, 3, "0" * 64)
+
+
 def test_a_grid_key_spelled_with_its_section_is_the_same_sweep(three, swept, tmp_path, capsys):
   wd = tmp_path / "spelled"
   shutil.copytree(swept, wd)
@@ -444,6 +456,21 @@ def test_a_finished_run_recorded_before_a_key_was_added_still_counts():
   linear = _settings(apply_overrides(get_config("locomo"), ["data=x.json", "learner=reranker"]))
   assert linear["reranker.rank_prior"] is True
   assert _with_added({k: v for k, v in linear.items() if k != "reranker.rank_prior"}) == linear
+
+
+def test_a_finished_run_recorded_when_observations_were_a_bool_or_absent_still_counts():
+  """Recorded as false or true, the run is today's false or true; recorded without the key
+  (before it existed), the run read none: today's false, not the default auto."""
+  from rmmjax.train.sequential_sweep import _settings, _with_added  # noqa: PLC0415
+  cfg = apply_overrides(get_config("locomo"), ["data=x.json", "variant=cross", "folds=2",
+                                               "cross.observations=false"])
+  now = _settings(cfg)
+  assert _with_added(now | {"cross.observations": False}) == now
+  assert _with_added({k: v for k, v in now.items() if k != "cross.observations"}) == now
+  observed = _settings(with_values(cfg, {"cross.observations": "true"}))
+  assert _with_added(now | {"cross.observations": True}) == observed != now
+  auto = _settings(with_values(cfg, {"cross.observations": "auto"}))
+  assert _with_added({k: v for k, v in now.items() if k != "cross.observations"}) != auto
 
 
 def test_no_best_leaves_best_out_of_the_plan_and_the_workdir(three, tmp_path, capsys):
