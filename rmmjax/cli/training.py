@@ -90,9 +90,11 @@ def cmd_train(args) -> None:
   if "cross_pairs_truncated" in summary:
     print(f"(question, memory) pairs: {summary['cross_pairs']}, cut to "
           f"cross.max_length={cfg.cross.max_length}: {summary['cross_pairs_truncated']}")
-  if summary.get("cross_observations"):
-    print(f"LoCoMo observations pretrained on beside the questions: "
-          f"{summary['cross_observations']} (cross.observations={cfg.cross.observations})")
+  if "cross_observations" in summary:  # (a run that looks for them: say what it found)
+    print(f"LoCoMo observations trained on beside the questions: "
+          f"{summary['cross_observations']} (cross.observations={cfg.cross.observations}"
+          + ("; none in the training conversations, or no id to match them by)"
+             if not summary["cross_observations"] else ")"))
   if rows:
     print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:

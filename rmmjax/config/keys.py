@@ -67,8 +67,12 @@ def trains(cfg) -> str:
 
 
 def parse_value(key: str, text: str, cfg) -> Any:
-  """Parses `text` as the type of key `key` of cfg, naming both on failure."""
+  """Parses `text` as the type of key `key` of cfg, naming both on failure. A key whose type
+  changed (sections.RETYPED) still reads its former type's spellings."""
   default = get_value(cfg, key)
+  former = sections.RETYPED.get(_locate(cfg, key))
+  if former is not None and text.lower() in ("true", "false", "1", "0"):
+    return former[text.lower() in ("true", "1")]
   try:
     if isinstance(default, bool):
       if text.lower() not in ("true", "false", "1", "0"):

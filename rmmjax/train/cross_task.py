@@ -62,8 +62,10 @@ class CrossRerankerTask(ReplayTask):
                         "cross_pairs_truncated": self._pair_counts["truncated"],
                         "cross_pair_length": self.record["cross"]["length"],
                         # (cross.observations=auto reads them only where the data holds them)
-                        "cross_observations": sum(c == "observation" for r in self.train_convs
-                                                  for c in r.categories)}
+                        **({"cross_observations": sum(c == "observation"
+                                                      for r in self.train_convs
+                                                      for c in r.categories)}
+                           if cfg.cross.reads_observations(cfg) else {})}
     if progress and self._pair_counts["truncated"]:
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
             f"memory) pairs are longer than cross.max_length={cfg.cross.max_length} tokens and "

@@ -57,10 +57,10 @@ def observations_found(data: Path, conversations: list[Conversation], cfg: Confi
   it."""
   try:
     return load_observations(data, conversations)
-  except MalformedData:
+  except MalformedData as e:
     if cfg.cross.observations == "auto":
       return {}
-    raise
+    raise MalformedData(f"cross.observations=true: {e}; auto goes without them") from None
 
 
 def with_observations(data: Path, conversations: list[Conversation], cfg: Config
@@ -79,7 +79,8 @@ def with_observations(data: Path, conversations: list[Conversation], cfg: Config
              + (f" of fold={cfg.fold} of folds={cfg.folds}" if cfg.folds else "") + f" ({ids})")
     raise ValueError(f"cross.observations=true: {which} in {cfg.data} hold "
                      "no observations (LoCoMo's per-session \"observation\" statements, each "
-                     "naming its turn); expected a file with them, or cross.observations=false")
+                     "naming its turn); expected a file with them, or cross.observations=auto "
+                     "or false")
   train = set(train)
   return [dataclasses.replace(c, questions=c.questions + found.get(c.conversation_id, ()))
           if i in train else c for i, c in enumerate(conversations)]

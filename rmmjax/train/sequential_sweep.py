@@ -130,8 +130,13 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
     took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     timed = ([] if all(c.learner == "reranker" for c in runs) else
              ["the query encoder's setup and steps"])
-    if any(c.learner != "query_encoder" for c in runs):
-      timed.append("the cross reranker's steps and held-out scoring")
+    cross = [c for c in runs if c.variant == "cross"]
+    if cross:
+      observed = any(c.cross.reads_observations(c) for c in cross)
+      timed.append("the cross reranker's steps and held-out scoring over K = "
+                   + " or ".join(sorted({str(c.k) for c in cross}, key=int)) + " candidates"
+                   + (", its pretraining over the questions and any LoCoMo observations of "
+                      "the file" if observed else ""))
     left = (["each cross run's candidate retrieval"] if any(c.learner == "reranker" for c in runs)
             else []) + (["the query encoder's held-out eval"]
                         if any(c.learner == "query_encoder" for c in runs) else []) + (

@@ -162,6 +162,16 @@ def test_a_config_json_from_before_observations_were_read_by_default_keeps_its_r
     from_json(json.dumps(data | {"cross": data["cross"] | {"observations": 1}}))
 
 
+@pytest.mark.parametrize("text, value", [
+    ("True", "true"), ("1", "true"), ("TRUE", "true"), ("0", "false"), ("False", "false"),
+    ("auto", "auto"), ("false", "false")])
+def test_cross_observations_reads_the_spellings_it_took_as_a_bool(text, value):
+  cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross",
+                                               f"cross.observations={text}"])
+  assert cfg.cross.observations == value
+  assert parse_grid([f"observations={text}"], cfg) == {"observations": [value]}
+
+
 @pytest.mark.parametrize("overrides, k", [
     (["variant=cross"], 50), (["variant=cross", "learner=reranker"], 50),
     (["variant=cross", "k=30"], 30), (["k=30", "variant=cross"], 30),

@@ -72,10 +72,13 @@ def test_the_steps_are_timed_on_the_files_pairs(three, monkeypatch):
 
 @pytest.mark.usefixtures("tiny_encoder")
 @pytest.mark.parametrize("learner, timed, left", [
-    ("reranker", "(the cross reranker's steps and held-out scoring, each kind",
+    ("reranker", "(the cross reranker's steps and held-out scoring over K = 5 candidates, its "
+                 "pretraining over the questions and any LoCoMo observations of the file, each "
+                 "kind",
      "; not in it: each cross run's candidate retrieval"),
     ("both", "(the query encoder's setup and steps and the cross reranker's steps and held-out "
-             "scoring, each kind",
+             "scoring over K = 5 candidates, its pretraining over the questions and any LoCoMo "
+             "observations of the file, each kind",
      "; not in it: the tuned query encoder's longer candidate turns (random turns are timed)")])
 def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path, capsys,
                                                                  learner, timed, left):

@@ -93,7 +93,8 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
     if plain:
       assert with_observations(path, conversations, cfg) == conversations
     else:
-      with pytest.raises(MalformedData, match="is given to more than one conversation"):
+      with pytest.raises(MalformedData, match=r"cross.observations=true: .* is given to more "
+                                              "than one conversation.*; auto goes without"):
         with_observations(path, conversations, cfg)
 
 
@@ -112,23 +113,33 @@ def test_a_file_without_observations_is_refused_before_anything_is_written(three
 
 
 @pytest.mark.usefixtures("tiny_encoder")
-def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path):
+def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path, capsys):
   path, _ = _with_observations(three, tmp_path)
-  summaries = {}
-  for on in ("false", "true", "auto"):
+  summaries, said = {}, {}
+  for on, data in (("false", path), ("true", path), ("auto", path), ("auto-none", three)):
     wd = tmp_path / on
     assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *_sets(
-        f"data={path}", "variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5",
+        f"data={data}", "variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5",
         "m=2", "batch=2", "steps=0", "max_length=48", "pretrain_candidates=4",
-        "pretrain_epochs=1", f"cross.observations={on}")]) == 0
+        "pretrain_epochs=1", f"cross.observations={on.split('-')[0]}")]) == 0
     summaries[on] = json.loads((wd / "summary.json").read_text())
+    said[on] = [line for line in capsys.readouterr().out.splitlines() if "observations" in line]
   # The two training conversations' 5 + 3 observations, each paired with its k candidates.
   assert summaries["true"]["cross_pairs"] - summaries["false"]["cross_pairs"] == 8 * 5
   assert summaries["true"]["eval_queries"] == summaries["false"]["eval_queries"]
-  # auto (the default) reads a file's observations as true does, and counts them.
-  assert ([summaries[on]["cross_observations"] for on in ("false", "true", "auto")]
-          == [0, 8, 8])
+  # auto (the default) reads a file's observations as true does, and counts them; where the
+  # file has none it says so; false does not look.
+  assert ([summaries[on].get("cross_observations") for on in summaries]
+          == [None, 8, 8, 0])
   assert summaries["auto"]["cross_pairs"] == summaries["true"]["cross_pairs"]
+  assert said == {
+      "false": [], "true": ["LoCoMo observations trained on beside the questions: 8 "
+                            "(cross.observations=true)"],
+      "auto": ["LoCoMo observations trained on beside the questions: 8 "
+               "(cross.observations=auto)"],
+      "auto-none": ["LoCoMo observations trained on beside the questions: 0 "
+                    "(cross.observations=auto; none in the training conversations, or no id "
+                    "to match them by)"]}
 
 
 @pytest.mark.parametrize("overrides", [(), ("units=session",), ("cross.observations=false",)])
