@@ -93,7 +93,8 @@ def cmd_train(args) -> None:
   if "cross_observations" in summary:  # (a run that looks for them: say what it found)
     print(f"LoCoMo observations trained on beside the questions: "
           f"{summary['cross_observations']} (cross.observations={cfg.cross.observations}"
-          + ("; none in the training conversations, or no id to match them by)"
+          + ("; the training conversations hold none, or the file gives a conversation id "
+             "twice)"
              if not summary["cross_observations"] else ")"))
   if rows:
     print(f"\n{'':58s}{'before':>10s}{'after':>10s}")

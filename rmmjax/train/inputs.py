@@ -60,7 +60,8 @@ def observations_found(data: Path, conversations: list[Conversation], cfg: Confi
   except MalformedData as e:
     if cfg.cross.observations == "auto":
       return {}
-    raise MalformedData(f"cross.observations=true: {e}; auto goes without them") from None
+    raise MalformedData(f"cross.observations=true: {e}; cross.observations=auto trains "
+                        "without them") from None
 
 
 def with_observations(data: Path, conversations: list[Conversation], cfg: Config

@@ -130,13 +130,14 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
     took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     timed = ([] if all(c.learner == "reranker" for c in runs) else
              ["the query encoder's setup and steps"])
-    cross = [c for c in runs if c.variant == "cross"]
+    cross = [c for c in runs + configs[:1] * best if c.variant == "cross"]  # (best/: the first)
     if cross:
       observed = any(c.cross.reads_observations(c) for c in cross)
-      timed.append("the cross reranker's steps and held-out scoring over K = "
-                   + " or ".join(sorted({str(c.k) for c in cross}, key=int)) + " candidates"
-                   + (", its pretraining over the questions and any LoCoMo observations of "
-                      "the file" if observed else ""))
+      timed.append("the cross reranker's pretraining over the questions"
+                   + (" and the training conversations' LoCoMo observations, if any"
+                      if observed else "")
+                   + ", its online steps and held-out scoring over K = "
+                   + " or ".join(sorted({str(c.k) for c in cross}, key=int)) + " candidates")
     left = (["each cross run's candidate retrieval"] if any(c.learner == "reranker" for c in runs)
             else []) + (["the query encoder's held-out eval"]
                         if any(c.learner == "query_encoder" for c in runs) else []) + (

@@ -72,13 +72,13 @@ def test_the_steps_are_timed_on_the_files_pairs(three, monkeypatch):
 
 @pytest.mark.usefixtures("tiny_encoder")
 @pytest.mark.parametrize("learner, timed, left", [
-    ("reranker", "(the cross reranker's steps and held-out scoring over K = 5 candidates, its "
-                 "pretraining over the questions and any LoCoMo observations of the file, each "
-                 "kind",
+    ("reranker", "(the cross reranker's pretraining over the questions and the training "
+                 "conversations' LoCoMo observations, if any, its online steps and held-out "
+                 "scoring over K = 5 candidates, each kind",
      "; not in it: each cross run's candidate retrieval"),
-    ("both", "(the query encoder's setup and steps and the cross reranker's steps and held-out "
-             "scoring over K = 5 candidates, its pretraining over the questions and any LoCoMo "
-             "observations of the file, each kind",
+    ("both", "(the query encoder's setup and steps and the cross reranker's pretraining over "
+             "the questions and the training conversations' LoCoMo observations, if any, its "
+             "online steps and held-out scoring over K = 5 candidates, each kind",
      "; not in it: the tuned query encoder's longer candidate turns (random turns are timed)")])
 def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path, capsys,
                                                                  learner, timed, left):
@@ -98,6 +98,18 @@ def test_a_sweep_of_cross_runs_states_its_time_before_it_starts(three, tmp_path,
   # (a cross run over the base retriever's candidates reads turns as long as those timed)
   assert ("longer candidate turns" in out) == (learner == "both")
   assert not wd.exists()  # (a dry run writes nothing)
+
+
+@pytest.mark.usefixtures("tiny_encoder")
+def test_the_estimate_of_a_grid_over_k_names_each_k_and_no_observations_where_none_are_read(
+    three, tmp_path, capsys):
+  assert main(["sweep", "--config", "locomo", "--workdir", str(tmp_path / "sweep"), "--dry-run",
+               "--folds", "3", "--grid", "k=5,6", *_sets(
+                   f"data={three}", "variant=cross", "learner=reranker", "dim=32", "m=2",
+                   "batch=2", "max_length=48", "pretrain_candidates=4", "pretrain_epochs=1",
+                   "steps=0", "retriever=hybrid", "cross.observations=false")]) == 0
+  assert ("(the cross reranker's pretraining over the questions, its online steps and held-out "
+          "scoring over K = 5 or 6 candidates, each kind") in capsys.readouterr().out
 
 
 def test_a_sweep_without_an_estimate_says_why(three, tmp_path, monkeypatch):

@@ -94,7 +94,8 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
       assert with_observations(path, conversations, cfg) == conversations
     else:
       with pytest.raises(MalformedData, match=r"cross.observations=true: .* is given to more "
-                                              "than one conversation.*; auto goes without"):
+                                              "than one conversation.*; cross.observations=auto "
+                                              "trains without them"):
         with_observations(path, conversations, cfg)
 
 
@@ -138,8 +139,8 @@ def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path, capsys):
       "auto": ["LoCoMo observations trained on beside the questions: 8 "
                "(cross.observations=auto)"],
       "auto-none": ["LoCoMo observations trained on beside the questions: 0 "
-                    "(cross.observations=auto; none in the training conversations, or no id "
-                    "to match them by)"]}
+                    "(cross.observations=auto; the training conversations hold none, or the "
+                    "file gives a conversation id twice)"]}
 
 
 @pytest.mark.parametrize("overrides", [(), ("units=session",), ("cross.observations=false",)])
