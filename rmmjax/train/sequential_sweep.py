@@ -130,7 +130,8 @@ def announce(configs: list[Config], conversations: list, tests: list[list[int]],
     took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     timed = ([] if all(c.learner == "reranker" for c in runs) else
              ["the query encoder's setup and steps"])
-    cross = [c for c in runs + configs[:1] * best if c.variant == "cross"]  # (best/: the first)
+    costed = runs + ([configs[0]] if best else [])  # (best/ is trained as configuration 0)
+    cross = [c for c in costed if c.variant == "cross"]
     if cross:
       observed = any(c.cross.reads_observations(c) for c in cross)
       timed.append("the cross reranker's pretraining over the questions"
