@@ -107,7 +107,7 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "k50-observations": ("k=50", "cross.observations=true"),
         "head10": "cross.head_lr_scale=10.0", "prior0": "cross.prior_scale=0.0",
         "k50-observations-prior0": ("k=50", "cross.observations=true", "cross.prior_scale=0.0"),
-        "k50-prior0": ("k=50", "cross.prior_scale=0.0")}
+        "k50-prior0": ("k=50", "cross.prior_scale=0.0"), "recipe": "k=20"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -116,7 +116,7 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "k50-observations": "sweep_cross_k50-observations.md",
                 "head10": "sweep_cross_head10.md", "prior0": "sweep_cross_prior0.md",
                 "k50-observations-prior0": "sweep_cross_k50-observations-prior0.md",
-                "k50-prior0": "sweep_cross_k50-prior0.md"}
+                "k50-prior0": "sweep_cross_k50-prior0.md", "recipe": "sweep_cross_recipe.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -131,7 +131,8 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "k50-observations-prior0": "The cross reranker reading K = 50 candidates, also "
                                      "pretrained on LoCoMo's observations, without the "
                                      "starting prior",
-          "k50-prior0": "The cross reranker reading K = 50 candidates without the starting prior"}
+          "k50-prior0": "The cross reranker reading K = 50 candidates without the starting prior",
+          "recipe": "The recipe itself, trained again as the arms are trained"}
 FOLDS, SEEDS = 2, 1
 
 
