@@ -52,7 +52,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired, provenance, provenance_line
+from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters, paired, provenance,
+                           write_markdown)
 from rmmjax.learners.cross import cross_scores
 from rmmjax.config import apply_overrides, get_config, get_value
 from rmmjax.data.locomo import load_locomo
@@ -259,21 +260,23 @@ def write(saved: dict) -> None:
   lines = ["# The cross reranker on LoCoMo (dev file, cross-validation by conversation)", "",
            f"Turn Recall@5 (every evidence turn), K = 20 candidates, {saved['folds']} folds by "
            f"conversation, {len(results['BM25']['per_question'])} held-out questions; written "
-           "by experiments/cross_reranker.py. " + provenance_line(saved), "",
+           "by experiments/cross_reranker.py.", "",
            "| row | overall | " + " | ".join(CATEGORIES) + " | run |",
            "|---|---|" + "---|" * len(CATEGORIES) + "---|"]
-  rows = saved.get("rows", {name: "" for name in results})
+  rows = saved.get("rows", ROWS)
   for name, r in results.items():
     cats = np.array(r["categories"])
     vals = np.array(r["per_question"])
     lines.append(f"| {name} | {vals.mean():.3f} | " + " | ".join(
         f"{vals[cats == c].mean():.3f}" if (cats == c).any() else "-" for c in CATEGORIES)
         + f" | {rows.get(name, '')} |")
-  lines += ["", "Paired differences, 95% bootstrap over conversations (a fold's conversations "
-            "share its models, so with 2 folds this understates the uncertainty):", ""]
+  lines += ["", "Paired differences, 95% paired bootstrap (rmmjax.eval.intervals; a fold's "
+            "conversations share its models, so with 2 folds it resamples conversations, which "
+            "understates the uncertainty: indicative):", ""]
+  folds = fold_clusters(results["BM25"]["conversations"], saved["folds"])
   for a, b in PAIRS:
     if a in results and b in results:
-      lines.append(f"- {a} - {b}: {paired(results, a, b)}")
+      lines.append(f"- {a} - {b}: {paired(results, a, b, folds)}")
   per_fold = {}
   for name in (HEADLINE, "cross, 1 epoch, over the hybrid's candidates"):
     if name in results:
@@ -296,9 +299,13 @@ def write(saved: dict) -> None:
     lines += ["- tuned1 adds query_encoder=both/query_encoder (that fold's tuned encoder)",
               "- both's query-encoder stage was checked to have trained with "
               + json.dumps(saved["encoder_stage"])]
+  if "defaults" in saved:  # (a run made before every row's settings were recorded)
+    lines += ["", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}; "
+              "the learner=both rows set learner=both over the variant's other defaults then: "
+              + json.dumps(saved["tuned_defaults"])]
   lines += ["", "Chosen on these folds: the 2 pretraining epochs (against 1), so that row is "
             "optimistic; the other cross settings were set before them."]
-  OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  write_markdown(OUT.with_suffix(".md"), lines, saved)
   print("\n".join(lines))
 
 

@@ -42,7 +42,8 @@ from unittest import mock
 import numpy as np
 
 from cross_reranker import fold_files
-from replay_common import CATEGORIES, DEFAULT_DATA, RESULTS, paired, provenance, provenance_line
+from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters, paired, provenance,
+                           write_markdown)
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -134,7 +135,7 @@ def write(saved: dict) -> None:
            f"{len(results['wide IRIS']['per_question'])} held-out questions, LaceMem facts, "
            "IRIS's wide settings with the heuristic judge; written by "
            "experiments/iris_cross.py. p95: retrieval latency per question, the worst fold's, "
-           "on the 2-core CPU it ran on. " + provenance_line(saved), "",
+           "on the 2-core CPU it ran on.", "",
            "| row | overall | " + " | ".join(CATEGORIES) + " | p95 ms |",
            "|---|---|" + "---|" * len(CATEGORIES) + "---|"]
   for name in [n for n in ROWS if n in results]:
@@ -142,17 +143,18 @@ def write(saved: dict) -> None:
     cats, vals = np.array(r["categories"]), np.array(r["per_question"])
     lines.append(f"| {name} | {vals.mean():.3f} | " + " | ".join(
         f"{vals[cats == c].mean():.3f}" for c in CATEGORIES) + f" | {max(r['p95_ms']):.0f} |")
-  lines += ["", "Paired differences in Recall@10, overall and multi-hop (95% bootstrap over "
-            "conversations; a fold's conversations share its models, so with 2 folds this "
-            "understates the uncertainty):", ""]
+  lines += ["", "Paired differences in Recall@10, overall and multi-hop (95% paired bootstrap, "
+            "rmmjax.eval.intervals; a fold's conversations share its models, so with 2 folds it "
+            "resamples conversations, which understates the uncertainty: indicative):", ""]
+  folds = fold_clusters(results["wide IRIS"]["conversations"], saved["folds"])
   for a, b in (("wide IRIS + cross reranker (fused)", "wide IRIS"),
                ("wide IRIS + cross reranker (fused)", KEPT), (KEPT, "wide IRIS"),
                ("wide IRIS + linear reranker (fused)", "wide IRIS"),
                ("wide IRIS + cross reranker (fused)", "wide IRIS + linear reranker (fused)")):
     if a not in results or b not in results:
       continue
-    lines.append(f"- {a} - {b}: {paired(results, a, b)} overall, "
-                 f"{paired(results, a, b, 'multi-hop')} multi-hop")
+    lines.append(f"- {a} - {b}: {paired(results, a, b, folds)} overall, "
+                 f"{paired(results, a, b, folds, 'multi-hop')} multi-hop")
   lines += ["", "Time per fold: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                saved["timing"].items()),
             ""] + (
@@ -161,7 +163,7 @@ def write(saved: dict) -> None:
       ["Every run's settings (`--set` overrides of the locomo config, with "
        "data=FOLD/train.json):", ""] + [f"- {name}: {' '.join(overrides)}"
                                        for name, overrides in saved["runs"].items()])
-  OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  write_markdown(OUT.with_suffix(".md"), lines, saved)
   print("\n".join(lines))
 
 

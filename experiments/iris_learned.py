@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
+from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
                            locomo_config, paired, write_markdown)
 from rmmjax import core
 from rmmjax.config import apply_overrides
@@ -228,7 +228,7 @@ def main() -> None:
   parser.add_argument("--rewrite", action="store_true")
   args = parser.parse_args()
   if args.rewrite:
-    write(json.loads(OUT.with_suffix(".json").read_text()))
+    write(json.loads(OUT.with_suffix(".json").read_text()), rewrite=True)
     return
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   convs = [c for c in load_locomo(args.data)[0] if c.questions]
@@ -263,7 +263,9 @@ def main() -> None:
   write(results)
 
 
-def write(results: dict) -> None:
+def write(results: dict, rewrite: bool = False) -> None:
+  """The .md of `results` (rewrite: written again from the saved .json, which records no
+  command or commit)."""
   rows = results["rows"]
   scores = results["judge_scores"]
   judges = {name: judge_report(scores[name], scores["label"], scores[name + "_stop"])
@@ -286,13 +288,12 @@ def write(results: dict) -> None:
     lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in CATEGORIES)
                  + f" | {r['all@10']:.3f} | {r['iterations']:.2f} | {r['p50_ms']:.1f} | "
                  f"{r['p95_ms']:.1f} |")
-  lines += ["", f"Paired differences in Recall@10, mean and 95% cluster bootstrap interval over "
-            f"the {results['folds']} folds ({BOOTSTRAP_DRAWS} draws of the folds with "
-            "replacement, all their questions: a fold's conversations share its models; all / "
-            "multi-hop / temporal):", ""]
+  lines += ["", "Paired differences in Recall@10, mean and 95% paired bootstrap interval "
+            "(rmmjax.eval.intervals; each says what it resampled: a fold's conversations share "
+            "its models; all / multi-hop / temporal):", ""]
   for a, b in COMPARISONS:
     if a in rows and b in rows:
-      parts = [paired(rows, a, b, c, clusters) for c in (None, "multi-hop", "temporal")]
+      parts = [paired(rows, a, b, clusters, c) for c in (None, "multi-hop", "temporal")]
       lines.append(f"- {a} - {b}: " + " / ".join(parts))
   lines += ["", "Abstention (share of questions IRIS abstained on): "]
   for name in (BOTH, ORACLE_STOP, IRIS_RULE):
@@ -312,7 +313,7 @@ def write(results: dict) -> None:
             "rate):", ""]
   for lo, hi, n, p, y in judges["learned"]["reliability"]:
     lines.append(f"- [{lo:.1f}, {hi:.1f}): {n}, {p:.3f}, {y:.3f}")
-  write_markdown(OUT, lines)
+  write_markdown(OUT, lines, {} if rewrite else None)
   print("\n".join(lines))
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import (BOOTSTRAP_DRAWS, CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
+from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
                            locomo_config, write_markdown,
                            paired)
 from rmmjax import core
@@ -140,7 +140,7 @@ def main() -> None:
                       help="write the .md again from the saved .json, without rerunning")
   args = parser.parse_args()
   if args.rewrite:
-    write(json.loads(OUT.with_suffix(".json").read_text()))
+    write(json.loads(OUT.with_suffix(".json").read_text()), rewrite=True)
     return
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
@@ -188,15 +188,18 @@ def main() -> None:
   write(results)
 
 
-def write(results: dict) -> None:
+def write(results: dict, rewrite: bool = False) -> None:
+  """The .md of `results` (rewrite: written again from the saved .json, which records no
+  command or commit)."""
   single = results["single-pass (one search of the question)"]
   lines = ["# The RMM reranker inside IRIS (LoCoMo dev, 1,584 questions, 4-fold CV by "
            "conversation)", "", "`python experiments/iris_reranker.py`", "",
            "Evidence Recall@10 (all) per category over the first 10 distinct turns of the final "
            "evidence, Recall@5 and @10 over all questions; retrieval latency per question (no "
            "judge), 2-core CPU. Reranker rows: held-out conversations only, mean over seeds. "
-           "Intervals of paired differences resample the folds, not questions (cluster "
-           f"bootstrap, {BOOTSTRAP_DRAWS} draws). Selected on these folds: K = 64 and the wide "
+           "Intervals of paired differences: rmmjax.eval.intervals, each saying what it "
+           "resampled (the folds, not questions; the saved rows average their seeds, so seeds "
+           "are not resampled). Selected on these folds: K = 64 and the wide "
            "settings; the reranker's own settings come from the replay folds of the same file.",
            "",
            "| configuration | multi-hop | temporal | single-hop | open-domain | adversarial | "
@@ -211,16 +214,14 @@ def write(results: dict) -> None:
                  f"{r['p95_ms'] / single['p95_ms']:.1f}x")
   fused = ", fused with IRIS order"
   clusters = fold_clusters(single["conversations"], NUM_FOLDS)
-  lines += ["", "Paired differences in Recall@10 (all), mean over questions and 95% cluster "
-            f"bootstrap interval over the {NUM_FOLDS} folds ({BOOTSTRAP_DRAWS} draws of "
-            f"{NUM_FOLDS} folds with replacement, all their questions; percentile interval; "
-            "all / multi-hop / temporal):"]
+  lines += ["", "Paired differences in Recall@10 (all), mean over questions and 95% paired "
+            "bootstrap interval (percentile; all / multi-hop / temporal):"]
   for a, b in COMPARISONS:
     a, b = a.replace("{fused}", fused), b.replace("{fused}", fused)
     lines.append(f"- {a} minus {b}: " + " / ".join(
-        paired(results, a, b, c, clusters) for c in (None, "multi-hop", "temporal")))
+        paired(results, a, b, clusters, c) for c in (None, "multi-hop", "temporal")))
   OUT.parent.mkdir(parents=True, exist_ok=True)
-  write_markdown(OUT.with_suffix(".md"), lines)
+  write_markdown(OUT.with_suffix(".md"), lines, {} if rewrite else None)
   OUT.with_suffix(".json").write_text(_dumps(results))
   print("\n".join(lines))
 

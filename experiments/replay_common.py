@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax import core
+from rmmjax.eval.intervals import paired_interval
 
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
@@ -18,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("RMMJAX_DATA", ROOT.parent / "shared" / "data"))
 DEFAULT_DATA = DATA_DIR / "locomo" / "locomo_dev8.json"
 RESULTS = Path(__file__).parent / "results"
-BOOTSTRAP_DRAWS = 2000
 CATEGORIES = ("multi-hop", "temporal", "single-hop", "open-domain", "adversarial")
 
 
@@ -30,29 +30,19 @@ def fold_clusters(conversations: list[str], num_folds: int) -> dict[str, int]:
   return {ids[i]: f for f, fold in enumerate(folds(len(ids), num_folds)) for i in fold}
 
 
-def paired(results: dict, a: str, b: str, category: str | None = None,
-           clusters: dict[str, int] | None = None) -> str:
-  """Mean Recall@10 difference a - b over the same questions with a 95% cluster bootstrap
-  interval: clusters (folds, given `clusters`: conversation -> fold; else conversations)
-  resampled with replacement, as many as there are, all questions of each drawn cluster (of
-  `category`, if given) kept, percentiles of the draws' means. With 4 folds there are only
-  35 distinct draws: the interval is coarse, and honest about how little 4 models say."""
+def paired(results: dict, a: str, b: str, folds: dict[str, int],
+           category: str | None = None) -> str:
+  """Row a - row b over the same questions (of `category`, if given), with the one interval
+  (rmmjax.eval.intervals: folds resampled where there are enough, else conversations; `folds`
+  maps each conversation to its fold) and what it resampled. A row saved with every seed's
+  values (`per_seed_question`) is paired seed by seed, its seeds resampled too."""
   if any(results[a][key] != results[b][key] for key in ("categories", "conversations")):
     raise ValueError(f"{a!r} and {b!r} do not list the same questions in the same order")
-  cats, convs = np.array(results[a]["categories"]), results[a]["conversations"]
-  units = np.array([clusters[c] for c in convs] if clusters is not None else convs)
+  cats, convs = np.array(results[a]["categories"]), np.array(results[a]["conversations"])
   keep = np.ones(len(cats), bool) if category is None else cats == category
-  diff = (np.array(results[a]["per_question"]) - np.array(results[b]["per_question"]))[keep]
-  ids, which = np.unique(units[keep], return_inverse=True)
-  sums, counts = np.bincount(which, diff, len(ids)), np.bincount(which, minlength=len(ids))
-  rng = np.random.default_rng(0)
-  draws = rng.integers(0, len(ids), (BOOTSTRAP_DRAWS, len(ids)))
-  # A draw of only clusters without such questions has no mean (impossible when every
-  # conversation has some, as in LoCoMo).
-  total = counts[draws].sum(1)
-  means = sums[draws].sum(1)[total > 0] / total[total > 0]
-  low, high = np.percentile(means, [2.5, 97.5])
-  return f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}]"
+  values = lambda r: np.atleast_2d(r.get("per_seed_question", r["per_question"]))  # noqa: E731
+  diff = (values(results[a]) - values(results[b]))[:, keep]
+  return str(paired_interval(diff, convs[keep], [folds[c] for c in convs[keep]]))
 
 
 def seed_hparams(cfg, seeds: int, **changes) -> core.HParams:
@@ -92,10 +82,13 @@ def provenance_line(saved: dict) -> str:
 
 
 def write_markdown(path: Path, lines: list[str], saved: dict | None = None) -> None:
-  """A results table, ending with the command and commit that made it (`saved`'s, when the
-  table is written again from saved results; this run's otherwise)."""
-  made = provenance_line(saved) if saved is not None else provenance_line(
-      {"provenance": provenance()})
+  """A results table, ending with the command and commit that made it: `saved`'s (the results
+  it is written from), and this command's too where it only wrote them again."""
+  now = provenance()
+  made = provenance_line(saved if saved is not None else {"provenance": now})
+  if saved is not None and saved.get("provenance") != now:
+    made += (f" Written again from the saved results by `{now['command']}` at commit "
+             f"{now['commit'][:12]}.")
   Path(path).write_text("\n".join(lines + ["", made]) + "\n")
 
 

@@ -75,9 +75,9 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS, write_markdown
+from replay_common import DEFAULT_DATA, RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
-from rmmjax.train.sweep_table import paired_interval
+from rmmjax.eval.intervals import paired_interval
 
 # The same recipe at K = 20: experiments/cross_reranker.py's pinned row of the same folds (its
 # name in the saved results, or the name that script gives it now).
@@ -156,7 +156,8 @@ def sweep_args(data: Path, workdir: Path, arm: str) -> list[str]:
 
 def against_recipe(workdir: Path, arm: str) -> list[str]:
   """Each question's Recall@5 of the arm's runs against the recipe unchanged (K = 20), paired
-  question by question (both in the file's order), intervals over conversations."""
+  question by question (both in the file's order), with the one interval (2 folds:
+  conversations resampled, indicative)."""
   saved = json.loads((RESULTS / "cross_reranker.json").read_text())["results"]
   name = next(n for n in K20_ROWS if n in saved)
   stored = saved[name]
@@ -168,7 +169,8 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
   a = np.array([q["recall_all@5"] for q in ours])
   b = np.array(stored["per_question"])
   conv, cats = stored["conversations"], np.array(stored["categories"])
-  mean, low, high = paired_interval(a - b, conv)
+  folds = fold_clusters(conv, FOLDS)
+  interval = paired_interval(a - b, conv, [folds[c] for c in conv])
   lines = ["", "Against the recipe unchanged (`experiments/cross_reranker.py`'s row "
            f"\"{name}\", the same folds and questions; made by the code of its own commit), "
            "Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
@@ -176,8 +178,7 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
   for name, v in ((arm_name(arm), a), ("unchanged", b)):
     lines.append(f"| {name} | {v.mean():.3f} | "
                  + " | ".join(f"{v[cats == c].mean():.3f}" for c in sorted(set(cats))) + " |")
-  lines += ["", f"{arm_name(arm)} - unchanged: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, "
-            "conversations resampled)."]
+  lines += ["", f"{arm_name(arm)} - unchanged: {interval} (95% paired bootstrap)."]
   for f in range(FOLDS):
     held = json.loads((workdir / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())
     convs = list(dict.fromkeys(q["conversation"] for q in held["per_question"]))

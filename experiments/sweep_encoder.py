@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS, write_markdown
+from replay_common import DEFAULT_DATA, RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
-from rmmjax.train.sweep_table import paired_interval
+from rmmjax.eval.intervals import paired_interval
 
 PINNED = ("learner=query_encoder", "retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
           "mode=pretrain+rl", "seed=0", "encoder_tuning.tune=query",
@@ -64,14 +64,16 @@ def against_stored(workdir: Path) -> list[str]:
     raise SystemExit("the sweep's held-out questions are not those of cross_reranker.json")
   a = np.array([q["recall_all@5"] for q in ours])
   b = np.array(stored["per_question"])
-  mean, low, high = paired_interval(a - b, stored["conversations"])
+  folds = fold_clusters(stored["conversations"], FOLDS)
+  interval = paired_interval(a - b, stored["conversations"],
+                             [folds[c] for c in stored["conversations"]])
   same = float(np.mean(np.isclose(a, b)))
   defaults = ", ".join(f"{k}={v}" for k, v in DEFAULTS.items())
   return ["", f"The row of the present defaults ({defaults}) "
           f"against `experiments/cross_reranker.py`'s row \"{STORED_ROW}\" (the same recipe "
           "trained by `train` on each fold's training conversations, made by the code of its "
           f"own commit): Recall@5 all {a.mean():.3f} here, {b.mean():.3f} there, difference "
-          f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, conversations resampled); "
+          f"{interval} (95% paired bootstrap); "
           f"{same:.1%} of the questions score the same."]
 
 

@@ -1,6 +1,7 @@
 """A replay sweep's results from its folds' files: the metrics of every configuration x fold x
-seed (those `rmmjax eval` reports, rmmjax.eval.metrics), the table with paired intervals over
-conversations, and the online curves."""
+seed (those `rmmjax eval` reports, rmmjax.eval.metrics), the table with paired intervals
+(rmmjax.eval.intervals: over folds, or conversations where the folds are few, and seeds), and
+the online curves."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.config import get_value
+from rmmjax.eval.intervals import Interval, paired_interval
 from rmmjax.eval.metrics import question_metrics
 from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.train.loop import window_means
@@ -52,31 +54,20 @@ def fold_metrics(test, scores_CxQxK: np.ndarray, m: int) -> dict[str, np.ndarray
   return {n: np.array([[r[n] for r in per_q] for per_q in rows]) for n in names}
 
 
-def paired_interval(diff_Q: np.ndarray, clusters_Q: list[str]) -> tuple[float, float, float]:
-  """Mean of a per-question difference and its 95% interval, conversations resampled with
-  replacement (all questions of each drawn conversation kept)."""
-  ids, which = np.unique(np.array(clusters_Q), return_inverse=True)
-  sums = np.bincount(which, diff_Q, len(ids))
-  counts = np.bincount(which, minlength=len(ids))
-  draws = np.random.default_rng(0).integers(0, len(ids), (BOOTSTRAP_DRAWS, len(ids)))
-  means = sums[draws].sum(1) / counts[draws].sum(1)
-  low, high = np.percentile(means, [2.5, 97.5])
-  return float(diff_Q.mean()), float(low), float(high)
-
-
-def by_part(diff_Q: np.ndarray, clusters_Q: list[str], groups_Q: list[str],
-            parts: int = POSITION_BINS) -> list[tuple[float, float, float]]:
-  """paired_interval of a per-question difference in each of `parts` parts of the replay,
-  clusters (conversations) resampled: every group of a conversation's questions (a category:
+def by_part(diff_SxQ: np.ndarray, clusters_Q: list[str], groups_Q: list[str], folds_Q,
+            parts: int = POSITION_BINS) -> list[Interval]:
+  """paired_interval of a per-question difference in each of `parts` parts of the replay
+  (clusters_Q: each question's conversation): every group of a conversation's questions (a category:
   LoCoMo lists a conversation's questions category by category) is cut into `parts` equal
   parts in its order, so part p holds every category's p-th share and parts differ by how
   far the replay has gone, not by kind of question. Parts empty everywhere are left out."""
-  clusters, groups = np.array(clusters_Q), np.array(groups_Q)
+  clusters, groups, folds = np.array(clusters_Q), np.array(groups_Q), np.asarray(folds_Q)
+  diff_SxQ = np.atleast_2d(diff_SxQ)
   part_Q = np.zeros(len(clusters), int)
   for key in set(zip(clusters_Q, groups_Q)):
     where = np.flatnonzero((clusters == key[0]) & (groups == key[1]))
     part_Q[where] = np.arange(len(where)) * parts // len(where)
-  return [paired_interval(diff_Q[part_Q == p], list(clusters[part_Q == p]))
+  return [paired_interval(diff_SxQ[:, part_Q == p], clusters[part_Q == p], folds[part_Q == p])
           for p in range(parts) if (part_Q == p).any()]
 
 
@@ -127,6 +118,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
       runs.append(run)
   conversations = [c for fold in folds for c in fold.conversations]
   categories = [c for fold in folds for c in fold.categories]
+  folds_Q = [f for f, fold in enumerate(folds) for _ in fold.conversations]
   pooled = {name: np.concatenate([fold.metrics[name] for fold in folds], axis=1)
             for name in folds[0].metrics}
   if folds[0].prequential is not None:
@@ -134,21 +126,25 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
   base_Q = np.concatenate([fold.base for fold in folds])
   rows = _rows(configs, keys, pooled, m)
   best = max(rows, key=lambda r: r["recall"])
-  for row in rows:
-    row["vs_base"] = paired_interval(row["per_question"] - base_Q, conversations)
-    row["vs_best"] = paired_interval(row["per_question"] - best["per_question"], conversations)
-    if "prequential_per_question" in row:
+  for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
+    row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
+    row["vs_best"] = paired_interval(row["per_seed_question"] - best["per_seed_question"],
+                                     conversations, folds_Q)
+    if "prequential_per_seed_question" in row:
       # Learning online from simulated citations alone on conversations whose labels it
       # never saw, against the same reranker frozen: overall and along the conversation.
-      gain_Q = row.pop("prequential_per_question") - row["per_question"]
-      row["online_vs_frozen"] = paired_interval(gain_Q, conversations)
-      row["online_vs_frozen_by_part"] = by_part(gain_Q, conversations, categories)
+      gain_SxQ = row.pop("prequential_per_seed_question") - row["per_seed_question"]
+      row["online_vs_frozen"] = paired_interval(gain_SxQ, conversations, folds_Q)
+      row["online_vs_frozen_by_part"] = by_part(gain_SxQ, conversations, categories, folds_Q)
   result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
             "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
             "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
             "recall_at_m_base": float(base_Q.mean()),
             "runs": runs,
-            "rows": [{k: v for k, v in r.items() if k != "per_question"} for r in rows],
+            "rows": [{k: (list(v) if isinstance(v, Interval) else
+                          [list(i) for i in v] if k.endswith("_by_part") else v)
+                      for k, v in r.items() if not k.startswith("per_")} | {
+                         "interval_over": r["vs_base"].over} for r in rows],
             "best": {"settings": best["settings"], "recall_all": best["recall"]}}
   if all(fold.ceiling is not None for fold in folds):
     result["recall_at_k"] = float(np.concatenate([fold.ceiling for fold in folds]).mean())
@@ -166,14 +162,14 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
     settings[label] = {k: get_value(c, k) for k in keys}
   rows = []
   for label, idx in groups.items():
-    per_q = pooled[f"recall_all@{m}"][idx].mean(0)
+    per_seed_q = pooled[f"recall_all@{m}"][idx]
     rows.append({"label": label, "settings": settings[label], "seeds": len(idx),
-                 "per_question": per_q, "recall": float(per_q.mean()),
+                 "per_seed_question": per_seed_q, "recall": float(per_seed_q.mean()),
                  "recall_any": float(pooled[f"recall_any@{m}"][idx].mean()),
                  "ndcg": float(pooled["ndcg@10"][idx].mean()),
                  "mrr": float(pooled["mrr"][idx].mean()),
                  } | ({"prequential": float(pooled["prequential"][idx].mean()),
-                       "prequential_per_question": pooled["prequential"][idx].mean(0)}
+                       "prequential_per_seed_question": pooled["prequential"][idx]}
                       if "prequential" in pooled else {}))
   return rows
 
@@ -188,8 +184,16 @@ def _schedule(cfg, grid_keys) -> str:
   return f"{online} after {cfg.learning.pretrain_epochs} pretraining epochs (mode={cfg.mode})"
 
 
+def _resampled(over: str, result: dict) -> str:
+  """What an interval of the table resampled, in words."""
+  clusters = (f"the {result['folds']} folds (each its own trained model)" if over.startswith("folds")
+              else f"the conversations ({result['folds']} folds are too few to resample: the "
+                   "interval understates the uncertainty and a comparison is indicative)")
+  return clusters + (f", and each drawn one's {result['seeds']} seeds" if "seeds" in over else "")
+
+
 def table(cfg, result, rows, m) -> list[str]:
-  fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
+  fmt = str  # (each interval says what it resampled)
   online = "online_vs_frozen" in rows[0]
   ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
              if "recall_at_k" in result else "")
@@ -199,7 +203,8 @@ def table(cfg, result, rows, m) -> list[str]:
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
            f"{cfg.learner}{variant}, {_schedule(cfg, result['grid'])}. "
            f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
-           "95%, conversations resampled; the best row is chosen on these same folds."
+           f"95% paired bootstrap, {_resampled(rows[0]['vs_base'].over, result)}; the best row "
+           "is chosen on these same folds."
            + (" Learning online: the trained reranker goes on learning from each held-out "
               "batch's simulated citations after ranking it (no labels of those "
               "conversations), against the same reranker frozen." if online else ""), "",

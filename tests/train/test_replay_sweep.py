@@ -14,7 +14,7 @@ from cli_args import sets as _sets
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, get_config, with_values
 from rmmjax.io.workdir import check_sweepable, sweep_record, write_run_record
-from rmmjax.train.sweep_table import by_part, fold_file, paired_interval
+from rmmjax.train.sweep_table import by_part, fold_file
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
@@ -166,26 +166,18 @@ def test_a_second_sweep_on_the_same_workdir_is_refused(three, swept, capsys):
   assert "another grid" in capsys.readouterr().err
 
 
-def test_the_interval_resamples_conversations():
-  diff = np.array([0.1, 0.1, 0.3, 0.3])
-  mean, low, high = paired_interval(diff, ["a", "a", "b", "b"])
-  assert mean == pytest.approx(0.2)
-  assert low == pytest.approx(0.1) and high == pytest.approx(0.3)  # a draw is a, a or b, b
-  assert paired_interval(np.full(4, 0.5), ["a", "b", "c", "d"]) == pytest.approx((0.5,) * 3)
-
-
 def test_the_curve_along_conversations_cuts_each_category_into_equal_parts():
   # Conversation a: 4 questions of one category; b: 2 of category x then 4 of category y.
   diff = np.array([0.0, 0.0, 1.0, 1.0, 0.2, 0.6, 0.2, 0.2, 0.6, 0.6])
   clusters, groups = list("aaaabbbbbb"), list("ccccxxyyyy")
-  first, second = by_part(diff, clusters, groups, parts=2)
+  first, second = by_part(diff, clusters, groups, [0] * 10, parts=2)
   # Part 1: a's first 2, b's first x and first 2 y; part 2: the rest.
-  assert first[0] == pytest.approx((0.0 + 0.0 + 0.2 + 0.2 + 0.2) / 5)
-  assert second[0] == pytest.approx((1.0 + 1.0 + 0.6 + 0.6 + 0.6) / 5)
-  assert first[1] == pytest.approx(0.0) and first[2] == pytest.approx(0.2)  # a's or b's alone
+  assert first.mean == pytest.approx((0.0 + 0.0 + 0.2 + 0.2 + 0.2) / 5)
+  assert second.mean == pytest.approx((1.0 + 1.0 + 0.6 + 0.6 + 0.6) / 5)
+  assert first.low == pytest.approx(0.0) and first.high == pytest.approx(0.2)  # a's or b's alone
   # A part no group reaches is left out; a group of one question falls in part 1.
-  assert len(by_part(diff, clusters, groups, parts=5)) == 4  # no group has 5 questions
-  assert len(by_part(np.arange(3.0), list("abc"), list("xyz"), parts=5)) == 1
+  assert len(by_part(diff, clusters, groups, [0] * 10, parts=5)) == 4  # no group has 5
+  assert len(by_part(np.arange(3.0), list("abc"), list("xyz"), [0, 1, 2], parts=5)) == 1
 
 
 @pytest.mark.parametrize("sets, message", [
