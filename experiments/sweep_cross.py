@@ -70,12 +70,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS, fold_clusters, write_markdown
+from published import relative_data, sweep_command_runs, write_record
+from replay_common import RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
 from rmmjax.eval.intervals import paired_interval
 
@@ -188,16 +189,28 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
   return lines
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   # Relative to where it runs: the command written into the results names no machine path.
-  parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
+  parser.add_argument("--data", default=relative_data())
   parser.add_argument("--arm", default="k50", choices=sorted(ARMS))
   parser.add_argument("--workdir", help="default checkpoints/sweeps/cross_ARM")
   parser.add_argument("--rewrite", action="store_true",
                       help="write the .md again from the workdir's finished runs, running nothing")
-  args = parser.parse_args()
-  workdir = Path(args.workdir or f"checkpoints/sweeps/cross_{args.arm}")
+  args = parser.parse_args(argv)
+  args.workdir = Path(args.workdir or f"checkpoints/sweeps/cross_{args.arm}")
+  return args
+
+
+def configs(argv: list[str]) -> dict:
+  """The runs the command line trains (see published.py)."""
+  args = parse(argv)
+  return sweep_command_runs(sweep_args(Path(args.data), args.workdir, args.arm))
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  workdir = args.workdir
   command = sweep_args(Path(args.data), workdir, args.arm)
   if not args.rewrite and rmmjax_main(command) != 0:
     raise SystemExit("the cross reranker's sweep failed")
@@ -206,6 +219,8 @@ def main() -> None:
            "`rmmjax " + " ".join(command) + "`", "", *table, *against_recipe(workdir, args.arm)]
   RESULTS.mkdir(parents=True, exist_ok=True)
   write_markdown(RESULTS / RESULT_FILES[args.arm], lines)
+  argv = ["--arm", args.arm] + (["--data", args.data] if args.data != relative_data() else [])
+  write_record(RESULTS / RESULT_FILES[args.arm], "sweep_cross", argv, configs(argv))
   print("\n".join(lines))
 
 

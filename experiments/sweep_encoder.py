@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS, fold_clusters, write_markdown
+from published import relative_data, sweep_command_runs, write_record
+from replay_common import RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
 from rmmjax.eval.intervals import paired_interval
 
@@ -77,14 +78,24 @@ def against_stored(workdir: Path) -> list[str]:
           f"{same:.1%} of the questions score the same."]
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   # Relative to where it runs: the command written into the results names no machine path.
-  parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
+  parser.add_argument("--data", default=relative_data())
   parser.add_argument("--workdir", default="checkpoints/sweeps/encoder")
   parser.add_argument("--rewrite", action="store_true",
                       help="write the .md again from the workdir's finished runs, running nothing")
-  args = parser.parse_args()
+  return parser.parse_args(argv)
+
+
+def configs(argv: list[str]) -> dict:
+  """The runs the command line trains (see published.py)."""
+  args = parse(argv)
+  return sweep_command_runs(sweep_args(Path(args.data), Path(args.workdir)))
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
   workdir = Path(args.workdir)
   command = sweep_args(Path(args.data), workdir)
   if not args.rewrite and rmmjax_main(command) != 0:
@@ -94,6 +105,8 @@ def main() -> None:
            "", "`rmmjax " + " ".join(command) + "`", "", *table, *against_stored(workdir)]
   RESULTS.mkdir(parents=True, exist_ok=True)
   write_markdown(RESULTS / "sweep_encoder.md", lines)
+  argv = ["--data", args.data] if args.data != relative_data() else []
+  write_record(RESULTS / "sweep_encoder.md", "sweep_encoder", argv, configs(argv))
   print("\n".join(lines))
 
 

@@ -15,10 +15,11 @@ its command and commit).
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 from pathlib import Path
 
-from replay_common import DEFAULT_DATA, RESULTS, write_markdown
+from published import relative_data, sweep_command_runs, write_record
+from replay_common import RESULTS, write_markdown
 from rmmjax.cli import main as rmmjax_main
 
 # The linear reranker's settings as `train --config locomo --set learner=reranker` has them,
@@ -48,19 +49,36 @@ def sweep_args(data: Path, workdir: Path, name: str) -> list[str]:
           + [a for s in sets for a in ("--set", s)])
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   # Relative to where it runs: the command written into the results names no machine path.
-  parser.add_argument("--data", default=os.path.relpath(DEFAULT_DATA))
+  parser.add_argument("--data", default=relative_data())
   parser.add_argument("--workdir", default="checkpoints/sweeps")
   parser.add_argument("--sweeps", default="linear", help=f"of {', '.join(SWEEPS)}")
-  args = parser.parse_args()
+  parser.add_argument("--rewrite", action="store_true",
+                      help="write the .md again from the workdirs' finished sweeps, running "
+                           "nothing")
+  args = parser.parse_args(argv)
   for name in args.sweeps.split(","):
     if name not in SWEEPS:
       raise SystemExit(f"--sweeps: {name!r} is not one of {', '.join(SWEEPS)}")
+  return args
+
+
+def configs(argv: list[str]) -> dict:
+  """The runs the command line trains (see published.py)."""
+  args = parse(argv)
+  return {f"{name}: {label}": cfg for name in args.sweeps.split(",")
+          for label, cfg in sweep_command_runs(
+              sweep_args(Path(args.data), Path(args.workdir) / name, name)).items()}
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  for name in args.sweeps.split(","):
     workdir = Path(args.workdir) / name
     command = sweep_args(Path(args.data), workdir, name)
-    if rmmjax_main(command) != 0:
+    if not args.rewrite and rmmjax_main(command) != 0:
       raise SystemExit(f"the {name} sweep failed")
     table = (workdir / "sweep.md").read_text().strip().splitlines()
     lines = [f"# {TITLES[name]}", "",
@@ -69,6 +87,8 @@ def main() -> None:
              "conversation of the file."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_markdown(RESULTS / f"sweep_{name}.md", lines)
+    argv = ["--sweeps", name] + (["--data", args.data] if args.data != relative_data() else [])
+    write_record(RESULTS / f"sweep_{name}.md", "sweep_rerankers", argv, configs(argv))
     print("\n".join(lines))
 
 

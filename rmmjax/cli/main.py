@@ -72,6 +72,7 @@ def _main(argv: list[str]) -> int:
   signals.install()  # again: a distributed runtime took SIGTERM over
   from rmmjax.llm.base import LLMError  # noqa: PLC0415  (after the runtime started)
   args = build_parser().parse_args(argv)
+  args.argv = argv  # (what a sweep records of how it was made)
   try:
     args.func(args)
   except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,

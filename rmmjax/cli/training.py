@@ -3,16 +3,18 @@ and the files a trained model leaves."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
-                           qualified)
+                           get_value, qualified, with_values)
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
 from rmmjax.io.iris_models import export_iris_model
 from rmmjax.io.outputs import check_output_dir
+from rmmjax.io.record import code_commit
 from rmmjax.io.query_encoders import export_query_encoder
 from rmmjax.io.workdir import read_config
 from rmmjax.learners.registry import learner as learner_of
@@ -48,11 +50,9 @@ writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only 
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
-def _config(args, validate: bool = True) -> Config:
-  """The config --config and --set name; a sweep checks it as each grid point sets its keys."""
-  cfg = apply_overrides(get_config(args.config), args.set or [])
-  if validate:
-    cfg.validate()
+def _config(args) -> Config:
+  """The config --config and --set name, checked."""
+  cfg = apply_overrides(get_config(args.config), args.set or []).validate()
   check_output_dir(args.workdir, "--workdir")
   apply_precision(cfg.precision)
   return cfg
@@ -133,18 +133,43 @@ def eval_hint(cfg, workdir: str) -> str:
   return f"{head} --retriever {cfg.retriever} --reranker {workdir}"
 
 
+def _sweep_config(args) -> tuple[Config, dict[str, list]]:
+  """The base config and the grid of `rmmjax sweep` (checked as each grid point sets it)."""
+  cfg = apply_overrides(get_config(args.config), args.set or [])
+  if args.steps is not None:
+    cfg = apply_overrides(cfg, [f"steps={args.steps}"])
+  grid = sweeps.parse_grid(args.grid or [], cfg)
+  if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps") for k in grid):
+    raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
+  if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
+    raise ValueError("--folds, --dry-run and --no-best are for a sweep over replayed "
+                     "conversations (--config locomo); the latent simulator has none")
+  return cfg, grid
+
+
+def sweep_runs(args) -> dict[str, Config]:
+  """The configuration of every run `rmmjax sweep` with these flags trains (grid point x seed,
+  x fold over replayed conversations: the `train --set folds=N --set fold=I` it equals),
+  resolved as the sweep resolves it, without reading its data or touching its workdir: what a
+  results file records of its runs, and what its test resolves again."""
+  cfg, grid = _sweep_config(args)
+  runs = {}
+  for c in sweeps.sweep_configs(cfg, grid, args.seeds):
+    label = ", ".join([f"{k}={get_value(c, k)}" for k in grid] + [f"seed {c.seed}"])
+    if cfg.config == "latent":
+      runs[label] = c
+    else:
+      folds = 4 if args.folds is None else args.folds
+      runs |= {f"{label}, fold {f}": with_values(c, {"folds": folds, "fold": f})
+               for f in range(folds)}
+  return runs
+
+
 def cmd_sweep(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
-    cfg = _config(args, validate=False)
-    if args.steps is not None:
-      cfg = apply_overrides(cfg, [f"steps={args.steps}"])
-    grid = sweeps.parse_grid(args.grid or [], cfg)
-    if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps")
-                                      for k in grid):
-      raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
-    if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
-      raise ValueError("--folds, --dry-run and --no-best are for a sweep over replayed "
-                       "conversations (--config locomo); the latent simulator has none")
+    cfg, grid = _sweep_config(args)
+    check_output_dir(args.workdir, "--workdir")
+    apply_precision(cfg.precision)
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)
     return
@@ -170,8 +195,10 @@ def cmd_sweep(args) -> None:
 
 def _replay_sweep(args, cfg, grid) -> None:
   workdir = Path(args.workdir)
+  made_by = {"command": shlex.join(["rmmjax", *args.argv]), "commit": code_commit()}
   result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds, workdir,
-                        progress=not args.quiet, dry_run=args.dry_run, best=not args.no_best)
+                        progress=not args.quiet, dry_run=args.dry_run, best=not args.no_best,
+                        made_by=made_by)
   if result is None or not distributed.is_writer():
     return
   print("\n" + "\n".join(result["table"]))

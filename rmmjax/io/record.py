@@ -8,6 +8,7 @@ or by the fingerprint of its turns, whatever the file it comes in.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 from rmmjax.encode.protocol import encoder_identity
@@ -22,6 +23,21 @@ def file_sha256(path: Path) -> str:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+def code_commit() -> str:
+  """The commit of the rmmjax checkout this process runs from, with " (with uncommitted
+  changes)" where its tree differs; "unknown" outside a git checkout."""
+  root = Path(__file__).resolve().parents[2]
+  git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa
+                                  text=True, timeout=30)
+  try:
+    head, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--", "rmmjax")
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  if head.returncode:
+    return "unknown"
+  return head.stdout.strip() + (" (with uncommitted changes)" if changes.stdout.strip() else "")
 
 
 def conversation_entries(convs) -> list[dict]:

@@ -105,9 +105,10 @@ class Plan:
 
 def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
-                 report=print, best: bool = True) -> dict:
+                 report=print, best: bool = True, made_by: dict | None = None) -> dict:
   """Runs (or with dry_run, costs) the sweep; returns sweep.json's content (None if dry).
-  `best`: then train the best configuration on every conversation into best/."""
+  `best`: then train the best configuration on every conversation into best/; `made_by`: the
+  command and commit sweep.json records."""
   with contextlib.ExitStack() as holding:
     with distributed.preflight("configs, grids or workdirs") as found:
       check_learner(cfg)
@@ -127,7 +128,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                                         str(workdir.resolve()))
     if not vmappable(cfg, grid):
       return _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run,
-                         report, data_sha256, best)
+                         report, data_sha256, best, made_by)
     with distributed.preflight("data files or folds") as found:
       data, _, encoder, tuned, replays = build_replays(cfg, progress=progress)
       if not 2 <= num_folds <= len(replays):
@@ -139,7 +140,7 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     devices = list(distributed.data_mesh(cfg.devices).devices.flat)
     plan = Plan(configs, fold_tests, chunk_size(cfg.sweep_chunk, len(configs)))
     return _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-                encoder, data_sha256, best)
+                encoder, data_sha256, best, made_by)
 
 
 def vmappable(cfg: Config, grid: dict) -> bool:
@@ -163,7 +164,7 @@ def check_not_trained(cfg: Config, conversations: list[tuple[str, str]]) -> None
 
 
 def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run, report,
-                data_sha256, best):
+                data_sha256, best, made_by):
   with distributed.preflight("data files or folds"):
     conversations, tests = sequential_sweep.fold_tests(cfg, num_folds)
     check_not_trained(cfg, [(c.conversation_id, conversation_fingerprint(c))
@@ -183,10 +184,10 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256))
-    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+    atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
   results = sequential_sweep.run_all(cfg, configs, conversations, tests, workdir, progress,
                                      report, todo)
-  result = sweep_table.summarise(cfg, grid, seeds, configs, results)
+  result = sweep_table.summarise(cfg, grid, seeds, configs, results, data_sha256, made_by)
   if distributed.is_writer():
     atomic_write_json(workdir / "sweep.json", result)
     atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")
@@ -210,7 +211,7 @@ def _stacked(configs: list[Config]):
 
 
 def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, report,
-         encoder, data_sha256, best) -> dict | None:
+         encoder, data_sha256, best, made_by) -> dict | None:
   protocol = Protocol(mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs)
   program = _program(cfg.core_spec(), protocol, cfg.steps)
   hparams = _stacked(plan.configs)
@@ -232,7 +233,7 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests), data_sha256))
-    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+    atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
   for f in todo:
     _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])
     run_chunk, out0 = program, None
@@ -244,7 +245,8 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
       _save_fold(workdir / FOLD_FILE.format(f), out, test, plan.configs)
   result = sweep_table.summarise(cfg, grid, seeds, plan.configs, [
       sweep_table.replay_fold([replays[i] for i in test_idx], sweep_table.fold_file(workdir, f),
-                              cfg.m) for f, test_idx in enumerate(plan.fold_tests)])
+                              cfg.m) for f, test_idx in enumerate(plan.fold_tests)],
+      data_sha256, made_by)
   if distributed.is_writer():
     _write(workdir, cfg, grid, seeds, plan, result)
   # The best configuration trained on every conversation, for eval, export and serving (a

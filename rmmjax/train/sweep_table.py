@@ -97,8 +97,11 @@ def replay_fold(test, data: dict, m: int) -> FoldResult:
                     fold_metrics(test, data["scores"], m), data["prequential"])
 
 
-def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
-  """sweep.json's content: a run per configuration x fold, a row per grid point."""
+def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: str,
+              made_by: dict | None = None) -> dict:
+  """sweep.json's content: a run per configuration x fold, a row per grid point, and how it was
+  made (`made_by`: the command and commit; every key of the base config, each run setting the
+  grid's; the data file and its content's hash)."""
   keys, m = list(grid), cfg.m
   runs = []
   for f, fold in enumerate(folds):
@@ -138,6 +141,8 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult]) -> dict:
       row["online_vs_frozen_by_part"] = by_part(gain_SxQ, conversations, categories, folds_Q)
   result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
             "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
+            "made_by": made_by or {}, "base_config": cfg.resolved().values(),
+            "data": str(Path(cfg.data).resolve()), "data_sha256": data_sha256,
             "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
             "recall_at_m_base": float(base_Q.mean()),
             "runs": runs,
