@@ -88,7 +88,7 @@ def write_markdown(path: Path, lines: list[str], saved: dict | None = None) -> N
   made = provenance_line(saved if saved is not None else {"provenance": now})
   if saved is not None and saved.get("provenance") != now:
     made += (f" Written again from the saved results by `{now['command']}` at commit "
-             f"{now['commit'][:12]}.")
+             f"{now['commit'][:12]}{' with uncommitted changes' * now['uncommitted_changes']}.")
   Path(path).write_text("\n".join(lines + ["", made]) + "\n")
 
 
