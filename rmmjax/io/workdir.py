@@ -19,9 +19,6 @@ from pathlib import Path
 
 from rmmjax.config import Config, from_json, qualified, sections
 
-# Keys a resumed run may change: more steps extend a run without changing its first steps, and
-# the devices it runs on re-place the same state (equal to float tolerance).
-EXTENDABLE_KEYS = ("steps", "devices")
 RUN_FILE = "run.json"
 KINDS = ("train", "sweep")
 LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
@@ -42,22 +39,46 @@ class FolderLock:
 
 
 def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
-  """(the lock on `folder`, `holder`), with `holder` written to folder/.lock for whoever is
-  refused next; or (None, the holder's words) when another process holds it."""
+  """(the lock on `folder`, made if missing, with `holder` written to folder/.lock for whoever
+  is refused next); or (None, the holder's words) when another process holds it.
+
+  Opening a folder and locking it are two steps: between them the folder may be removed (a
+  refused run cleans up what it made) and made again, and a lock on the removed one would hold
+  nothing another process cannot also hold. So the lock is kept only once the folder it locks
+  is the one at the path (the same device and inode), and taken again otherwise."""
   folder = Path(folder)
-  fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    os.close(fd)
+  for _ in range(100):
+    folder.mkdir(parents=True, exist_ok=True)
     try:
-      words = (folder / LOCK_FILE).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-      words = ""
-    return None, words
-  with contextlib.suppress(OSError):  # the words are a courtesy; the lock is the folder's
-    (folder / LOCK_FILE).write_text(holder)
-  return FolderLock(fd), holder
+      fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:  # removed since it was made: made again
+      continue
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      try:
+        words = (folder / LOCK_FILE).read_text().strip()
+      except (OSError, UnicodeDecodeError):
+        words = ""
+      return None, words
+    if _is_at(fd, folder):
+      with contextlib.suppress(OSError):  # the words are a courtesy; the lock is the folder's
+        (folder / LOCK_FILE).write_text(holder)
+      return FolderLock(fd), holder
+    os.close(fd)  # a folder removed (or replaced) since it was opened: the path's, again
+  raise ValueError(f"{folder} was removed as often as it was made (100 times): is another "
+                   "program deleting it?")
+
+
+def _is_at(fd: int, folder: Path) -> bool:
+  """Whether the open folder `fd` is the one now at `folder`."""
+  try:
+    at = os.stat(folder)
+  except FileNotFoundError:
+    return False
+  mine = os.fstat(fd)
+  return (mine.st_dev, mine.st_ino) == (at.st_dev, at.st_ino)
 
 
 @contextlib.contextmanager
@@ -73,7 +94,6 @@ def held(workdir: Path, command: str) -> Iterator[None]:
     raise ValueError(f"{workdir} is a link to {os.readlink(workdir)}, which does not exist; "
                      "make that directory or give another workdir")
   created = [p for p in [workdir, *workdir.parents] if not p.exists()]
-  workdir.mkdir(parents=True, exist_ok=True)
   lock, holder = take_lock(workdir, f"rmmjax {command} (pid {os.getpid()} on "
                                     f"{socket.gethostname()})")
   if lock is None:
@@ -83,6 +103,8 @@ def held(workdir: Path, command: str) -> Iterator[None]:
   try:
     yield
   finally:
+    # Removed while still held: a process that opened the folder before and locks it after
+    # finds it is no longer the one at the path (take_lock), and takes the path's instead.
     with contextlib.suppress(OSError):
       if {p.name for p in workdir.iterdir()} <= {LOCK_FILE}:
         (workdir / LOCK_FILE).unlink(missing_ok=True)
@@ -212,10 +234,19 @@ def read_config_file(path: Path) -> Config:
 
 
 def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
+  """The keys (as config.json names them) on which the config at `path` and cfg differ."""
   old = read_config_file(path).values()  # keys added since: their defaults
   new = cfg.values()
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k) and k.rpartition(".")[2] not in ignore}
+          if old.get(k) != new.get(k) and k not in ignore}
+
+
+def extendable_keys(cfg: Config) -> tuple[str, ...]:
+  """The keys a resume may change: the steps of the learner whose online steps the run takes
+  last (more steps extend a run without changing its first steps; an earlier stage's steps
+  would change what the later stages trained on) and the devices (which re-place the same
+  state, equal to float tolerance)."""
+  return (f"{cfg.learning.NAME}.steps", "devices")
 
 
 def _shown(diff: dict) -> str:
@@ -233,10 +264,13 @@ def check_resumable(workdir: Path, cfg: Config, same_data: bool = False) -> None
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
-  diff = _config_diff(path, cfg, EXTENDABLE_KEYS + (("data",) if same_data else ()))
+  diff = _config_diff(path, cfg, extendable_keys(cfg) + (("data",) if same_data else ()))
   if diff:
     raise ValueError(f"{workdir} holds a run of another config ({_shown(diff)}); use a fresh "
-                     "workdir or the same settings to resume")
+                     "workdir or the same settings to resume"
+                     + (f" (of the steps, only {cfg.learning.NAME}.steps extends a run: an "
+                        "earlier stage's would change what the later ones trained on)"
+                        if any(k.endswith(".steps") for k in diff) else ""))
 
 
 def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,

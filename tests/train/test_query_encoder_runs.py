@@ -65,6 +65,19 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   assert main([*args, "--encoder", str(export), "--out", str(out)]) == 0
   np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
+  # More steps of the finished first stage would change the candidates the reranker trained
+  # on: refused before anything trains, the workdir (the stage's checkpoints too) left whole.
+  before = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"}
+  capsys.readouterr()
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *BOTH, "encoder_tuning.steps=20")]) == 2
+  err = capsys.readouterr().err
+  assert "encoder_tuning.steps: 10 there, 20 now" in err and "only reranker.steps extends" in err
+  assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"} == before
+  again = tmp_path / "again.json"
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
+               "--reranker", str(wd), "--out", str(again)]) == 0
+  assert json.loads(again.read_text())["metrics"] == json.loads(out.read_text())["metrics"]
   # sentence-transformers loads the export unchanged and embeds like rmmjax's tuned encoder.
   from sentence_transformers import SentenceTransformer
 
@@ -100,6 +113,19 @@ def test_pretraining_alone_is_a_run_whose_model_is_its_step_0(three, tmp_path, l
                *model, "--out", str(out)]) == 0
   np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
+  # More steps of the finished first stage would change the candidates the reranker trained
+  # on: refused before anything trains, the workdir (the stage's checkpoints too) left whole.
+  before = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"}
+  capsys.readouterr()
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *BOTH, "encoder_tuning.steps=20")]) == 2
+  err = capsys.readouterr().err
+  assert "encoder_tuning.steps: 10 there, 20 now" in err and "only reranker.steps extends" in err
+  assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"} == before
+  again = tmp_path / "again.json"
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
+               "--reranker", str(wd), "--out", str(again)]) == 0
+  assert json.loads(again.read_text())["metrics"] == json.loads(out.read_text())["metrics"]
   if learner == "query_encoder":  # extended to online steps, it is the uninterrupted run
     encoder_run = request.getfixturevalue("encoder_run")
     assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
@@ -133,10 +159,13 @@ def test_k_larger_than_a_conversation_is_refused_before_any_work(three, tmp_path
   assert not wd.exists()
 
 
-def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_path):
+BOTH = ("learner=both", "pretrain_epochs=1", *SMALL, "encoder_tuning.steps=10")
+
+
+def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_path, capsys):
   wd = tmp_path / "both"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_sets(f"data={three}", "learner=both", "pretrain_epochs=1", *SMALL)]) == 0
+               *_sets(f"data={three}", *BOTH)]) == 0
   record = json.loads((wd / "record.json").read_text())
   stage = json.loads((wd / "query_encoder" / "record.json").read_text())
   assert record["query_encoder"].startswith(stage["encoder"] + "+tuned:")
@@ -150,6 +179,19 @@ def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_pa
                "--reranker", str(wd), "--out", str(out)]) == 0
   np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
+  # More steps of the finished first stage would change the candidates the reranker trained
+  # on: refused before anything trains, the workdir (the stage's checkpoints too) left whole.
+  before = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"}
+  capsys.readouterr()
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_sets(f"data={three}", *BOTH, "encoder_tuning.steps=20")]) == 2
+  err = capsys.readouterr().err
+  assert "encoder_tuning.steps: 10 there, 20 now" in err and "only reranker.steps extends" in err
+  assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"} == before
+  again = tmp_path / "again.json"
+  assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
+               "--reranker", str(wd), "--out", str(again)]) == 0
+  assert json.loads(again.read_text())["metrics"] == json.loads(out.read_text())["metrics"]
 
 
 def test_training_steps_never_free_the_encoders_own_weights():

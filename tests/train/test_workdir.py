@@ -2,10 +2,12 @@
 continued, and resumed or extended to exactly the outputs (metrics.jsonl, summary.json,
 TensorBoard, checkpoints) of an uninterrupted run."""
 
+import contextlib
 import json
 import os
 import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -368,3 +370,47 @@ def test_values_far_outside_a_working_range_are_refused(tmp_path, capsys, value,
   assert main(["sweep", "--workdir", str(tmp_path / "sweep"), "--quiet", "--seeds",
                "100000000", *[a for i in TINY for a in ("--set", i)]]) == 2
   assert "--seeds 100000000: expected 1 to 1,000" in capsys.readouterr().err
+
+
+def test_a_folder_removed_and_made_again_between_open_and_lock_is_not_held_twice(
+    tmp_path, monkeypatch):
+  """Three processes played by hand (flock locks of separate opens exclude each other within
+  one process too): A holds a new workdir; B opens it to lock it; before B locks, A's run is
+  refused, so A removes the folder it made, and C makes and locks it again. B's lock on the
+  removed folder must not count: B is refused, naming C."""
+  import fcntl  # noqa: PLC0415
+
+  from rmmjax.io import workdir  # noqa: PLC0415
+  wd = tmp_path / "made" / "run"
+  a_held = workdir.held(wd, "train")
+  a_held.__enter__()
+  real_flock, c_lock = fcntl.flock, []
+
+  def interleaved(fd, operation):
+    monkeypatch.setattr(workdir.fcntl, "flock", real_flock)  # (once: B's first lock)
+    with contextlib.suppress(ValueError):
+      a_held.__exit__(ValueError, ValueError("refused"), None)  # A leaves nothing behind
+    assert not wd.exists()
+    c_lock.append(workdir.take_lock(wd, "C's words"))
+    return real_flock(fd, operation)
+
+  monkeypatch.setattr(workdir.fcntl, "flock", interleaved)
+  lock, words = workdir.take_lock(wd, "B's words")
+  assert c_lock[0][0] is not None and (lock, words) == (None, "C's words")
+  c_lock[0][0].close()
+
+
+def test_a_folder_removed_between_made_and_opened_is_made_again(tmp_path, monkeypatch):
+  from rmmjax.io import workdir  # noqa: PLC0415
+  wd = tmp_path / "run"
+  real_open, opened = os.open, []
+
+  def removed_first(path, flags, *args):
+    if not opened and Path(path) == wd:
+      opened.append(wd.rmdir())  # another process's cleanup, just after the mkdir
+    return real_open(path, flags, *args)
+
+  monkeypatch.setattr(workdir.os, "open", removed_first)
+  lock, words = workdir.take_lock(wd, "mine")
+  assert lock is not None and words == "mine" and wd.is_dir() and opened
+  lock.close()
