@@ -84,17 +84,24 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   return agent
 
 
-def _iris_agent(args, memory_bank, encoder, m: int, llm=None):
-  """The agent answering through IRIS over the user's LaceMem (recall --iris, chat --iris)."""
+def _refuse_beside_iris(args, what: str) -> None:
+  """Refuses a flag that IRIS's retrieval would not use (`what` it does instead)."""
   for flag, value in (("--reranker", args.reranker), ("--encoder", args.encoder),
                       ("--workdir", getattr(args, "workdir", None)),
+                      ("--db", args.db if args.command == "answer" else None),
+                      ("--in-sample", getattr(args, "in_sample", False)),
                       ("--retriever", args.retriever), ("--candidates", args.candidates),
                       ("--allow-mismatch", args.allow_mismatch)):
     if value:
-      raise ValueError(f"{flag} {value}: {args.command} --iris retrieves through IRIS over the "
-                       f"user's LaceMem (hybrid search, budgets from --iris-settings), which "
-                       f"takes its models from --iris-model (a learner=iris workdir or its "
-                       f"export); drop {flag}")
+      raise ValueError(f"{flag}{'' if value is True else f' {value}'}: {args.command} --iris "
+                       f"{what}; drop {flag}")
+
+
+def _iris_agent(args, memory_bank, encoder, m: int, llm=None):
+  """The agent answering through IRIS over the user's LaceMem (recall --iris, chat --iris)."""
+  _refuse_beside_iris(args, "retrieves through IRIS over the user's LaceMem (hybrid search, "
+                            "budgets from --iris-settings), which takes its models from "
+                            "--iris-model (a learner=iris workdir or its export)")
   model = load_iris_model(Path(args.iris_model), encoder) if args.iris_model else None
   preset = args.iris_settings or ("learned" if model is not None else "default")
   return IrisAgent(memory_bank, encoder, m=m, llm=llm, settings=IRIS_PRESETS[preset],
@@ -179,6 +186,10 @@ def cmd_chat(args) -> None:
 
 def cmd_answer(args) -> None:
   check_output_file(args.out, "--out")
+  if args.iris:
+    _refuse_beside_iris(args, "answers from IRIS's evidence over a LaceMem it builds from each "
+                              "conversation of --data, with the base encoder and no reranker "
+                              "(a reranker answers from a bank: --db BANK --reranker W)")
   if args.limit is not None and args.limit < 1:
     raise ValueError(f"--limit {args.limit}: expected a positive number of questions")
   if not args.iris and not args.db:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+
 from rmmjax.cli.common import plural
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
@@ -78,6 +80,9 @@ def cmd_eval(args) -> None:
     for mismatch in config["mismatches"]:
       print(f"MISMATCH (--allow-mismatch): {mismatch}")
   if args.reranker:
+    if config.get("compute_dtype"):
+      print(f"the cross reranker scored in {config['compute_dtype']} on "
+            f"{jax.default_backend()}")
     step, planned = config["reranker_step"], config["reranker_steps_planned"]
     if planned is not None and step < planned:
       print(f"NOTE: {args.reranker} has trained {step} of its {planned} steps (interrupted or "

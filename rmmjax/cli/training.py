@@ -89,7 +89,9 @@ def cmd_train(args) -> None:
           "step 0; the same command with more steps continues from it")
   if "cross_pairs_truncated" in summary:
     print(f"(question, memory) pairs: {summary['cross_pairs']}, cut to "
-          f"cross.max_length={cfg.cross.max_length}: {summary['cross_pairs_truncated']}")
+          f"cross.max_length={cfg.cross.max_length}: {summary['cross_pairs_truncated']}; the "
+          f"encoder computed in {summary['cross_compute_dtype']} (cross.compute_dtype="
+          f"{cfg.cross.compute_dtype})")
   if "cross_observations" in summary:  # (a run that looks for them: say what it found)
     print(f"LoCoMo observations trained on beside the questions: "
           f"{summary['cross_observations']} (cross.observations={cfg.cross.observations}"

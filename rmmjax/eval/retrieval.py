@@ -155,7 +155,9 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                                       allow_mismatch)
     models.append((loaded.source, loaded.record))
     config |= {"reranker": loaded.source, "reranker_record": loaded.record, "online": online,
-               "reranker_step": loaded.step, "reranker_steps_planned": loaded.planned_steps}
+               "reranker_step": loaded.step, "reranker_steps_planned": loaded.planned_steps,
+               # (a cross reranker's encoder computes in bfloat16 on an accelerator under auto)
+               "compute_dtype": getattr(loaded.spec.model, "compute_dtype", None)}
   if models:
     conversations, account = unseen(conversations, models, in_sample)
     config |= account

@@ -58,7 +58,8 @@ class CrossRerankerTask(ReplayTask):
         "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross.max_length,
         "compute_dtype": effective_dtype(cfg.cross.compute_dtype),
         "length": int(self.train_qs.inputs.ids_BxKxL.shape[-1]), **self._pair_counts}}
-    self.input_notes = {"cross_pairs": self._pair_counts["pairs"],
+    self.input_notes = {"cross_compute_dtype": self.record["cross"]["compute_dtype"],
+                        "cross_pairs": self._pair_counts["pairs"],
                         "cross_pairs_truncated": self._pair_counts["truncated"],
                         "cross_pair_length": self.record["cross"]["length"],
                         # (cross.observations=auto reads them only where the data holds them)

@@ -95,3 +95,17 @@ def test_a_reranker_over_a_tuned_query_encoder_brings_it(three, server, tmp_path
   assert config["query_encoder"] == str(wd / "query_encoder")
   assert config["query_encoder_identity"] is not None
   assert config["excluded_conversations"] == ["syn-1", "syn-2"]
+
+
+@pytest.mark.parametrize("extra, flag", [(("--reranker", "W"), "--reranker W"),
+                                         (("--encoder", "E"), "--encoder E"),
+                                         (("--db", "bank.sqlite"), "--db bank.sqlite"),
+                                         (("--candidates", "8"), "--candidates 8")])
+def test_answer_iris_refuses_what_it_would_not_use(three, tmp_path, capsys, extra, flag):
+  out = tmp_path / "report.json"
+  assert main(["answer", "--data", str(three), "--iris", "--llm-url", "http://127.0.0.1:9",
+               "--model", "m", "--out", str(out), *extra]) == 2
+  err = capsys.readouterr().err
+  assert f"{flag}: answer --iris answers from IRIS's evidence" in err
+  assert f"drop {flag.split()[0]}" in err
+  assert len(err.splitlines()) == 1 and not out.exists()

@@ -58,6 +58,8 @@ def test_a_cross_run_records_its_tokenizer_and_reports_its_pairs(cross_run):
   # Turns with their dates run past 48 tokens beside a question: cut and counted.
   assert 0 < summary["cross_pairs_truncated"] < summary["cross_pairs"]
   assert summary["cross_pair_length"] == 48
+  # On a CPU compute_dtype=auto is float32, and the run says so.
+  assert summary["cross_compute_dtype"] == record["cross"]["compute_dtype"] == "float32"
   # compute_dtype=auto (the default) ran in float32 on this CPU, and the record says so.
   assert json.loads((cross_run / "config.json").read_text())["cross"]["compute_dtype"] == "auto"
   assert record["cross"]["compute_dtype"] == "float32"
@@ -83,13 +85,14 @@ def test_pretraining_with_lambdaloss_learns_from_another_loss(cross_run, three, 
 
 
 def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, three, tmp_path,
-                                                                 monkeypatch):
+                                                                 monkeypatch, capsys):
   """Held out without learning, eval packs each batch to its own rows rather than replaying
   streams evened to the longest conversation and the fullest batch: the same ranking."""
   from rmmjax.learners.cross.reader import CrossReader
   args = ["eval", "--dataset", "locomo", "--data", str(three), "--units", "turn", "--reranker",
           str(cross_run), "--k", "1,2,5", "--quiet", "--out"]
   assert main(args + [str(tmp_path / "batchwise.json")]) == 0
+  assert "the cross reranker scored in float32 on cpu" in capsys.readouterr().out
   monkeypatch.setattr(CrossReader, "batchwise", False)
   assert main(args + [str(tmp_path / "streams.json")]) == 0
   a, b = (json.loads((tmp_path / f"{name}.json").read_text())["metrics"]
