@@ -19,14 +19,13 @@ import numpy as np
 
 from rmmjax import core, distributed
 from rmmjax.config import Config
-from rmmjax.data.locomo import load_locomo
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.query_encoder import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
 from rmmjax.io.record import replay_record
-from rmmjax.train.inputs import heldout_split, replay_inputs
+from rmmjax.train.inputs import heldout_split, replay_inputs, training_questions
 from rmmjax.train.task import Task
 
 
@@ -70,8 +69,7 @@ class QueryEncoderTask(Task):
     """The training questions fill a batch of online steps and one of pretraining (a larger
     pretraining batch would be padded until it ran out of memory), before anything is embedded
     or written."""
-    conversations = [c for c in load_locomo(Path(cfg.data))[0] if c.questions]
-    num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
+    num = training_questions(cfg)
     tuning = cfg.encoder_tuning
     pretrained = bool(saved_steps(Path(workdir) / "checkpoints"))  # (a resume skips it)
     batches = {"batch": cfg.batch} if cfg.steps else {}

@@ -50,6 +50,13 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   return data, conversations, report, encoder
 
 
+def training_questions(cfg: Config) -> int:
+  """How many questions a replay run's training conversations hold (its data read, nothing
+  embedded)."""
+  conversations = [c for c in load_locomo(Path(cfg.data).resolve())[0] if c.questions]
+  return sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
+
+
 def observations_found(data: Path, conversations: list[Conversation], cfg: Config
                        ) -> dict[str, tuple]:
   """`load_observations` of the file; under cross.observations=auto none where the file gives

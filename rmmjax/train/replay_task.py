@@ -20,7 +20,7 @@ from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall,
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
                                      train_reranker)
 from rmmjax.replay.query_encoder import retrieval_encoders
-from rmmjax.train.inputs import heldout_split, replay_inputs
+from rmmjax.train.inputs import heldout_split, replay_inputs, training_questions
 from rmmjax.train.task import Task
 
 
@@ -45,6 +45,15 @@ class ReplayTask(Task):
   evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
+
+  @classmethod
+  def preflight(cls, cfg, encoder, workdir) -> None:
+    """The training questions fill one batch (a larger batch would be padded until it ran out
+    of memory), before anything is embedded or written."""
+    num = training_questions(cfg)
+    if cfg.batch > num:
+      raise ValueError(f"batch={cfg.batch}: the {num:,} training questions cannot fill one "
+                       f"batch; expected batch <= {num:,}")
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False):
     self.cfg, self.hp = cfg, cfg.hparams()

@@ -234,3 +234,17 @@ def test_holdout_zero_trains_on_every_conversation(three, tmp_path):
   assert summary["heldout_conversations"] == [] and "recall_at_m_final" not in summary
   record = json.loads((tmp_path / "run" / "record.json").read_text())
   assert [c["id"] for c in record["trained_conversations"]] == ["syn-1", "syn-2"]
+
+
+@pytest.mark.parametrize("batch", [500, 100_000])
+def test_a_batch_the_training_questions_cannot_fill_is_refused_before_anything_is_written(
+    three, tmp_path, capsys, batch):
+  """(100,000 was not refused: its padded streams ran the process out of memory; 2,000 on the
+  dev file was refused only after config.json was written, which then refused the valid rerun.)"""
+  from rmmjax.cli import main
+  wd = tmp_path / "run"
+  sets = ["--set", f"data={three}", "--set", "learner=reranker", "--set", f"batch={batch}"]
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *sets]) == 2
+  assert (f"batch={batch}: the 50 training questions cannot fill one batch; expected "
+          "batch <= 50") in capsys.readouterr().err
+  assert not wd.exists()
