@@ -1,4 +1,5 @@
-"""The `rmmjax` command (`rmmjax.cli:main`, or `python -m rmmjax.cli`)."""
+"""The `rmmjax` command (`rmmjax.cli.main:command`, or `python -m rmmjax.cli`); `main(argv)`
+runs one command line and returns its exit status."""
 
 from rmmjax.cli.main import main
 

@@ -1,7 +1,5 @@
 """`python -m rmmjax.cli`."""
 
-import sys
+from rmmjax.cli.main import command
 
-from rmmjax.cli.main import main
-
-sys.exit(main())
+command()
