@@ -20,13 +20,16 @@ from rmmjax.io.outputs import check_output_file
 from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
 from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.registry import learner
-from rmmjax.io.workdir import atomic_write_json
+from rmmjax.io.workdir import atomic_write_json, refuse_if_training
 from rmmjax.llm.base import LLMError
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 SETTINGS = AgentSettings()  # the agent's defaults are the flags' defaults
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
+  for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder)):
+    if path:
+      refuse_if_training(Path(path), flag)
   args.retriever = args.retriever or SETTINGS.retriever
   reranker = load_reranker(Path(args.reranker)) if args.reranker else None
   frozen = learner(reranker.spec.variant).served_frozen if reranker is not None else None

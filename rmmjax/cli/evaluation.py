@@ -13,6 +13,7 @@ from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
 from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
 from rmmjax.io.outputs import check_output_file
+from rmmjax.io.workdir import refuse_if_training
 from rmmjax.io.kinds import model_kind
 from rmmjax.learners.loading import RERANKER_KINDS, reranker_record
 from rmmjax.replay.iris_reranker import RERANK_MODES
@@ -47,6 +48,10 @@ def cmd_eval(args) -> None:
                      "reranker: pass --units lace --iris --reranker W_OR_FILE as well")
   if args.out:
     check_output_file(args.out, "--out")
+  for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder),
+                     ("--iris-model", args.iris_model)):
+    if path:
+      refuse_if_training(Path(path), flag)
   apply_precision(args.precision)
   # A reranker ranks the candidates of the retriever it trained over: that is the default.
   # (A model of another kind is refused by the evaluation, naming the flag that takes it.)

@@ -16,7 +16,8 @@ from rmmjax.io.iris_models import export_iris_model
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
 from rmmjax.io.query_encoders import export_query_encoder
-from rmmjax.io.workdir import read_config
+from rmmjax.io.checkpoint import saved_steps
+from rmmjax.io.workdir import read_config, refuse_if_training
 from rmmjax.learners.registry import learner as learner_of
 from rmmjax.train import sweeps
 from rmmjax.train.replay_sweep import replay_sweep
@@ -217,6 +218,7 @@ def _replay_sweep(args, cfg, grid) -> None:
 
 
 def cmd_export(args) -> None:
+  refuse_if_training(Path(args.workdir), "--workdir")
   kind = model_kind(Path(args.workdir))
   if kind in EXPORTS:
     what, use = KINDS[kind]
@@ -224,6 +226,10 @@ def cmd_export(args) -> None:
                      f"{use.replace('DIR', str(args.workdir))}); export takes a training workdir")
   cfg = read_config(Path(args.workdir))
   learner, workdir, out = cfg.learner, Path(args.workdir), Path(args.out)
+  done = saved_steps(workdir / "checkpoints")
+  if done and done[-1] < cfg.steps:
+    print(f"NOTE: {workdir} has trained {done[-1]} of its {cfg.steps} steps (interrupted): the "
+          f"export holds step {done[-1]}; the train command run again finishes it")
   family = learner_of(cfg.variant)
   if learner == "reranker":
     print(family.export(workdir, out))

@@ -113,6 +113,27 @@ def held(workdir: Path, command: str) -> Iterator[None]:
     lock.close()
 
 
+def refuse_if_training(path: Path, flag: str) -> None:
+  """Refuses a training workdir (or a sweep's) that another process is still writing: its
+  checkpoints are saved and pruned as it runs, so what is read may vanish half-way. Says who
+  holds it."""
+  path = Path(path)
+  if not path.is_dir():
+    return
+  fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (only a holder's exclusive lock refuses)
+  except BlockingIOError:
+    try:
+      holder = (path / LOCK_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+      holder = ""
+    raise ValueError(f"{flag} {path} is being trained by {holder or 'another process'} (its "
+                     "checkpoints change as it runs): use it when that run ends") from None
+  finally:
+    os.close(fd)
+
+
 def _umask() -> int:
   """The process umask, read without changing it where the platform allows (threads may be
   creating files meanwhile)."""

@@ -300,6 +300,11 @@ def test_a_second_process_on_a_workdir_is_refused_naming_the_holder(tmp_path, re
     assert main(["sweep", "--quiet", "--workdir", str(wd), "--grid", "tau=0.1,0.5",
                  *sets]) == 2
     assert f"pid {first.pid}" in capsys.readouterr().err
+    # Its checkpoints are written and pruned as it runs: reading it is refused, naming it.
+    assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "x.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert f"--workdir {wd} is being trained by rmmjax train (pid {first.pid}" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "x.safetensors").exists()
     # The lock is the folder's own: a lock file deleted under the holder lets no one in.
     (wd / ".lock").unlink()
     assert main(["train", "--quiet", "--workdir", str(wd), *sets]) == 2
@@ -414,3 +419,13 @@ def test_a_folder_removed_between_made_and_opened_is_made_again(tmp_path, monkey
   lock, words = workdir.take_lock(wd, "mine")
   assert lock is not None and words == "mine" and wd.is_dir() and opened
   lock.close()
+
+
+def test_the_export_of_an_unfinished_run_says_so(tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert _train(wd, 30) == 0
+  shutil.rmtree(wd / "checkpoints" / "30")  # as if killed between its checkpoints
+  capsys.readouterr()
+  assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "x.safetensors")]) == 0
+  assert (f"NOTE: {wd} has trained 15 of its 30 steps (interrupted): the export holds step 15"
+          in capsys.readouterr().out)
