@@ -17,7 +17,7 @@ from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
 from rmmjax.io.query_encoders import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
-from rmmjax.io.workdir import read_config, refuse_if_training
+from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
 from rmmjax.learners.registry import learner as learner_of
 from rmmjax.train import sweeps
 from rmmjax.train.replay_sweep import replay_sweep
@@ -172,6 +172,7 @@ def cmd_sweep(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
     cfg, grid = _sweep_config(args)
     check_output_dir(args.workdir, "--workdir")
+    grid = in_recorded_order(Path(args.workdir), cfg, grid)
     apply_precision(cfg.precision)
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)

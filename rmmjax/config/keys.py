@@ -5,6 +5,7 @@ setting values by those names."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 from rmmjax.config import sections
@@ -35,8 +36,9 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
       raise ValueError(f"unknown config key {key!r}: this run ({trains(cfg)}) has no "
                        f"{section} section; its sections: {', '.join(cfg.section_names())}")
     if name not in names(sections.SECTIONS[section]):
-      raise ValueError(f"unknown config key {key!r}; the {section} section's keys: "
-                       f"{', '.join(names(sections.SECTIONS[section]))}")
+      keys = names(sections.SECTIONS[section])
+      raise ValueError(f"unknown config key {key!r}{_did_you_mean(name, keys, section + '.')}; "
+                       f"the {section} section's keys: {', '.join(keys)}")
     return section, name
   if name in sections.RENAMED:
     raise ValueError(f"config key {name!r} is now {sections.RENAMED[name]!r} (each learner has "
@@ -52,7 +54,13 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
                      f"the {' and '.join(owners)} section{'s' if len(owners) > 1 else ''}; this "
                      f"run's sections: {', '.join(cfg.section_names())}")
   known = sorted(set(cfg.values()) | {k.split(".")[1] for k in cfg.values() if "." in k})
-  raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
+  raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, known)}; known keys: "
+                   f"{', '.join(known)}")
+
+
+def _did_you_mean(name: str, known, prefix: str = "") -> str:
+  close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.65)
+  return f" (did you mean {prefix + close[0]!r}?)" if close else ""
 
 
 def qualified(cfg, key: str) -> str:

@@ -32,7 +32,9 @@ KINDS = {
              "--iris-model, with --iris"),
     "iris export": ("an export of learner=iris (IRIS's learned models)",
                     "--iris-model, with --iris"),
-    "sweep": ("a sweep's workdir (it holds no trained model)", "nothing: train a model first"),
+    "sweep": ("a sweep's workdir (it holds no trained model)",
+              "DIR/best, the sweep's best configuration trained on every conversation (a sweep "
+              "run with --no-best trains none: train one with the row's settings)"),
     "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
     "cross export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
                      "directory)", "--reranker, or sentence_transformers.CrossEncoder"),

@@ -233,7 +233,9 @@ def read_config(workdir: Path) -> Config:
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run (its config.json is the "
-                     "sweep's base config and it has no checkpoints); expected a training workdir")
+                     "sweep's base config and it has no checkpoints); its best configuration, "
+                     f"trained on every conversation, is {Path(workdir) / 'best'} (unless the "
+                     "sweep ran with --no-best)")
   path = Path(workdir) / "config.json"
   if not path.exists():
     if (Path(workdir) / "query_encoder" / "config.json").exists():
@@ -301,6 +303,27 @@ def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
   # (a replay sweep's folds are saved by configuration number: the grid's order is kept)
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
       {"folds": folds, "data_sha256": data_sha256, "grid_order": list(grid)} if folds else {})
+
+
+def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict[str, list]:
+  """`grid` with its keys and values in the order of the sweep recorded in `workdir` where they
+  are the same keys and values listed in another order (a sweep numbers its runs in that
+  order, so the same sweep then resumes instead of being refused); `grid` otherwise."""
+  record = read_run_record(workdir)
+  if not record or record.get("kind") != "sweep" or not isinstance(record.get("grid"), dict):
+    return grid
+  mine = {qualified(cfg, k): k for k in grid}
+  ordered = {}
+  for key, values in record["grid"].items():
+    try:
+      key = mine[qualified(cfg, key)]
+    except (KeyError, ValueError):
+      return grid
+    theirs = [sections.retyped_setting(qualified(cfg, key), v) for v in values]
+    if sorted(map(repr, theirs)) != sorted(map(repr, grid[key])):
+      return grid
+    ordered[key] = theirs
+  return ordered if len(ordered) == len(grid) else grid
 
 
 def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,

@@ -98,7 +98,10 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
                        f"one run; sweepable keys: {', '.join(sweepable)}")
     same = [k for k in grid if qualified(cfg, k) == qualified(cfg, key)]
     if same:
-      raise ValueError(f"--grid {key} names the key --grid {same[0]} names")
+      raise ValueError(f"--grid {key} is given twice: give each key once, with all its values "
+                       f"(--grid {key}=V1,V2,...)" if same[0] == key else
+                       f"--grid {key} and --grid {same[0]} name the same key "
+                       f"({qualified(cfg, key)}): give it once, with all its values")
     if not values:
       raise ValueError(f"--grid {item!r}: no values")
     repeated = [v for i, v in enumerate(values) if v in values[:i]]

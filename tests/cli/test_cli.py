@@ -44,7 +44,10 @@ def test_train_writes_every_output(tmp_path, capsys):
 
 @pytest.mark.parametrize("override,message", [
     ("m=30", "m=30 > k=20"),
-    ("tau=0", "reranker.tau=0: expected a value in (0, 100]"),
+    ("tau=0", "reranker.tau=0: expected a value in [0.001, 100]"),
+    ("tau=1e-9", "reranker.tau=1e-09: expected a value in [0.001, 100]"),
+    ("lr=1", "reranker.lr=1: expected a value in (0, 0.1]"),
+    ("tua=0.5", "unknown config key 'tua' (did you mean 'tau'?)"),
     ("tau=nan", "expected a finite number"),
     ("nonsense=1", "unknown config key 'nonsense'"),
     ("variant=cubic", "variant='cubic' is not one of linear, mlp"),
