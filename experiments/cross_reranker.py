@@ -37,7 +37,8 @@ optimistic.
 
 With --workdirs, a run killed part way resumes its finished models from there. Writes
 experiments/results/cross_reranker.md and .json (every question's recall per row, every run's
-settings, the command and the commit).
+settings, the command and the commit), and the record of every run's configuration beside the
+table (cross_reranker.config.json, see published.py; `configs`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,10 +54,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from published import write_record
 from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters, paired, provenance,
                            write_markdown)
 from rmmjax.learners.cross import cross_scores
-from rmmjax.config import apply_overrides, get_config, get_value
+from rmmjax.config import apply_overrides, encoder_stage, get_config, get_value
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -109,6 +112,13 @@ ROWS = {  # row -> (how it is made, the run it evaluates)
     "top-20 ceiling (tuned hybrid; uses labels)": "a bound",
 }
 HEADLINE = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
+# The row each trained run makes (the tuned query encoder's row is the stage of "both").
+RUN_ROWS = {run: row for row, run in ROWS.items() if run in RUNS}
+STAGE_ROW = "tuned query encoder (hybrid)"
+# How the record names the runs' per-fold paths, the same on every machine: their data stays the
+# dev file (each run reads that fold's training conversations, written to FOLD/train.json), and
+# tuned1's encoder is the "both" run's stage under the script's workdirs.
+WORKDIRS = Path("WORKDIR")
 PAIRS = (("cross, 1 epoch, over the hybrid's candidates", "hybrid"),
          (f"the same, then {ONLINE_STEPS} online REINFORCE steps",
           "cross, 1 epoch, over the hybrid's candidates"),
@@ -193,21 +203,44 @@ def check_stage(stage: Path) -> None:
                      "place or relabel the rows")
 
 
+def run_config(name: str, data: Path, fold_dir: Path):
+  """The configuration run `name` of the fold in `fold_dir` trains on `data` (its training
+  conversations), what `run` trains and `configs` records."""
+  extra = [f"query_encoder={fold_dir / 'both' / 'query_encoder'}"] if name == "tuned1" else []
+  return apply_overrides(get_config("locomo"), [f"data={data}", "holdout=0", *RUNS[name],
+                                                *extra])
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `run` trains with this command line, {table row, fold F: its Config} (see
+  published.py), the per-fold paths named as WORKDIRS says; the tuned query encoder's row is the
+  "both" run's first stage, recorded as that stage's own configuration. The base orders and the
+  ceilings train nothing."""
+  args = parse(argv)
+  out = {}
+  for f in range(args.folds):  # (folds() splits the file's conversations into args.folds)
+    fold_dir = WORKDIRS / f"fold{f}"
+    for name, row in RUN_ROWS.items():
+      out[f"{row}, fold {f}"] = run_config(name, Path(args.data), fold_dir)
+      if name == "both":
+        out[f"{STAGE_ROW}, fold {f}"] = encoder_stage(out[f"{row}, fold {f}"])
+  return out
+
+
 def run(args) -> dict:
   raw = json.loads(Path(args.data).read_text())
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
-  base = get_config("locomo")
   results = {name: {"per_question": [], "categories": [], "conversations": []} for name in ROWS}
   timing, summaries = {}, {}
   workdirs = Path(args.workdirs or tempfile.mkdtemp(prefix="cross_reranker."))
 
-  def trained(name: str, fold_dir: Path, data: Path, extra=(), workdir: str | None = None):
+  def trained(name: str, fold_dir: Path, data: Path):
     start = time.perf_counter()
-    summary = train(apply_overrides(base, [f"data={data}", "holdout=0", *RUNS[name], *extra]),
-                    fold_dir / (workdir or name), progress=not args.quiet, encoder=encoder)
+    summary = train(run_config(name, data, fold_dir), fold_dir / name, progress=not args.quiet,
+                    encoder=encoder)
     timing[f"{fold_dir.name} {name} training s"] = time.perf_counter() - start
     summaries[f"{fold_dir.name} {name}"] = summary
-    return fold_dir / (workdir or name)
+    return fold_dir / name
 
   for f, heldout in enumerate(folds(len(raw), args.folds)):
     fold_dir = workdirs / f"fold{f}"
@@ -241,7 +274,7 @@ def run(args) -> dict:
     fold[HEADLINE] = evaluate("both", reranker=both)
     fold["tuned query encoder (hybrid)"] = evaluate("tuned encoder", query_encoder=str(stage))
     fold["cross, 1 epoch, over the tuned encoder's candidates"] = evaluate(
-        "tuned1", reranker=trained("tuned1", fold_dir, train_file, [f"query_encoder={stage}"]))
+        "tuned1", reranker=trained("tuned1", fold_dir, train_file))  # over `stage`
     fold["top-20 ceiling (tuned hybrid; uses labels)"] = ceiling(
         test_file, encoder, load_query_encoder(str(stage), encoder))
     for name in ROWS:
@@ -309,20 +342,28 @@ def write(saved: dict) -> None:
   print("\n".join(lines))
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--folds", type=int, default=2)
   parser.add_argument("--workdirs", default=None, help="where the runs go (default: a temp dir)")
   parser.add_argument("--quiet", action="store_true", help="no progress bars")
   parser.add_argument("--rewrite", action="store_true")
-  args = parser.parse_args()
-  if args.rewrite:
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  if args.rewrite:  # (the runs, and so their record, are those of the saved results)
     write(json.loads(OUT.with_suffix(".json").read_text()))
     return
   saved = run(args)
   OUT.with_suffix(".json").write_text(json.dumps(saved, default=float))
   write(saved)
+  # What selects the table's runs (where they were written and the progress bars do not).
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--folds", str(args.folds)] if args.folds != 2 else []))
+  write_record(OUT.with_suffix(".md"), "cross_reranker", argv, configs(argv))
 
 
 if __name__ == "__main__":

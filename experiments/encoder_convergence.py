@@ -8,7 +8,8 @@ over the held-out conversations (evidence Recall@5 (all)).
 
     python experiments/encoder_convergence.py [--data PATH]
 
-Writes experiments/results/encoder_convergence.md and .png.
+Writes experiments/results/encoder_convergence.md and .png, and the record of every run's
+configuration beside the table (encoder_convergence.config.json, see published.py; `configs`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import sys
 import time
 from pathlib import Path
 
@@ -26,28 +28,57 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from published import write_record  # noqa: E402
 from replay_common import DEFAULT_DATA, RESULTS, write_markdown, locomo_config  # noqa: E402
 from rmmjax import core  # noqa: E402
+from rmmjax.config import with_values  # noqa: E402
 from rmmjax.data.locomo import load_locomo  # noqa: E402
 from rmmjax.encode.cache import EmbeddingCache  # noqa: E402
 from rmmjax.encode.cache import cache_path
 from rmmjax.encode.encoder import SentenceEncoder  # noqa: E402
 from rmmjax.replay.candidates import build_replay, to_sequence  # noqa: E402
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.replay.query_encoder import (encoder_replay_steps, pretrain_query_encoder, question_tokens, retrieval_recall)
+from rmmjax.replay.query_encoder import (encoder_replay_steps,  # noqa: E402
+                                         pretrain_query_encoder, question_tokens,
+                                         retrieval_recall)
 
 SEGMENT = 20
 RL_STEPS = 300  # about one pass over the six training conversations at batch 4
 RL_LRS = (1e-5, 2e-5)
 PRETRAIN_EPOCHS = 2
+PRETRAIN_CURVE = "supervised pretraining (batch 16, lr 2e-5)"
+RL_CURVE = "online REINFORCE from the untuned encoder (batch 4, lr {:g})"
+
+
+def run_configs(data: str) -> dict:
+  """{curve: its run}: the locomo config's query encoder over hybrid candidates of `data`,
+  pretrained alone (PRETRAIN_EPOCHS epochs), or learning online alone for RL_STEPS steps at each
+  rate."""
+  cfg = with_values(locomo_config(), {"data": data, "learner": "query_encoder",
+                                      "retriever": "hybrid"})
+  return {PRETRAIN_CURVE: with_values(cfg, {"mode": "pretrain",
+                                            "encoder_tuning.pretrain_epochs": PRETRAIN_EPOCHS}),
+          **{RL_CURVE.format(lr): with_values(cfg, {"mode": "rl", "encoder_tuning.lr": lr,
+                                                    "encoder_tuning.steps": RL_STEPS})
+             for lr in RL_LRS}}
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `main` trains with this command line, {curve: its Config} (see published.py)."""
+  return run_configs(parse(argv).data)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--data", default=str(DEFAULT_DATA))
+  return parser.parse_args(argv)
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", default=str(DEFAULT_DATA))
-  args = parser.parse_args()
-  cfg = dataclasses.replace(locomo_config(), retriever="hybrid")
-  conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
+  args = parse(sys.argv[1:])
+  runs = run_configs(args.data)
+  cfg = runs[PRETRAIN_CURVE]  # (what every curve shares: the data, its split, K, M, the batch)
+  conversations = [c for c in load_locomo(Path(cfg.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   replays = build_replay(conversations, "turn", "hybrid", encoder, cfg.k)
   train, test = replays[:-cfg.holdout], conversations[-cfg.holdout:]
@@ -65,31 +96,33 @@ def main() -> None:
   hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau)
   params, steps, recalls = None, [0], [base]
   start = time.time()
-  for epoch in range(PRETRAIN_EPOCHS):
+  for epoch in range(tuning.pretrain_epochs):
     params, losses = pretrain_query_encoder(encoder, train, spec16, hp, 1, params)
     steps.append(steps[-1] + len(losses))
     recalls.append(heldout(params))
     print(f"pretraining epoch {epoch + 1}: held-out {recalls[-1]:.3f} "
           f"({time.time() - start:.0f} s)", flush=True)
-  curves["supervised pretraining (batch 16, lr 2e-5)"] = (np.array(steps), np.array(recalls))
+  curves[PRETRAIN_CURVE] = (np.array(steps), np.array(recalls))
   spec4 = dataclasses.replace(cfg.core_spec(), rank_prior=False)
   seq = to_sequence(train, cfg.batch)
   ids, mask = question_tokens(encoder, train, cfg.batch)
   advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module), static_argnums=4,
                     donate_argnums=0)
   for lr in RL_LRS:
-    state = encoder_state(encoder, spec4, cfg.hparams(dataclasses.replace(tuning, lr=lr)))
+    run = runs[RL_CURVE.format(lr)]
+    state = encoder_state(encoder, spec4, run.hparams())
     steps, recalls = [0], [base]
     start = time.time()
-    while steps[-1] < RL_STEPS:
+    while steps[-1] < run.encoder_tuning.steps:
       state, _ = advance(state, seq, ids, mask, SEGMENT)
       steps.append(steps[-1] + SEGMENT)
       recalls.append(heldout(state.params))
     print(f"online RL lr {lr}: {recalls[0]:.3f} -> {recalls[-1]:.3f} (best {max(recalls):.3f}; "
           f"{time.time() - start:.0f} s)", flush=True)
-    curves[f"online REINFORCE from the untuned encoder (batch 4, lr {lr:g})"] = (
-        np.array(steps), np.array(recalls))
+    curves[RL_CURVE.format(lr)] = (np.array(steps), np.array(recalls))
   write(curves, base)
+  argv = ["--data", args.data] if args.data != str(DEFAULT_DATA) else []
+  write_record(RESULTS / "encoder_convergence.md", "encoder_convergence", argv, configs(argv))
 
 
 def write(curves: dict, base: float) -> None:

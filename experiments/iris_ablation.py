@@ -8,7 +8,10 @@ latency is retrieval alone (no judge), p50 / p95 over questions, every query emb
 
     python experiments/iris_ablation.py [--data PATH]
 
-Writes experiments/results/iris_ablation.md (and .json).
+Writes experiments/results/iris_ablation.md (and .json). Its record (iris_ablation.config.json,
+see published.py) holds no run: every row runs IRIS's search (or one search) with the settings
+pinned below (rmmjax.retrieve.iris.IrisSettings) and a rule-based or oracle judge, and nothing
+is trained, so no configuration (rmmjax.config.Config) is made; `configs` is empty.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from published import write_record
 from replay_common import DEFAULT_DATA, RESULTS, write_markdown
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
@@ -54,10 +59,20 @@ KS = (5, 10)
 CATEGORIES = ("multi-hop", "temporal")
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
-  args = parser.parse_args()
+  return parser.parse_args(argv)
+
+
+def configs(argv: list[str]) -> dict:
+  """No run trains (see the module's docstring): {}."""
+  parse(argv)
+  return {}
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   start = time.time()
@@ -92,6 +107,8 @@ def main() -> None:
         "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
     print(f"{label}: {results[label]} ({time.time() - start:.0f} s)", flush=True)
   write(results)
+  argv = ["--data", args.data] if args.data != str(DEFAULT_DATA) else []
+  write_record(OUT.with_suffix(".md"), "iris_ablation", argv, configs(argv))
 
 
 def write(results: dict) -> None:

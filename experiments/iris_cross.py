@@ -14,10 +14,10 @@ On each fold the training conversations are written to a file of their own, and
 every setting either row names pinned below (a default changing later cannot change a row),
 
 and every model is evaluated as `rmmjax eval --units lace --iris wide --reranker W
---rerank-mode fused` does (its order fused with IRIS's own), on the held-out conversations only. "wide IRIS" is
-IRIS's own order with the same settings and judge (the heuristic one); "single-pass" one search
-of the question. Recall@10 counts the evidence turns among the first 10 distinct turns of the
-final evidence.
+--rerank-mode fused` does (its order fused with IRIS's own), on the held-out conversations only.
+"wide IRIS" is IRIS's own order with the same settings and judge (the heuristic one);
+"single-pass" one search of the question. Recall@10 counts the evidence turns among the first
+10 distinct turns of the final evidence.
 
 Intervals: the paired differences resample conversations (95% bootstrap, 2,000 draws); a
 fold's conversations share one model, so with 2 folds this understates the uncertainty. The
@@ -27,13 +27,16 @@ first), not tuned here.
     python experiments/iris_cross.py [--data PATH] [--folds 2] [--workdirs DIR]
     python experiments/iris_cross.py --rewrite   # the .md again from the saved .json
 
-Writes experiments/results/iris_cross.md and .json (every question's Recall@10 per row).
+Writes experiments/results/iris_cross.md and .json (every question's Recall@10 per row), and the
+record of every run's configuration beside the table (iris_cross.config.json, see published.py;
+`configs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +45,7 @@ from unittest import mock
 import numpy as np
 
 from cross_reranker import fold_files
+from published import write_record
 from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters, paired, provenance,
                            write_markdown)
 from rmmjax.config import apply_overrides, get_config
@@ -57,8 +61,8 @@ METRIC = "recall_all@10"
 KEPT = "wide IRIS + a reranker keeping the order it is handed (a fresh cross reranker)"
 ROWS = ("single-pass", "wide IRIS", KEPT, "wide IRIS + linear reranker (fused)",
         "wide IRIS + cross reranker (fused)")
-LACE = ["units=lace", "iris_evidence.preset=wide", "holdout=0", "retriever=hybrid", "k=20", "m=5", "batch=4",
-        "mode=pretrain+rl", "citation_reward=1.0", "verdict_reward=0.0", "seed=0"]
+LACE = ["units=lace", "iris_evidence.preset=wide", "holdout=0", "retriever=hybrid", "k=20", "m=5",
+        "batch=4", "mode=pretrain+rl", "citation_reward=1.0", "verdict_reward=0.0", "seed=0"]
 # Every setting of each run, pinned.
 RUNS = {"linear": ["variant=linear", "learner=reranker", "rank_prior=true",
                    "pretrain_epochs=10", "pretrain_lr=1e-4", "pretrain_tau=0.05", "tau=0.05",
@@ -69,6 +73,27 @@ RUNS = {"linear": ["variant=linear", "learner=reranker", "rank_prior=true",
                   "pretrain_candidates=8", "head_lr_scale=50.0", "prior_scale=1.0",
                   "observations=false",
                   "compute_dtype=float32"]}
+
+
+# The row each trained run makes (the row of a reranker keeping its order reads the cross run's
+# workdir with its scores replaced, and trains nothing).
+RUN_ROWS = {"linear": "wide IRIS + linear reranker (fused)",
+            "cross": "wide IRIS + cross reranker (fused)"}
+
+
+def run_config(name: str, data: Path):
+  """The configuration run `name` trains on `data` (a fold's training conversations), what
+  `run` trains and `configs` records."""
+  return apply_overrides(get_config("locomo"), [f"data={data}", *LACE, *RUNS[name]])
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `run` trains with this command line, {table row, fold F: its Config} (see
+  published.py). Each run reads its fold's training conversations (FOLD/train.json); the record
+  names the dev file instead, the same on every machine."""
+  args = parse(argv)
+  return {f"{row}, fold {f}": run_config(name, Path(args.data))
+          for f in range(args.folds) for name, row in RUN_ROWS.items()}
 
 
 def per_question(result: dict) -> dict:
@@ -86,7 +111,6 @@ def keep_order(question, facts):
 def run(args) -> dict:
   raw = json.loads(Path(args.data).read_text())
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
-  base = get_config("locomo")
   results = {name: {"per_question": [], "categories": [], "conversations": [], "p95_ms": []}
              for name in ROWS}
   timing = {}
@@ -98,14 +122,11 @@ def run(args) -> dict:
         "locomo", test_file, "lace", "hybrid", (5, 10), encoder=encoder, per_question=True,
         rerank_mode="fused", **kw))
     fold = {"single-pass": evaluate(), "wide IRIS": evaluate(iris="wide")}
-    common = [f"data={train_file}", *LACE]
-    train(apply_overrides(base, common + RUNS["linear"]), fold_dir / "linear", progress=False,
-          encoder=encoder)
+    train(run_config("linear", train_file), fold_dir / "linear", progress=False, encoder=encoder)
     fold["wide IRIS + linear reranker (fused)"] = evaluate(iris="wide",
                                                             reranker=fold_dir / "linear")
     start = time.perf_counter()
-    train(apply_overrides(base, common + RUNS["cross"]), fold_dir / "cross", progress=True,
-          encoder=encoder)
+    train(run_config("cross", train_file), fold_dir / "cross", progress=True, encoder=encoder)
     timing[f"fold{f} cross training s"] = time.perf_counter() - start
     start = time.perf_counter()
     fold["wide IRIS + cross reranker (fused)"] = evaluate(iris="wide",
@@ -167,19 +188,26 @@ def write(saved: dict) -> None:
   print("\n".join(lines))
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--folds", type=int, default=2)
   parser.add_argument("--workdirs", default=None, help="where the runs go (default: a temp dir)")
   parser.add_argument("--rewrite", action="store_true")
-  args = parser.parse_args()
-  if args.rewrite:
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  if args.rewrite:  # (the runs, and so their record, are those of the saved results)
     write(json.loads(OUT.with_suffix(".json").read_text()))
     return
   saved = run(args)
   OUT.with_suffix(".json").write_text(json.dumps(saved, default=float))
   write(saved)
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--folds", str(args.folds)] if args.folds != 2 else []))
+  write_record(OUT.with_suffix(".md"), "iris_cross", argv, configs(argv))
 
 
 if __name__ == "__main__":

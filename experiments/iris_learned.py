@@ -25,7 +25,9 @@ encoder settings (from the query encoder's replay folds of the same file).
     python experiments/iris_learned.py --rewrite   # the .md again from the saved .json
 
 Writes experiments/results/iris_learned.md and .json (per-question Recall@10 of every row, and
-per-question judge scores and labels, so --rewrite recomputes every figure).
+per-question judge scores and labels, so --rewrite recomputes every figure), and the record of
+every run's configuration beside the table (iris_learned.config.json, see published.py;
+`configs`).
 """
 
 from __future__ import annotations
@@ -33,16 +35,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from published import write_record
 from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
                            locomo_config, paired, write_markdown)
 from rmmjax import core
-from rmmjax.config import apply_overrides
+from rmmjax.config import apply_overrides, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -79,6 +83,48 @@ COMPARISONS = [(BOTH, SP_BASE), (BOTH, SP_TUNED), (LEARNED_REFINE, SP_TUNED),
 RERANK_K = 64
 # The command's run: the locomo config with learner=iris over LaceMem, defaults otherwise.
 TRAIN_SETTINGS = ("learner=iris", "units=lace", "iris_models.k=64", "iris_models.hard_share=0.5")
+# What the record names the runs: the fold's learner=iris run gives every learned row its
+# models (the anchor, the refinement encoder, the judge); the reranker inside is a run of its own.
+IRIS_RUN = "learner=iris (the tuned anchor, learned refinement and learned judge of every row)"
+
+
+def iris_config(data: Path, holdout: int):
+  """The fold's learner=iris run: `rmmjax train` on `data`, a file of the fold's training
+  conversations then its `holdout` held-out ones."""
+  return apply_overrides(locomo_config(), [*TRAIN_SETTINGS, f"data={data}",
+                                           f"holdout={holdout}"])
+
+
+def reranker_config(data: Path, holdout: int):
+  """The reranker inside the learned loop as a run's configuration: the locomo config's linear
+  reranker over the first RERANK_K facts of IRIS's evidence (units=lace, the `learned` preset),
+  pretrained alone (mode=pretrain) on the fold's training conversations (those of the fold's
+  learner=iris run). Its episodes are logged by the loop of that run's models, which no key
+  names."""
+  return with_values(locomo_config(), {"data": str(data), "holdout": holdout, "units": "lace",
+                                       "learner": "reranker", "k": RERANK_K, "mode": "pretrain",
+                                       "iris_evidence.preset": "learned"})
+
+
+def fold_splits(data: Path, num_folds: int, only: int | None):
+  """(fold, training indices, held-out indices) of the conversations with questions."""
+  n = len([c for c in load_locomo(data)[0] if c.questions])
+  return [(f, [i for i in range(n) if i not in held], held)
+          for f, held in enumerate(folds(n, num_folds)) if only is None or f == only]
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `main` trains with this command line, {what it trains, fold F: its Config} (see
+  published.py). Each fold's runs read a file of its conversations written in a temporary
+  folder; the record names the dev file instead (the holdout is the fold's number of held-out
+  conversations), the same on every machine. The rows without a learned model (single-pass and
+  IRIS with the base encoder, the oracle with the missing turns' text) train nothing."""
+  args = parse(argv)
+  out = {}
+  for f, _, held in fold_splits(Path(args.data), args.folds, args.only):
+    out[f"{IRIS_RUN}, fold {f}"] = iris_config(Path(args.data), len(held))
+    out[f"{RERANKED}, fold {f}"] = reranker_config(Path(args.data), len(held))
+  return out
 
 
 def train_fold(data: list, train: list[int], held: list[int], workdir: Path, encoder):
@@ -86,25 +132,24 @@ def train_fold(data: list, train: list[int], held: list[int], workdir: Path, enc
   conversations, then its held-out ones (holdout = their number)."""
   path = workdir / "fold.json"
   path.write_text(json.dumps([data[i] for i in [*train, *held]]))
-  cfg = apply_overrides(locomo_config(), [*TRAIN_SETTINGS, f"data={path}",
-                                               f"holdout={len(held)}"])
+  cfg = iris_config(path, len(held))
   from rmmjax.train.loop import train as run  # noqa: PLC0415  (the command's own call)
   summary = run(cfg, workdir / "run", progress=False, encoder=encoder)
   return load_iris_model(workdir / "run", encoder), summary
 
 
-def fit_reranker(stores, convs, encoder, fitted):
-  """The locomo config's reranker pretrained on the learned loop's episodes of the training
-  conversations; (params, spec)."""
-  cfg = locomo_config()
-  spec = dataclasses.replace(cfg, k=RERANK_K).core_spec()
+def fit_reranker(stores, convs, encoder, fitted, cfg):
+  """The reranker of `cfg` (reranker_config) pretrained on the learned loop's episodes of the
+  training conversations; (params, spec)."""
+  spec = cfg.core_spec()
   refiner = EmbeddingRefiner(fitted.refine)
   max_evidence = max(len(set(q.evidence)) for c in convs for q in c.questions)
   episodes = []
   for store, conv in zip(stores, convs):
     store.query_encoder = fitted.anchor
     episodes += collect_episodes(store, conv.questions, lambda q: NeverSure(),
-                                 IRIS_PRESETS["learned"], RERANK_K, max_evidence, refiner)
+                                 IRIS_PRESETS[cfg.iris_evidence.preset], cfg.k, max_evidence,
+                                 refiner)
   state = core.init_state(spec, cfg.hparams())
   state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
                                   cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
@@ -220,14 +265,18 @@ def judge_scores(conv, store, fitted, encoder) -> dict[str, list]:
   return out
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--folds", type=int, default=4)
   parser.add_argument("--only", type=int, default=None, help="run only this fold (a check)")
   parser.add_argument("--rewrite", action="store_true")
-  args = parser.parse_args()
-  if args.rewrite:
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  if args.rewrite:  # (the runs, and so their record, are those of the saved results)
     write(json.loads(OUT.with_suffix(".json").read_text()), rewrite=True)
     return
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
@@ -238,17 +287,14 @@ def main() -> None:
   pooled: dict[str, list] = {}
   scores: dict[str, list] = {}
   fit_seconds, summaries = [], []
-  for f, held in enumerate(folds(len(convs), args.folds)):
-    if args.only is not None and f != args.only:
-      continue
-    train = [i for i in range(len(convs)) if i not in held]
+  for f, train, held in fold_splits(Path(args.data), args.folds, args.only):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
       fitted, summary_f = train_fold(data, train, held, Path(tmp), encoder)
     fit_seconds.append(time.perf_counter() - start)
     summaries.append({k: v for k, v in summary_f.items() if k.startswith("iris_")})
     reranker = fit_reranker([stores[i] for i in train], [convs[i] for i in train], encoder,
-                            fitted)
+                            fitted, reranker_config(Path(args.data), len(held)))
     print(f"fold {f}: trained in {fit_seconds[-1]:.0f} s", flush=True)
     for i in held:
       for name, rows in run_rows(convs[i], stores[i], encoder, fitted, reranker).items():
@@ -261,6 +307,10 @@ def main() -> None:
              "train_settings": list(TRAIN_SETTINGS)}
   OUT.with_suffix(".json").write_text(json.dumps(results))
   write(results)
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--folds", str(args.folds)] if args.folds != 4 else [])
+          + (["--only", str(args.only)] if args.only is not None else []))
+  write_record(OUT, "iris_learned", argv, configs(argv))
 
 
 def write(results: dict, rewrite: bool = False) -> None:

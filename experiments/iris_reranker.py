@@ -26,7 +26,9 @@ folds.
     python experiments/iris_reranker.py --rewrite   # the .md again from the saved .json
 
 Writes experiments/results/iris_reranker.md (and .json, which keeps every question's Recall@10,
-category and conversation id per configuration, so the intervals can be recomputed).
+category and conversation id per configuration, so the intervals can be recomputed), and the
+record of every trained reranker's configuration beside the table (iris_reranker.config.json,
+see published.py; `configs`).
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from published import write_record
 from replay_common import (CATEGORIES, DEFAULT_DATA, RESULTS, fold_clusters,
                            locomo_config, write_markdown,
                            paired)
@@ -59,6 +63,7 @@ from rmmjax.retrieve.judges import HeuristicJudge
 
 OUT = RESULTS / "iris_reranker"
 DEFAULT = IrisSettings()
+# Pinned here (its rows' settings); the same as IRIS_PRESETS["wide"], the name its record gives.
 WIDE = dataclasses.replace(DEFAULT, base_budget=20, budget_step=10, stop_confidence=1.0,
                            temporal_stop_confidence=1.0)
 K, PASSES, NUM_FOLDS = 64, 3, 4
@@ -90,6 +95,36 @@ COMPARISONS = [
 ]
 
 
+def reranker_config(cfg, pretrain: bool, mix: RewardMix | None, seed: int):
+  """A row's reranker as a run's configuration: the locomo config's reranker over the first K
+  facts of wide IRIS's evidence (units=lace), pretrained (mode pretrain or pretrain+rl) and
+  learning online from `mix`'s rewards (mode rl or pretrain+rl) or neither (mode=rl with no
+  step: the untrained reranker), at `seed`. Its online phase is PASSES passes over the training
+  episodes, the script's own (reranker.steps is not read)."""
+  mode = ("pretrain+rl" if mix else "pretrain") if pretrain else "rl"
+  changes = {"units": "lace", "learner": "reranker", "k": K, "iris_evidence.preset": "wide",
+             "mode": mode, "seed": seed}
+  if mix is not None:
+    changes |= {"iris_evidence.citation_reward": mix.citation,
+                "iris_evidence.verdict_reward": mix.verdict}
+  elif not pretrain:
+    changes["reranker.steps"] = 0
+  return with_values(cfg, changes)
+
+
+def configs(argv: list[str]) -> dict:
+  """Every reranker `main` trains with this command line, {row, seed S, fold F: its Config}
+  (see published.py); each is the model of two rows of the table, fused with IRIS's order and
+  alone. The fold is the run's folds/fold (the same split of the file's conversations). The rows
+  without a reranker train nothing."""
+  args = parse(argv)
+  cfg = locomo_config(data=args.data)  # (the file every run reads)
+  return {f"{label}{f', seed {seed}' if seeded else ''}, fold {f}":
+          with_values(reranker_config(cfg, pretrain, mix, seed), {"folds": NUM_FOLDS, "fold": f})
+          for label, pretrain, mix, seeded in RERANKERS
+          for seed in range(args.seeds if seeded else 1) for f in range(NUM_FOLDS)}
+
+
 def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]]:
   """(conversation id, category, metrics) per question of `conv`."""
   rows = []
@@ -105,8 +140,9 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]
   return rows
 
 
-def train(spec, cfg, episodes, pretrain, mix, seed):
-  state = core.init_state(spec, with_values(cfg, {"seed": seed}).hparams())
+def train(cfg, episodes, pretrain, mix):
+  """The reranker of `cfg` (reranker_config) trained on the episodes."""
+  state = core.init_state(cfg.core_spec(), cfg.hparams())
   if pretrain:
     state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
                                     cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
@@ -132,14 +168,18 @@ def _short(result: dict) -> dict:
   return {k: round(v, 3) for k, v in result.items() if k not in PER_QUESTION}
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--seeds", type=int, default=2)
   parser.add_argument("--rewrite", action="store_true",
                       help="write the .md again from the saved .json, without rerunning")
-  args = parser.parse_args()
-  if args.rewrite:
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  if args.rewrite:  # (the runs, and so their record, are those of the saved results)
     write(json.loads(OUT.with_suffix(".json").read_text()), rewrite=True)
     return
   conversations = [c for c in load_locomo(Path(args.data))[0] if c.questions]
@@ -159,15 +199,16 @@ def main() -> None:
     rows = [r for c, s in zip(conversations, stores) for r in evaluate(c, s, settings)]
     results[label] = summary(rows)
     print(label, _short(results[label]), flush=True)
-  cfg = locomo_config()
-  spec = dataclasses.replace(cfg, k=K).core_spec()
+  cfg = locomo_config(data=args.data)  # (the file every run reads)
   for label, pretrain, mix, seeded in RERANKERS:
     start, per_seed = time.time(), {mode: [] for mode in RERANK_MODES}
     for seed in range(args.seeds if seeded else 1):
       rows = {mode: [] for mode in RERANK_MODES}
+      run = reranker_config(cfg, pretrain, mix, seed)  # (configs: the same with each fold's key)
+      spec = run.core_spec()
       for held in folds(len(conversations), NUM_FOLDS):
         train_eps = [e for i, eps in enumerate(episodes) if i not in held for e in eps]
-        state = train(spec, cfg, train_eps, pretrain, mix, seed)
+        state = train(run, train_eps, pretrain, mix)
         for i in held:
           for mode in RERANK_MODES:
             rows[mode] += evaluate(conversations[i], stores[i], WIDE,
@@ -186,6 +227,9 @@ def main() -> None:
                         "conversations": runs[0]["conversations"]}
       print(name, _short(results[name]), f"({time.time() - start:.0f} s)", flush=True)
   write(results)
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--seeds", str(args.seeds)] if args.seeds != 2 else []))
+  write_record(OUT.with_suffix(".md"), "iris_reranker", argv, configs(argv))
 
 
 def write(results: dict, rewrite: bool = False) -> None:

@@ -14,7 +14,8 @@ at the paper's lr 1e-3), not tuned on the folds.
 
     python experiments/replay_ablation.py [--data PATH] [--folds 4] [--seeds 3]
 
-Writes experiments/results/replay_ablation.md (and .json).
+Writes experiments/results/replay_ablation.md (and .json), and the record of every run's
+configuration beside the table (replay_ablation.config.json, see published.py; `configs`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_common import DEFAULT_DATA, RESULTS, seed_hparams, write_markdown, locomo_config
+from published import write_record
+from replay_common import DEFAULT_DATA, RESULTS, write_markdown, locomo_config
 from rmmjax import core
+from rmmjax.config import with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.protocols import Protocol, cross_validate
 from rmmjax.encode.tuned import TunedQueryEncoder
-from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
+from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall,
+                                         train_query_encoder)
 from rmmjax.replay.candidates import build_replay, folds
 
 OUT = RESULTS / "replay_ablation"
@@ -54,25 +58,71 @@ ROWS = [  # label, protocol, learning rate of the online phase
 ]
 
 
-def main() -> None:
+def reranker_config(cfg, retriever: str, protocol: Protocol, lr: float, seed: int):
+  """A reranker row's run over `retriever`'s candidates: its protocol's mode, the online rate,
+  the rank prior over BM25's and the hybrid's orders (dense's is the embeddings' own). Its
+  online phase is the protocol's passes over the training conversations (reranker.steps is not
+  read); its pretraining the protocol's epochs, reranker.pretrain_epochs'."""
+  return with_values(cfg, {"learner": "reranker", "retriever": retriever,
+                           "reranker.rank_prior": retriever != "dense", "reranker.lr": lr,
+                           "mode": protocol.mode, "seed": seed})
+
+
+def encoder_config(cfg, pretrain_epochs: int, rl_epochs: int):
+  """A query-encoder row's run over the hybrid's candidates: supervised pretraining at
+  ENCODER_PRETRAIN's settings (if it has epochs), then (if it has epochs) online RL at
+  ENCODER_RL_LR's rate (one seed, the config's). Its online phase is `rl_epochs` passes over the
+  training conversations (encoder_tuning.steps is not read)."""
+  mode = ("pretrain+rl" if rl_epochs else "pretrain") if pretrain_epochs else "rl"
+  return with_values(cfg, {"learner": "query_encoder", "retriever": "hybrid", "mode": mode,
+                           "encoder_tuning.pretrain_epochs": pretrain_epochs,
+                           "encoder_tuning.pretrain_lr": ENCODER_PRETRAIN["lr"],
+                           "encoder_tuning.pretrain_tau": ENCODER_PRETRAIN["tau"],
+                           "encoder_tuning.pretrain_batch": ENCODER_PRETRAIN["batch"],
+                           "encoder_tuning.lr": ENCODER_RL_LR[bool(pretrain_epochs)]})
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `main` trains with this command line, {row (retriever), seed S, fold F: its
+  Config} (see published.py), the fold as the run's folds/fold (the same split of the file's
+  conversations). The base retrievers' rows train nothing."""
+  args = parse(argv)
+  cfg = locomo_config(data=args.data)  # (the file every run reads)
+  runs = {f"{label} ({retriever}), seed {seed}": reranker_config(cfg, retriever, protocol, lr,
+                                                                  seed)
+          for retriever in RETRIEVERS for label, protocol, lr in ROWS
+          for seed in range(args.seeds)}
+  runs |= {label: encoder_config(cfg, pretrain_epochs, rl_epochs)
+           for label, pretrain_epochs, rl_epochs in ENCODER_ROWS}
+  return {f"{label}, fold {f}": with_values(run, {"folds": args.folds, "fold": f})
+          for label, run in runs.items() for f in range(args.folds)}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--folds", type=int, default=4)
   parser.add_argument("--seeds", type=int, default=3)
-  args = parser.parse_args()
-  cfg = locomo_config()
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  cfg = locomo_config(data=args.data)  # (the file every run reads)
   conversations, _ = load_locomo(Path(args.data))
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   results = {}
   for retriever in RETRIEVERS:
     replays = build_replay(conversations, "turn", retriever, encoder, cfg.k)
-    spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=cfg.batch,
-                         rank_prior=retriever != "dense")
     for label, protocol, lr in ROWS:
-      hp = seed_hparams(cfg, args.seeds, lr=lr)
+      # Each seed's run (configs: the same with each fold's key), in one vmapped program.
+      runs = [reranker_config(cfg, retriever, protocol, lr, s) for s in range(args.seeds)]
+      run = runs[0].reranker
+      spec, hp = runs[0].core_spec(), core.stack_hparams([r.hparams() for r in runs])
       start = time.time()
-      res = cross_validate(replays, args.folds, spec, hp, protocol,
-                           cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
+      res = cross_validate(replays, args.folds, spec, hp,
+                           dataclasses.replace(protocol, pretrain_epochs=run.pretrain_epochs),
+                           run.pretrain_lr, run.pretrain_tau)
       results[(retriever, "RAG (base retriever)")] = {"mean": float(res["base"].mean()),
                                                       "std": 0.0}  # the same for every row
       per_seed = res["heldout"].mean(1)
@@ -84,6 +134,10 @@ def main() -> None:
     if retriever == "hybrid":
       results |= encoder_rows(conversations, encoder, replays, cfg, args.folds)
   write(results, args)
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--folds", str(args.folds)] if args.folds != 4 else [])
+          + (["--seeds", str(args.seeds)] if args.seeds != 3 else []))
+  write_record(OUT.with_suffix(".md"), "replay_ablation", argv, configs(argv))
 
 
 def encoder_rows(conversations, encoder, replays, cfg, num_folds) -> dict:
@@ -95,16 +149,15 @@ def encoder_rows(conversations, encoder, replays, cfg, num_folds) -> dict:
     train = [c for i, c in enumerate(replays) if i not in test_idx]
     for label, pretrain_epochs, rl_epochs in ENCODER_ROWS:
       start = time.time()
-      params = None
-      if pretrain_epochs:
-        spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=ENCODER_PRETRAIN["batch"])
-        hp = core.HParams.create(lr=ENCODER_PRETRAIN["lr"], tau=ENCODER_PRETRAIN["tau"])
-        params, _ = pretrain_query_encoder(encoder, train, spec, hp, pretrain_epochs)
-      if rl_epochs:
-        spec = core.CoreSpec(dim=cfg.dim, k=cfg.k, m=cfg.m, batch=cfg.batch)
-        hp = cfg.hparams(dataclasses.replace(cfg.encoder_tuning,
-                                              lr=ENCODER_RL_LR[bool(pretrain_epochs)]))
-        params, _ = train_query_encoder(encoder, train, spec, hp, rl_epochs, params)
+      run = encoder_config(cfg, pretrain_epochs, rl_epochs)  # (configs: with the fold's key)
+      tuning, params = run.encoder_tuning, None
+      if run.mode != "rl":
+        spec = core.CoreSpec(dim=run.dim, k=run.k, m=run.m, batch=tuning.pretrain_batch)
+        hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau)
+        params, _ = pretrain_query_encoder(encoder, train, spec, hp, tuning.pretrain_epochs)
+      if run.mode != "pretrain":
+        spec = core.CoreSpec(dim=run.dim, k=run.k, m=run.m, batch=run.batch)
+        params, _ = train_query_encoder(encoder, train, spec, run.hparams(), rl_epochs, params)
       tuned = TunedQueryEncoder(encoder, params)
       for r in ("dense", "hybrid"):
         recalls[(r, label)] += [retrieval_recall(with_questions[i], "turn", r, encoder, tuned,

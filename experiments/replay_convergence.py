@@ -8,12 +8,14 @@ as it stands on the held-out conversations' questions.
 
     python experiments/replay_convergence.py [--data PATH] [--seeds 5] [--epochs 4]
 
-Writes experiments/results/replay_convergence.md and .png.
+Writes experiments/results/replay_convergence.md and .png, and the record of every run's
+configuration beside the table (replay_convergence.config.json, see published.py; `configs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +25,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from published import write_record  # noqa: E402
 from replay_common import (DEFAULT_DATA, RESULTS, locomo_config, locomo_replays,  # noqa: E402
-                           seed_hparams, write_markdown)
+                           write_markdown)
+from rmmjax import core  # noqa: E402
+from rmmjax.config import with_values  # noqa: E402
 from rmmjax.core import replay as core_replay  # noqa: E402
 from rmmjax.replay.protocols import Protocol, train_reranker  # noqa: E402
 from rmmjax.replay.candidates import (base_recall, to_questions, to_sequence,  # noqa: E402
@@ -35,14 +40,39 @@ RUNS = [("online RL, lr 1e-4", "rl", 1e-4), ("online RL, lr 1e-3 (paper)", "rl",
 SEGMENT = 25  # replay steps between measurements
 
 
-def main() -> None:
+def base_config(data: str):
+  """What every run shares: the locomo config's reranker at the temperature it was measured at,
+  over BM25's candidates of `data`, its split (the last `holdout` conversations held out)."""
+  return with_values(locomo_config(tau=0.5), {"data": data, "learner": "reranker",
+                                              "retriever": "bm25"})
+
+
+def run_config(data: str, mode: str, lr: float, seed: int):
+  """A run of RUNS at `seed`. Its online phase is --epochs passes over the training
+  conversations (reranker.steps is not read)."""
+  return with_values(base_config(data), {"mode": mode, "lr": lr, "seed": seed})
+
+
+def configs(argv: list[str]) -> dict:
+  """Every run `main` trains with this command line, {run, seed S: its Config} (see
+  published.py)."""
+  args = parse(argv)
+  return {f"{label}, seed {seed}": run_config(args.data, mode, lr, seed)
+          for label, mode, lr in RUNS for seed in range(args.seeds)}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
   parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--epochs", type=int, default=4)
-  args = parser.parse_args()
-  cfg = locomo_config(tau=0.5)  # the temperature it was measured at
-  replays = locomo_replays(args.data, "bm25", cfg.k)  # the reranker's BM25 candidates
+  return parser.parse_args(argv)
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
+  cfg = base_config(args.data)
+  replays = locomo_replays(cfg.data, cfg.retriever, cfg.k)  # the reranker's BM25 candidates
   spec = cfg.core_spec()
   train, test = replays[:-cfg.holdout], replays[-cfg.holdout:]
   train_seq, test_streams = to_sequence(train, cfg.batch), to_streams(test, cfg.batch)
@@ -60,7 +90,8 @@ def main() -> None:
   def run(hparams, mode):
     pre = hparams.replace(lr=jnp.float32(cfg.reranker.pretrain_lr),
                         tau=jnp.float32(cfg.reranker.pretrain_tau))
-    state, _ = train_reranker(spec, hparams, pre, questions, train_seq, Protocol(mode=mode), 0)
+    protocol = Protocol(mode=mode, pretrain_epochs=cfg.reranker.pretrain_epochs)
+    state, _ = train_reranker(spec, hparams, pre, questions, train_seq, protocol, 0)
 
     def segment(state, _):
       state, metrics = core_replay.replay_steps(state, train_seq, SEGMENT)
@@ -84,7 +115,9 @@ def main() -> None:
            "start of online RL | after the first segment | at the end |",
            "|---|---|---|---|---|---|"]
   for label, mode, lr in RUNS:
-    hp = seed_hparams(cfg, args.seeds, lr=lr)
+    # Each seed's run (configs), in one vmapped program: they differ in lr and seed alone.
+    hp = core.stack_hparams([run_config(args.data, mode, lr, s).hparams()
+                             for s in range(args.seeds)])
     first, cite, recall = jax.device_get(
         jax.jit(jax.vmap(run, in_axes=(0, None)), static_argnums=1)(hp, mode))
     for ax, values in zip(axes, (cite, recall)):
@@ -107,6 +140,10 @@ def main() -> None:
   fig.savefig(RESULTS / "replay_convergence.png", dpi=110)
   lines += ["", "![curves](replay_convergence.png)"]
   write_markdown(RESULTS / "replay_convergence.md", lines)
+  argv = ((["--data", args.data] if args.data != str(DEFAULT_DATA) else [])
+          + (["--seeds", str(args.seeds)] if args.seeds != 5 else [])
+          + (["--epochs", str(args.epochs)] if args.epochs != 4 else []))
+  write_record(RESULTS / "replay_convergence.md", "replay_convergence", argv, configs(argv))
   print("\n".join(lines))
 
 

@@ -5,13 +5,18 @@ session, into a fresh bank per conversation).
     python experiments/retrievers_granularities.py [--data PATH]
 
 Writes experiments/results/retrievers_granularities.md. Budget recall takes units in rank
-order up to 1,000 words, so granularities compare at equal context.
+order up to 1,000 words, so granularities compare at equal context. Its record
+(retrievers_granularities.config.json, see published.py) holds no run: every row evaluates a
+base retriever over a granularity, as `rmmjax eval` does, and nothing is trained, so no
+configuration (rmmjax.config.Config) is made; `configs` is empty.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from published import write_record
 from replay_common import DEFAULT_DATA, RESULTS, write_markdown
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
@@ -20,10 +25,20 @@ from rmmjax.eval.retrieval import evaluate_retrieval
 BUDGET = 1000
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser()
   parser.add_argument("--data", default=str(DEFAULT_DATA))
-  args = parser.parse_args()
+  return parser.parse_args(argv)
+
+
+def configs(argv: list[str]) -> dict:
+  """No run trains (see the module's docstring): {}."""
+  parse(argv)
+  return {}
+
+
+def main() -> None:
+  args = parse(sys.argv[1:])
   encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))
   lines = ["# Base retrievers x granularities, LoCoMo dev (8 conversations, 1,584 questions)", "",
            "`python experiments/retrievers_granularities.py`", "",
@@ -39,6 +54,9 @@ def main() -> None:
       print(lines[-1], flush=True)
   RESULTS.mkdir(parents=True, exist_ok=True)
   write_markdown(RESULTS / "retrievers_granularities.md", lines)
+  argv = ["--data", args.data] if args.data != str(DEFAULT_DATA) else []
+  write_record(RESULTS / "retrievers_granularities.md", "retrievers_granularities", argv,
+               configs(argv))
 
 
 if __name__ == "__main__":
