@@ -80,10 +80,11 @@ from replay_common import RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
 from rmmjax.eval.intervals import paired_interval
 
-# The same recipe at K = 20: experiments/cross_reranker.py's pinned row of the same folds (its
-# name in the saved results, or the name that script gives it now).
-K20_ROWS = ("cross over the tuned encoder's candidates, 2 pretraining epochs",
-            "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)")
+# The same recipe at K = 20: the recipe arm's own held-out questions (results/RECIPE_FILE,
+# trained as every arm is), or, before it was rerun, experiments/cross_reranker.py's row of
+# the same folds (made before the pairs were packed).
+K20_ROW = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
+RECIPE_FILE = "sweep_cross_recipe.json"
 
 RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=20", "m=5",
           "batch=4",
@@ -159,22 +160,28 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
   """Each question's Recall@5 of the arm's runs against the recipe unchanged (K = 20), paired
   question by question (both in the file's order), with the one interval (2 folds:
   conversations resampled, indicative)."""
-  saved = json.loads((RESULTS / "cross_reranker.json").read_text())["results"]
-  name = next(n for n in K20_ROWS if n in saved)
-  stored = saved[name]
   ours = [q for f in range(FOLDS) for q in json.loads(
       (workdir / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())["per_question"]]
+  if arm == "recipe":
+    (RESULTS / RECIPE_FILE).write_text(json.dumps({key: [q[field] for q in ours] for key, field in (
+        ("per_question", "recall_all@5"), ("conversations", "conversation"),
+        ("categories", "category"))}))
+  if arm != "recipe" and (RESULTS / RECIPE_FILE).exists():
+    stored = json.loads((RESULTS / RECIPE_FILE).read_text())
+    source = f"`--arm recipe`, {RECIPE_FILE}"
+  else:
+    stored = json.loads((RESULTS / "cross_reranker.json").read_text())["results"][K20_ROW]
+    source = f"`experiments/cross_reranker.py`'s row \"{K20_ROW}\""
   if ([q["conversation"] for q in ours] != stored["conversations"]
       or [q["category"] for q in ours] != stored["categories"]):
-    raise SystemExit("the sweep's held-out questions are not those of cross_reranker.json")
+    raise SystemExit(f"the sweep's held-out questions are not those of {source}")
   a = np.array([q["recall_all@5"] for q in ours])
   b = np.array(stored["per_question"])
   conv, cats = stored["conversations"], np.array(stored["categories"])
   folds = fold_clusters(conv, FOLDS)
   interval = paired_interval(a - b, conv, [folds[c] for c in conv])
-  lines = ["", "Against the recipe unchanged (`experiments/cross_reranker.py`'s row "
-           f"\"{name}\", the same folds and questions; made by the code of its own commit), "
-           "Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
+  lines = ["", f"Against the recipe unchanged ({source}, the same folds and questions; made "
+           "by the code of its own commit), Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
            "|---|---|" + "---|" * len(set(cats))]
   for name, v in ((arm_name(arm), a), ("unchanged", b)):
     lines.append(f"| {name} | {v.mean():.3f} | "
