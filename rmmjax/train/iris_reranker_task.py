@@ -107,7 +107,8 @@ class IrisTask(Task):
         "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
         "max_length": cfg.cross.max_length,
         "compute_dtype": effective_dtype(cfg.cross.compute_dtype), "length": train["length"], **counts}}
-    self.input_notes = {"cross_pairs": counts["pairs"],
+    self.input_notes = {"cross_compute_dtype": self.record["cross"]["compute_dtype"],
+                        "cross_pairs": counts["pairs"],
                         "cross_pairs_truncated": counts["truncated"],
                         "cross_pair_length": train["length"]}
 

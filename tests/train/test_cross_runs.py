@@ -268,7 +268,7 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["head_lr_scale=1e9"], r"head_lr_scale=1e\+09: expected a value in \(0, 10000\]"),
     (["pretrain_lr=10"], r"pretrain_lr=10: expected a value in \(0, 0.1\]"),
     (["prior_scale=1e30"], r"prior_scale=1e\+30: expected a value in \[0, 100\]"),
-    (["lr=5"], r"lr=5: expected a value in \(0, 1\]"),
+    (["lr=5"], r"lr=5: expected a value in \(0, 0.1\]"),
 ])
 def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
   with pytest.raises(ValueError, match=message):
