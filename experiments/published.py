@@ -92,10 +92,41 @@ def sweep_command_runs(command: list[str]) -> dict:
   return sweep_runs(build_parser().parse_args(command))
 
 
+# Commands whose figures the README and docs print without a results table of their own: their
+# resolved runs are recorded in results/COMMANDS_RECORD and checked as a table's are.
+COMMANDS_RECORD = "published_commands.config.json"
+COMMANDS = {
+    "README: make demo": "rmmjax train --config latent --workdir checkpoints/latent",
+    "docs/command-line.md: the linear reranker on the dev file (0.566)":
+        "rmmjax train --config locomo --set data=DATA --set learner=reranker "
+        "--set retriever=bm25 --workdir W",
+    "README: variant=cross's defaults (the k50-observations-prior0 arm's 0.711)":
+        "rmmjax train --config locomo --set data=DATA --set variant=cross --workdir W",
+}
+
+
+def command_runs(command: str) -> dict:
+  """The configuration an `rmmjax train` or `rmmjax sweep` command line runs (DATA: the dev
+  file), resolved by the command line's own parser without running it."""
+  from rmmjax.cli.main import build_parser  # noqa: PLC0415
+  from rmmjax.config import apply_overrides, get_config  # noqa: PLC0415
+  argv = shlex.split(command.replace("data=DATA", f"data={relative_data()}"))[1:]
+  if argv[0] == "sweep":
+    return sweep_command_runs(argv)
+  args = build_parser().parse_args(argv)
+  return {"train": apply_overrides(get_config(args.config), args.set or []).validate()}
+
+
+def commands_record() -> dict:
+  """Every published command's runs, {command label: resolved(runs)}."""
+  return {label: resolved(command_runs(command)) for label, command in COMMANDS.items()}
+
+
 def relative_data() -> str:
   """The dev file's path relative to where the script runs (a command names no machine path)."""
   return os.path.relpath(DATA_DIR / "locomo" / "locomo_dev8.json")
 
 
 __all__ = ["RESULTS", "SUFFIX", "differences", "read_record", "record_path", "relative_data",
-           "resolved", "run_values", "sweep_command_runs", "write_record"]
+           "resolved", "run_values", "sweep_command_runs", "write_record", "COMMANDS",
+           "commands_record", "command_runs"]

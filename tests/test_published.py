@@ -5,6 +5,7 @@ by key; a command printed in a table must resolve to the same runs. A default th
 published row fails here, naming the row's file, the run and the key."""
 
 import importlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -53,13 +54,27 @@ SWEEP_COMMANDS = [(t, c) for t in TABLES for c in re.findall(r"^`(rmmjax sweep [
                          ids=[t.stem for t, _ in SWEEP_COMMANDS])
 def test_the_sweep_command_a_table_prints_runs_what_it_recorded(table, command):
   published = _published()
-  now = published.resolved(published.sweep_command_runs(shlex.split(command)[1:]))
+  # (the printed commands name the dev file where it lies beside the repository)
+  command = command.replace("data=../shared/data/locomo/locomo_dev8.json", "data=DATA")
+  now = published.resolved(published.command_runs(command))
   recorded = published.read_record(table)
   prefix = f"{recorded['argv'][1]}: " if recorded["script"] == "sweep_rerankers" else ""
   runs = {label.removeprefix(prefix): diff for label, diff in recorded["runs"].items()
           if label.startswith(prefix)}
   mine = published.differences({"base": recorded["base"], "runs": runs}, now)
   assert not mine, f"{table.name} prints a command that runs otherwise:\n  " + "\n  ".join(mine[:20])
+
+
+def test_the_commands_whose_figures_the_docs_print_run_what_they_recorded():
+  """The README's and docs' commands beside no results table (make demo, the locomo linear
+  reranker, variant=cross's defaults): resolved now, against results/published_commands."""
+  published = _published()
+  recorded = json.loads((RESULTS / published.COMMANDS_RECORD).read_text())
+  now = published.commands_record()
+  assert set(recorded) == set(now), "the published commands and their record differ"
+  problems = [f"{label}: {line}" for label in now
+              for line in published.differences(recorded[label], now[label])]
+  assert not problems, "\n  ".join(["a published command now runs otherwise:", *problems])
 
 
 def test_a_moved_default_is_named_with_the_run_and_the_key(monkeypatch):

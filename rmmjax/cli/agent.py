@@ -95,7 +95,7 @@ def _refuse_beside_iris(args, what: str) -> None:
                       ("--in-sample", getattr(args, "in_sample", False)),
                       ("--retriever", args.retriever), ("--candidates", args.candidates),
                       ("--allow-mismatch", args.allow_mismatch)):
-    if value:
+    if value not in (None, False):  # (an empty path or a 0 given is still given)
       raise ValueError(f"{flag}{'' if value is True else f' {value}'}: {args.command} --iris "
                        f"{what}; drop {flag}")
 

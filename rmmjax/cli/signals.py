@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import warnings
 
 RETRY_S = 0.05
 _GC_CALLBACKS = ("_xla_gc_callback",)
@@ -33,6 +35,11 @@ def _on_interrupt(signum, frame) -> None:
     threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
     return
   received = signum
+  # The command stops now: what the objects torn down on the way out complain of (an
+  # interrupted asynchronous checkpoint's event loop, a coroutine never awaited) is not the
+  # user's to read; the stop's own one line is.
+  sys.unraisablehook = lambda unraisable: None
+  warnings.simplefilter("ignore", RuntimeWarning)
   raise KeyboardInterrupt
 
 

@@ -3,6 +3,7 @@ and the files a trained model leaves."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -177,7 +178,8 @@ def cmd_sweep(args) -> None:
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)
     return
-  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet)
+  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet,
+                        made_by=_made_by(args))
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
     return
@@ -197,12 +199,17 @@ def cmd_sweep(args) -> None:
         f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
 
 
+def _made_by(args) -> dict:
+  """What a sweep records of the command that ran it."""
+  return {"command": shlex.join(["rmmjax", *args.argv]), "cwd": os.getcwd(),
+          "commit": code_commit()}
+
+
 def _replay_sweep(args, cfg, grid) -> None:
   workdir = Path(args.workdir)
-  made_by = {"command": shlex.join(["rmmjax", *args.argv]), "commit": code_commit()}
   result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds, workdir,
                         progress=not args.quiet, dry_run=args.dry_run, best=not args.no_best,
-                        made_by=made_by)
+                        made_by=_made_by(args))
   if result is None or not distributed.is_writer():
     return
   print("\n" + "\n".join(result["table"]))

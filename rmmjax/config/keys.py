@@ -30,7 +30,8 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
     if not section or not name or "." in name:
       raise ValueError(f"config key {key!r}: expected KEY or SECTION.KEY")
     if section not in sections.SECTIONS:
-      raise ValueError(f"unknown config section {section!r} in {key!r}; sections: "
+      raise ValueError(f"unknown config section {section!r} in {key!r}"
+                       f"{_did_you_mean(section, sections.SECTIONS)}; sections: "
                        f"{', '.join(sections.SECTIONS)}")
     if getattr(cfg, section) is None:
       raise ValueError(f"unknown config key {key!r}: this run ({trains(cfg)}) has no "

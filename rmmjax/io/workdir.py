@@ -29,8 +29,15 @@ class FolderLock:
   process's end, SIGKILL included. Locking the folder rather than a file in it means that no
   file deleted or replaced inside it lets a second holder in."""
 
-  def __init__(self, fd: int):
-    self._fd = fd
+  def __init__(self, fd: int, folder: Path):
+    self._fd, self.folder = fd, Path(folder)
+
+  def check(self) -> None:
+    """Refuses to go on writing when the locked folder is no longer the one at its path
+    (removed, or removed and made again by another process, which then holds that one)."""
+    if self._fd is not None and not _is_at(self._fd, self.folder):
+      raise ValueError(f"{self.folder} was removed or replaced while this run held it: stopped "
+                       "without writing more; train into a folder no one deletes")
 
   def close(self) -> None:
     if self._fd is not None:
@@ -65,7 +72,7 @@ def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
     if _is_at(fd, folder):
       with contextlib.suppress(OSError):  # the words are a courtesy; the lock is the folder's
         (folder / LOCK_FILE).write_text(holder)
-      return FolderLock(fd), holder
+      return FolderLock(fd, folder), holder
     os.close(fd)  # a folder removed (or replaced) since it was opened: the path's, again
   raise ValueError(f"{folder} was removed as often as it was made (100 times): is another "
                    "program deleting it?")
@@ -82,7 +89,7 @@ def _is_at(fd: int, folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def held(workdir: Path, command: str) -> Iterator[None]:
+def held(workdir: Path, command: str) -> Iterator[FolderLock]:
   """Holds `workdir` for this process while the block runs: a second `train` or `sweep` into it
   is refused in one line naming the holder. The kernel releases the lock when the holder exits,
   SIGKILL included. A block that leaves the workdir holding nothing but the lock (a refused run)
@@ -101,7 +108,7 @@ def held(workdir: Path, command: str) -> Iterator[None]:
                      "time trains or sweeps into a workdir; wait for it to end, or use another "
                      "workdir")
   try:
-    yield
+    yield lock
   finally:
     # Removed while still held: a process that opened the folder before and locks it after
     # finds it is no longer the one at the path (take_lock), and takes the path's instead.
@@ -232,10 +239,12 @@ def read_config(workdir: Path) -> Config:
   """The config of a training workdir (a sweep's workdir is refused: it has no trained model)."""
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
+    best = Path(workdir) / "best"
     raise ValueError(f"{workdir} holds a sweep, not a training run (its config.json is the "
-                     "sweep's base config and it has no checkpoints); its best configuration, "
-                     f"trained on every conversation, is {Path(workdir) / 'best'} (unless the "
-                     "sweep ran with --no-best)")
+                     "sweep's base config and it has no checkpoints); " + (
+                         f"its best configuration, trained on every conversation, is {best}"
+                         if best.is_dir() else "it ran with --no-best, so it trained no model "
+                         "on every conversation: train one with its best row's settings"))
   path = Path(workdir) / "config.json"
   if not path.exists():
     if (Path(workdir) / "query_encoder" / "config.json").exists():
@@ -276,12 +285,21 @@ def _shown(diff: dict) -> str:
   return ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
 
 
-def check_resumable(workdir: Path, cfg: Config, same_data: bool = False) -> None:
-  """Refuses a sweep's workdir or one that holds a run of another config (before anything is
-  written); `same_data`: the data file's content is the run's, moved or copied elsewhere."""
+def check_resumable(workdir: Path, cfg: Config, same_data: bool = False,
+                    stage: bool = False) -> None:
+  """Refuses a sweep's workdir, one that holds a run of another config, or (unless `stage`: the
+  run trains it as its own first stage) a learner=both run's first stage trained alone; before
+  anything is written. `same_data`: the data file's content is the run's, moved or copied."""
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
+  parent = read_run_record(Path(workdir).resolve().parent) if not stage and Path(
+      workdir).name == "query_encoder" else None
+  if parent is not None and parent["kind"] == "train" and cfg.learner == "query_encoder":
+    raise ValueError(f"{workdir} is the first stage of the learner=both run in "
+                     f"{Path(workdir).resolve().parent}: training it alone would change what "
+                     "that run's reranker trained on; resume the run itself, or train into "
+                     "another workdir")
   path = Path(workdir) / "config.json"
   if not path.exists():
     if (Path(workdir) / "checkpoints").exists():
@@ -312,17 +330,21 @@ def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict
   record = read_run_record(workdir)
   if not record or record.get("kind") != "sweep" or not isinstance(record.get("grid"), dict):
     return grid
-  mine = {qualified(cfg, k): k for k in grid}
+  try:
+    mine = {qualified(cfg, k): k for k in grid}
+    recorded = {qualified(cfg, k): v for k, v in record["grid"].items()}
+    # (run.json's grid is written with its keys sorted; grid_order keeps a replay sweep's order)
+    order = [qualified(cfg, k) for k in record.get("grid_order") or grid]
+  except ValueError:  # (a recorded key this run cannot name: another sweep)
+    return grid
   ordered = {}
-  for key, values in record["grid"].items():
-    try:
-      key = mine[qualified(cfg, key)]
-    except (KeyError, ValueError):
+  for name in order:
+    if name not in mine or name not in recorded:
       return grid
-    theirs = [sections.retyped_setting(qualified(cfg, key), v) for v in values]
-    if sorted(map(repr, theirs)) != sorted(map(repr, grid[key])):
+    theirs = [sections.retyped_setting(name, v) for v in recorded[name]]
+    if sorted(map(repr, theirs)) != sorted(map(repr, grid[mine[name]])):
       return grid
-    ordered[key] = theirs
+    ordered[mine[name]] = theirs
   return ordered if len(ordered) == len(grid) else grid
 
 

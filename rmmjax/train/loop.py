@@ -123,6 +123,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
   workdir is held by this process until it returns (a second run into it is refused).
   measure_heldout=False leaves the held-out conversations unscored, for a caller that measures
   them itself (a sweep of runs, by `eval`): for the cross reranker that is minutes."""
+  locks = {}  # workdir -> this process's lock on it (the writer's only)
   with contextlib.ExitStack() as holding:
     # Every check of every stage runs before anything is written, on every process, and a
     # refusal on one reaches all of them (rather than leaving the others in a collective).
@@ -131,30 +132,35 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
       apply_precision(cfg.precision)
       workdir = Path(workdir)
       if distributed.is_writer():  # one process at a time: the second is refused, naming it
-        holding.enter_context(held(workdir, "train"))
+        locks[workdir] = holding.enter_context(held(workdir, "train"))
       # before anything is created or compiled
       check_resumable(workdir, cfg, _same_data(workdir, cfg))
       stage = workdir.resolve() / "query_encoder"
       if cfg.learner == "both":
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
-          holding.enter_context(held(stage, "train"))
-        check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg))
+          locks[stage] = holding.enter_context(held(stage, "train"))
+        check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg), stage=True)
       # The tasks' own checks, before a learner=both run tunes its encoder.
       check_run(cfg, encoder, workdir)
     if cfg.learner == "both":
       # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
       # run); then the reranker trains on the candidates the tuned encoder retrieves.
-      _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout)
+      _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout,
+             lock=locks.get(stage))
       cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
     else:
       cfg_task = cfg
-    return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout)
+    return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout,
+                  locks.get(workdir))
 
 
 def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None,
-           measure_heldout: bool = True) -> dict:
+           measure_heldout: bool = True, lock=None) -> dict:
   """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records
-  (a learner=both run's query-encoder stage is a workdir inside its own, held with it)."""
+  (a learner=both run's query-encoder stage is a workdir inside its own, held with it). `lock`,
+  this process's on workdir, is checked before each write: a folder removed under the run
+  stops it rather than letting it write into the one another process made there."""
+  check = lock.check if lock is not None else (lambda: None)
   task_cfg = task_cfg or cfg
   log_path = workdir / "metrics.jsonl"
   with distributed.preflight("configs, data or workdirs") as found:
@@ -183,7 +189,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   if state is not None and progress:
     print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
   if writes:
-    workdir.mkdir(parents=True, exist_ok=True)
+    check()
     write_run_record(workdir, {"kind": "train"})
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
@@ -220,6 +226,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
         _check_finite(metrics_T, step)
         new_rows = window_means(metrics_T, step, cfg.log_every)
         if writes:  # rows first: a checkpoint implies its rows
+          check()
           metrics_log.append_rows(log_path, new_rows)
           writer.write_rows(new_rows)
         rows += new_rows
@@ -265,6 +272,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
   if not writes:
     return summary
+  check()
   atomic_write_json(workdir / "summary.json", summary)
   steps_T = np.array([r["step"] for r in rows])
   curves = {cfg.config: {m: np.array([[r[m] for r in rows]]) for m in plots.CURVE_METRICS}}

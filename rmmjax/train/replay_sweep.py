@@ -34,7 +34,7 @@ from rmmjax.io import plots, tensorboard
 from rmmjax.io.query_encoders import query_encoder_record
 from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
-                               sweep_record, write_run_record)
+                               read_run_record, sweep_record, write_run_record)
 from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
@@ -123,6 +123,9 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
         holding.enter_context(held(workdir, "sweep"))
       data_sha256 = file_sha256(Path(cfg.data))
       check_sweepable(workdir, cfg, grid, seeds, num_folds, data_sha256)
+      # The invocation that started the sweep (kept in run.json) and this one, which writes it.
+      started = (read_run_record(workdir) or {}).get("started_by") or made_by
+      made_by = {"started_by": started, "written_by": made_by} if made_by else None
       found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True,
                                         default=str), str(seeds), str(num_folds),
                                         str(workdir.resolve()))
@@ -183,7 +186,8 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
     return None
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
-    write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256))
+    write_run_record(workdir, sweep_record(grid, seeds, len(tests), data_sha256)
+                     | {"started_by": (made_by or {}).get("started_by")})
     atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
   results = sequential_sweep.run_all(cfg, configs, conversations, tests, workdir, progress,
                                      report, todo)
@@ -232,7 +236,8 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
     return None
   if distributed.is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
-    write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests), data_sha256))
+    write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests), data_sha256)
+                     | {"started_by": (made_by or {}).get("started_by")})
     atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
   for f in todo:
     _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])

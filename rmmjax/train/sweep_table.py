@@ -100,7 +100,7 @@ def replay_fold(test, data: dict, m: int) -> FoldResult:
 def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: str,
               made_by: dict | None = None) -> dict:
   """sweep.json's content: a run per configuration x fold, a row per grid point, and how it was
-  made (`made_by`: the command and commit; every key of the base config, each run setting the
+  made (`made_by`: the commands, working folders and commits that started and wrote it; every key of the base config, each run setting the
   grid's; the data file and its content's hash)."""
   keys, m = list(grid), cfg.m
   runs = []

@@ -84,7 +84,9 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
     if "=" not in item:
       raise ValueError(f"--grid {item!r}: expected key=v1,v2,...")
     key, text = (s.strip() for s in item.split("=", 1))
-    values = [parse_value(key, v.strip(), cfg) for v in text.split(",") if v.strip()]
+    if any(not v.strip() for v in text.split(",")):
+      raise ValueError(f"--grid {item!r}: an empty value; expected key=v1,v2,...")
+    values = [parse_value(key, v.strip(), cfg) for v in text.split(",")]
     if key == "seed":
       raise ValueError("--grid seed=...: use --seeds N for seeds")
     name = key.rpartition(".")[2]
@@ -102,8 +104,6 @@ def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
                        f"(--grid {key}=V1,V2,...)" if same[0] == key else
                        f"--grid {key} and --grid {same[0]} name the same key "
                        f"({qualified(cfg, key)}): give it once, with all its values")
-    if not values:
-      raise ValueError(f"--grid {item!r}: no values")
     repeated = [v for i, v in enumerate(values) if v in values[:i]]
     if repeated:
       raise ValueError(f"--grid {item!r}: {key}={repeated[0]!r} is given more than once; each "
@@ -226,14 +226,15 @@ def _nothing_kept(alone: bool):
 
 
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
-          progress: bool = True) -> dict:
-  """Runs the sweep; writes sweep.json, curves.png and tb/<configuration>/ under workdir, which
-  this process holds until it returns (a second sweep or run into it is refused)."""
+          progress: bool = True, made_by: dict | None = None) -> dict:
+  """Runs the sweep; writes sweep.json (with `made_by`, the command and commit that ran it),
+  curves.png and tb/<configuration>/ under workdir, which this process holds until it returns
+  (a second sweep or run into it is refused)."""
   with contextlib.ExitStack() as holding:
-    return _sweep(cfg, grid, seeds, workdir, progress, holding)
+    return _sweep(cfg, grid, seeds, workdir, progress, holding, made_by)
 
 
-def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
+def _sweep(cfg, grid, seeds, workdir, progress, holding, made_by) -> dict:
   with distributed.preflight("configs, grids or workdirs") as found:
     if cfg.config != "latent":
       raise ValueError(f"this sweep runs the latent simulator, not config {cfg.config} (a "
@@ -255,6 +256,7 @@ def _sweep(cfg, grid, seeds, workdir, progress, holding) -> dict:
     out = run_chunks(run_chunk, hparams_C, world, chunk_size(cfg.sweep_chunk, len(configs)),
                      devices=devices, progress=progress and distributed.is_writer())
   result = {"config": cfg.config, "steps": cfg.steps, "grid": grid, "seeds": seeds,
+            "made_by": made_by or {}, "base_config": cfg.values(),
             "runs": _runs(configs, list(grid), out, cfg.log_every)[0]}
   if not distributed.is_writer():  # process 0 writes; every process returns the result
     return result

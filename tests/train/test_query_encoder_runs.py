@@ -166,6 +166,12 @@ def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_pa
   assert main(["eval", "--data", str(three), "--retriever", "hybrid", "--k", "5", "--quiet",
                "--reranker", str(wd), "--out", str(again)]) == 0
   assert json.loads(again.read_text())["metrics"] == json.loads(out.read_text())["metrics"]
+  # Nor is the first stage trained further on its own.
+  assert main(["train", "--config", "locomo", "--workdir", str(wd / "query_encoder"), "--quiet",
+               *_sets(f"data={three}", "learner=query_encoder", *SMALL,
+                      "encoder_tuning.steps=20")]) == 2
+  assert "is the first stage of the learner=both run in" in capsys.readouterr().err
+  assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
 def test_training_steps_never_free_the_encoders_own_weights():

@@ -111,6 +111,19 @@ def test_the_same_sweep_with_its_values_listed_in_another_order_resumes(three, s
       (swept / "sweep.json").read_text())["rows"]
 
 
+def test_a_sweep_over_two_keys_resumes_with_either_order_of_its_keys(three, tmp_path, capsys):
+  """(run.json keeps the grid with its keys sorted: a sweep whose keys were given in another
+  order was refused its own rerun.)"""
+  wd = tmp_path / "two"
+  for grid in (("tau=0.5,1.0", "lr=1e-4,1e-3"), ("tau=0.5,1.0", "lr=1e-4,1e-3"),
+               ("lr=1e-3,1e-4", "tau=1.0,0.5")):
+    assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--folds", "2",
+                 "--seeds", "1", "--no-best", *(a for g in grid for a in ("--grid", g)),
+                 *_sets(f"data={three}", *SMALL)]) == 0
+  out = capsys.readouterr().out
+  assert out.count("0 folds to run (2 done)") == 2
+
+
 @pytest.mark.parametrize("extra, sets, message", [
     (["--folds", "4"], (), "--folds 4: expected 2 to the 3 conversations"),
     ([], ("units=lace",), "hold out the last `holdout` ones"),
@@ -483,3 +496,12 @@ def test_no_best_leaves_best_out_of_the_plan_and_the_workdir(three, tmp_path, ca
                "--quiet"]) == 2
   assert "--no-best are for a sweep over replayed conversations (--config locomo)" in (
       capsys.readouterr().err)
+
+
+def test_sweep_json_says_how_the_sweep_was_made(swept, three):
+  made = json.loads((swept / "sweep.json").read_text())
+  assert made["made_by"]["started_by"]["command"].startswith("rmmjax sweep --config locomo")
+  assert made["made_by"]["written_by"]["cwd"] and made["made_by"]["written_by"]["commit"]
+  assert made["data"] == str(three.resolve()) and len(made["data_sha256"]) == 64
+  assert made["base_config"]["retriever"] == "bm25" and made["base_config"]["k"] == 10
+  assert json.loads((swept / "config.json").read_text())["data"] == str(three.resolve())

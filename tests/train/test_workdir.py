@@ -429,3 +429,31 @@ def test_the_export_of_an_unfinished_run_says_so(tmp_path, capsys):
   assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "x.safetensors")]) == 0
   assert (f"NOTE: {wd} has trained 15 of its 30 steps (interrupted): the export holds step 15"
           in capsys.readouterr().out)
+
+
+def test_a_run_whose_workdir_is_removed_under_it_stops_rather_than_writing_into_the_new_one(
+    tmp_path, capsys):
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  import time  # noqa: PLC0415
+  wd = tmp_path / "run"
+  sets = [arg for item in (*TINY, "steps=3000000", "checkpoint_every=30000")
+          for arg in ("--set", item)]
+  first = subprocess.Popen([sys.executable, "-m", "rmmjax.cli", "train", "--quiet", "--workdir",
+                            str(wd), *sets], stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 120
+    while not (wd / "metrics.jsonl").exists():
+      assert first.poll() is None and time.time() < deadline, first.stderr.read()
+      time.sleep(0.05)
+    shutil.rmtree(wd)
+    assert _train(wd, 30) == 0  # the folder made again, and held, by another run
+    _, err = first.communicate(timeout=300)
+  finally:
+    first.kill()
+  assert first.returncode == 2, err[-2000:]
+  assert f"{wd} was removed or replaced while this run held it: stopped" in err
+  alone = tmp_path / "alone"
+  assert _train(alone, 30) == 0
+  for name in ("metrics.jsonl", "summary.json"):
+    assert (wd / name).read_text() == (alone / name).read_text()
