@@ -8,11 +8,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rmmjax"
 MAX_LINES = 400
-# The modules at the package root: its face, the cross-cutting device leaf, the one
-# supervised fit loop every learner's fit runs in and the timing of a compiled step that every
-# learner's estimate before a run shares (the config is a folder of its own: the keys, their
-# checks and the named configurations).
-ROOT_MODULES = {"__init__", "distributed", "fit", "step_timing"}
+# The modules at the package root: its face, the cross-cutting device leaf and the one
+# supervised fit loop every learner's fit runs in (the config is a folder of its own: the keys,
+# their checks and the named configurations).
+ROOT_MODULES = {"__init__", "distributed", "fit"}
 # Each folder (or root module) may import only from folders of a lower rank, and from itself:
 # the entry point, then the agents and the training and evaluation shells, the replay of data,
 # the layered memory above the bank, the learners (each family's model, inputs, export and
@@ -21,7 +20,7 @@ ROOT_MODULES = {"__init__", "distributed", "fit", "step_timing"}
 # retrieval, the leaves (encoder, data, LLM) and the pure core at the bottom.
 RANKS = {"cli": 11, "bench": 10, "agent": 9, "train": 9, "eval": 8, "replay": 7,
          "memory.lace": 6, "memory": 5, "learners": 4.5, "io": 4, "fit": 3.5, "config": 3,
-         "distributed": 3, "step_timing": 0.5,
+         "distributed": 3,
          "retrieve": 2, "encode": 1, "data": 1, "llm": 1, "core": 0}
 
 

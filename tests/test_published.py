@@ -7,7 +7,6 @@ published row fails here, naming the row's file, the run and the key."""
 import importlib
 import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest

@@ -40,13 +40,12 @@ Running the same command again resumes the workdir."""
 SWEEP_HELP = """A grid of sweepable keys x seeds. On the latent simulator: one vmapped program.
 On a replayed dataset (--config locomo): cross-validated over --folds contiguous folds of the
 conversations. The embedding rerankers (learner=reranker, variant=linear or mlp) with a grid
-over rates run every configuration of a fold as one compiled program, with the time estimated
-first; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configuration trained
+over rates run every configuration of a fold as one compiled program, with the time left
+printed after each fold; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configuration trained
 on every conversation), and a killed sweep run again reruns only the folds it had not
 finished. Everything else (the query encoder, the cross reranker, learner=both, or a grid over
 keys that change shapes: k, epochs, steps, candidates) trains one `train --set folds=N --set
-fold=I` run per configuration x fold in runs/, one after another (a sweep of query encoder or
-cross reranker runs first states its time from their steps timed), with the time left printed
+fold=I` run per configuration x fold in runs/, one after another, with the time left printed
 after each;
 writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only the
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
@@ -296,10 +295,8 @@ def add_parsers(sub) -> None:
                  help="--config locomo: folds of the conversations (default 4), each held out "
                       "in turn")
   p.add_argument("--dry-run", action="store_true",
-                 help="--config locomo: check everything and print the runs and programs, and "
-                      "the time estimated (one compiled program per fold: from a first chunk "
-                      "compiled and run; runs of the query encoder or the cross reranker: "
-                      "from their steps timed), "
+                 help="--config locomo: check everything and print the runs (and, where a "
+                      "fold is one compiled program, compile it and time its first chunk), "
                       "then stop; writes nothing")
   p.add_argument("--no-best", action="store_true",
                  help="--config locomo: do not train the best configuration on every "

@@ -298,14 +298,12 @@ def get_config(name: str) -> Config:
 
 
 def from_json(text: str) -> Config:
-  """A Config from `to_json` output (unknown keys are refused). A config.json written before
-  the configuration had sections (flat keys) is read into the sections of its learner."""
+  """A Config from `to_json` output: every key of its sections and none other (a config.json
+  that lacks one was written by another version of rmmjax, and is refused naming the key rather
+  than read with today's default)."""
   data = json.loads(text)
   if not isinstance(data, dict):
     raise ValueError(f"expected a JSON object of config keys, not a {type(data).__name__}")
-  if not any(isinstance(v, dict) for v in data.values()) and any(
-      k in data for k in ("tau", "lr", "steps")):
-    return _from_flat(data)
   shared = keys.shared_keys(Config)
   unknown = sorted(set(data) - shared - set(sections.SECTIONS))
   if unknown:
@@ -313,51 +311,23 @@ def from_json(text: str) -> Config:
   for key in set(data) & shared:
     keys.check_type(key, data[key], getattr(CONFIGS["latent"], key))
   cfg = Config(**{k: v for k, v in data.items() if k in shared})
+  expected = sorted(k for k in cfg.values() if k not in data and "." not in k)
+  for name in cfg.section_names():
+    if not isinstance(data.get(name), dict):
+      raise ValueError(f"config section {name!r}: expected an object of its keys, not "
+                       f"{data.get(name)!r}")
   for name in set(data) & set(sections.SECTIONS):
     if getattr(cfg, name) is None:
       raise ValueError(f"config section {name!r} does not belong to this run ({keys.trains(cfg)})")
-    if not isinstance(data[name], dict):
-      raise ValueError(f"config section {name!r}: expected an object of its keys, not "
-                       f"{data[name]!r}")
     fields = {f.name: f.default for f in dataclasses.fields(sections.SECTIONS[name])}
     if set(data[name]) - set(fields):
       raise ValueError(f"unknown keys {sorted(set(data[name]) - set(fields))} in section "
                        f"{name!r}")
-    data[name] = {key: sections.retyped(name, key, value) for key, value in data[name].items()}
+    expected += [f"{name}.{k}" for k in fields if k not in data[name]]
     for key, value in data[name].items():
       keys.check_type(f"{name}.{key}", value, fields[key])
-  return with_values(cfg, _absent_keys(cfg) | {
-      f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS) for k, v in data[s].items()})
-
-
-def _absent_keys(cfg: Config) -> dict[str, Any]:
-  """The values of the section keys a config.json written before them lacks
-  (sections.ABSENT), for the sections cfg holds."""
-  return {f"{s}.{k}": v for (s, k), v in sections.ABSENT.items() if getattr(cfg, s) is not None}
-
-
-# The flat keys each learner's section took over: the learning keys of the run's own learner,
-# the shape of the embedding rerankers, and the others (sections.MOVED).
-_LEARNING_KEYS = keys.names(sections.Learning)
-_SHAPE_KEYS = ("formulation", "hidden", "rank_prior")
-
-
-def _from_flat(data: dict) -> Config:
-  shared = keys.shared_keys(Config)
-  moved = set(_LEARNING_KEYS) | set(_SHAPE_KEYS) | set(sections.MOVED)
-  unknown = sorted(set(data) - shared - moved)
-  if unknown:
-    raise ValueError(f"unknown config keys {unknown}")
-  cfg = Config(**{k: v for k, v in data.items() if k in shared})
-  own = cfg.section_names()[-1]
-  # An encoder's section took its rates from the encoder_* keys, its temperature and steps
-  # from the shared ones.
-  changes = {f"{own}.{k}": data[k] for k in _LEARNING_KEYS if k in data
-             and not (own == "encoder_tuning" and k in ("lr", "pretrain_epochs", "pretrain_lr",
-                                                        "pretrain_tau"))}
-  if cfg.reranker is not None:
-    changes |= {f"reranker.{k}": data[k] for k in _SHAPE_KEYS if k in data}
-  for old, new in sections.MOVED.items():
-    if old in data and getattr(cfg, new.split(".")[0]) is not None:
-      changes[new] = data[old]
-  return with_values(cfg, _absent_keys(cfg) | changes)
+  if expected:
+    raise ValueError(f"no value for {', '.join(expected)}: written by another version of "
+                     "rmmjax; train in a fresh workdir")
+  return with_values(cfg, {f"{s}.{k}": v for s in set(data) & set(sections.SECTIONS)
+                           for k, v in data[s].items()})

@@ -41,9 +41,6 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
       raise ValueError(f"unknown config key {key!r}{_did_you_mean(name, keys, section + '.')}; "
                        f"the {section} section's keys: {', '.join(keys)}")
     return section, name
-  if name in sections.RENAMED:
-    raise ValueError(f"config key {name!r} is now {sections.RENAMED[name]!r} (each learner has "
-                     "a section of its own)")
   if name in shared_keys(cfg):
     return None, name
   for section in reversed(cfg.section_names()):
@@ -76,12 +73,8 @@ def trains(cfg) -> str:
 
 
 def parse_value(key: str, text: str, cfg) -> Any:
-  """Parses `text` as the type of key `key` of cfg, naming both on failure. A key whose type
-  changed (sections.RETYPED) still reads its former type's spellings."""
+  """Parses `text` as the type of key `key` of cfg, naming both on failure."""
   default = get_value(cfg, key)
-  former = sections.RETYPED.get(_locate(cfg, key))
-  if former is not None and text.lower() in ("true", "false", "1", "0"):
-    return former[text.lower() in ("true", "1")]
   try:
     if isinstance(default, bool):
       if text.lower() not in ("true", "false", "1", "0"):

@@ -264,38 +264,3 @@ def section_names(learner: str, variant: str, units: str, latent: bool) -> tuple
     return ("iris_models", "encoder_tuning")
   stages = ("encoder_tuning",) if learner == "both" else ()
   return stages + (("iris_evidence",) if units == "lace" else ()) + (family,)
-
-
-# Keys of the flat configuration before it had sections: where each went. Those whose name
-# changed (RENAMED) are refused by their old name, saying the new one.
-MOVED = {"cross_max_length": "cross.max_length",
-           "cross_pretrain_candidates": "cross.pretrain_candidates",
-           "compute_dtype": "cross.compute_dtype", "prior_scale": "cross.prior_scale",
-           "head_lr_scale": "cross.head_lr_scale",
-           "encoder_pretrain_epochs": "encoder_tuning.pretrain_epochs",
-           "encoder_pretrain_lr": "encoder_tuning.pretrain_lr",
-           "encoder_pretrain_tau": "encoder_tuning.pretrain_tau",
-           "encoder_pretrain_batch": "encoder_tuning.pretrain_batch",
-           "encoder_lr": "encoder_tuning.lr", "tune": "encoder_tuning.tune",
-           "iris": "iris_evidence.preset", "citation_reward": "iris_evidence.citation_reward",
-           "verdict_reward": "iris_evidence.verdict_reward", "iris_k": "iris_models.k",
-           "iris_hard_share": "iris_models.hard_share", "validation": "iris_models.validation"}
-RENAMED = {old: new for old, new in MOVED.items() if new.split(".")[1] != old}
-# Section keys whose type changed, and how a config.json written before reads: each old value
-# as the new one.
-RETYPED = {("cross", "observations"): {False: "false", True: "true"}}
-# Section keys added since a config.json could be written without them, with the value such a
-# run had (not today's default, which may differ): a resume keeps that run's settings.
-ABSENT = {("cross", "observations"): "false"}
-
-
-def retyped(section: str, key: str, value):
-  """A section key's value as config.json holds it, in the key's present type."""
-  old = RETYPED.get((section, key))
-  return old[value] if old is not None and type(value) is bool else value
-
-
-def retyped_setting(name: str, value):
-  """`retyped` for a key as a sweep's records name it (`section.key`, or a shared key)."""
-  section, _, key = name.partition(".")
-  return retyped(section, key, value) if key else value

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rmmjax.config import Config, from_json, qualified, sections
+from rmmjax.config import Config, from_json, qualified
 
 RUN_FILE = "run.json"
 KINDS = ("train", "sweep")
@@ -256,8 +256,8 @@ def read_config(workdir: Path) -> Config:
 
 
 def read_config_file(path: Path) -> Config:
-  """The config a run's config.json holds (older flat files too), refusing a damaged one in
-  one line that names it."""
+  """The config a run's config.json holds, refusing a damaged one (or one of another version)
+  in one line that names it."""
   try:
     return from_json(path.read_text())
   except (OSError, ValueError, TypeError) as err:
@@ -267,7 +267,7 @@ def read_config_file(path: Path) -> Config:
 
 def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
   """The keys (as config.json names them) on which the config at `path` and cfg differ."""
-  old = read_config_file(path).values()  # keys added since: their defaults
+  old = read_config_file(path).values()
   new = cfg.values()
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and k not in ignore}
@@ -341,10 +341,9 @@ def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict
   for name in order:
     if name not in mine or name not in recorded:
       return grid
-    theirs = [sections.retyped_setting(name, v) for v in recorded[name]]
-    if sorted(map(repr, theirs)) != sorted(map(repr, grid[mine[name]])):
+    if sorted(map(repr, recorded[name])) != sorted(map(repr, grid[mine[name]])):
       return grid
-    ordered[mine[name]] = theirs
+    ordered[mine[name]] = recorded[name]
   return ordered if len(ordered) == len(grid) else grid
 
 
@@ -369,9 +368,7 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
       return qualified(cfg, key)
     except ValueError:
       return key
-  # (and a value recorded in a key's former type is the value it reads as now)
-  spelled = {"grid": lambda g: {named(k): [sections.retyped_setting(named(k), x) for x in v]
-                                for k, v in g.items()},
+  spelled = {"grid": lambda g: {named(k): v for k, v in g.items()},
              "grid_order": lambda keys: [named(k) for k in keys]}
   same = lambda k, v: spelled[k](v) if k in spelled and v is not None else v  # noqa: E731
   diff = {k: (record.get(k), new.get(k)) for k in ("grid", "seeds", "folds", "grid_order")

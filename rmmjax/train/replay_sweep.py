@@ -44,7 +44,7 @@ from rmmjax.train.loop import check_run, train
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
 from rmmjax.train.replay_task import build_replays
 from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, check_grid_read, chunk_size,
-                                 placement, run_chunks, sweep_configs)
+                                 minutes, placement, run_chunks, sweep_configs, time_left)
 
 
 
@@ -106,7 +106,8 @@ class Plan:
 def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
                  report=print, best: bool = True, made_by: dict | None = None) -> dict:
-  """Runs (or with dry_run, costs) the sweep; returns sweep.json's content (None if dry).
+  """Runs the sweep (with dry_run, says what it would run and, for a vmapped sweep, compiles and
+  times its first chunk); returns sweep.json's content (None if dry).
   `best`: then train the best configuration on every conversation into best/; `made_by`: the
   command and commit sweep.json records."""
   with contextlib.ExitStack() as holding:
@@ -181,7 +182,7 @@ def _sequential(cfg, grid, seeds, num_folds, configs, workdir, progress, dry_run
         if not (sequential_sweep.run_dir(workdir, i, f) / "config.json").exists():
           check_run(one.resolved(), None, sequential_sweep.run_dir(workdir, i, f))
   todo = sequential_sweep.unfinished(configs, len(tests), workdir)  # (refuses a mixed sweep)
-  sequential_sweep.announce(configs, conversations, tests, todo, workdir, best, report)
+  sequential_sweep.announce(configs, tests, todo, report)
   if dry_run:
     return None
   if distributed.is_writer():
@@ -227,11 +228,10 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
          f"{plan.chunk} on {len(devices)} "
          f"device(s)" + (", then best/" if best else ""))
   first = None
-  if todo:
+  if todo:  # (measured, not predicted: the rest is reported as folds finish)
     first = _first_chunk(cfg, plan, replays, program, hparams, todo[0], devices)
-    report(f"estimated time: {_minutes(_estimate(cfg, plan, replays, todo, first, best))} "
-           f"(from the "
-           f"timed compile and first chunk of fold {todo[0]})")
+    report(f"fold {todo[0]}'s program compiled in {minutes(first['compile_s'])}; its first "
+           f"chunk of {plan.chunk} ran in {minutes(first['run_s'])}")
   if dry_run:
     return None
   if distributed.is_writer():
@@ -239,7 +239,8 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
     write_run_record(workdir, sweep_record(grid, seeds, len(plan.fold_tests), data_sha256)
                      | {"started_by": (made_by or {}).get("started_by")})
     atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
-  for f in todo:
+  started = time.perf_counter()
+  for n, f in enumerate(todo):
     _, test, world = _fold_inputs(cfg, replays, plan.fold_tests[f])
     run_chunk, out0 = program, None
     if first is not None and f == todo[0]:
@@ -248,6 +249,7 @@ def _run(cfg, grid, seeds, plan, replays, workdir, devices, progress, dry_run, r
                      progress=progress and distributed.is_writer(), desc=f"fold {f} chunks")
     if distributed.is_writer():
       _save_fold(workdir / FOLD_FILE.format(f), out, test, plan.configs)
+    report(time_left(f"fold {f}", n + 1, len(todo), time.perf_counter() - started))
   result = sweep_table.summarise(cfg, grid, seeds, plan.configs, [
       sweep_table.replay_fold([replays[i] for i in test_idx], sweep_table.fold_file(workdir, f),
                               cfg.m) for f, test_idx in enumerate(plan.fold_tests)],
@@ -303,39 +305,6 @@ def _first_chunk(cfg, plan, replays, program, hparams, fold, devices) -> dict:
   out = jax.block_until_ready(compiled(first, world))
   return {"compile_s": compile_s, "run_s": time.perf_counter() - start, "compiled": compiled,
           "out": out, "fold": fold, "chunks": -(-len(plan.configs) // chunk)}
-
-
-def _estimate(cfg, plan, replays, todo, first, best: bool = True) -> float:
-  """Seconds for the folds still to run and best/ (if trained): one compile per distinct
-  shape of the folds' inputs, and each chunk's run scaled from the first by its fold's steps."""
-  shapes = {_shape(cfg, replays, plan.fold_tests[f]) for f in todo}
-  per_work = first["run_s"] / _work(cfg, replays, plan.fold_tests[first["fold"]])
-  work = first["chunks"] * sum(_work(cfg, replays, plan.fold_tests[f]) for f in todo)
-  every = list(range(len(replays)))
-  last = first["compile_s"] + per_work * (_work(cfg, replays, every, heldout=False))
-  # (the first chunk has run: what is left)
-  return (len(shapes) * first["compile_s"] + per_work * work - first["run_s"]
-          + (last if best else 0.0))
-
-
-def _shape(cfg, replays, test_idx) -> tuple:
-  train, test = split_fold(replays, test_idx)
-  return (sum(len(c.questions) for c in train), -(-sum(len(c.questions) for c in train)
-                                                 // cfg.batch), len(test),
-          max(-(-len(c.questions) // cfg.batch) for c in test))
-
-
-def _work(cfg, replays, test_idx, heldout: bool = True) -> float:
-  """A fold's steps: pretraining batches, online steps and held-out steps (two replays)."""
-  train = [c for i, c in enumerate(replays) if i not in set(test_idx) or not heldout]
-  test = [replays[i] for i in test_idx] if heldout else []
-  pretrain = cfg.learning.pretrain_epochs * (sum(len(c.questions) for c in train) // cfg.batch)
-  longest = max((-(-len(c.questions) // cfg.batch) for c in test), default=0)
-  return pretrain + cfg.steps + 2 * longest * len(test)
-
-
-def _minutes(seconds: float) -> str:
-  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _labels(configs) -> np.ndarray:

@@ -5,35 +5,32 @@ of its own (`train --set folds=N --set fold=I`, in `runs/<configuration>/fold_<I
 measured by `eval` on the conversations its fold holds out, one after another. A run killed
 midway resumes from its checkpoints; a finished run's held-out metrics (`heldout.json`) are
 not computed again. A run's own summary holds no held-out scores: `eval`'s are its measure.
-Before the first run, a sweep of query encoder or cross reranker runs states their time from
-each kind of step timed once (`estimate`); every run then reports the time left.
+Every run reports the time it took and the time left, measured from the runs so far.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shutil
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from rmmjax.config import Config, encoder_stage, sections, with_values
+from rmmjax.config import Config, encoder_stage, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
-from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import RECORD_FILE
 from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import folds, unit_pools
 from rmmjax.retrieve.units import build_units
-from rmmjax.train.inputs import base_encoder, observations_found
+from rmmjax.train.inputs import base_encoder
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FoldResult
+from rmmjax.train.sweeps import time_left
 
 HELDOUT_FILE = "heldout.json"
 METRICS = ("recall_all@{m}", "recall_any@{m}", "ndcg@10", "mrr")
@@ -91,10 +88,8 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
     atomic_write_json(where / HELDOUT_FILE, {"settings": _settings(one),
                                              "per_question": _evaluate(one, where,
                                                                        encoder)["per_question"]})
-    spent = time.perf_counter() - started
-    report(f"run {n + 1}/{len(todo)} done (configuration {i}, fold {f}) after "
-           f"{spent / 60:.1f} min; about {spent / (n + 1) * (len(todo) - n - 1) / 60:.1f} min "
-           "left")
+    report(time_left(f"run {n + 1}/{len(todo)} (configuration {i}, fold {f})", n + 1,
+                     len(todo), time.perf_counter() - started))
   base = _evaluate_base(cfg, encoder)
   results = []
   names = [name.format(m=cfg.m) for name in METRICS]
@@ -116,126 +111,13 @@ def run_all(cfg: Config, configs: list[Config], conversations: list, tests: list
   return results
 
 
-def announce(configs: list[Config], conversations: list, tests: list[list[int]],
-             todo: list[tuple[int, int]], workdir: Path, best: bool, report) -> None:
-  """What the sweep will run and, for query encoder and cross reranker runs, the time it will
-  take."""
+def announce(configs: list[Config], tests: list[list[int]], todo: list[tuple[int, int]],
+             report) -> None:
+  """What the sweep will run (its time is measured as it goes: `run_all` reports it)."""
   done = len(configs) * len(tests) - len(todo)
   report(f"sweep: {len(configs)} configurations x {len(tests)} folds = "
          f"{len(configs) * len(tests)} runs, each a training of its own (its own compiles); "
-         f"{len(todo)} to run ({done} done)")
-  seconds = estimate(configs, conversations, tests, todo, workdir, best)
-  runs = [configs[i] for i, _ in todo]
-  if seconds is not None:
-    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    timed = ([] if all(c.learner == "reranker" for c in runs) else
-             ["the query encoder's setup and steps"])
-    costed = runs + ([configs[0]] if best else [])  # (best/ is trained as configuration 0)
-    cross = [c for c in costed if c.variant == "cross"]
-    if cross:
-      observed = any(c.cross.reads_observations(c) for c in cross)
-      timed.append("the cross reranker's pretraining over the questions"
-                   + (" and the training conversations' LoCoMo observations, if any"
-                      if observed else "")
-                   + ", its online steps and held-out scoring over K = "
-                   + " or ".join(sorted({str(c.k) for c in cross}, key=int)) + " candidates")
-    left = (["each cross run's candidate retrieval"] if any(c.learner == "reranker" for c in runs)
-            else []) + (["the query encoder's held-out eval"]
-                        if any(c.learner == "query_encoder" for c in runs) else []) + (
-        # (measured on the dev file: 72 tokens a pair against the base retriever's 61 and the
-        # random turns' 62, 22 packed rows a pretraining batch against 18)
-        ["the tuned query encoder's longer candidate turns (random turns are timed)"]
-        if any(c.variant == "cross" and (c.learner == "both" or c.query_encoder) for c in runs)
-        else [])
-    report(f"estimated time: {took}" + (", best/ included" if best else "") + " ("
-           + " and ".join(timed) + ", each kind of step compiled and timed here on the file's "
-           "own texts)" + (f"; not in it: {', '.join(left)}" if left else ""))
-  elif todo:  # (said, so that no estimate is not read as no cost)
-    report("no time estimate before the first run: " + (
-        f"it times a step on one device, and these runs spread over {len(jax.devices())}"
-        if all(map(_costed, runs)) else
-        "it is made for the query encoder's and the cross reranker's runs, not the "
-        "embedding rerankers'"))
-  report("the time left is reported after each run")
-
-
-def _costed(c: Config) -> bool:
-  """A run the estimate times: a query encoder's, or a cross reranker's (with its stage)."""
-  return c.learner == "query_encoder" or c.variant == "cross"
-
-
-def estimate(configs: list[Config], conversations: list, tests: list[list[int]],
-             todo: list[tuple[int, int]], workdir: Path, best: bool, encoder=None
-             ) -> float | None:
-  """Seconds the runs `todo` (and best/, costed as configuration 0 on every conversation) will
-  take in their query encoder's setup and steps (`encoder_cost`; a learner=both run's cross
-  candidates costed as its stage's setup) and their cross reranker's steps and held-out
-  scoring (`learners.cross.cost`), each kind of step timed once per shape; a stage already
-  trained, or a cross run already pretrained, is not costed again. None unless every run is
-  one of those on one device (a step timed whole on one device would say little of one split
-  over several, or not fit)."""
-  if not todo or not all(_costed(configs[i]) for i, _ in todo) or len(jax.devices()) > 1:
-    return None
-  from rmmjax.learners.cross.cost import run_seconds, time_steps  # noqa: PLC0415
-  from rmmjax.train.encoder_cost import stage_seconds, time_stage  # noqa: PLC0415
-  encoder = encoder or base_encoder()
-  timed, staged = {}, {}
-
-  def times(c: Config):
-    shape = (c.k, c.batch, c.cross.pretrain_candidates, c.cross.max_length,
-             c.cross.compute_dtype, c.cross.prior_scale)
-    if shape not in timed:
-      timed[shape] = time_steps(c, encoder, conversations)
-    return timed[shape]
-
-  def stage_key(c: Config) -> tuple:
-    return (c.k, c.batch, c.units, c.retriever, c.mode, c.encoder_tuning, c.seed)
-
-  def stage_times(c: Config, fold: int):
-    key = stage_key(c)[:-1]  # (the seed changes no step's time)
-    if key not in staged:
-      staged[key] = time_stage(with_values(c, {"folds": len(tests), "fold": fold}), encoder)
-    return staged[key]
-
-  trained = set()  # (fold, stage) of the stages costed: a learner=both run shares its fold's
-
-  def cost(c: Config, where: Path, fold, train: list, heldout: list[int]) -> float:
-    seconds = 0.0
-    stage = where if c.learner == "query_encoder" else where / "query_encoder"
-    if c.learner != "reranker":
-      st = stage_times(c, fold if fold != "best" else 0)
-      if (stage / "summary.json").exists() or (
-          c.learner == "both" and (fold, stage_key(c)) in trained):
-        seconds += st.setup_s  # (resumed finished: its task is built again)
-      else:
-        seconds += stage_seconds(c, st, [len(x.questions) for x in train])
-        trained.add((fold, stage_key(c)))
-      seconds += st.setup_s if c.learner == "both" else 0.0  # (its cross run's candidates)
-    if c.learner != "query_encoder":
-      pretrained = bool(saved_steps(where / "checkpoints"))
-      seconds += run_seconds(c, times(c), 0 if pretrained else _items(c, conversations, train),
-                             heldout)
-    return seconds
-
-  total = 0.0
-  for i, f in todo:
-    held = set(tests[f])
-    total += cost(configs[i], run_dir(workdir, i, f), f,
-                  [x for j, x in enumerate(conversations) if j not in held],
-                  [len(conversations[j].questions) for j in tests[f]])
-  if best:
-    total += cost(configs[0], Path(workdir) / "best", "best", conversations, [])
-  return total
-
-
-def _items(cfg: Config, conversations: list, train: list) -> int:
-  """The labelled questions a cross run pretrains on: the training conversations' questions,
-  and their observations where the run reads them."""
-  items = sum(len(x.questions) for x in train)
-  if cfg.cross.reads_observations(cfg):
-    found = observations_found(Path(cfg.data), conversations, cfg)
-    items += sum(len(found.get(x.conversation_id, ())) for x in train)
-  return items
+         f"{len(todo)} to run ({done} done); the time left is reported after each run")
 
 
 def unfinished(configs: list[Config], num_folds: int, workdir: Path, encoder=None
@@ -258,7 +140,7 @@ def unfinished(configs: list[Config], num_folds: int, workdir: Path, encoder=Non
       except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} or the {RECORD_FILE} beside it cannot be read ({e}); delete "
                          f"{path} to measure that run again") from None
-      if _with_added(settings) != _settings(_with_fold(c, num_folds, f)):
+      if settings != _settings(_with_fold(c, num_folds, f)):
         raise ValueError(f"{path} holds a run of other settings than this sweep's configuration "
                          f"{i}; use a fresh workdir")
       if theirs != ours:
@@ -273,18 +155,6 @@ def _settings(cfg: Config) -> dict:
   elsewhere, it is the same run)."""
   return json.loads(json.dumps({k: v for k, v in cfg.values().items() if k != "data"},
                                default=str))
-
-
-def _with_added(settings: dict) -> dict:
-  """A run's recorded settings as a config.json written then reads today: each value in its
-  key's present type (sections.RETYPED), and the keys added since at the value such a run had
-  (sections.ABSENT), else at the defaults of the run's named config and learner: a finished
-  run still counts, and one of other settings does not."""
-  settings = {k: sections.retyped_setting(k, v) for k, v in settings.items()}
-  fields = {f.name for f in dataclasses.fields(Config)}
-  defaults = _settings(Config(**{k: v for k, v in settings.items() if k in fields}))
-  absent = {f"{s}.{k}": v for (s, k), v in sections.ABSENT.items()}
-  return settings | {k: absent.get(k, v) for k, v in defaults.items() if k not in settings}
 
 
 def share_stage(cfg: Config, where: Path, others: list[Path]) -> None:

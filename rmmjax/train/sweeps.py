@@ -199,6 +199,17 @@ def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | Non
   return jax.tree.map(lambda *xs: np.concatenate(xs)[:c], *host)
 
 
+def minutes(seconds: float) -> str:
+  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def time_left(what: str, done: int, total: int, spent_s: float) -> str:
+  """A line after the `done`-th of `total` parts of a sweep: the time spent, and the time left
+  at the mean of the parts measured so far."""
+  return (f"{what} done after {minutes(spent_s)}; about "
+          f"{minutes(spent_s / done * (total - done))} left")
+
+
 def _label(cfg: Config, keys: list[str]) -> str:
   return ",".join(f"{k}={get_value(cfg, k)}" for k in keys) or "default"
 

@@ -1,5 +1,5 @@
-"""The configuration's learner sections: which keys a run has, how `--set` reaches them, and old
-flat config.json files (tests/config/flat_configs/, written by the release before sections)."""
+"""The configuration's learner sections: which keys a run has, how `--set` reaches them, and
+config.json."""
 
 import dataclasses
 import importlib
@@ -10,11 +10,10 @@ import pytest
 
 from rmmjax.config import (apply_overrides, encoder_stage, from_json, get_config, get_value,
                            sections)
-from rmmjax.io.workdir import check_resumable, read_config
+from rmmjax.io.workdir import read_config
 from rmmjax.train.sweeps import parse_grid, sweep_configs
 
-FLAT = Path(__file__).parent / "flat_configs"
-DATA = "data=/data/locomo_dev8.json"  # as the flat files name it (never read here)
+DATA = "data=/data/locomo_dev8.json"  # (never read here)
 
 
 @pytest.mark.parametrize("overrides, names", [
@@ -63,9 +62,8 @@ def test_no_learner_rewrites_another_s_defaults():
                         r"variant=linear\): it belongs to the cross section"),
     (["learner=reranker", "cross.lr=1e-5"], "has no cross section; its sections: reranker"),
     (["learner=reranker", "tune=both"], "belongs to the encoder_tuning section"),
-    (["cross_max_length=64"], "'cross_max_length' is now 'cross.max_length'"),
-    (["encoder_lr=1e-5"], "'encoder_lr' is now 'encoder_tuning.lr'"),
-    (["iris_k=32"], "'iris_k' is now 'iris_models.k'"),
+    (["variant=cross", "cross_max_length=64"],
+     r"unknown config key 'cross_max_length' \(did you mean 'max_length'\?\)"),
     (["nosuch.lr=1"], "unknown config section 'nosuch'"),
     (["encoder_tuning.nosuch=1"], "the encoder_tuning section's keys: tau, lr, steps"),
     (["nonsense=1"], "unknown config key 'nonsense'; known keys:"),
@@ -96,47 +94,6 @@ def test_a_section_checks_its_own_values(overrides, message, tmp_path):
     apply_overrides(get_config("locomo"), [f"data={data}", *overrides]).validate()
 
 
-@pytest.mark.parametrize("name, overrides", [
-    ("cross_both", ["variant=cross", "k=20", "max_length=64", "head_lr_scale=20",
-                    "checkpoint_every=20", "log_every=5"]),
-    ("cross_both_stage", ["learner=query_encoder", "checkpoint_every=100", "log_every=10"]),
-    ("query_encoder", ["encoder_tuning.lr=2e-5", "tune=both", "steps=300"]),
-    # (the locomo reranker's online rates of that release, since chosen by a sweep)
-    ("linear_lace", ["learner=reranker", "units=lace", "iris_evidence.preset=wide",
-                     "verdict_reward=0.5", "k=64", "steps=200", "tau=0.05", "lr=1e-4"]),
-    ("iris", ["learner=iris", "units=lace", "iris_models.k=32", "iris_models.validation=0",
-              "holdout=0", "encoder_tuning.pretrain_epochs=1"]),
-])
-def test_a_flat_config_json_of_an_older_release_loads_into_its_sections(name, overrides,
-                                                                         tmp_path):
-  text = (FLAT / f"{name}.json").read_text()
-  assert not any(isinstance(v, dict) for v in json.loads(text).values())  # the old format
-  cfg = apply_overrides(get_config("locomo"), [DATA, *overrides])
-  if cfg.cross is not None:  # (the starting prior of that release, since made flat by a sweep;
-    # the observations it never read, since read where the data holds them)
-    # A resume under today's defaults is refused, naming the keys, not mixed with the old run's.
-    (tmp_path / "config.json").write_text(text)
-    with pytest.raises(ValueError, match=r"cross.prior_scale: 1.0 there, 0.0 now"):
-      check_resumable(tmp_path, cfg)
-    with pytest.raises(ValueError, match=r"cross.observations: 'false' there, 'auto' now"):
-      check_resumable(tmp_path, cfg)
-    cfg = dataclasses.replace(cfg, cross=dataclasses.replace(cfg.cross, prior_scale=1.0,
-                                                             observations="false"))
-  assert from_json(text) == cfg
-  # ...so its workdir resumes under the same settings, and refuses others.
-  (tmp_path / "config.json").write_text(text)
-  check_resumable(tmp_path, cfg)
-  with pytest.raises(ValueError, match="holds a run of another config"):
-    check_resumable(tmp_path, dataclasses.replace(cfg, k=cfg.k + 1))
-
-
-def test_the_latent_config_of_an_older_release_loads():
-  cfg = from_json((FLAT / "latent.json").read_text())
-  assert cfg == apply_overrides(get_config("latent"), ["tau=0.25", "variant=mlp", "hidden=128",
-                                                       "steps=2000"])
-  assert (cfg.reranker.tau, cfg.reranker.hidden, cfg.steps) == (0.25, 128, 2000)
-
-
 def test_config_json_round_trips_and_refuses_what_does_not_belong():
   cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross", "max_length=64"])
   data = json.loads(cfg.to_json())
@@ -148,28 +105,22 @@ def test_config_json_round_trips_and_refuses_what_does_not_belong():
     from_json(json.dumps(data | {"cross": data["cross"] | {"width": 3}}))
 
 
-def test_a_config_json_from_before_observations_were_read_by_default_keeps_its_run_s_value():
-  """cross.observations was true or false, and before that absent (never read): each loads as
-  the run had it, so a resume under today's auto is refused rather than mixing the two."""
+def test_a_config_json_without_a_key_is_refused_naming_it(tmp_path):
+  """A config.json written by another version lacks a key (or holds one no longer known): it
+  is refused in one line, not read with today's default, which may not be what the run did."""
   cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross"])
   data = json.loads(cfg.to_json())
-  for old, now in ((True, "true"), (False, "false"), (None, "false")):
-    section = {k: v for k, v in data["cross"].items() if k != "observations"}
-    if old is not None:
-      section["observations"] = old
-    assert from_json(json.dumps(data | {"cross": section})).cross.observations == now
-  with pytest.raises(ValueError, match=r"cross.observations=1: expected text"):
-    from_json(json.dumps(data | {"cross": data["cross"] | {"observations": 1}}))
-
-
-@pytest.mark.parametrize("text, value", [
-    ("True", "true"), ("1", "true"), ("TRUE", "true"), ("0", "false"), ("False", "false"),
-    ("auto", "auto"), ("false", "false")])
-def test_cross_observations_reads_the_spellings_it_took_as_a_bool(text, value):
-  cfg = apply_overrides(get_config("locomo"), [DATA, "variant=cross",
-                                               f"cross.observations={text}"])
-  assert cfg.cross.observations == value
-  assert parse_grid([f"observations={text}"], cfg) == {"observations": [value]}
+  del data["cross"]["observations"], data["sweep_chunk"]
+  (tmp_path / "config.json").write_text(json.dumps(data))
+  with pytest.raises(ValueError, match=r"config.json is not a readable rmmjax config \(no "
+                                       r"value for sweep_chunk, cross.observations: written by "
+                                       r"another version of rmmjax"):
+    read_config(tmp_path)
+  with pytest.raises(ValueError, match="section 'cross': expected an object of its keys"):
+    from_json(json.dumps({k: v for k, v in data.items() if k != "cross"}))
+  with pytest.raises(ValueError, match=r"cross.observations=True: expected text"):
+    from_json(json.dumps(json.loads(cfg.to_json()) | {"cross": data["cross"] | {
+        "observations": True}}))
 
 
 @pytest.mark.parametrize("overrides, k", [

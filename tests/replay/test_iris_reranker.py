@@ -367,7 +367,7 @@ def test_lace_training_settings_are_checked(three):
       # Keys of the section of a reranker over IRIS's evidence are unknown to other runs.
       (["units=turn", "learner=reranker", "verdict_reward=0.5"], "belongs to the iris_evidence"),
       (["units=turn", "learner=reranker", "iris_evidence.preset=wide"], "no iris_evidence"),
-      (["units=lace", "learner=reranker", "iris=wide"], "is now 'iris_evidence.preset'")):
+      (["units=lace", "learner=reranker", "iris=wide"], "unknown config key 'iris'")):
     with pytest.raises(ValueError, match=message):
       apply_overrides(base, [f"data={three}", *changes]).validate()
   # The latent simulator refuses the replay's keys instead of storing values it never uses.

@@ -43,10 +43,8 @@ def cross_export_header(path: Path) -> dict:
   bias = header["rank_bias"]
   if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bias):
     raise ValueError(f"{where}: rank_bias holds a value that is not a finite number")
-  # The header must agree with itself: the pair length and units the reranker trained with
-  # (an export written before the config had sections names its flat key).
-  section = config.get("cross") if isinstance(config.get("cross"), dict) else {
-      "max_length": config.get("cross_max_length")}
+  # The header must agree with itself: the pair length and units the reranker trained with.
+  section = config.get("cross") if isinstance(config.get("cross"), dict) else {}
   for what, value, want in (("max_length", header.get("max_length"), cross["max_length"]),
                             ("config.cross.max_length", section.get("max_length"),
                              cross["max_length"]),
