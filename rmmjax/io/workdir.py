@@ -32,6 +32,10 @@ class FolderLock:
   def __init__(self, fd: int, folder: Path):
     self._fd, self.folder = fd, Path(folder)
 
+  def at_path(self) -> bool:
+    """Whether the locked folder is still the one at its path."""
+    return self._fd is not None and _is_at(self._fd, self.folder)
+
   def check(self) -> None:
     """Refuses to go on writing when the locked folder is no longer the one at its path
     (removed, or removed and made again by another process, which then holds that one)."""
@@ -112,8 +116,10 @@ def held(workdir: Path, command: str) -> Iterator[FolderLock]:
   finally:
     # Removed while still held: a process that opened the folder before and locks it after
     # finds it is no longer the one at the path (take_lock), and takes the path's instead.
+    # Only the folder this process locked: one removed under it and made again at the path is
+    # another process's.
     with contextlib.suppress(OSError):
-      if {p.name for p in workdir.iterdir()} <= {LOCK_FILE}:
+      if lock.at_path() and {p.name for p in workdir.iterdir()} <= {LOCK_FILE}:
         (workdir / LOCK_FILE).unlink(missing_ok=True)
         for folder in created:  # the innermost first, while empty (another may hold a parent)
           folder.rmdir()

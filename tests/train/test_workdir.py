@@ -18,7 +18,8 @@ from rmmjax.cli import main
 from rmmjax.config import Config
 from rmmjax.io import metrics_log
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.workdir import atomic_write_text, read_config, replace_dir
+from rmmjax.io.workdir import (LOCK_FILE, atomic_write_text, held, read_config, replace_dir,
+                               take_lock)
 from rmmjax.train import sweeps
 
 pytestmark = pytest.mark.slow
@@ -364,8 +365,8 @@ def test_a_refusal_removes_every_folder_it_made_and_leaves_no_lock(tmp_path, cap
 
 @pytest.mark.parametrize("value, message", [
     ("seed=-1", "seed=-1: expected an integer from 0 to 2,147,483,647"),
-    ("seed=4294967296", "seed=4294967296: expected an integer from 0"),
-    ("steps=10000000000", "steps=10,000,000,000: expected at most 10,000,000"),
+    ("seed=4294967296", "seed=4,294,967,296: expected an integer from 0"),
+    ("steps=10000000000", "steps=10,000,000,000: expected an integer from 0 to 10,000,000"),
 ])
 def test_values_far_outside_a_working_range_are_refused(tmp_path, capsys, value, message):
   sets = [arg for item in (*TINY, value) for arg in ("--set", item)]
@@ -457,3 +458,16 @@ def test_a_run_whose_workdir_is_removed_under_it_stops_rather_than_writing_into_
   assert _train(alone, 30) == 0
   for name in ("metrics.jsonl", "summary.json"):
     assert (wd / name).read_text() == (alone / name).read_text()
+
+
+def test_a_run_ending_after_its_folder_was_removed_leaves_the_one_made_again_alone(tmp_path):
+  """A refused or stopped run cleans up the folders it made only while the folder it locked is
+  still the one at the path: one removed under it and made again is another process's."""
+  wd = tmp_path / "made" / "run"
+  with held(wd, "train"):
+    shutil.rmtree(tmp_path / "made")
+    other, _ = take_lock(wd, "another run")  # (the path's new folder, made and locked)
+    assert other is not None
+  assert (wd / LOCK_FILE).is_file()
+  other.check()  # still the folder at the path
+  other.close()
