@@ -15,9 +15,11 @@ from typing import Any
 import jax
 
 from rmmjax import core
-from rmmjax.config import checks, keys, sections
+from rmmjax.config import checks, declared, keys, sections
+from rmmjax.config.declared import key
 from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
                                 with_values)
+from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
                                    P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
                                    TUNES, UNITS)
@@ -33,9 +35,9 @@ class Config:
   rmmjax.config.sections; a section absent from the run is None). The defaults are a run on the
   latent simulator with the paper's reranker and objective."""
 
-  config: str = "latent"
+  config: str = key("latent", choices=lambda: tuple(CONFIGS))
   # The reranker's family (variant) and its selection.
-  variant: str = "linear"
+  variant: str = key("linear", choices=("linear", "mlp", "cross"))
   dim: int = 64
   k: int = 20  # (50 where --set names variant=cross over turns: see keys.apply_overrides)
   m: int = 5
@@ -48,7 +50,7 @@ class Config:
   # Sweepable (see SWEEPABLE; the learning section's tau and lr are too).
   baseline: float = 0.5
   baseline_kind: str = "constant"
-  seed: int = 0
+  seed: int = key(0, low=0, high=2**31 - 1)
   p_rel: float = P_REL_DEFAULT
   p_irr: float = P_IRR_DEFAULT
   # Latent simulator.
@@ -59,40 +61,43 @@ class Config:
   signal: float = 0.35
   distortion: float = 1.0
   noise: float = 0.2
-  world_seed: int = 0
+  world_seed: int = key(0, low=0, high=2**31 - 1)
   # Loop and outputs.
-  checkpoint_every: int = 1_000
-  log_every: int = 10
-  eval_sessions: int = 512  # held-out sessions of `batch` queries
-  sweep_chunk: int = 0  # configurations per vmapped chunk; 0 = 2 on a CPU, all on accelerators
+  checkpoint_every: int = key(1_000, low=1)
+  log_every: int = key(10, low=1)
+  eval_sessions: int = key(512, low=1)  # held-out sessions of `batch` queries
+  # Configurations per vmapped chunk; 0 = 2 on a CPU, all on accelerators.
+  sweep_chunk: int = key(0, low=0)
   # float32 matmul precision (jax_default_matmul_precision). "highest" computes in full float32
   # everywhere, so results match the CPU and the parity claims hold on GPUs (whose default
   # rounds float32 matmuls through TF32) and TPUs (bfloat16 passes); "default" is the
   # accelerator's fastest.
-  precision: str = "highest"
+  precision: str = key("highest", choices=PRECISIONS)
   # Data parallelism: the training batch is split over this many devices (0: every device of
   # every process), parameters replicated; the compiler reduces the gradients. A resume may
   # change it (the state is re-placed); metrics agree with one device to float tolerance.
-  devices: int = 0
+  devices: int = key(0, low=0)
   encoder: str = "latent"  # the embedding space the reranker was trained in, for serving
   # Replay of a labelled dataset (configs other than latent).
   data: str = ""  # the dataset file
-  dataset: str = "locomo"
-  units: str = "turn"  # memory granularity: turn, session, mixed, topic, or lace (IRIS's facts)
-  retriever: str = "bm25"  # base retriever giving the K candidates: bm25, dense or hybrid
+  dataset: str = key("locomo", choices=("locomo",))
+  # Memory granularity: turn, session, mixed, topic, or lace (IRIS's facts).
+  units: str = key("turn", choices=TRAIN_UNITS)
+  retriever: str = key("bm25", choices=RETRIEVERS)  # the base retriever giving K candidates
   # The last conversations of the file, never trained on, for evaluation; 0 trains on every
   # conversation (the right setting when the evaluation file is another one).
-  holdout: int = 2
+  holdout: int = key(2, low=0)
   # Or, with folds >= 2: the file's conversations in `folds` contiguous folds and fold `fold`
   # held out (rmmjax.replay.candidates.folds, the split of `sweep --folds`, so one row of a
   # sweep can be trained again on its own).
   folds: int = 0
   fold: int = 0
-  mode: str = "pretrain+rl"  # rl or pretrain+rl (see MODES)
+  # rl or pretrain+rl (see MODES; pretraining alone is steps=0: training runs learn online).
+  mode: str = key("pretrain+rl", choices=tuple(m for m in MODES if m != "pretrain"))
   # What learns (see LEARNERS): the reranker over the base retriever's K candidates, the
   # retriever's query encoder itself, both (the query encoder first; then the reranker on the
   # candidates the tuned encoder retrieves), or IRIS's own models.
-  learner: str = "reranker"
+  learner: str = key("reranker", choices=LEARNERS)
   # The reranker's candidates come from this tuned query encoder (a query_encoder workdir).
   query_encoder: str = ""
   # The learners' sections: those of the run's learners hold a section, the others None.
@@ -168,15 +173,7 @@ class Config:
 
   def validate(self) -> "Config":
     """Checks every value (raises ValueError naming it); returns self."""
-    if self.config not in CONFIGS:
-      raise ValueError(f"config={self.config!r} is not one of {', '.join(CONFIGS)}")
-    if self.precision not in PRECISIONS:
-      raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
-    if self.variant not in ("linear", "mlp", "cross"):  # (the learners rmmjax trains)
-      raise ValueError(f"variant={self.variant!r} is not one of linear, mlp, cross")
-    for name, high in (("seed", 2**31 - 1), ("world_seed", 2**31 - 1)):
-      if not 0 <= getattr(self, name) <= high:
-        raise ValueError(f"{name}={getattr(self, name)}: expected an integer from 0 to {high:,}")
+    declared.check(self)
     for name in self.section_names():  # (before the core's checks, which name no section)
       getattr(self, name).check(self)
     spec, sim = self.core_spec(), self.sim_spec()
@@ -209,15 +206,6 @@ class Config:
                           if self.config == "latent" else
                           "0, pretraining alone, is for learner=reranker, query_encoder or "
                           "both") + ")")
-    for name in ("checkpoint_every", "log_every", "eval_sessions"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: expected a positive integer")
-    if self.devices < 0:
-      raise ValueError(f"devices={self.devices}: expected 0 (every device) or a positive count")
-    if self.sweep_chunk < 0:
-      raise ValueError(f"sweep_chunk={self.sweep_chunk}: expected 0 (automatic) or a positive "
-                       "integer")
     if self.steps % self.log_every:
       raise ValueError(f"{self.learning.NAME}.steps={self.steps} is not a multiple of "
                        f"log_every={self.log_every}: a run extended from it would average other "
@@ -308,8 +296,8 @@ def from_json(text: str) -> Config:
   unknown = sorted(set(data) - shared - set(sections.SECTIONS))
   if unknown:
     raise ValueError(f"unknown config keys {unknown}")
-  for key in set(data) & shared:
-    keys.check_type(key, data[key], getattr(CONFIGS["latent"], key))
+  for name in set(data) & shared:
+    keys.check_type(name, data[name], getattr(CONFIGS["latent"], name))
   cfg = Config(**{k: v for k, v in data.items() if k in shared})
   expected = sorted(k for k in cfg.values() if k not in data and "." not in k)
   for name in cfg.section_names():
@@ -324,8 +312,8 @@ def from_json(text: str) -> Config:
       raise ValueError(f"unknown keys {sorted(set(data[name]) - set(fields))} in section "
                        f"{name!r}")
     expected += [f"{name}.{k}" for k in fields if k not in data[name]]
-    for key, value in data[name].items():
-      keys.check_type(f"{name}.{key}", value, fields[key])
+    for field, value in data[name].items():
+      keys.check_type(f"{name}.{field}", value, fields[field])
   if expected:
     raise ValueError(f"no value for {', '.join(expected)}: written by another version of "
                      "rmmjax; train in a fresh workdir")

@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from rmmjax.config import declared
 from rmmjax.config.choices import COMPUTE_DTYPES, OBSERVATIONS, PRETRAIN_LOSSES, TUNES
+from rmmjax.config.declared import key
 from rmmjax.retrieve.iris import IRIS_PRESETS
 
-
-MIN_TAU = 1e-3  # the temperatures used run from 0.05 to 2
-
-
-def _in_range(section, name: str, low: float, high: float, low_open: bool = True) -> None:
-  value = getattr(section, name)
-  if not ((low < value) if low_open else (low <= value)) or value > high:
-    raise ValueError(f"{section.NAME}.{name}={value:g}: expected a value in "
-                     f"{'(' if low_open else '['}{low:g}, {high:g}]")
-
-
-def _at_least(section, name: str, low: int) -> None:
-  if getattr(section, name) < low:
-    raise ValueError(f"{section.NAME}.{name}={getattr(section, name)}: expected at least {low}")
+# Far outside these no run learns anything (a learning rate of 10 sends the listwise loss from
+# 1.8 to 768; every rate measured helping is 1e-3 or below, and 1e-2 already collapsed the
+# linear reranker; a temperature of 1e-9 turns the sampling into a sort): refused rather than
+# run. The temperatures used run from 0.05 to 2.
+RATE = {"low": 0.0, "high": 0.1, "low_open": True}
+TAU = {"low": 1e-3, "high": 100.0}
+STEPS = {"low": 0, "high": 10**7}
+EPOCHS = {"low": 0, "high": 1000}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,28 +32,17 @@ class Learning:
   """What every learner's training has: online steps (REINFORCE at tau and lr) after a listwise
   pretraining on labelled evidence (pretrain_epochs at pretrain_lr and pretrain_tau)."""
 
-  tau: float = 0.5
-  lr: float = 1e-3
-  steps: int = 10_000
-  pretrain_epochs: int = 10
-  pretrain_lr: float = 1e-4
-  pretrain_tau: float = 0.05
+  tau: float = key(0.5, **TAU)
+  lr: float = key(1e-3, **RATE)
+  steps: int = key(10_000, **STEPS)
+  pretrain_epochs: int = key(10, **EPOCHS)
+  pretrain_lr: float = key(1e-4, **RATE)
+  pretrain_tau: float = key(0.05, **TAU)
 
   def check(self, cfg) -> None:
-    # Far outside these no run learns anything (a learning rate of 10 sends the listwise loss
-    # from 1.8 to 768; every rate measured helping is 1e-3 or below, and 1e-2 already
-    # collapsed the linear reranker; a temperature of 1e-9 turns the sampling into a sort):
-    # refused rather than run.
-    _in_range(self, "lr", 0.0, 0.1)
-    _in_range(self, "tau", MIN_TAU, 100.0, low_open=False)
-    _in_range(self, "pretrain_lr", 0.0, 0.1)
-    _in_range(self, "pretrain_tau", MIN_TAU, 100.0, low_open=False)
-    for name, high in (("steps", 10**7), ("pretrain_epochs", 1000)):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(f"{self.NAME}.{name}={value!r}: expected an integer >= 0")
-      if value > high:
-        raise ValueError(f"{self.NAME}.{name}={value:,}: expected at most {high:,}")
+    """Refuses a value outside its declared limits (or, in a section's own check, one that
+    does not fit the rest of the run)."""
+    declared.check(self, f"{self.NAME}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +51,8 @@ class Reranker(Learning):
   map's gradient, the MLP's `hidden` width, and a learnt bias per base position (`rank_prior`)."""
 
   NAME = "reranker"
-  formulation: str = "fast"
-  hidden: int = 256
+  formulation: str = key("fast", choices=("fast", "naive"))
+  hidden: int = key(256, low=1)
   rank_prior: bool = False
 
 
@@ -121,46 +106,33 @@ class Cross(Learning):
 
   NAME = "cross"
   CANDIDATES_OVER_TURNS = 50  # the k of variant=cross over turns, unless named (see above)
-  tau: float = 1.0
-  lr: float = 1e-5
-  steps: int = 0  # its pretraining alone (the checkpoint is step 0)
-  pretrain_epochs: int = 2
-  pretrain_lr: float = 2e-5
-  pretrain_tau: float = 1.0
-  max_length: int = 128
+  tau: float = key(1.0, **TAU)
+  lr: float = key(1e-5, **RATE)
+  steps: int = key(0, **STEPS)  # its pretraining alone (the checkpoint is step 0)
+  pretrain_epochs: int = key(2, **EPOCHS)
+  pretrain_lr: float = key(2e-5, **RATE)
+  pretrain_tau: float = key(1.0, **TAU)
+  max_length: int = key(128, low=16, high=512)  # (tokens: the encoder's window)
   pretrain_candidates: int = 8
   negatives_from_rank: int = 1
-  compute_dtype: str = "auto"
-  prior_scale: float = 0.0
-  head_lr_scale: float = 50.0
-  observations: str = "auto"
-  pretrain_loss: str = "softmax"
+  compute_dtype: str = key("auto", choices=("auto", *COMPUTE_DTYPES))
+  prior_scale: float = key(0.0, low=0.0, high=100.0)
+  # (at 1e9 the loss went from 1.8 to 37,125)
+  head_lr_scale: float = key(50.0, low=0.0, high=1e4, low_open=True)
+  observations: str = key("auto", choices=OBSERVATIONS)
+  pretrain_loss: str = key("softmax", choices=PRETRAIN_LOSSES)
 
   def check(self, cfg) -> None:
     super().check(cfg)
-    _in_range(self, "prior_scale", 0.0, 100.0, low_open=False)
-    _in_range(self, "head_lr_scale", 0.0, 1e4)  # at 1e9 the loss went from 1.8 to 37,125
-    if not 16 <= self.max_length <= 512:
-      raise ValueError(f"cross.max_length={self.max_length}: expected 16 to 512 tokens (the "
-                       "encoder's window)")
     if not 2 <= self.pretrain_candidates <= cfg.k:
       raise ValueError(f"cross.pretrain_candidates={self.pretrain_candidates}: expected 2 to "
                        f"k={cfg.k}")
     if not 1 <= self.negatives_from_rank <= cfg.k:
       raise ValueError(f"cross.negatives_from_rank={self.negatives_from_rank}: expected 1 to "
                        f"k={cfg.k} (the base rank from which pretraining draws negatives)")
-    if self.observations not in OBSERVATIONS:
-      raise ValueError(f"cross.observations={self.observations!r} is not one of "
-                       f"{', '.join(OBSERVATIONS)}")
     if self.observations == "true" and cfg.units != "turn":
       raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
                        f"expected units=turn, not {cfg.units}")
-    if self.pretrain_loss not in PRETRAIN_LOSSES:
-      raise ValueError(f"cross.pretrain_loss={self.pretrain_loss!r} is not one of "
-                       f"{', '.join(PRETRAIN_LOSSES)}")
-    if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
-      raise ValueError(f"cross.compute_dtype={self.compute_dtype!r} is not one of auto, "
-                       f"{', '.join(COMPUTE_DTYPES)}")
 
   def reads_observations(self, cfg) -> bool:
     """Whether the run looks for observations in its data (auto or true, over turns; auto goes
@@ -180,21 +152,14 @@ class EncoderTuning(Learning):
   exploratory runs (experiments/replay_ablation.py)."""
 
   NAME = "encoder_tuning"
-  tau: float = 0.05
-  lr: float = 1e-5
-  steps: int = 600
-  pretrain_epochs: int = 2
-  pretrain_lr: float = 2e-5
-  pretrain_tau: float = 0.05
-  pretrain_batch: int = 16
-  tune: str = "query"
-
-  def check(self, cfg) -> None:
-    super().check(cfg)
-    _in_range(self, "lr", 0.0, 0.1)
-    _at_least(self, "pretrain_batch", 1)
-    if self.tune not in TUNES:
-      raise ValueError(f"encoder_tuning.tune={self.tune!r} is not one of {', '.join(TUNES)}")
+  tau: float = key(0.05, **TAU)
+  lr: float = key(1e-5, **RATE)
+  steps: int = key(600, **STEPS)
+  pretrain_epochs: int = key(2, **EPOCHS)
+  pretrain_lr: float = key(2e-5, **RATE)
+  pretrain_tau: float = key(0.05, **TAU)
+  pretrain_batch: int = key(16, low=1)
+  tune: str = key("query", choices=TUNES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,16 +170,13 @@ class IrisEvidence:
   on the facts it selected (weight verdict_reward, which needs no labels)."""
 
   NAME = "iris_evidence"
-  preset: str = "default"
-  citation_reward: float = 1.0
-  verdict_reward: float = 0.0
+  preset: str = key("default", choices=tuple(IRIS_PRESETS))
+  citation_reward: float = key(1.0, low=0.0)
+  verdict_reward: float = key(0.0, low=0.0)
 
   def check(self, cfg) -> None:
-    if self.preset not in IRIS_PRESETS:
-      raise ValueError(f"iris_evidence.preset={self.preset!r} is not one of "
-                       f"{', '.join(IRIS_PRESETS)}")
-    if self.citation_reward < 0 or self.verdict_reward < 0 or not (
-        self.citation_reward or self.verdict_reward):
+    declared.check(self, f"{self.NAME}.")
+    if not (self.citation_reward or self.verdict_reward):
       raise ValueError(f"iris_evidence.citation_reward={self.citation_reward}, "
                        f"verdict_reward={self.verdict_reward}: expected weights >= 0, not both 0")
 
@@ -233,17 +195,14 @@ class IrisModels:
 
   NAME = "iris_models"
   k: int = 64
-  hard_share: float = 0.5
-  validation: int = 1
+  hard_share: float = key(0.5, low=0.0, high=1.0)
+  validation: int = key(1, low=0)  # (0: no check)
 
   def check(self, cfg) -> None:
+    declared.check(self, f"{self.NAME}.")
     if self.k < max(4, cfg.m):
       raise ValueError(f"iris_models.k={self.k}: expected at least 4 candidate facts per "
                        f"example (a quarter of them evidence) and at least m={cfg.m}")
-    _in_range(self, "hard_share", 0.0, 1.0, low_open=False)
-    if self.validation < 0:
-      raise ValueError(f"iris_models.validation={self.validation}: expected 0 (no check) or a "
-                       "number of conversations")
     if cfg.holdout and self.validation != IrisModels.validation:
       raise ValueError(f"iris_models.validation={self.validation} applies with holdout=0; with "
                        f"holdout={cfg.holdout} the held-out conversations check the fit")

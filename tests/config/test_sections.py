@@ -80,7 +80,7 @@ def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, m
 
 @pytest.mark.parametrize("overrides, message", [
     (["encoder_tuning.lr=0.5"], r"encoder_tuning.lr=0.5: expected a value in \(0, 0.1\]"),
-    (["encoder_tuning.pretrain_batch=0"], "encoder_tuning.pretrain_batch=0: expected at least 1"),
+    (["encoder_tuning.pretrain_batch=0"], "encoder_tuning.pretrain_batch=0: expected an integer >= 1"),
     (["encoder_tuning.tune=all"], "encoder_tuning.tune='all' is not one of query, both"),
     (["learner=iris", "units=lace", "iris_models.hard_share=2"], r"hard_share=2: expected"),
     (["learner=reranker", "units=lace", "iris_evidence.preset=narrow"], "preset='narrow'"),

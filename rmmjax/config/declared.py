@@ -1,0 +1,56 @@
+"""Each config key's limits, declared beside its default, and the one check that reads them.
+
+`key(default, choices=...)` or `key(default, low=..., high=...)` declares a field of a config
+dataclass; `check(obj, prefix)` refuses the first value outside its limits in one line that
+names the key, the value and what was expected. Limits that depend on another key (a count of
+candidates up to `k`) stay in the owner's own `check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+
+def key(default: Any, *, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+        low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
+  """A dataclass field with its default and its limits: one of `choices` (or a callable giving
+  them, for choices defined after the field), or a number in [low, high] ((low, high] with
+  `low_open`; either end may be None). An int default makes the key an integer."""
+  return dataclasses.field(default=default, metadata={
+      "choices": choices, "low": low, "high": high, "low_open": low_open})
+
+
+def check(obj, prefix: str = "") -> None:
+  """Refuses the first declared value of `obj` (a config dataclass) outside its limits."""
+  for f in dataclasses.fields(obj):
+    if not f.metadata:
+      continue
+    value, name = getattr(obj, f.name), prefix + f.name
+    choices = f.metadata["choices"]
+    if choices is not None:
+      choices = choices() if callable(choices) else choices
+      if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+      continue
+    low, high, low_open = f.metadata["low"], f.metadata["high"], f.metadata["low_open"]
+    integer = isinstance(f.default, int) and not isinstance(f.default, bool)
+    if integer and not isinstance(value, int):
+      raise ValueError(f"{name}={value!r}: expected an integer")
+    below = low is not None and (value <= low if low_open else value < low)
+    if below or (high is not None and value > high):
+      raise ValueError(f"{name}={_shown(value, integer)}: expected "
+                       + _limits(low, high, low_open, integer))
+
+
+def _shown(value, integer: bool) -> str:
+  return f"{value:,}" if integer else f"{value:.12g}"
+
+
+def _limits(low, high, low_open: bool, integer: bool) -> str:
+  if integer:
+    return (f"an integer from {low:,} to {high:,}" if high is not None else
+            f"an integer >= {low:,}")
+  if high is None:
+    return f"a value {'>' if low_open else '>='} {low:g}"
+  return f"a value in {'(' if low_open else '['}{low:g}, {high:g}]"
