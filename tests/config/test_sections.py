@@ -63,7 +63,7 @@ def test_no_learner_rewrites_another_s_defaults():
     (["learner=reranker", "cross.lr=1e-5"], "has no cross section; its sections: reranker"),
     (["learner=reranker", "tune=both"], "belongs to the encoder_tuning section"),
     (["variant=cross", "cross_max_length=64"],
-     r"unknown config key 'cross_max_length' \(did you mean 'max_length'\?\)"),
+     r"unknown config key 'cross_max_length' \(did you mean 'cross.max_length'\?\)"),
     (["nosuch.lr=1"], "unknown config section 'nosuch'"),
     (["encoder_tuning.nosuch=1"], "the encoder_tuning section's keys: tau, lr, steps"),
     (["nonsense=1"], "unknown config key 'nonsense'; known keys:"),
