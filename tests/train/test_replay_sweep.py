@@ -387,18 +387,6 @@ def test_a_recorded_grid_key_this_run_cannot_name_is_another_sweep(three, tmp_pa
     check_sweepable(wd, cfg, {"lr": [1e-4, 1e-3]}, 1, 3, "0" * 64)
 
 
-def test_a_grid_recorded_when_observations_were_true_or_false_is_the_same_sweep(three, tmp_path):
-  """cross.observations was a bool before it had auto: a sweep recorded then, over it, is the
-  same sweep as today's spelling of its values, and still another sweep than other values."""
-  wd = tmp_path / "w"
-  wd.mkdir()
-  write_run_record(wd, sweep_record({"cross.observations": [False, True]}, 1, 3, "0" * 64))
-  cfg = apply_overrides(get_config("locomo"), [f"data={three}", "variant=cross", "k=5"])
-  check_sweepable(wd, cfg, {"observations": ["false", "true"]}, 1, 3, "0" * 64)
-  with pytest.raises(ValueError, match="holds a sweep of another grid"):
-    check_sweepable(wd, cfg, {"observations": ["false", "auto"]}, 1, 3, "0" * 64)
-
-
 def test_a_grid_key_spelled_with_its_section_is_the_same_sweep(three, swept, tmp_path, capsys):
   wd = tmp_path / "spelled"
   shutil.copytree(swept, wd)
