@@ -91,7 +91,7 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
   refuse_unless(path, "--iris-model", ("iris", "iris export"))
-  # A training workdir has run.json (a Hugging Face directory has a config.json of its own).
+  # A training workdir has its manifest (a Hugging Face directory has a config.json of its own).
   exported = not (path / RUN_FILE).exists() and (path / REFINE_DIR).is_dir()
   if not exported:
     if not (path / RUN_FILE).exists():

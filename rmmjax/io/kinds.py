@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rmmjax.encode.export import EXPORT_RECORD
-from rmmjax.io.workdir import RUN_FILE
+from rmmjax.io.workdir import EARLIER, RUN_FILE, read_run_record
 
 # The files of learned IRIS models (rmmjax.io.iris_models writes them).
 JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
@@ -53,16 +53,12 @@ def model_kind(path: Path) -> str | None:
     return "reranker file" if path.suffix == ".safetensors" else None
   if not path.is_dir():
     return None
-  if (path / RUN_FILE).is_file():
-    try:
-      run = json.loads((path / RUN_FILE).read_text())
-      learner = json.loads((path / "config.json").read_text()).get("learner", "reranker")
-    except (OSError, ValueError):
-      return None
-    if run.get("kind") == "sweep":
+  if (path / RUN_FILE).is_file() or any((path / name).exists() for name in EARLIER):
+    run = read_run_record(path)  # (the manifest says what it is; refused without one)
+    if run["kind"] == "sweep":
       return "sweep"
-    return {"query_encoder": "query encoder", "iris": "iris", "both": "both"}.get(learner,
-                                                                                  "reranker")
+    return {"query_encoder": "query encoder", "iris": "iris", "both": "both"}.get(
+        run.get("learner"), "reranker")
   if (path / JUDGE_FILE).is_file() or (path / REFINE_DIR).is_dir():
     return "iris export"
   if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():

@@ -1,8 +1,10 @@
 """A run's working directory: what kind of run it holds, its config.json, and files written whole
 or not at all.
 
-A workdir belongs to one kind of run, recorded in run.json: "train" (resumable, extendable) or
-"sweep" (rerun only with the same grid, seeds and config, which overwrites its own outputs).
+A workdir's manifest, rmmjax.json, says what it holds: its kind, "train" (resumable,
+extendable: with the learner and the stages it trains) or "sweep" (rerun only with the same
+grid, seeds and config, which overwrites its own outputs), and the format it was written in. A
+folder rmmjax wrote without one, or in another format, is refused rather than guessed at.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from pathlib import Path
 
 from rmmjax.config import Config, from_json, qualified
 
-RUN_FILE = "run.json"
+RUN_FILE = "rmmjax.json"  # the manifest
+FORMAT = 1  # of the files a workdir holds; a workdir of another format is refused
 KINDS = ("train", "sweep")
+# Files only a workdir holds (a Hugging Face export has a config.json of its own): beside them
+# and no manifest, the folder was written by an earlier rmmjax.
+EARLIER = ("run.json", "checkpoints", "sweep.json", "record.json")
 LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
 
 
@@ -211,34 +217,34 @@ def replace_dir(path: Path) -> Iterator[Path]:
 
 
 def read_run_record(workdir: Path) -> dict | None:
-  """run.json of a workdir ({"kind": ..., ...}); inferred for workdirs written before it existed;
-  None for a fresh workdir."""
+  """The manifest of a workdir ({"format": ..., "kind": ..., ...}); None for a fresh workdir.
+  A folder that holds a run's files without one (written by an earlier rmmjax), or one of
+  another format, is refused naming the format."""
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise ValueError(f"workdir {workdir} is a file; expected a directory (or a path to create)")
   path = workdir / RUN_FILE
-  if path.exists():
-    try:
-      record = json.loads(path.read_text())
-    except ValueError as err:
-      raise ValueError(f"{path} is not valid JSON ({err}); expected {{\"kind\": \"train\"}} or "
-                       "{\"kind\": \"sweep\", ...}") from None
-    if not isinstance(record, dict) or record.get("kind") not in KINDS:
-      raise ValueError(f"{path}: expected a \"kind\" of {' or '.join(KINDS)}")
-    return record
-  if (workdir / "sweep.json").exists():
-    try:
-      old = json.loads((workdir / "sweep.json").read_text())
-    except ValueError as err:
-      raise ValueError(f"{workdir / 'sweep.json'} is not valid JSON ({err})") from None
-    return {"kind": "sweep", "grid": old.get("grid"), "seeds": old.get("seeds")}
-  if (workdir / "config.json").exists() or (workdir / "checkpoints").exists():
-    return {"kind": "train"}
-  return None
+  if not path.exists():
+    earlier = [n for n in EARLIER if (workdir / n).exists()]
+    if earlier:
+      raise ValueError(f"{workdir} holds a run's files ({earlier[0]}) but no {RUN_FILE}: written "
+                       f"by an earlier rmmjax (format 0; this one reads format {FORMAT}); train "
+                       "or sweep into a fresh workdir")
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except ValueError as err:
+    raise ValueError(f"{path} is not valid JSON ({err}); expected the workdir's manifest") from None
+  if not isinstance(record, dict) or record.get("kind") not in KINDS:
+    raise ValueError(f"{path}: expected a \"kind\" of {' or '.join(KINDS)}")
+  if record.get("format") != FORMAT:
+    raise ValueError(f"{workdir} was written in rmmjax's format {record.get('format')!r}; this "
+                     f"rmmjax reads format {FORMAT}: train or sweep into a fresh workdir")
+  return record
 
 
 def write_run_record(workdir: Path, record: dict) -> None:
-  atomic_write_json(Path(workdir) / RUN_FILE, record)
+  atomic_write_json(Path(workdir) / RUN_FILE, {"format": FORMAT} | record)
 
 
 def read_config(workdir: Path) -> Config:
@@ -322,7 +328,7 @@ def check_resumable(workdir: Path, cfg: Config, same_data: bool = False,
 
 def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
                  data_sha256: str | None = None) -> dict:
-  """What run.json says of a sweep (its grid as JSON reads it back, for comparisons; the folds
+  """What the manifest says of a sweep (its grid as JSON reads it back, for comparisons; the folds
   and data file's content of a sweep over replayed conversations)."""
   # (a replay sweep's folds are saved by configuration number: the grid's order is kept)
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
@@ -339,7 +345,8 @@ def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict
   try:
     mine = {qualified(cfg, k): k for k in grid}
     recorded = {qualified(cfg, k): v for k, v in record["grid"].items()}
-    # (run.json's grid is written with its keys sorted; grid_order keeps a replay sweep's order)
+    # (the manifest's grid is written with its keys sorted; grid_order keeps a replay sweep's
+    # order)
     order = [qualified(cfg, k) for k in record.get("grid_order") or grid]
   except ValueError:  # (a recorded key this run cannot name: another sweep)
     return grid

@@ -190,7 +190,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
   if writes:
     check()
-    write_run_record(workdir, {"kind": "train"})
+    write_run_record(workdir, {"kind": "train", "learner": cfg.learner,
+                               "stages": list(cfg.section_names())})
     atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
   eval_first = task.evaluate_first() if measure_heldout else {}

@@ -124,7 +124,8 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
         holding.enter_context(held(workdir, "sweep"))
       data_sha256 = file_sha256(Path(cfg.data))
       check_sweepable(workdir, cfg, grid, seeds, num_folds, data_sha256)
-      # The invocation that started the sweep (kept in run.json) and this one, which writes it.
+      # The invocation that started the sweep (kept in its manifest) and this one, which
+      # writes it.
       started = (read_run_record(workdir) or {}).get("started_by") or made_by
       made_by = {"started_by": started, "written_by": made_by} if made_by else None
       found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True,

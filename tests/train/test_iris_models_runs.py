@@ -38,7 +38,7 @@ def iris_run(three, tmp_path_factory, tiny_encoder):
 
 def test_an_iris_run_writes_its_models_and_every_output_of_a_run(iris_run):
   for name in ("config.json", "summary.json", "metrics.jsonl", "curves.png", "record.json",
-               "pretrain.json", "run.json", "judge.safetensors", "anchor_encoder/config.json"):
+               "pretrain.json", "rmmjax.json", "judge.safetensors", "anchor_encoder/config.json"):
     assert (iris_run / name).exists(), name
   assert sorted(int(p.name) for p in (iris_run / "checkpoints").iterdir()
                 if p.name.isdigit()) == [5, 10]

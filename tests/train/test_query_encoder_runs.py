@@ -27,7 +27,7 @@ def encoder_run(three, tmp_path_factory, tiny_encoder):
 
 def test_query_encoder_run_writes_what_a_reranker_run_writes(encoder_run):
   for name in ("config.json", "summary.json", "metrics.jsonl", "curves.png", "record.json",
-               "pretrain.json", "run.json"):
+               "pretrain.json", "rmmjax.json"):
     assert (encoder_run / name).exists(), name
   assert sorted(p.name for p in (encoder_run / "checkpoints").iterdir() if p.name.isdigit()) == [
       "10", "20"]

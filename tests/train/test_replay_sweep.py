@@ -113,7 +113,7 @@ def test_the_same_sweep_with_its_values_listed_in_another_order_resumes(three, s
 
 
 def test_a_sweep_over_two_keys_resumes_with_either_order_of_its_keys(three, tmp_path, capsys):
-  """(run.json keeps the grid with its keys sorted: a sweep whose keys were given in another
+  """(the manifest keeps the grid with its keys sorted: a sweep whose keys were given in another
   order was refused its own rerun.)"""
   wd = tmp_path / "two"
   for grid in (("tau=0.5,1.0", "lr=1e-4,1e-3"), ("tau=0.5,1.0", "lr=1e-4,1e-3"),

@@ -110,7 +110,7 @@ def test_a_workdir_holds_one_kind_of_run(copy, tmp_path, capsys):
 
   sweep_wd = tmp_path / "sweep"
   assert _sweep(sweep_wd, "tau=0.1,1.0") == 0
-  assert json.loads((sweep_wd / "run.json").read_text())["kind"] == "sweep"
+  assert json.loads((sweep_wd / "rmmjax.json").read_text())["kind"] == "sweep"
   events = _events(sweep_wd / "tb")
   before = _snapshot(sweep_wd)
   assert _train(sweep_wd, 60) == 2
@@ -215,7 +215,7 @@ def test_reading_checkpoints_creates_nothing(tmp_path, capsys):
 def test_written_files_follow_the_umask(tmp_path, reference):
   mask = os.umask(0o022)
   os.umask(mask)
-  for name in ("config.json", "run.json", "summary.json", "metrics.jsonl"):
+  for name in ("config.json", "rmmjax.json", "summary.json", "metrics.jsonl"):
     assert (reference[0] / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
   try:
     for umask in (0o022, 0o077, 0o002):
@@ -471,3 +471,25 @@ def test_a_run_ending_after_its_folder_was_removed_leaves_the_one_made_again_alo
   assert (wd / LOCK_FILE).is_file()
   other.check()  # still the folder at the path
   other.close()
+
+
+def test_a_workdir_says_what_it_holds_and_one_without_its_manifest_is_refused(tmp_path, capsys):
+  wd = tmp_path / "run"
+  assert _train(wd, 30) == 0
+  manifest = json.loads((wd / "rmmjax.json").read_text())
+  assert manifest == {"format": 1, "kind": "train", "learner": "reranker",
+                      "stages": ["reranker"]}
+  out = tmp_path / "x.safetensors"
+  # An earlier rmmjax's workdir (run.json, no manifest): refused in one line, nothing guessed.
+  (wd / "rmmjax.json").rename(wd / "run.json")
+  capsys.readouterr()
+  for argv in (["train", "--workdir", str(wd), "--quiet", *[a for item in (*TINY, "steps=30")
+                                                           for a in ("--set", item)]],
+               ["export", "--workdir", str(wd), "--out", str(out)]):
+    assert main(argv) == 2
+    assert "no rmmjax.json: written by an earlier rmmjax (format 0; this one reads format 1)" in (
+        capsys.readouterr().err)
+  (wd / "rmmjax.json").write_text(json.dumps(manifest | {"format": 2}))
+  assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 2
+  assert "was written in rmmjax's format 2; this rmmjax reads format 1" in capsys.readouterr().err
+  assert not out.exists()
