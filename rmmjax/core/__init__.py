@@ -3,7 +3,7 @@
 from rmmjax.core.bert import BertConfig
 from rmmjax.core.losses import (baseline_values, citation_rewards, listwise_loss, reinforce_loss,
                                 set_reward)
-from rmmjax.core.optim import AdamState, LowRank, adam_init, adam_update, global_norm
+from rmmjax.core.optim import LowRank, adam, adam_init, adam_update, global_norm
 from rmmjax.core.reranker import (batch_scores, init_params, linear_grad_factors, score,
                                   score_naive, scores)
 from rmmjax.core.selection import (gumbel_top_m, perturbed_top_m, selection_entropy,
@@ -16,7 +16,7 @@ from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
 from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
 
 __all__ = [
-    "AdamState", "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
+    "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
     "SimSpec", "TrainState", "World", "adam_init", "adam_update", "baseline_values",
     "batch_scores", "citation_rewards", "evaluate",
     "global_norm", "gumbel_top_m", "init_params", "init_state",

@@ -1,4 +1,4 @@
-"""The fused Adam and the low-rank gradients, against optax and autodiff."""
+"""Adam over low-rank gradients, against optax's own on dense ones, a NumPy Adam and autodiff."""
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,7 @@ def test_adam_matches_optax_on_dense_and_low_rank_gradients(rank):
     np.testing.assert_allclose(core.global_norm(grads), optax.tree.norm(dense), rtol=1e-5)
   for ours, ref in zip(jax.tree.leaves(ours_params), jax.tree.leaves(ref_params)):
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
-  assert int(ours_state.count) == 5
+  assert int(optax.tree.get(ours_state, "count")) == 5
 
 
 def test_linear_grad_factors_equal_autodiff():
@@ -69,3 +69,34 @@ def test_an_inactive_adam_step_changes_nothing_and_the_next_matches_optax():
       updates, ref_state = tx.update(grads, ref_state, ref)
       ref = optax.apply_updates(ref, updates)
   np.testing.assert_allclose(p3["a"], ref["a"], rtol=1e-6, atol=1e-7)
+
+
+def test_adam_with_a_rate_per_leaf_and_skipped_steps_is_the_formula():
+  """Against Adam written out in float64 NumPy: each leaf at its own rate (lr times its
+  scale), a low-rank leaf, and a skipped step that changes nothing (not even the count)."""
+  rng = np.random.default_rng(0)
+  params = {"head": rng.normal(size=(4,)).astype(np.float32),
+            "w": rng.normal(size=(5, 3)).astype(np.float32)}
+  scales, lr, b1, b2, eps = {"head": 50.0, "w": 1.0}, 1e-3, 0.9, 0.999, 1e-8
+  ref = {k: v.astype(np.float64) for k, v in params.items()}
+  mu = {k: np.zeros_like(v) for k, v in ref.items()}
+  nu = {k: np.zeros_like(v) for k, v in ref.items()}
+  ours, state, t = params, core.adam_init(params), 0
+  for step in range(6):
+    active = step != 2
+    left, right = rng.normal(size=(2, 5)), rng.normal(size=(2, 3))
+    dense = {"head": rng.normal(size=(4,)), "w": left.T @ right}
+    grads = {"head": jnp.float32(dense["head"]), "w": core.LowRank(jnp.float32(left),
+                                                                  jnp.float32(right))}
+    ours, state = core.adam_update(ours, state, grads, jnp.float32(lr), active=active,
+                                   lr_scales=scales)
+    if active:
+      t += 1
+      for k in ref:
+        mu[k] = b1 * mu[k] + (1 - b1) * dense[k]
+        nu[k] = b2 * nu[k] + (1 - b2) * dense[k] ** 2
+        ref[k] = ref[k] - lr * scales[k] * (mu[k] / (1 - b1 ** t)) / (
+            np.sqrt(nu[k] / (1 - b2 ** t)) + eps)
+  for k in ref:
+    np.testing.assert_allclose(ours[k], ref[k], rtol=1e-5, atol=1e-6)
+  assert int(optax.tree.get(state, "count")) == t == 5
