@@ -17,7 +17,7 @@ from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainSt
 
 __all__ = [
     "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
-    "SimSpec", "TrainState", "World", "adam_init", "adam_update", "baseline_values",
+    "SimSpec", "TrainState", "World", "adam", "adam_init", "adam_update", "baseline_values",
     "batch_scores", "citation_rewards", "evaluate",
     "global_norm", "gumbel_top_m", "init_params", "init_state",
     "linear_grad_factors", "listwise_loss", "make_run", "make_sweep", "make_world",

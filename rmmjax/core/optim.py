@@ -1,9 +1,9 @@
 """Adam as an optax transformation that also accepts gradients in low-rank form.
 
 A batch of B queries gives the linear reranker gradients that are sums of B outer products.
-Passed as factors (`LowRank`), the dense gradient is formed by `densify`, whose broadcasts XLA
-fuses into Adam's elementwise update: it is never written to memory, and one step reads and
-writes the parameters and both moments once, the floor for Adam. The rest is optax's own Adam.
+Passed as factors (`LowRank`), the dense gradient is formed inside Adam's elementwise update
+and never written to memory: one step then reads and writes the parameters and both moments
+once, the floor for Adam.
 """
 
 from __future__ import annotations
@@ -46,41 +46,59 @@ def _is_low_rank(x) -> bool:
   return isinstance(x, LowRank)
 
 
-def densify() -> optax.GradientTransformation:
-  """Forms each LowRank gradient leaf (the others pass through)."""
-  return optax.stateless(lambda updates, params=None: jax.tree.map(
-      lambda g: g.dense() if _is_low_rank(g) else g, updates, is_leaf=_is_low_rank))
+def adam(lr: jax.Array | float, active: jax.Array | bool = True, lr_scales=None, b1: float = 0.9,
+         b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+  """Adam at rate `lr` (a traced value in a sweep: each configuration's own) as an optax
+  transformation (its state optax's `ScaleByAdamState`), over gradient leaves that may be
+  LowRank, each leaf's rate times its float in `lr_scales` (None: all 1: a head that starts at
+  zero can learn faster than the encoder below it). With `active` False the step is skipped:
+  moments and count stay as they were and the update is zero. The switch and the bias
+  corrections act through scalar factors, so the per-element work is one fused pass; the
+  arithmetic is optax.adam's (tested against it)."""
+
+  def init(params):
+    zeros = lambda p: jnp.zeros_like(p)  # noqa: E731
+    return optax.ScaleByAdamState(count=jnp.zeros((), jnp.int32),
+                                  mu=jax.tree.map(zeros, params), nu=jax.tree.map(zeros, params))
+
+  def update(grads, state, params=None):
+    del params
+    on = jnp.asarray(active, bool)
+    count = state.count + on.astype(state.count.dtype)
+    t = jnp.maximum(count, 1).astype(jnp.float32)
+    step_size = jnp.where(on, lr / (1.0 - b1 ** t), 0.0)
+    nu_scale = 1.0 / (1.0 - b2 ** t)
+    decay1 = jnp.where(on, b1, 1.0)  # a skipped step keeps the moments: mu = 1 * mu + 0 * g
+    decay2 = jnp.where(on, b2, 1.0)
+
+    def leaf(mu, nu, g, scale):
+      g = g.dense() if _is_low_rank(g) else g
+      mu = decay1 * mu + (1.0 - decay1) * g
+      nu = decay2 * nu + (1.0 - decay2) * (g * g)
+      size = step_size if scale == 1.0 else step_size * jnp.float32(scale)
+      return -(size * mu / (jnp.sqrt(nu * nu_scale) + eps)), mu, nu
+
+    treedef = jax.tree.structure(state.mu)
+    flat_mu, flat_nu = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
+    flat_g = treedef.flatten_up_to(grads)
+    flat_s = treedef.flatten_up_to(lr_scales) if lr_scales is not None else [1.0] * len(flat_mu)
+    new = [leaf(*xs) for xs in zip(flat_mu, flat_nu, flat_g, flat_s)]
+    unflat = lambda i: treedef.unflatten([x[i] for x in new])  # noqa: E731
+    return unflat(0), optax.ScaleByAdamState(count=count, mu=unflat(1), nu=unflat(2))
+
+  return optax.GradientTransformation(init, update)
 
 
-def scale_by_tree(scales) -> optax.GradientTransformation:
-  """Multiplies each leaf's update by its float in `scales` (None: all 1): a head that starts at
-  zero can learn faster than the encoder below it."""
-  if scales is None:
-    return optax.identity()
-  return optax.stateless(lambda updates, params=None: jax.tree.map(
-      lambda u, s: u if s == 1.0 else u * jnp.float32(s), updates, scales))
-
-
-def adam(lr: jax.Array | float, lr_scales=None) -> optax.GradientTransformation:
-  """optax's Adam at rate `lr` (a traced value in a sweep: each configuration's own), over
-  gradients that may be LowRank, each leaf's rate times its `lr_scales`."""
-  return optax.chain(densify(), optax.scale_by_adam(), scale_by_tree(lr_scales),
-                     optax.scale_by_learning_rate(lr))
-
-
-def adam_init(params):
-  """The optimizer state of `adam` for `params` (its rate and scales keep no state)."""
+def adam_init(params) -> optax.ScaleByAdamState:
+  """The state of `adam` for `params` (its rate, switch and scales keep none)."""
   return adam(1.0).init(params)
 
 
 def adam_update(params, state, grads, lr: jax.Array, active: jax.Array | bool = True,
                 lr_scales=None):
-  """One `adam` step; returns (params, state). With active False the step is skipped:
-  parameters, moments and count stay as they were (the selects fuse into the update)."""
-  updates, new_state = adam(lr, lr_scales).update(grads, state, params)
-  new_params = optax.apply_updates(params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)  # noqa: E731
-  return keep(new_params, params), keep(new_state, state)
+  """One `adam` step applied to `params`; returns (params, state)."""
+  updates, state = adam(lr, active, lr_scales).update(grads, state, params)
+  return optax.apply_updates(params, updates), state
 
 
 def global_norm(grads) -> jax.Array:
