@@ -295,15 +295,6 @@ class IrisFit:
   seed: int = 0
 
 
-@final
-@dataclasses.dataclass(frozen=True)
-class FittedIris:
-  anchor: dict  # the anchor query encoder's parameters
-  refine: dict  # the refinement encoder's
-  judge: dict
-  losses: dict  # per stage, every step's loss
-
-
 def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
                       anchor=None, mesh=None) -> tuple[dict, dict, dict]:
   """(anchor, refine, losses): the anchor encoder fitted (unless given), then the refinement
@@ -336,11 +327,3 @@ def fit_iris_judge(encoder, stores, conversations, refine, fit: IrisFit = IrisFi
   logged = judge_examples(stores, conversations, TunedQueryEncoder(encoder, refine))
   return fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch, lr=fit.judge_lr,
                    seed=fit.seed + 2, mesh=mesh)
-
-
-def fit_iris_models(encoder, stores, conversations, fit: IrisFit = IrisFit(),
-                    anchor=None, mesh=None) -> FittedIris:
-  """The three models fitted in turn (`fit_iris_encoders`, then `fit_iris_judge`)."""
-  anchor, refine, losses = fit_iris_encoders(encoder, stores, conversations, fit, anchor, mesh)
-  judge, losses["judge"] = fit_iris_judge(encoder, stores, conversations, refine, fit, mesh)
-  return FittedIris(anchor, refine, judge, losses)
