@@ -142,16 +142,21 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
         check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg), stage=True)
       # The tasks' own checks, before a learner=both run tunes its encoder.
       check_run(cfg, encoder, workdir)
-    if cfg.learner == "both":
-      # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
-      # run); then the reranker trains on the candidates the tuned encoder retrieves.
-      _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout,
-             lock=locks.get(stage))
-      cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
-    else:
-      cfg_task = cfg
-    return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout,
-                  locks.get(workdir))
+    try:
+      if cfg.learner == "both":
+        # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
+        # run); then the reranker trains on the candidates the tuned encoder retrieves.
+        _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout,
+               lock=locks.get(stage))
+        cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
+      else:
+        cfg_task = cfg
+      return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout,
+                    locks.get(workdir))
+    except OSError:
+      for lock in locks.values():  # a workdir removed mid-write: said so, not as the errno met
+        lock.check()
+      raise
 
 
 def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None,
