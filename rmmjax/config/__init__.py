@@ -175,6 +175,7 @@ class Config:
     """Checks every value (raises ValueError naming it); returns self."""
     declared.check(self)
     for name in self.section_names():  # (before the core's checks, which name no section)
+      declared.check(getattr(self, name), f"{name}.")
       getattr(self, name).check(self)
     spec, sim = self.core_spec(), self.sim_spec()
     self.hparams()

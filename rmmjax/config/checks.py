@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 
-
 def check_replay(cfg) -> None:
   """The shared keys of a replayed dataset (configs other than latent) that depend on each
   other or on the files they name (each key's own limits are declared with it)."""

@@ -2,7 +2,8 @@
 
 `key(default, choices=...)` or `key(default, low=..., high=...)` declares a field of a config
 dataclass; `check(obj, prefix)` refuses the first value outside its limits in one line that
-names the key, the value and what was expected. Limits that depend on another key (a count of
+names the key, the value and what was expected. A subclass that only changes a key's default
+declares it plainly: the limits are those of the class that declared them. Limits that depend on another key (a count of
 candidates up to `k`) stay in the owner's own `check`.
 """
 
@@ -24,16 +25,17 @@ def key(default: Any, *, choices: Sequence[str] | Callable[[], Sequence[str]] | 
 def check(obj, prefix: str = "") -> None:
   """Refuses the first declared value of `obj` (a config dataclass) outside its limits."""
   for f in dataclasses.fields(obj):
-    if not f.metadata:
+    limits = _declared(type(obj), f.name)
+    if limits is None:
       continue
     value, name = getattr(obj, f.name), prefix + f.name
-    choices = f.metadata["choices"]
+    choices = limits["choices"]
     if choices is not None:
       choices = choices() if callable(choices) else choices
       if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
       continue
-    low, high, low_open = f.metadata["low"], f.metadata["high"], f.metadata["low_open"]
+    low, high, low_open = limits["low"], limits["high"], limits["low_open"]
     integer = isinstance(f.default, int) and not isinstance(f.default, bool)
     if integer and not isinstance(value, int):
       raise ValueError(f"{name}={value!r}: expected an integer")
@@ -41,6 +43,15 @@ def check(obj, prefix: str = "") -> None:
     if below or (high is not None and value > high):
       raise ValueError(f"{name}={_shown(value, integer)}: expected "
                        + _limits(low, high, low_open, integer))
+
+
+def _declared(cls, name: str) -> dict | None:
+  """The limits of field `name`, from the nearest class of cls's MRO that declared them."""
+  for base in cls.__mro__:
+    field = getattr(base, "__dataclass_fields__", {}).get(name)
+    if field is not None and field.metadata:
+      return field.metadata
+  return None
 
 
 def _shown(value, integer: bool) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rmmjax.config import declared
 from rmmjax.config.choices import COMPUTE_DTYPES, OBSERVATIONS, PRETRAIN_LOSSES, TUNES
 from rmmjax.config.declared import key
 from rmmjax.retrieve.iris import IRIS_PRESETS
@@ -40,9 +39,8 @@ class Learning:
   pretrain_tau: float = key(0.05, **TAU)
 
   def check(self, cfg) -> None:
-    """Refuses a value outside its declared limits (or, in a section's own check, one that
-    does not fit the rest of the run)."""
-    declared.check(self, f"{self.NAME}.")
+    """Refuses a value that does not fit the rest of the run `cfg` (each key's own limits are
+    declared with it and checked before this)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +104,12 @@ class Cross(Learning):
 
   NAME = "cross"
   CANDIDATES_OVER_TURNS = 50  # the k of variant=cross over turns, unless named (see above)
-  tau: float = key(1.0, **TAU)
-  lr: float = key(1e-5, **RATE)
-  steps: int = key(0, **STEPS)  # its pretraining alone (the checkpoint is step 0)
-  pretrain_epochs: int = key(2, **EPOCHS)
-  pretrain_lr: float = key(2e-5, **RATE)
-  pretrain_tau: float = key(1.0, **TAU)
+  tau: float = 1.0
+  lr: float = 1e-5
+  steps: int = 0  # its pretraining alone (the checkpoint is step 0)
+  pretrain_epochs: int = 2
+  pretrain_lr: float = 2e-5
+  pretrain_tau: float = 1.0
   max_length: int = key(128, low=16, high=512)  # (tokens: the encoder's window)
   pretrain_candidates: int = 8
   negatives_from_rank: int = 1
@@ -123,7 +121,6 @@ class Cross(Learning):
   pretrain_loss: str = key("softmax", choices=PRETRAIN_LOSSES)
 
   def check(self, cfg) -> None:
-    super().check(cfg)
     if not 2 <= self.pretrain_candidates <= cfg.k:
       raise ValueError(f"cross.pretrain_candidates={self.pretrain_candidates}: expected 2 to "
                        f"k={cfg.k}")
@@ -152,12 +149,12 @@ class EncoderTuning(Learning):
   exploratory runs (experiments/replay_ablation.py)."""
 
   NAME = "encoder_tuning"
-  tau: float = key(0.05, **TAU)
-  lr: float = key(1e-5, **RATE)
-  steps: int = key(600, **STEPS)
-  pretrain_epochs: int = key(2, **EPOCHS)
-  pretrain_lr: float = key(2e-5, **RATE)
-  pretrain_tau: float = key(0.05, **TAU)
+  tau: float = 0.05
+  lr: float = 1e-5
+  steps: int = 600
+  pretrain_epochs: int = 2
+  pretrain_lr: float = 2e-5
+  pretrain_tau: float = 0.05
   pretrain_batch: int = key(16, low=1)
   tune: str = key("query", choices=TUNES)
 
@@ -175,7 +172,6 @@ class IrisEvidence:
   verdict_reward: float = key(0.0, low=0.0)
 
   def check(self, cfg) -> None:
-    declared.check(self, f"{self.NAME}.")
     if not (self.citation_reward or self.verdict_reward):
       raise ValueError(f"iris_evidence.citation_reward={self.citation_reward}, "
                        f"verdict_reward={self.verdict_reward}: expected weights >= 0, not both 0")
@@ -199,7 +195,6 @@ class IrisModels:
   validation: int = key(1, low=0)  # (0: no check)
 
   def check(self, cfg) -> None:
-    declared.check(self, f"{self.NAME}.")
     if self.k < max(4, cfg.m):
       raise ValueError(f"iris_models.k={self.k}: expected at least 4 candidate facts per "
                        f"example (a quarter of them evidence) and at least m={cfg.m}")
