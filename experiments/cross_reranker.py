@@ -63,7 +63,7 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.retrieval import evaluate_retrieval
-from rmmjax.io.query_encoders import load_query_encoder
+from rmmjax.learners.query_encoder.files import load_query_encoder
 from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import read_config
 from rmmjax.replay.candidates import build_replay, folds

@@ -38,7 +38,7 @@ from rmmjax.encode.cache import cache_path
 from rmmjax.encode.encoder import SentenceEncoder  # noqa: E402
 from rmmjax.replay.candidates import build_replay, to_sequence  # noqa: E402
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.replay.query_encoder import (encoder_replay_steps,  # noqa: E402
+from rmmjax.learners.query_encoder.fit import (encoder_replay_steps,  # noqa: E402
                                          pretrain_query_encoder, question_tokens,
                                          retrieval_recall)
 

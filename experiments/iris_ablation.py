@@ -30,8 +30,10 @@ from replay_common import DEFAULT_DATA, RESULTS, write_markdown
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics, make_judge
-from rmmjax.eval.metrics import aggregate
+from rmmjax.eval.iris_eval import make_judge
+from rmmjax.retrieve.iris import SINGLE_PASS_DEPTH, single_pass
+from rmmjax.retrieve.metrics import turn_metrics
+from rmmjax.retrieve.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 

@@ -51,13 +51,14 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.classifier import reliability, roc_auc
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
-from rmmjax.eval.metrics import aggregate
+from rmmjax.retrieve.iris import SINGLE_PASS_DEPTH, single_pass
+from rmmjax.retrieve.metrics import turn_metrics
+from rmmjax.retrieve.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
-from rmmjax.replay.iris_reranker import FactReranker, collect_episodes, pretrain_on_episodes
-from rmmjax.io.iris_models import load_iris_model
-from rmmjax.replay.iris_fit import NeverSure
+from rmmjax.learners.iris.episodes import FactReranker, collect_episodes, pretrain_on_episodes
+from rmmjax.learners.iris.files import load_iris_model
+from rmmjax.learners.iris.fit import NeverSure
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge

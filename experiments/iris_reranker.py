@@ -51,11 +51,12 @@ from rmmjax.config import with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
-from rmmjax.eval.metrics import aggregate
+from rmmjax.retrieve.iris import SINGLE_PASS_DEPTH, single_pass
+from rmmjax.retrieve.metrics import turn_metrics
+from rmmjax.retrieve.metrics import aggregate
 from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
-from rmmjax.replay.iris_reranker import (RERANK_MODES, FactReranker, RewardMix,
+from rmmjax.learners.iris.episodes import (RERANK_MODES, FactReranker, RewardMix,
                                          collect_episodes, pretrain_on_episodes,
                                          reinforce_episodes)
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve

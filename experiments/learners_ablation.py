@@ -40,7 +40,7 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.candidates import build_replay, ceiling_recall, folds
 from rmmjax.replay.protocols import Protocol, run_fold
 from rmmjax.encode.tuned import TunedQueryEncoder
-from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_encoders,
+from rmmjax.learners.query_encoder.fit import (pretrain_query_encoder, retrieval_encoders,
                                          retrieval_recall, train_query_encoder)
 
 OUT = RESULTS / "learners_ablation"

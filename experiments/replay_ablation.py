@@ -38,7 +38,7 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.replay.protocols import Protocol, cross_validate
 from rmmjax.encode.tuned import TunedQueryEncoder
-from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall,
+from rmmjax.learners.query_encoder.fit import (pretrain_query_encoder, retrieval_recall,
                                          train_query_encoder)
 from rmmjax.replay.candidates import build_replay, folds
 

@@ -13,13 +13,13 @@ MAX_LINES = 400
 # their checks and the named configurations).
 ROOT_MODULES = {"__init__", "distributed", "fit"}
 # Each folder (or root module) may import only from folders of a lower rank, and from itself:
-# the entry point, then the agents and the training and evaluation shells, the replay of data,
-# the layered memory above the bank, the learners (each family's model, inputs, export and
-# load, above the files of runs they read and write), the files of runs and exports, the one
+# the entry point, then the agents and the training and evaluation shells, the learners (each
+# family's model, how it trains, its inputs, export and load), the replay of data, the layered
+# memory above the bank, the files of runs and exports, the one
 # supervised fit loop (above the data-parallel helpers it uses), the config,
 # retrieval, the leaves (encoder, data, LLM) and the pure core at the bottom.
-RANKS = {"cli": 11, "bench": 10, "agent": 9, "train": 9, "eval": 8, "replay": 7,
-         "memory.lace": 6, "memory": 5, "learners": 4.5, "io": 4, "fit": 3.5, "config": 3,
+RANKS = {"cli": 11, "bench": 10, "agent": 9, "train": 9, "eval": 8, "learners": 7.5, "replay": 7,
+         "memory.lace": 6, "memory": 5, "io": 4, "fit": 3.5, "config": 3,
          "distributed": 3,
          "retrieve": 2, "encode": 1, "data": 1, "llm": 1, "core": 0}
 

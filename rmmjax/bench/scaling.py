@@ -34,7 +34,7 @@ def _child(devices: int, quick: bool) -> dict:
   from rmmjax.bench.core import median_time  # noqa: PLC0415
   from rmmjax.config import get_config  # noqa: PLC0415
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
-  from rmmjax.replay.query_encoder import encoder_replay_steps  # noqa: PLC0415
+  from rmmjax.learners.query_encoder.fit import encoder_replay_steps  # noqa: PLC0415
   from rmmjax.encode.tuned import encoder_state
   from rmmjax.train.sweeps import run_chunks  # noqa: PLC0415
 

@@ -14,10 +14,10 @@ from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.eval.retrieval import recorded_query_encoder
-from rmmjax.io.iris_models import load_iris_model
+from rmmjax.learners.iris.files import load_iris_model
 from rmmjax.io.kinds import model_kind
 from rmmjax.io.outputs import check_output_file
-from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.registry import learner
 from rmmjax.io.workdir import atomic_write_json, refuse_if_training

@@ -16,7 +16,7 @@ from rmmjax.io.outputs import check_output_file
 from rmmjax.io.workdir import refuse_if_training
 from rmmjax.io.kinds import model_kind
 from rmmjax.learners.loading import RERANKER_KINDS, reranker_record
-from rmmjax.replay.iris_reranker import RERANK_MODES
+from rmmjax.learners.iris.episodes import RERANK_MODES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 

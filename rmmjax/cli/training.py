@@ -13,10 +13,10 @@ from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, ge
                            get_value, qualified, with_values)
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
-from rmmjax.io.iris_models import export_iris_model
+from rmmjax.learners.iris.files import export_iris_model
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
-from rmmjax.io.query_encoders import export_query_encoder
+from rmmjax.learners.query_encoder.files import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
 from rmmjax.learners.registry import learner as learner_of

@@ -128,6 +128,12 @@ class Config:
                                   self.config == "latent")
 
   @property
+  def family(self) -> str:
+    """The registry's name of what this run's last stage trains: the reranker's family, or the
+    learner itself where it is not a reranker (rmmjax.learners.registry)."""
+    return self.variant if self.learner in ("reranker", "both") else self.learner
+
+  @property
   def learning(self) -> sections.Learning:
     """The section of the learner this config's online steps train."""
     return getattr(self, self.section_names()[-1])

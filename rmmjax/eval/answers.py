@@ -1,7 +1,7 @@
 """Answer-level metrics: token F1, ROUGE-L, the LLM judge, and agreement of citations with evidence.
 
 One question's numbers come from `answer_row`; `aggregate_answers` averages them per category
-like `rmmjax.eval.metrics.aggregate`. A value of None means undefined for that question (not
+like `rmmjax.retrieve.metrics.aggregate`. A value of None means undefined for that question (not
 judged, nothing cited, no useful memory shown) and is left out of that key's mean, with the
 number left out reported beside it.
 """

@@ -10,39 +10,21 @@ IRIS compare on the same units.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax.eval.metrics import MRR_DEPTH, question_metrics
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.learners.cross.reader import CrossReader
 from rmmjax.learners.registry import reader
-from rmmjax.replay.iris_cross import CrossFactReranker
-from rmmjax.replay.iris_reranker import FactReranker
-from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.metrics import turn_metrics
+from rmmjax.learners.iris.cross_facts import CrossFactReranker
+from rmmjax.learners.iris.episodes import FactReranker
+from rmmjax.retrieve.iris import SINGLE_PASS_DEPTH, IrisSettings, iris_retrieve, single_pass
 from rmmjax.retrieve.judges import HeuristicJudge, LLMJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 
 JUDGES = ("heuristic", "oracle", "llm")
-SINGLE_PASS_DEPTH = MRR_DEPTH  # facts retrieved by one search, to rank turns beyond k
-
-
-def turn_metrics(store, turn_ids, evidence, ks, num_relevant) -> dict:
-  """Metrics of the ranked turns; a turn's words are its verbatim text's."""
-  return question_metrics([((t,), len(store.raw(t).text.split())) for t in turn_ids],
-                          set(evidence), num_relevant, ks)
-
-
-def single_pass(store: LaceMem, question: str, depth: int) -> tuple[list[str], float]:
-  start = time.perf_counter()
-  turns = []
-  for fact_id, _ in store.search(question, depth):
-    turn = store.fact(fact_id).turn_id
-    if turn not in turns:
-      turns.append(turn)
-  return turns, time.perf_counter() - start
 
 
 def fact_reranker(reranker, store, encoder, mode: str):

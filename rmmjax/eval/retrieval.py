@@ -13,17 +13,17 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.leakage import check_fit, unseen
 from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
-from rmmjax.eval.metrics import MRR_DEPTH, aggregate, question_metrics
+from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
-from rmmjax.replay.iris_reranker import RERANK_MODES
-from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
-from rmmjax.replay.query_encoder import retrieval_encoders
+from rmmjax.learners.iris.episodes import RERANK_MODES
+from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
+from rmmjax.learners.query_encoder.fit import retrieval_encoders
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.kinds import model_kind
-from rmmjax.io.iris_models import load_iris_model
+from rmmjax.learners.iris.files import load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
 from rmmjax.memory.topic_units import conversation_units

@@ -10,7 +10,7 @@ from pathlib import Path
 from rmmjax.encode.export import EXPORT_RECORD
 from rmmjax.io.workdir import EARLIER, RUN_FILE, read_run_record
 
-# The files of learned IRIS models (rmmjax.io.iris_models writes them).
+# The files of learned IRIS models (rmmjax.learners.iris.files writes them).
 JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
 
 # kind: (what it is, how it is used)

@@ -1,22 +1,33 @@
-"""Name -> learner: the one place a reranker family's name is looked up. The agent, `eval`
-and the command line ask a learner here how a trained reranker reads its candidates (its
-reader) and whether it learns online where it serves; none of them names a family."""
+"""Name -> learner: the one place a learner's name is looked up. The training loop asks a
+learner here how it trains (its task); the agent, `eval` and the command line how a trained
+reranker reads its candidates (its reader), exports and whether it learns online where it
+serves; none of them names a family."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 
-from rmmjax.learners.embedding import export as embedding_export
 from rmmjax.learners.cross import export as cross_export
 from rmmjax.learners.cross import spec as cross_spec
 from rmmjax.learners.cross.reader import CrossReader
+from rmmjax.learners.cross.task import CrossRerankerTask
+from rmmjax.learners.embedding import export as embedding_export
+from rmmjax.learners.embedding.latent import LatentTask
 from rmmjax.learners.embedding.reader import EmbeddingReader
+from rmmjax.learners.embedding.task import ReplayTask
+from rmmjax.learners.iris.reranker_task import IrisTask
+from rmmjax.learners.iris.task import IrisLearnedTask
+from rmmjax.learners.query_encoder.task import QueryEncoderTask
+from rmmjax.learners.task import Task
 
 
 @dataclasses.dataclass(frozen=True)
 class Learner:
   name: str
+  # How it trains on replayed conversations: a Task built from (a run's config, the encoder,
+  # whether to show progress, the workdir).
+  task: type[Task]
   # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves:
   # compiler_options(), candidate_arrays(question, texts_K) (the arrays of a learner's own
   # inputs, which an agent keeps with a pending answer), inputs(arrays stacked over queries)
@@ -34,6 +45,8 @@ class Learner:
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
   # learns by default).
   served_frozen: str | None = None
+  # How it trains as the reranker inside IRIS, on LaceMem's facts (units=lace; None: it cannot).
+  iris_task: type[Task] | None = IrisTask
 
 
 CROSS_SERVED_FROZEN = (
@@ -42,16 +55,22 @@ CROSS_SERVED_FROZEN = (
     "held-out Recall@5 from 0.575 to 0.555, and no rate has been measured that helps; pass "
     "--learn-cross to learn anyway (at its run's lr and tau unless --lr and --tau say otherwise)")
 
+def _not_served(reranker, encoder):
+  raise ValueError(f"{reranker.path} is not a reranker")
+
+
 LEARNERS = {
-    "linear": Learner("linear", EmbeddingReader.for_reranker),
-    "mlp": Learner("mlp", EmbeddingReader.for_reranker),
-    "cross": Learner("cross", CrossReader.for_reranker, cross_spec.restore, cross_export.export_run,
-                     cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
+    "linear": Learner("linear", ReplayTask, EmbeddingReader.for_reranker),
+    "mlp": Learner("mlp", ReplayTask, EmbeddingReader.for_reranker),
+    "cross": Learner("cross", CrossRerankerTask, CrossReader.for_reranker, cross_spec.restore,
+                     cross_export.export_run, cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
+    "query_encoder": Learner("query_encoder", QueryEncoderTask, _not_served, iris_task=None),
+    "iris": Learner("iris", IrisLearnedTask, _not_served, iris_task=None),
 }
 
 
 def learner(name: str) -> Learner:
-  """The learner of a reranker family (a run's `variant`)."""
+  """The learner of a name (a reranker's family, a run's `variant`, or `learner`)."""
   if name not in LEARNERS:
     raise ValueError(f"variant={name!r} is not one of {', '.join(LEARNERS)}")
   return LEARNERS[name]
@@ -61,3 +80,17 @@ def reader(reranker, encoder):
   """How a loaded reranker (learners.loaded.LoadedReranker) reads candidates beside
   `encoder`, refused when the encoder is not the one it needs."""
   return learner(reranker.spec.variant).reader(reranker, encoder)
+
+
+def training_task(cfg) -> type[Task]:
+  """The task that trains `cfg`'s last stage: the latent simulator's sessions, IRIS's episodes
+  over LaceMem's facts (units=lace), or the learner's own replay."""
+  if cfg.config == "latent":
+    return LatentTask
+  found = learner(cfg.family)
+  return found.iris_task if cfg.units == "lace" and found.iris_task else found.task
+
+
+def make_task(cfg, encoder=None, progress: bool = False, workdir=None) -> Task:
+  """The task of `cfg`, built (its data embedded, before the loop writes anything)."""
+  return training_task(cfg)(cfg, encoder, progress, workdir)

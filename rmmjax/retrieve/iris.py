@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import final
 
+from rmmjax.retrieve.metrics import MRR_DEPTH
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict, verdict_reward
 from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, VectorRefiner,
@@ -36,6 +37,7 @@ from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, Ve
 
 Reranker = Callable[[str, Sequence[Fact]], Sequence[float]]
 FINAL_ORDERS = ("entry", "fused", "last")
+SINGLE_PASS_DEPTH = MRR_DEPTH  # facts retrieved by one search, to rank turns beyond k
 
 
 @final
@@ -372,3 +374,14 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       retrieval_s=sum(t.retrieval_s for t in trace), refine_s=sum(t.refine_s for t in trace),
       judge_s=sum(t.judge_s for t in trace))
 
+
+def single_pass(store: EvidenceStore, question: str, depth: int) -> tuple[list[str], float]:
+  """The turns of one search's first `depth` facts in order, and the seconds it took (the
+  single-pass baseline IRIS is measured against)."""
+  start = time.perf_counter()
+  turns = []
+  for fact_id, _ in store.search(question, depth):
+    turn = store.fact(fact_id).turn_id
+    if turn not in turns:
+      turns.append(turn)
+  return turns, time.perf_counter() - start

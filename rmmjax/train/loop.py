@@ -1,6 +1,7 @@
 """The training loop: scanned segments of steps, logged, checkpointed, resumable.
 
-The task (task.py: the Task base; tasks.py and the other *_task.py) says what the steps learn from.
+The task (rmmjax.learners.task; each learner's own, found in rmmjax.learners.registry) says
+what the steps learn from.
 
 A run advances in segments that end on multiples of `checkpoint_every`, each one compiled
 `lax.scan`. After a segment its metrics go to metrics.jsonl and TensorBoard and the state to an
@@ -30,7 +31,7 @@ from rmmjax.io.record import file_sha256
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
-from rmmjax.train.tasks import make_task, task_class
+from rmmjax.learners.registry import make_task, training_task
 
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 
@@ -113,8 +114,8 @@ def check_run(cfg: Config, encoder, workdir: Path) -> None:
   its config cannot make alone; before anything is written."""
   if cfg.learner == "both":
     stage = encoder_stage(cfg).validate()
-    task_class(stage).preflight(stage, encoder, Path(workdir) / "query_encoder")
-  task_class(cfg).preflight(cfg, encoder, workdir)
+    training_task(stage).preflight(stage, encoder, Path(workdir) / "query_encoder")
+  training_task(cfg).preflight(cfg, encoder, workdir)
 
 
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,

@@ -31,7 +31,7 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.config import Config, with_values
 from rmmjax.io import plots, tensorboard
-from rmmjax.io.query_encoders import query_encoder_record
+from rmmjax.learners.query_encoder.files import query_encoder_record
 from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_sweepable, held,
                                read_run_record, sweep_record, write_run_record)
@@ -42,7 +42,7 @@ from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream
 from rmmjax.train import sequential_sweep, sweep_table
 from rmmjax.train.loop import check_run, train
 from rmmjax.train.sweep_table import FOLD_FILE, ONLINE_CURVES
-from rmmjax.train.replay_task import build_replays
+from rmmjax.learners.embedding.task import build_replays
 from rmmjax.train.sweeps import (REPLAY_SWEEPABLE, SWEEPABLE, check_grid_read, chunk_size,
                                  minutes, placement, run_chunks, sweep_configs, time_left)
 

@@ -27,7 +27,7 @@ from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import folds, unit_pools
 from rmmjax.retrieve.units import build_units
-from rmmjax.train.inputs import base_encoder
+from rmmjax.replay.inputs import base_encoder
 from rmmjax.train.loop import train
 from rmmjax.train.sweep_table import FoldResult
 from rmmjax.train.sweeps import time_left

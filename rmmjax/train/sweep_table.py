@@ -1,5 +1,5 @@
 """A replay sweep's results from its folds' files: the metrics of every configuration x fold x
-seed (those `rmmjax eval` reports, rmmjax.eval.metrics), the table with paired intervals
+seed (those `rmmjax eval` reports, rmmjax.retrieve.metrics), the table with paired intervals
 (rmmjax.eval.intervals: over folds, or conversations where the folds are few, and seeds), and
 the online curves."""
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from rmmjax.config import get_value
 from rmmjax.eval.intervals import Interval, paired_interval
-from rmmjax.eval.metrics import question_metrics
+from rmmjax.retrieve.metrics import question_metrics
 from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.train.loop import window_means
 

@@ -23,7 +23,7 @@ from rmmjax import core
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.core.step import recall_per_query
 from rmmjax.data.locomo import load_locomo
-from rmmjax.eval.metrics import question_metrics
+from rmmjax.retrieve.metrics import question_metrics
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.learners.embedding.export import export_reranker
 from rmmjax.learners.embedding.format import HEADER_KEY, read_reranker

@@ -8,7 +8,7 @@ import pytest
 from rmmjax.cli import main
 from rmmjax.data.locomo import MalformedData, load_locomo, parse_evidence
 from rmmjax.data.schema import LoadReport
-from rmmjax.eval.metrics import aggregate, question_metrics
+from rmmjax.retrieve.metrics import aggregate, question_metrics
 from rmmjax.retrieve.bm25 import BM25Retriever
 from rmmjax.retrieve.units import build_units
 

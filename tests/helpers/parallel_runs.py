@@ -66,7 +66,7 @@ def _fits() -> dict:
   one device and on every one: the largest differences of their losses and parameters."""
   from rmmjax import distributed  # noqa: PLC0415
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
-  from rmmjax.replay.iris_fit import (JudgeExamples, RankingExamples,  # noqa: PLC0415
+  from rmmjax.learners.iris.fit import (JudgeExamples, RankingExamples,  # noqa: PLC0415
                                          fit_judge, fit_ranking_encoder)
   rng = np.random.default_rng(0)
   encoder = SentenceEncoder()

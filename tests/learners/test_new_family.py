@@ -17,6 +17,7 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.embedding.reader import EmbeddingReader
+from rmmjax.learners.embedding.task import ReplayTask
 from rmmjax.learners.registry import LEARNERS, Learner
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.replay.candidates import build_replay, to_questions, to_sequence
@@ -45,7 +46,7 @@ def _init():
 @pytest.fixture
 def diagonal_family(monkeypatch):
   # The one line a new family adds to the registry.
-  monkeypatch.setitem(LEARNERS, "diagonal", Learner("diagonal", EmbeddingReader.for_reranker))
+  monkeypatch.setitem(LEARNERS, "diagonal", Learner("diagonal", ReplayTask, EmbeddingReader.for_reranker))
   return core.CoreSpec(variant="diagonal", dim=DIM, k=K, m=M, batch=4, model=DiagonalModel())
 
 

@@ -20,8 +20,8 @@ from rmmjax.cli import main
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval import iris_eval
 from rmmjax.learners.cross.pairs import pair_tokens
-from rmmjax.replay.iris_cross import CrossFactReranker, episode_scores, with_pair_tokens
-from rmmjax.replay.iris_reranker import IrisEpisode, fuse_with_order
+from rmmjax.learners.iris.cross_facts import CrossFactReranker, episode_scores, with_pair_tokens
+from rmmjax.learners.iris.episodes import IrisEpisode, fuse_with_order
 from rmmjax.retrieve.evidence import Fact
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")  # a tiny BERT: the logic is the point

@@ -16,7 +16,7 @@ from rmmjax import core
 from rmmjax.core import judge
 from rmmjax.core.losses import grouped_listwise_loss
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.replay.iris_fit import JudgeExamples, fit_judge
+from rmmjax.learners.iris.fit import JudgeExamples, fit_judge
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import OracleJudge, SufficiencyJudge, Verdict
@@ -449,7 +449,7 @@ def test_hybrid_iris_fuses_the_vector_with_bm25_over_the_question():
 def test_ranking_examples_mix_the_searchs_top_hits_with_facts_from_the_whole_store():
   """A fit that ranks the evidence only against the question's nearest hits never sees the
   rest of the store (with K = 20 that drove the anchor below the base encoder)."""
-  from rmmjax.replay.iris_fit import ranking_example
+  from rmmjax.learners.iris.fit import ranking_example
   store = LaceMem(HashEncoder())
   store.add_turns([(f"t{i}", "s", "1 May", "Ann", f"Ann said thing number {i} today.")
                    for i in range(60)])

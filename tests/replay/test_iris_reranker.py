@@ -18,7 +18,7 @@ from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.memory.lace import LaceMem
-from rmmjax.replay.iris_reranker import (FactReranker, RewardMix, collect_episodes,
+from rmmjax.learners.iris.episodes import (FactReranker, RewardMix, collect_episodes,
                                          episodes_batch, mixed_rewards, reinforce_episodes,
                                          reinforce_steps, step_episodes)
 from rmmjax.retrieve.evidence import Fact, RawTurn

@@ -174,7 +174,7 @@ def test_query_encoder_pretraining_and_reinforce(three, tmp_path, tiny_encoder):
   retrieval path reproduces the base retriever's recall."""
   from rmmjax.encode.encoder import SentenceEncoder
   from rmmjax.encode.tuned import TunedQueryEncoder
-  from rmmjax.replay.query_encoder import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
+  from rmmjax.learners.query_encoder.fit import (pretrain_query_encoder, retrieval_recall, train_query_encoder)
   encoder = SentenceEncoder()
   conversations, _ = load_locomo(_subset_file(three, tmp_path, 1))
   conv = conversations[0]

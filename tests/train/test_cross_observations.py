@@ -12,7 +12,7 @@ from rmmjax.cli import main
 from hash_encoder import HashEncoder
 from rmmjax.config import apply_overrides, encoder_stage, get_config
 from rmmjax.data.locomo import MalformedData, load_locomo, load_observations
-from rmmjax.train.inputs import replay_inputs, with_observations
+from rmmjax.replay.inputs import replay_inputs, with_observations
 
 
 def _with_observations(three, tmp_path):

@@ -26,7 +26,7 @@ from rmmjax.learners.cross.export import export_cross
 from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.cross.pairs import pair_tokens
 from rmmjax.learners.cross import pairs as cross_pairs
-from rmmjax.train import cross_task
+from rmmjax.learners.cross import task as cross_task
 
 # Every run here uses the tiny encoder (tests/helpers/tiny_bert.py): the logic is the point.
 pytestmark = pytest.mark.usefixtures("tiny_encoder")

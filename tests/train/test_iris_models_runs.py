@@ -139,7 +139,7 @@ def test_an_export_is_refused_over_the_workdir_or_as_one_file(iris_run, tmp_path
 def test_a_model_of_another_encoder_is_refused(iris_run):
   from hash_encoder import HashEncoder
 
-  from rmmjax.io.iris_models import load_iris_model
+  from rmmjax.learners.iris.files import load_iris_model
   with pytest.raises(ValueError, match="trained on facts embedded by"):
     load_iris_model(iris_run, HashEncoder())
 

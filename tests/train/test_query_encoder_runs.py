@@ -69,7 +69,7 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   from sentence_transformers import SentenceTransformer
 
   from rmmjax.encode.encoder import SentenceEncoder
-  from rmmjax.io.query_encoders import load_query_encoder
+  from rmmjax.learners.query_encoder.files import load_query_encoder
   tuned = load_query_encoder(encoder_run, SentenceEncoder())
   texts = ["When did Caroline go to the LGBTQ support group?", "What did Melanie paint?"]
   ours = tuned.encode(texts)

@@ -227,7 +227,7 @@ def test_a_fold_that_cannot_be_held_out_is_refused(three, tmp_path, capsys, sets
 
 def test_folds_hold_out_each_conversation_once_in_the_files_order():
 
-  from rmmjax.train.inputs import heldout_split  # noqa: PLC0415
+  from rmmjax.replay.inputs import heldout_split  # noqa: PLC0415
   items = list("abcdefg")
   base = get_config("locomo")
   held = []

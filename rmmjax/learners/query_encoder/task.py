@@ -23,16 +23,16 @@ from rmmjax.io.checkpoint import saved_steps
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.replay.query_encoder import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
+from rmmjax.learners.query_encoder.fit import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
 from rmmjax.io.record import replay_record
-from rmmjax.train.inputs import heldout_split, replay_inputs, training_questions
-from rmmjax.train.task import Task
+from rmmjax.replay.inputs import heldout_split, replay_inputs, training_questions
+from rmmjax.learners.task import Task
 
 
 class QueryEncoderTask(Task):
   """Pretraining then online REINFORCE of the query encoder; held-out retrieval recall."""
 
-  def __init__(self, cfg: Config, encoder=None, progress: bool = False):
+  def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self._progress = progress
     self.cfg = cfg
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)

@@ -1,9 +1,9 @@
 """A reranker learning to rank the evidence IRIS gathers (units `lace`): an embedding
 reranker, or the cross reranker (variant=cross, which reads each question with each fact's
-text: rmmjax.replay.iris_cross).
+text: rmmjax.learners.iris.cross_facts).
 
 Each conversation becomes a LaceMem (its retriever as the config's), every question's IRIS run
-with the offline heuristic judge is logged as an episode (`rmmjax.replay.iris_reranker`), the
+with the offline heuristic judge is logged as an episode (`rmmjax.learners.iris.episodes`), the
 last `holdout` conversations are held out, and the reranker pretrains on the training episodes'
 labels (mode pretrain+rl) and then learns online from simulated citations plus, with
 verdict_reward > 0, the judge's verdict on the facts it selected.
@@ -25,8 +25,8 @@ from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.core import replay as core_replay
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.replay.iris_cross import episode_scores, with_pair_tokens
-from rmmjax.replay.iris_reranker import (IrisEpisode, RewardMix, collect_episodes,
+from rmmjax.learners.iris.cross_facts import episode_scores, with_pair_tokens
+from rmmjax.learners.iris.episodes import (IrisEpisode, RewardMix, collect_episodes,
                                          episodes_batch, fuse_with_order, pretrain_on_episodes,
                                          reinforce_steps)
 from rmmjax.replay.protocols import Protocol
@@ -34,9 +34,9 @@ from rmmjax.io.record import replay_record
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
-from rmmjax.train.cross_task import cross_initial_params, preflight_cross, pretrain_cross
-from rmmjax.train.inputs import replay_inputs
-from rmmjax.train.task import Task
+from rmmjax.learners.cross.task import cross_initial_params, preflight_cross, pretrain_cross
+from rmmjax.replay.inputs import replay_inputs
+from rmmjax.learners.task import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ class IrisTask(Task):
     if isinstance(cfg.learning, Cross):  # the cross reranker's checks, as on turns
       preflight_cross(cfg, encoder, workdir)
 
-  def __init__(self, cfg: Config, encoder=None, progress: bool = False):
+  def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp, self._progress = cfg, cfg.hparams(), progress
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
     self.cross = isinstance(cfg.learning, Cross)

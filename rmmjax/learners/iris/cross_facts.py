@@ -25,7 +25,7 @@ from rmmjax import core
 from rmmjax.learners.cross import CrossModel, PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.learners.cross.pairs import PAIR_BUCKETS, CandidateTokens, pack_batch, pair_tokens
-from rmmjax.replay.iris_reranker import (RERANK_MODES, IrisEpisode, episodes_batch,
+from rmmjax.learners.iris.episodes import (RERANK_MODES, IrisEpisode, episodes_batch,
                                          fuse_with_order)
 from rmmjax.retrieve.evidence import Fact
 

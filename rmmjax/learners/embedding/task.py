@@ -12,16 +12,16 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
-from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import (base_recall, build_replay, ceiling_recall, to_questions,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import (Protocol, heldout_replay, per_question, stream_ids,
                                      train_reranker)
-from rmmjax.replay.query_encoder import retrieval_encoders
-from rmmjax.train.inputs import heldout_split, replay_inputs, training_questions
-from rmmjax.train.task import Task
+from rmmjax.learners.query_encoder.fit import retrieval_encoders
+from rmmjax.replay.inputs import heldout_split, replay_inputs, training_questions
+from rmmjax.learners.task import Task
 
 
 def build_replays(cfg: Config, encoder=None, progress: bool = False):
@@ -55,7 +55,7 @@ class ReplayTask(Task):
       raise ValueError(f"batch={cfg.batch}: the {num:,} training questions cannot fill one "
                        f"batch; expected batch <= {num:,}")
 
-  def __init__(self, cfg: Config, encoder=None, progress: bool = False):
+  def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp = cfg, cfg.hparams()
     data, self.load_report, encoder, tuned, replays = build_replays(cfg, encoder, progress)
     self.spec = self._core_spec(encoder)

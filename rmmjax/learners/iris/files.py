@@ -22,7 +22,7 @@ from rmmjax.io.trained import read_record
 from rmmjax.io.kinds import ANCHOR_DIR, JUDGE_FILE, REFINE_DIR, refuse_unless
 from rmmjax.io.workdir import RUN_FILE, read_config
 from rmmjax.encode.tuned import TunedQueryEncoder
-from rmmjax.io.query_encoders import latest_encoder_params
+from rmmjax.learners.query_encoder.files import latest_encoder_params
 from rmmjax.encode.protocol import encoder_identity
 
 JUDGE_FORMAT = "rmmjax-sufficiency-judge-1"

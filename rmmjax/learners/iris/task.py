@@ -29,21 +29,22 @@ from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
-from rmmjax.eval.iris_eval import SINGLE_PASS_DEPTH, single_pass, turn_metrics
+from rmmjax.retrieve.iris import SINGLE_PASS_DEPTH, single_pass
+from rmmjax.retrieve.metrics import turn_metrics
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.io.iris_models import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.replay.iris_fit import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
+from rmmjax.learners.iris.files import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
+from rmmjax.learners.iris.fit import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
                                        refinement_examples)
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.replay.query_encoder import encoder_replay_steps, encoder_spec
-from rmmjax.io.query_encoders import load_query_encoder, query_encoder_record
+from rmmjax.learners.query_encoder.fit import encoder_replay_steps, encoder_spec
+from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
-from rmmjax.train.inputs import replay_inputs
-from rmmjax.train.task import Task
+from rmmjax.replay.inputs import replay_inputs
+from rmmjax.learners.task import Task
 
 EVAL_AT = 10  # held-out Recall@10 over turns, as every IRIS table reports
 

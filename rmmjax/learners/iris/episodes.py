@@ -62,7 +62,7 @@ class IrisEpisode:
   evidence_KxE: np.ndarray  # fact k comes from evidence turn e (padded with False)
   num_evidence: int
   # A learner's own inputs of the candidates, leading axis K (a cross reranker's: the question
-  # paired with each fact's text, tokenised: rmmjax.replay.iris_cross.with_pair_tokens).
+  # paired with each fact's text, tokenised: rmmjax.learners.iris.cross_facts.with_pair_tokens).
   inputs: Any = None
 
 

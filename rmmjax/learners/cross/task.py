@@ -34,8 +34,8 @@ from rmmjax.learners.cross.model import cross_initial_params
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.train.inputs import heldout_split, replay_inputs
-from rmmjax.train.replay_task import ReplayTask
+from rmmjax.replay.inputs import heldout_split, replay_inputs
+from rmmjax.learners.embedding.task import ReplayTask
 
 
 class CrossRerankerTask(ReplayTask):
@@ -49,7 +49,7 @@ class CrossRerankerTask(ReplayTask):
   def preflight(cls, cfg, encoder, workdir) -> None:
     preflight_cross(cfg, encoder, workdir)
 
-  def __init__(self, cfg, encoder=None, progress: bool = False):
+  def __init__(self, cfg, encoder=None, progress: bool = False, workdir=None):
     self._progress = progress
     self._pair_counts = {"pairs": 0, "truncated": 0}
     super().__init__(cfg, encoder, progress)

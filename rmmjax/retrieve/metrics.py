@@ -54,6 +54,12 @@ def question_metrics(ranked: list[tuple[tuple[str, ...], int]], evidence: set[st
   return out
 
 
+def turn_metrics(store, turn_ids, evidence, ks, num_relevant) -> dict:
+  """Metrics of the ranked turns; a turn's words are its verbatim text's."""
+  return question_metrics([((t,), len(store.raw(t).text.split())) for t in turn_ids],
+                          set(evidence), num_relevant, ks)
+
+
 def aggregate(rows: list[tuple[str, dict[str, float]]]) -> dict:
   """{"overall": means, "by_category": {category: means}} from (category, metrics) rows."""
   if not rows:
