@@ -19,7 +19,7 @@ from rmmjax.io.record import code_commit
 from rmmjax.learners.query_encoder.files import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
-from rmmjax.learners.registry import learner as learner_of
+from rmmjax.learners.registry import learner as learner_of, training_task
 from rmmjax.train import sweeps
 from rmmjax.train.replay_sweep import replay_sweep
 from rmmjax.train.loop import train
@@ -54,6 +54,7 @@ runs it had not finished. `train --set folds=N --set fold=I` trains one row's fo
 def _config(args) -> Config:
   """The config --config and --set name, checked."""
   cfg = apply_overrides(get_config(args.config), args.set or []).validate()
+  training_task(cfg)  # a learner the registry does not hold is refused here
   check_output_dir(args.workdir, "--workdir")
   apply_precision(cfg.precision)
   return cfg

@@ -38,7 +38,7 @@ def load_reranker(path: Path) -> LoadedReranker:
     return load_cross_export(path)
   if path.is_dir():
     record, cfg = read_record(path), read_config(path)
-    spec, template = learner(cfg.variant).restore(cfg, path)
+    spec, template = learner(cfg.variant).restored(cfg, path)
     params, cfg, step = load_trained_params(path, spec, template)
     return LoadedReranker(str(path), params, spec, cfg.hparams(), record, step, cfg.steps)
   if path.suffix != ".safetensors":
@@ -47,6 +47,7 @@ def load_reranker(path: Path) -> LoadedReranker:
   weights, meta = read_reranker(path)
   spec = core.CoreSpec(variant=meta["variant"], dim=int(meta["dim"]), k=int(meta["k"]),
                        m=int(meta["m"]), batch=int(meta["batch"]),
-                       hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]))
+                       hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]),
+                       model=learner(meta["variant"]).task.model)
   return LoadedReranker(str(path), nest(weights), spec, core.HParams.create(**meta["hparams"]),
                         meta["record"], meta.get("step"))

@@ -34,10 +34,11 @@ class Learner:
   # (a batch's `inputs`), pack(batch) (one served query's), pack_many(batch) (several
   # questions'), batchwise (held out, scored batch by batch rather than replayed),
   # replay_inputs(replays, spec, online), pack_streams(streams).
-  reader: Callable
+  reader: Callable | None
   # (a run's config, its workdir) -> (its core spec, parameters in the structure its
-  # checkpoints hold, or None where the identity initialisation has it).
-  restore: Callable = lambda cfg, workdir: (cfg.core_spec(), None)  # noqa: E731
+  # checkpoints hold, or None where the identity initialisation has it); None: those of its
+  # task's model (ReplayTask.model and init_params).
+  restore: Callable | None = None
   # (a training workdir, out) -> a sentence saying what was written: the export a serving
   # system reads, named export_name inside a learner=both export.
   export: Callable = embedding_export.export_run
@@ -48,6 +49,13 @@ class Learner:
   # How it trains as the reranker inside IRIS, on LaceMem's facts (units=lace; None: it cannot).
   iris_task: type[Task] | None = IrisTask
 
+  def restored(self, cfg, workdir) -> tuple:
+    """(core spec, parameters template) of a run of this learner in `workdir`."""
+    if self.restore is not None:
+      return self.restore(cfg, workdir)
+    spec = dataclasses.replace(cfg.core_spec(), model=self.task.model)
+    return spec, self.task.init_params(spec)
+
 
 CROSS_SERVED_FROZEN = (
     "the cross reranker is served without learning from the LLM's citations: in replay "
@@ -55,24 +63,21 @@ CROSS_SERVED_FROZEN = (
     "held-out Recall@5 from 0.575 to 0.555, and no rate has been measured that helps; pass "
     "--learn-cross to learn anyway (at its run's lr and tau unless --lr and --tau say otherwise)")
 
-def _not_served(reranker, encoder):
-  raise ValueError(f"{reranker.path} is not a reranker")
-
-
 LEARNERS = {
     "linear": Learner("linear", ReplayTask, EmbeddingReader.for_reranker),
     "mlp": Learner("mlp", ReplayTask, EmbeddingReader.for_reranker),
     "cross": Learner("cross", CrossRerankerTask, CrossReader.for_reranker, cross_spec.restore,
                      cross_export.export_run, cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
-    "query_encoder": Learner("query_encoder", QueryEncoderTask, _not_served, iris_task=None),
-    "iris": Learner("iris", IrisLearnedTask, _not_served, iris_task=None),
+    "query_encoder": Learner("query_encoder", QueryEncoderTask, None, iris_task=None),
+    "iris": Learner("iris", IrisLearnedTask, None, iris_task=None),
 }
 
 
 def learner(name: str) -> Learner:
   """The learner of a name (a reranker's family, a run's `variant`, or `learner`)."""
   if name not in LEARNERS:
-    raise ValueError(f"variant={name!r} is not one of {', '.join(LEARNERS)}")
+    rerankers = [n for n, found in LEARNERS.items() if found.reader is not None]
+    raise ValueError(f"variant={name!r} is not one of {', '.join(rerankers)}")
   return LEARNERS[name]
 
 
@@ -85,9 +90,9 @@ def reader(reranker, encoder):
 def training_task(cfg) -> type[Task]:
   """The task that trains `cfg`'s last stage: the latent simulator's sessions, IRIS's episodes
   over LaceMem's facts (units=lace), or the learner's own replay."""
+  found = learner(cfg.family)  # (refuses a name the registry does not hold)
   if cfg.config == "latent":
     return LatentTask
-  found = learner(cfg.family)
   return found.iris_task if cfg.units == "lace" and found.iris_task else found.task
 
 

@@ -4,18 +4,24 @@ it in the agent, with no other change. The family: a learnt weight per embedding
 s_k = sum_d q_d w_d m_kd, plus a learnt bias per base position."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cli_args import sets as sets_of
 from hash_encoder import HashEncoder
+from safetensors.numpy import load_file, save_file
 from rmmjax import core
 from rmmjax.agent import Agent, AgentSettings
+from rmmjax.cli import main
 from rmmjax.data.locomo import load_locomo
+from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loaded import LoadedReranker
+from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.embedding.task import ReplayTask
 from rmmjax.learners.registry import LEARNERS, Learner
@@ -117,3 +123,69 @@ def test_a_family_defined_in_a_test_trains_evaluates_and_serves(three, tmp_path,
     # Within the rank prior's spread: the prior depends on the candidate's base position.
     prior = np.asarray(trained.params["rank_bias"])
     assert any(abs(score - (float(q @ (w * text_emb)) + p)) < 1e-4 for p in prior), summary
+
+
+class DiagonalTask(ReplayTask):
+  """The family's training: the shared replay task with its model and first parameters."""
+
+  model = DiagonalModel()
+
+  @classmethod
+  def init_params(cls, spec):
+    return {"w": jnp.ones((spec.dim,), jnp.float32),
+            "rank_bias": jnp.zeros((spec.k,), jnp.float32)}
+
+
+def _export_diagonal(workdir, out):
+  """The family's export: its weights as safetensors (what a serving system would read)."""
+  reranker = load_reranker(workdir)
+  save_file({k: np.asarray(v) for k, v in reranker.params.items()}, str(out))
+  return f"wrote {out}"
+
+
+@pytest.mark.usefixtures("tiny_encoder")
+def test_a_family_defined_in_a_test_trains_evaluates_exports_and_serves_from_the_command_line(
+    three, tmp_path, monkeypatch):
+  # The family's folder is this file; its one registry line:
+  monkeypatch.setitem(LEARNERS, "diagonal", Learner("diagonal", DiagonalTask,
+                                                    EmbeddingReader.for_reranker,
+                                                    export=_export_diagonal))
+  wd = tmp_path / "diagonal"
+  sets = sets_of(f"data={three}", "holdout=1", "dim=32", "learner=reranker", "variant=diagonal",
+                 "retriever=bm25",
+                 "k=5", "steps=8", "log_every=4", "checkpoint_every=8",
+                 "reranker.pretrain_epochs=2", "reranker.pretrain_lr=0.03")
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *sets]) == 0
+  trained = load_reranker(wd)
+  assert trained.spec.model == DiagonalModel()
+  assert set(trained.params) == {"w", "rank_bias"}
+  assert not np.allclose(trained.params["w"], 1.0)  # it learnt, in its own parameters
+
+  report = tmp_path / "eval.json"
+  assert main(["eval", "--data", str(three), "--quiet", "--units", "turn", "--retriever", "bm25",
+               "--k", "2,5", "--reranker", str(wd), "--out", str(report)]) == 0
+  metrics = json.loads(report.read_text())["metrics"]["overall"]
+  assert 0.0 <= metrics["recall_all@5"] <= 1.0
+
+  out = tmp_path / "diagonal.safetensors"
+  assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 0
+  exported = load_file(str(out))
+  np.testing.assert_allclose(exported["w"], trained.params["w"])
+
+  # Served by the agent as loaded from the workdir: its scores are the family's formula.
+  encoder = SentenceEncoder(cache=None)
+  bank = MemoryBank(tmp_path / "bank.sqlite")
+  bank.add_user("ann")
+  bank.start_session("ann", "s1", "2023-05-08")
+  texts = [f"Ann mentioned {word}" for word in ("cats", "bikes", "tea", "rain", "maps", "jazz")]
+  bank.add_turns("ann", "s1", [(f"t{i}", "ann", t) for i, t in enumerate(texts)])
+  bank.apply_reflection("ann", "s1", [NewMemory(t, [f"t{i}"], encoder.encode([t])[0])
+                                      for i, t in enumerate(texts)], [], encoder.identity)
+  served = dataclasses.replace(trained, record=trained.record | {"units": "topic",
+                                                                 "retriever": "hybrid"})
+  agent = Agent(bank, encoder, AgentSettings(k=5, m=2, learn=False), reranker=served)
+  memories, scores = agent.recall("ann", "which tea did Ann like")
+  q, w = encoder.encode(["which tea did Ann like"])[0], np.asarray(trained.params["w"])
+  for memory, score in zip(memories, scores):
+    formula = float(q @ (w * encoder.encode([memory.summary])[0]))
+    assert any(abs(score - (formula + p)) < 1e-4 for p in trained.params["rank_bias"])

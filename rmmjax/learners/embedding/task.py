@@ -1,8 +1,9 @@
 """The replay task: a labelled dataset's conversations replayed through a reranker (the linear
-and MLP rerankers here; the cross reranker, cross_task.py, builds on it)."""
+and MLP rerankers here; the cross reranker's task, and a new family's, build on it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -45,6 +46,15 @@ class ReplayTask(Task):
   evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
+  # A family of its own, registered with this task subclassed: its scoring model (CoreSpec.model;
+  # None: the core's embedding rerankers, linear and MLP).
+  model = None
+
+  @classmethod
+  def init_params(cls, spec: core.CoreSpec):
+    """The parameters a fresh model of `spec` starts from, in the structure its checkpoints hold
+    (None: the core's identity initialisation)."""
+    return None
 
   @classmethod
   def preflight(cls, cfg, encoder, workdir) -> None:
@@ -85,7 +95,7 @@ class ReplayTask(Task):
 
   def _core_spec(self, encoder) -> core.CoreSpec:
     """The core's spec (a cross reranker's names its encoder's configuration)."""
-    return self.cfg.core_spec()
+    return dataclasses.replace(self.cfg.core_spec(), model=self.model)
 
   def _inputs(self, convs) -> list | None:
     """The learner's own inputs of these conversations' candidates (None: the embeddings)."""
@@ -93,7 +103,7 @@ class ReplayTask(Task):
 
   def _initial_params(self):
     """The parameters training starts from (None: the reranker's identity initialisation)."""
-    return None
+    return self.init_params(self.spec)
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer reset."""
@@ -104,7 +114,7 @@ class ReplayTask(Task):
     # No online steps here: the training loop takes them, in checkpointed segments.
     state, logs = jax.jit(train_reranker, static_argnums=(0, 5, 6, 7))(
         self.spec, self.hp, pretrain_hp, self.train_qs, self.train_seq, protocol, 0,
-        distributed.batch_sharding(self.mesh, axis=1))
+        distributed.batch_sharding(self.mesh, axis=1), self.template.params)
     if "pretrain_loss" in logs:
       self.pretrain_loss = distributed.gather(logs["pretrain_loss"])
     return state
