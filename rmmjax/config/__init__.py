@@ -37,7 +37,8 @@ class Config:
 
   config: str = key("latent", choices=lambda: tuple(CONFIGS))
   # The reranker's family (variant) and its selection.
-  variant: str = key("linear", choices=("linear", "mlp", "cross"))
+  # (a name in rmmjax.learners.registry, which checks it: a family registered there trains too)
+  variant: str = "linear"
   dim: int = 64
   k: int = 20  # (50 where --set names variant=cross over turns: see keys.apply_overrides)
   m: int = 5
@@ -132,6 +133,12 @@ class Config:
     """The registry's name of what this run's last stage trains: the reranker's family, or the
     learner itself where it is not a reranker (rmmjax.learners.registry)."""
     return self.variant if self.learner in ("reranker", "both") else self.learner
+
+  @property
+  def first_stage(self) -> "Config | None":
+    """The config of the stage trained before this run's learner, in a workdir of its own
+    (learner=both's query encoder), or None."""
+    return encoder_stage(self).validate() if self.learner == "both" else None
 
   @property
   def learning(self) -> sections.Learning:

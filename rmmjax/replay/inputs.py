@@ -42,7 +42,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   if cfg.folds > len(conversations):
     raise ValueError(f"folds={cfg.folds}: {cfg.data} has {len(conversations)} conversations "
                      "with questions; expected at most one fold per conversation")
-  if cfg.variant == "cross" and cfg.cross.reads_observations(cfg):
+  if cfg.cross is not None and cfg.cross.reads_observations(cfg):
     conversations = with_observations(data, conversations, cfg)
   encoder = base_encoder() if encoder is None else encoder
   if encoder.dim != cfg.dim:

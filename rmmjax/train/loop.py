@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from rmmjax.config import Config, apply_precision, encoder_stage
+from rmmjax.config import Config, apply_precision
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
 from rmmjax.io.trained import RECORD_FILE
@@ -33,6 +33,7 @@ from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resum
 from rmmjax import distributed
 from rmmjax.learners.registry import make_task, training_task
 
+STAGE_DIR = "query_encoder"  # the first stage's workdir, inside the run's
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 
 
@@ -112,9 +113,8 @@ def _check_record(workdir: Path, record: dict | None) -> None:
 def check_run(cfg: Config, encoder, workdir: Path) -> None:
   """The task's own checks of a run (and of a learner=both run's query encoder stage), which
   its config cannot make alone; before anything is written."""
-  if cfg.learner == "both":
-    stage = encoder_stage(cfg).validate()
-    training_task(stage).preflight(stage, encoder, Path(workdir) / "query_encoder")
+  if (first := cfg.first_stage) is not None:
+    training_task(first).preflight(first, encoder, Path(workdir) / STAGE_DIR)
   training_task(cfg).preflight(cfg, encoder, workdir)
 
 
@@ -136,18 +136,18 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
         locks[workdir] = holding.enter_context(held(workdir, "train"))
       # before anything is created or compiled
       check_resumable(workdir, cfg, _same_data(workdir, cfg))
-      stage = workdir.resolve() / "query_encoder"
-      if cfg.learner == "both":
+      stage, first = workdir.resolve() / STAGE_DIR, cfg.first_stage
+      if first is not None:
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           locks[stage] = holding.enter_context(held(stage, "train"))
-        check_resumable(stage, encoder_stage(cfg).validate(), _same_data(stage, cfg), stage=True)
+        check_resumable(stage, first, _same_data(stage, cfg), stage=True)
       # The tasks' own checks, before a learner=both run tunes its encoder.
       check_run(cfg, encoder, workdir)
     try:
-      if cfg.learner == "both":
+      if first is not None:
         # First stage: the query encoder, a run of its own in a sub-workdir (resumed like any
         # run); then the reranker trains on the candidates the tuned encoder retrieves.
-        _train(encoder_stage(cfg), stage, progress, encoder, measure_heldout=measure_heldout,
+        _train(first, stage, progress, encoder, measure_heldout=measure_heldout,
                lock=locks.get(stage))
         cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
       else:
