@@ -136,7 +136,7 @@ def test_variant_cross_s_defaults_are_the_cross_sweep_s_best_arm(monkeypatch):
   """variant=cross's defaults are experiments/sweep_cross.py's arm k50-observations-prior0,
   but for what changes no number: the loop's output cadence, compute_dtype auto (float32 on a
   CPU, as pinned there) and observations auto (read from the dev file as true reads them:
-  tests/train/test_cross_observations.py)."""
+  tests/learners/test_cross_observations.py)."""
   monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "experiments"))
   sweep_cross = importlib.import_module("sweep_cross")
   arm = sweep_cross.ARMS["k50-observations-prior0"]
