@@ -12,7 +12,8 @@ from __future__ import annotations
 import abc
 import datetime
 
-from rmmjax.llm.exchange import COUNTERS
+from rmmjax.llm.base import LLM
+from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import SessionEnded
 from rmmjax.memory.reflection import Reflector, reflect_session
@@ -46,6 +47,7 @@ class ChatAgent(abc.ABC):
   """A memory agent over one bank; every call names the user it serves."""
 
   bank: MemoryBank
+  llm: LLM | None
   stats: dict  # STATS and the agent's own counters
 
   @abc.abstractmethod
@@ -67,11 +69,24 @@ class ChatAgent(abc.ABC):
   def close(self) -> None:
     """Saves what needs saving and releases what the agent holds (nothing by default)."""
 
-  def _record(self, user: str, turns: list[tuple[str, str, str]]) -> tuple[str, list[str]]:
-    """(session id, turn ids) of (speaker, text, kind) turns appended to the chat session."""
+  def _record(self, user: str, turns: list[tuple[str, str, str]]) -> str:
+    """The chat session's id, after appending (speaker, text, kind) turns to it."""
     session_id, ids = self.bank.append_chat(user, turns, datetime.date.today().isoformat())
     self.stats["turns_written"] += len(ids)
-    return session_id, ids
+    return session_id
+
+  def _record_exchange(self, user: str, query: str, answer: str | None) -> str:
+    return self._record(user, [("user", query, "question")]
+                        + ([("assistant", answer, "answer")] if answer else []))
+
+  def _ask(self, query: str, texts: list[str], missing: bool = False) -> tuple:
+    """(answer, cited positions, failure, error) of the LLM over the numbered texts (nothing
+    without an LLM), counted in the stats."""
+    if self.llm is None:
+      return None, (), None, ""
+    got = ask_cited(self.llm, query, texts, evidence_missing=missing)
+    got.count(self.stats)
+    return got.answer, got.cited, got.failure, got.error
 
 
 def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder):

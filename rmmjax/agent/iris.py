@@ -18,11 +18,9 @@ import dataclasses
 
 from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.llm.base import LLM
-from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem
 from rmmjax.memory.lace import add_missing_turns, synced_lace
-from rmmjax.memory.records import UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
 from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve
@@ -58,8 +56,6 @@ class IrisAgent(ChatAgent):
                settings: IrisSettings = IrisSettings(), model=None,
                reflector: Reflector | None = None, progress: bool = True,
                rebuild: bool = False):
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-      raise ValueError(f"m={m!r}: expected a positive number of turns to show")
     self.bank, self.encoder, self.m, self.llm = bank, encoder, m, llm
     self.settings, self.model, self.progress = settings, model, progress
     self.reflector = reflector or OfflineReflector(encoder)
@@ -84,10 +80,6 @@ class IrisAgent(ChatAgent):
 
   def recall(self, user: str, query: str) -> tuple[IrisResult | None, LaceMem]:
     """IRIS's result for the query over the user's LaceMem (None when it holds no facts)."""
-    if not isinstance(query, str) or not query.strip():
-      raise ValueError(f"query must be a non-empty string, got {query!r:.100}")
-    if not self.bank.has_user(user):
-      raise UnknownRecord(f"user {user!r} is not in {self.bank.where}")
     store = self.store(user)
     if not len(store):
       return None, store
@@ -104,31 +96,19 @@ class IrisAgent(ChatAgent):
     turns = tuple(store.raw(t) for t in result.top_turns(self.m)) if result else ()
     self.stats["queries"] += 1
     self.stats["abstained"] += bool(result is not None and result.abstained)
-    answer, cited, failure, error = None, (), None, ""
-    if self.llm is not None:
-      answer, cited, failure, error = self._answer(query, turns,
-                                                   result is not None and result.abstained)
-    exchange = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
-                                                 else [])
-    session_id, _ = self._record(user, exchange)
+    answer, cited, failure, error = self._ask(query, [turn_prompt_text(t) for t in turns],
+                                              result is not None and result.abstained)
+    session_id = self._record_exchange(user, query, answer)
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return IrisResponse(answer, turns, cited, result, failure, error, session_id)
 
   def tell(self, user: str, text: str) -> str:
     """Records something the user says (a statement) in their chat session and adds it to
     their LaceMem at once, as evidence for later questions; returns the session's id."""
-    if not isinstance(text, str) or not text.strip():
-      raise ValueError(f"text must be a non-empty string, got {text!r:.100}")
     store = self.store(user)
-    session_id, _ = self._record(user, [("user", text, "statement")])
+    session_id = self._record(user, [("user", text, "statement")])
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return session_id
-
-  def _answer(self, query: str, turns: tuple[RawTurn, ...], missing: bool) -> tuple:
-    got = ask_cited(self.llm, query, [turn_prompt_text(t) for t in turns],
-                    evidence_missing=missing)
-    got.count(self.stats)
-    return got.answer, got.cited, got.failure, got.error
 
   def end_session(self, user: str):
     """Prospective Reflection over the user's open chat session (the topic memories)."""

@@ -28,11 +28,11 @@ from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
 from rmmjax.agent.workdir import AgentWorkdir
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.base import LLM
-from rmmjax.llm.exchange import ask_cited
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
+from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.registry import reader
@@ -59,19 +59,17 @@ class AgentSettings:
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("k", "m", "batch", "seed"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r}: expected an integer")
-    if not 1 <= self.m <= self.k:
-      raise ValueError(f"m={self.m} memories shown of k={self.k} retrieved: expected "
-                       f"1 <= m <= k")
-    if self.batch < 1:
-      raise ValueError(f"batch={self.batch}: expected a positive number of rewarded answers")
-    for name in ("tau", "lr"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r}: expected a positive finite number")
+    for name, expected, ok in (
+        ("retriever", f"one of {', '.join(RETRIEVERS)}", lambda v: v in RETRIEVERS),
+        ("k", "an integer >= 1", lambda v: type(v) is int and v >= 1),
+        ("m", f"an integer from 1 to k={self.k}",
+         lambda v: type(v) is int and 1 <= v <= self.k),
+        ("batch", "an integer >= 1", lambda v: type(v) is int and v >= 1),
+        ("seed", "an integer", lambda v: type(v) is int),
+        ("tau", "a positive finite number", lambda v: math.isfinite(v) and v > 0),
+        ("lr", "a positive finite number", lambda v: math.isfinite(v) and v > 0)):
+      if not ok(getattr(self, name)):
+        raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +91,6 @@ class Response(Reply):
   @property
   def shown_texts(self) -> list[str]:
     return [memory.summary for memory in self.memories]
-
-
-def _check_query(query) -> None:
-  if not isinstance(query, str) or not query.strip():
-    raise ValueError(f"query must be a non-empty string, got {query!r:.100}")
 
 
 def memory_prompt_text(memory: Memory) -> str:
@@ -261,7 +254,6 @@ class Agent(ChatAgent):
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
     """The M memories that would be handed to the LLM and their scores (top M, no learning)."""
-    _check_query(query)
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K = np.asarray(self._scores(self.state.params,
@@ -284,28 +276,20 @@ class Agent(ChatAgent):
     """Records something the user says (a statement: nothing is retrieved or answered) in
     their open chat session, where reflection takes it into the topic memories; returns the
     session's id."""
-    _check_query(text)
     self._require_user(user)
-    session_id, _ = self._record(user, [("user", text, "statement")])
+    session_id = self._record(user, [("user", text, "statement")])
     self.save()
     return session_id
 
   def _exchange(self, user: str, query: str, record: bool) -> Response:
-    _check_query(query)
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens)
     taken = [int(s) for s in selected_M if s >= 0]
     shown = tuple(candidates[s] for s in taken)
     self.stats["queries"] += 1
-    answer, cited, failure, error = None, (), None, ""
-    if self.llm is not None:
-      answer, cited, failure, error = self._answer(query, shown)
-    session_id = None
-    if record:
-      turns = [("user", query, "question")] + ([("assistant", answer, "answer")] if answer
-                                                else [])
-      session_id, _ = self._record(user, turns)
+    answer, cited, failure, error = self._ask(query, [memory_prompt_text(m) for m in shown])
+    session_id = self._record_exchange(user, query, answer) if record else None
     rewarded = self.llm is not None and failure is None and bool(shown)
     updated = False
     if rewarded and self.learning:
@@ -324,12 +308,6 @@ class Agent(ChatAgent):
     self.save()
     return Response(answer, shown, tuple(float(scores_K[s]) for s in taken), cited, rewarded,
                     updated, failure, error, session_id)
-
-  def _answer(self, query: str, shown: tuple[Memory, ...]) -> tuple:
-    """(answer, cited positions, failure, error) of the LLM for the shown memories."""
-    got = ask_cited(self.llm, query, [memory_prompt_text(m) for m in shown])
-    got.count(self.stats)
-    return got.answer, got.cited, got.failure, got.error
 
   def _learn(self) -> None:
     batch_size = self.state.spec.batch

@@ -26,6 +26,15 @@ from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 SETTINGS = AgentSettings()  # the agent's defaults are the flags' defaults
+
+
+def _positive(**flags) -> None:
+  """Refuses a count flag (--k, --m, --candidates, --limit) below 1; None is not given."""
+  for flag, value in flags.items():
+    if value is not None and value < 1:
+      raise ValueError(f"--{flag} {value}: expected a positive number")
+
+
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
   for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder)):
     if path:
@@ -41,9 +50,7 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
   # A reranker scores as many candidates as it trained on: by default, that many.
   default_k = reranker.spec.k if reranker is not None else SETTINGS.k
   args.candidates = default_k if args.candidates is None else args.candidates
-  if args.candidates < 1:
-    raise ValueError(f"--candidates {args.candidates}: expected a positive number of memories "
-                     f"to retrieve")
+  _positive(candidates=args.candidates)
   if m > args.candidates:
     raise ValueError(f"{m} memories handed to the LLM (--{'k' if args.command == 'recall' else 'm'}"
                      f" {m}) but only --candidates {args.candidates} retrieved: hand over at "
@@ -120,12 +127,9 @@ def _check_iris_flags(args) -> None:
 
 
 def cmd_recall(args) -> None:
-  if args.k < 1:
-    raise ValueError(f"--k {args.k}: expected a positive number of memories")
+  _positive(k=args.k)
   _check_iris_flags(args)
   with bank(args.db, must_exist=True) as memory_bank:
-    if not memory_bank.has_user(args.user):
-      raise ValueError(f"--user {args.user!r} has no memories in {args.db}")
     if args.iris:
       agent = _iris_agent(args, memory_bank, encoder_for(memory_bank), args.k)
       _print_iris_recall(*agent.recall(args.user, args.query), args.k, args.json)
@@ -165,6 +169,7 @@ def _print_iris_recall(result, store, k: int, as_json: bool) -> None:
 
 
 def cmd_chat(args) -> None:
+  _positive(m=args.m, batch=args.batch)
   _check_iris_flags(args)
   llm = llm_from_flags(args)
   if not args.new_user and not Path(args.db).is_file():
@@ -193,8 +198,7 @@ def cmd_answer(args) -> None:
     _refuse_beside_iris(args, "answers from IRIS's evidence over a LaceMem it builds from each "
                               "conversation of --data, with the base encoder and no reranker "
                               "(a reranker answers from a bank: --db BANK --reranker W)")
-  if args.limit is not None and args.limit < 1:
-    raise ValueError(f"--limit {args.limit}: expected a positive number of questions")
+  _positive(m=args.m, limit=args.limit)
   if not args.iris and not args.db:
     raise ValueError("rmmjax answer needs --db FILE (a bank built with ingest "
                      "--user-per-conversation), or --iris to answer from LaceMem")

@@ -27,8 +27,6 @@ from rmmjax.memory.texts import embedded_texts
 
 
 def cmd_ingest(args) -> None:
-  if not args.user and not args.user_per_conversation:
-    raise ValueError("name whose memories these are: --user U, or --user-per-conversation")
   conversations, report = {"locomo": load_locomo, "msc": load_msc}[args.dataset](Path(args.data))
   plan_ingest(conversations, args.user, args.user_per_conversation)  # before the bank exists
   llm = llm_from_flags(args)

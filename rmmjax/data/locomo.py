@@ -40,7 +40,6 @@ from rmmjax.data.schema import (
   require,
 )
 
-_TURN_ID = re.compile(r"D(\d+):(\d+)")
 _SESSION_KEY = re.compile(r"session_(\d+)")
 
 

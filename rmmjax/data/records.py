@@ -75,11 +75,9 @@ def _text(path: Path, expected: str) -> str:
     raise MalformedData(f"{path} is not a regular file; expected {expected}")
   try:
     data = path.read_bytes()
-  except PermissionError:
-    raise MalformedData(f"{path} cannot be read (permission denied); expected {expected}") from None
   except OSError as err:
-    raise MalformedData(f"{path} cannot be read ({err.strerror or err}); expected "
-                        f"{expected}") from None
+    why = "permission denied" if isinstance(err, PermissionError) else err.strerror or err
+    raise MalformedData(f"{path} cannot be read ({why}); expected {expected}") from None
   try:
     return data.decode("utf-8-sig")
   except UnicodeDecodeError as err:

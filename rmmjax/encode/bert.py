@@ -21,10 +21,8 @@ __all__ = ["BertConfig", "BertCrossEncoder", "BertEncoder", "check_params", "con
 
 
 def config_from_dir(model_dir: Path) -> BertConfig:
-  """The configuration in a model directory's config.json."""
+  """The configuration in a model directory's config.json (checked to exist by the caller)."""
   path = Path(model_dir) / "config.json"
-  if not path.exists():
-    raise FileNotFoundError(f"{path} not found: expected a Hugging Face model directory")
   return BertConfig.from_dict(json.loads(path.read_text()), where=str(path))
 
 
@@ -67,10 +65,9 @@ def param_at(params: dict, path: tuple[str, str]):
 
 
 def load_params(model_dir: Path, cfg: BertConfig) -> dict:
-  """Flax parameters from a Hugging Face BERT safetensors file (with or without 'bert.')."""
+  """Flax parameters from a Hugging Face BERT safetensors file (with or without 'bert.'),
+  which the caller checked exists."""
   path = Path(model_dir) / "model.safetensors"
-  if not path.exists():
-    raise FileNotFoundError(f"{path} not found: expected safetensors weights")
   w = {k.removeprefix("bert."): v for k, v in load_file(str(path)).items()}
   params: dict = {}
   for (module, leaf), name, transposed in weight_names(cfg):

@@ -49,6 +49,20 @@ def per_host(path: Path, host: str) -> Path:
   return path.with_name(f"{path.stem}-{safe}{path.suffix}")
 
 
+def wal_mode(db: sqlite3.Connection, busy_timeout_s: float) -> str:
+  """Switches a new file to WAL and returns the journal mode. The switch takes an exclusive lock
+  without waiting for it (no busy handler), so processes opening a new file at once retry here."""
+  deadline, pause = time.monotonic() + busy_timeout_s, 0.001
+  while True:
+    try:
+      return db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    except sqlite3.OperationalError as err:
+      if "locked" not in str(err) or time.monotonic() > deadline:
+        raise
+    time.sleep(pause)
+    pause = min(2 * pause, 0.05)
+
+
 class CacheError(ValueError):
   """An embedding cache file that cannot be used; a ValueError so that commands report it as a
   bad argument, with the file and the remedy, rather than a traceback."""
@@ -79,7 +93,7 @@ class EmbeddingCache:
       # isolation_level IMMEDIATE: a write takes the lock when its transaction begins, so two
       # writers queue on the busy timeout instead of one failing when it upgrades its lock.
       self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level="IMMEDIATE")
-      self._journal_mode_wal(busy_timeout_s)
+      wal_mode(self._db, busy_timeout_s)
       with self._db:
         self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (model TEXT NOT NULL, key BLOB "
                          "NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (model, key))")
@@ -87,20 +101,6 @@ class EmbeddingCache:
       if self._db is not None:
         self._db.close()
       raise self._error(err, "opened") from None
-
-  def _journal_mode_wal(self, busy_timeout_s: float) -> None:
-    """Switches a new file to WAL. The switch takes an exclusive lock without waiting for it (no
-    busy handler), so processes that open a new cache at once retry here."""
-    deadline, pause = time.monotonic() + busy_timeout_s, 0.001
-    while True:
-      try:
-        self._db.execute("PRAGMA journal_mode = WAL")
-        return
-      except sqlite3.OperationalError as err:
-        if "locked" not in str(err) or time.monotonic() > deadline:
-          raise
-      time.sleep(pause)
-      pause = min(2 * pause, 0.05)
 
   def _error(self, err: sqlite3.DatabaseError, doing: str) -> CacheError:
     """The CacheError for an SQLite failure, with the remedy that fits it."""

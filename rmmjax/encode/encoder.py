@@ -49,14 +49,12 @@ def default_model_dir() -> Path:
 
 def check_model_dir(model_dir: Path) -> None:
   """Fails naming every required file a model directory lacks, before anything is loaded."""
-  if not model_dir.is_dir():
-    raise FileNotFoundError(f"model directory {model_dir} does not exist (expected a Hugging "
-                            f"Face-format directory with {', '.join(REQUIRED_FILES)})")
   missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()]
   if missing:
-    raise FileNotFoundError(f"{model_dir} is not a complete model directory: "
-                            f"{'; '.join(name + ' not found' for name in missing)} "
-                            f"(expected {', '.join(REQUIRED_FILES)})")
+    what = ("does not exist" if not model_dir.is_dir() else "is incomplete: "
+            + "; ".join(name + " not found" for name in missing))
+    raise FileNotFoundError(f"model directory {model_dir} {what} (expected a Hugging Face-format "
+                            f"directory with {', '.join(REQUIRED_FILES)})")
 
 
 @functools.cache

@@ -21,14 +21,13 @@ class LLMError(RuntimeError):
 
 
 def check_messages(messages: list[dict]) -> None:
-  """Raises ValueError naming the first message that is not {"role": ..., "content": str}."""
-  if not isinstance(messages, list) or not messages:
-    raise ValueError(f"messages must be a non-empty list of dicts, got {messages!r:.200}")
-  for i, message in enumerate(messages):
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-      raise ValueError(f"messages[{i}] must be a dict with a role in {ROLES}, got {message!r:.200}")
-    if not isinstance(message.get("content"), str):
-      raise ValueError(f"messages[{i}]['content'] must be a string, got {message!r:.200}")
+  """Raises ValueError naming the first message that is not {"role": ..., "content": str}
+  (messages[0] when there is none)."""
+  for i, message in enumerate(messages or [None]):
+    if (not isinstance(message, dict) or message.get("role") not in ROLES
+        or not isinstance(message.get("content"), str)):
+      raise ValueError(f"messages[{i}] must be a dict with a role in {ROLES} and string "
+                       f"content, got {message!r:.200}")
 
 
 def with_schema_note(messages: list[dict], schema: dict) -> list[dict]:

@@ -46,21 +46,17 @@ class LLMSettings:
   context_tokens: int = 8192
 
   def __post_init__(self):
-    if not re.match(r"https?://[^/\s]+", self.base_url or ""):
-      raise ValueError(f"base_url must start with http:// or https:// and a host, "
-                       f"got {self.base_url!r}")
-    if not self.model:
-      raise ValueError("model must name the served model, got an empty string")
-    if self.structured_output not in STRUCTURED_OUTPUTS:
-      raise ValueError(f"structured_output must be one of {STRUCTURED_OUTPUTS}, "
-                       f"got {self.structured_output!r}")
-    if isinstance(self.context_tokens, bool) or not isinstance(self.context_tokens, int) or (
-        self.context_tokens < 2 * MIN_PROMPT_TOKENS):
-      raise ValueError(f"context_tokens must be an integer of at least {2 * MIN_PROMPT_TOKENS}, "
-                       f"got {self.context_tokens!r}")
-    if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
-      raise ValueError(f"timeout_s must be > 0 and retries, backoff_s, backoff_max_s >= 0, got "
-                       f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.backoff_max_s}")
+    for name, expected, ok in (
+        ("base_url", "a URL starting with http:// or https:// and a host",
+         lambda v: re.match(r"https?://[^/\s]+", v or "")),
+        ("model", "the served model's name", bool),
+        ("structured_output", f"one of {STRUCTURED_OUTPUTS}", lambda v: v in STRUCTURED_OUTPUTS),
+        ("context_tokens", f"an integer of at least {2 * MIN_PROMPT_TOKENS}",
+         lambda v: type(v) is int and v >= 2 * MIN_PROMPT_TOKENS),
+        ("timeout_s", "> 0", lambda v: v > 0), ("retries", ">= 0", lambda v: v >= 0),
+        ("backoff_s", ">= 0", lambda v: v >= 0), ("backoff_max_s", ">= 0", lambda v: v >= 0)):
+      if not ok(getattr(self, name)):
+        raise ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
   @property
   def url(self) -> str:
@@ -114,8 +110,6 @@ class OpenAICompatibleLLM(LLM):
   def chat_structured(self, messages: list[dict], schema: dict, *,
                       max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0) -> str:
     """The raw reply to a request for JSON, in the configured structured-output form."""
-    if not isinstance(schema, dict):
-      raise ValueError(f"schema must be a JSON Schema dict, got {schema!r:.200}")
     form = self.settings.structured_output
     if form == "none":
       check_messages(messages)
@@ -132,9 +126,6 @@ class OpenAICompatibleLLM(LLM):
   def _complete(self, messages: list[dict], max_tokens: int, temperature: float,
                 response_format: dict | None) -> str:
     check_messages(messages)
-    if max_tokens < 1 or not 0.0 <= temperature <= 2.0:
-      raise ValueError(f"max_tokens must be >= 1 and temperature in [0, 2], got {max_tokens}, "
-                       f"{temperature}")
     payload = {"model": self.settings.model, "messages": messages, "max_tokens": max_tokens,
                "temperature": temperature}
     if response_format is not None:

@@ -62,9 +62,4 @@ class ScriptedLLM(LLM):
       raise item
     if callable(item):
       item = item(request.messages)
-    if isinstance(item, (dict, list)):
-      return json.dumps(item)
-    if not isinstance(item, str):
-      raise TypeError(f"scripted reply {call + 1} must be text, JSON, an exception or a function "
-                      f"returning text or JSON, got {type(item).__name__}")
-    return item
+    return json.dumps(item) if isinstance(item, (dict, list)) else item

@@ -73,8 +73,6 @@ def _scan(text: str) -> dict | list | None:
 
 def extract_json(text: str) -> dict | list:
   """The JSON object or array in a reply: bare, in a ```json fence, or with text around it."""
-  if not isinstance(text, str):
-    raise LLMOutputError(f"expected the reply as a string, got {type(text).__name__}", text="")
   for fenced in _FENCE.findall(text):
     found = _scan(fenced)
     if found is not None:

@@ -71,11 +71,6 @@ def _numbered(items: Sequence[str]) -> str:
   return "\n".join(f"[{i}] {_one_line(item)}" for i, item in enumerate(items, start=1))
 
 
-def _check_texts(items: Sequence[str], what: str) -> None:
-  if isinstance(items, str) or not all(isinstance(item, str) for item in items):
-    raise ValueError(f"{what} must be a sequence of strings, got {items!r:.200}")
-
-
 _TOPICS_SYSTEM = """\
 You write memory notes at the end of a conversation, to be recalled in later conversations.
 Find the topics worth remembering: facts about the people, their plans, preferences, events and \
@@ -92,8 +87,6 @@ def topic_extraction(turns: Sequence[TurnLike], date: str, max_topics: int = MAX
   """Prompt to extract topic memories from one session's turns, held on `date`."""
   if not turns:
     raise ValueError("topic_extraction needs at least one turn, got none")
-  if max_topics < 1:
-    raise ValueError(f"max_topics must be at least 1, got {max_topics}")
   turn_ids = [turn.turn_id for turn in turns]
   if len(set(turn_ids)) != len(turn_ids):
     raise ValueError(f"turn ids must be unique within a session, got {turn_ids!r:.200}")
@@ -123,9 +116,6 @@ If it is a different topic, reply in JSON: {"action": "add", "index": null, "sum
 def add_or_merge(new_summary: str, existing: Sequence[str], *,
                  max_chars: int | None = None) -> Prompt:
   """Prompt to add a new topic memory or merge it into one of the `existing` similar ones."""
-  if not isinstance(new_summary, str) or not new_summary.strip():
-    raise ValueError(f"new_summary must be a non-empty string, got {new_summary!r:.200}")
-  _check_texts(existing, "existing")
   if not existing:
     raise ValueError("add_or_merge needs at least one existing memory; with none, add directly")
   texts, cut = _fitted([new_summary, *existing], max_chars, len(_MERGE_SYSTEM) + 60, 6)
@@ -156,9 +146,6 @@ def answer_with_citations(question: str, memories: Sequence[str], current_sessio
                           max_chars: int | None = None, evidence_missing: bool = False) -> Prompt:
   """Prompt to answer from numbered memories and cite the ones used (RMM's reward signal);
   `evidence_missing` (an iterative search abstained) asks for a refusal over a guess."""
-  if not isinstance(question, str) or not question.strip():
-    raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
-  _check_texts(memories, "memories")
   # The question and the current conversation get at most a quarter of the budget each.
   quarter = None if max_chars is None else max_chars // 4
   (question,), cut_question = fit_texts([question.strip()], quarter)
@@ -193,9 +180,6 @@ Reply in JSON: {"correct": true} or {"correct": false}."""
 def answer_judge(question: str, gold: str, candidate: str, *,
                  max_chars: int | None = None) -> Prompt:
   """Prompt for a binary verdict: does the candidate answer match the reference answer."""
-  for name, value in (("question", question), ("gold", gold), ("candidate", candidate)):
-    if not isinstance(value, str):
-      raise ValueError(f"{name} must be a string, got {value!r:.200}")
   (question, gold, candidate), cut = _fitted([question.strip(), gold.strip(), candidate.strip()],
                                              max_chars, len(_JUDGE_SYSTEM) + 60, 0)
   user = f"Question: {question}\nReference answer: {gold}\nCandidate answer: {candidate}"
@@ -218,9 +202,6 @@ Reply in JSON: {"label": "EXACT" | "INFERRABLE" | "PARTIAL", "confidence": <0 to
 def sufficiency_judge(question: str, evidence: Sequence[str], *,
                       max_chars: int | None = None) -> Prompt:
   """Prompt to judge whether numbered evidence suffices to answer the question (IRIS)."""
-  if not isinstance(question, str) or not question.strip():
-    raise ValueError(f"question must be a non-empty string, got {question!r:.200}")
-  _check_texts(evidence, "evidence")
   (question,), cut_question = fit_texts([question.strip()],
                                         None if max_chars is None else max_chars // 4)
   evidence, cut = _fitted(evidence, max_chars, len(_SUFFICIENCY_SYSTEM) + len(question) + 40, 6)

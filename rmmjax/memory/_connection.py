@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rmmjax.encode.cache import wal_mode
 from rmmjax.memory.records import BankFileError
 
 
@@ -23,7 +23,7 @@ def connect(path: Path, busy_timeout_s: float, where: str) -> sqlite3.Connection
                    "synchronous = FULL",  # a committed write survives a power cut
                    "secure_delete = ON"):  # deleted personal text is zeroed, not left in pages
       db.execute(f"PRAGMA {pragma}")
-    mode = _journal_mode_wal(db, busy_timeout_s)
+    mode = wal_mode(db, busy_timeout_s)
     keys = db.execute("PRAGMA foreign_keys").fetchone()[0]
     if mode != "wal" or keys != 1:
       raise BankFileError(f"{where}: SQLite gave journal mode {mode!r} and foreign_keys "
@@ -32,20 +32,6 @@ def connect(path: Path, busy_timeout_s: float, where: str) -> sqlite3.Connection
     db.close()
     raise
   return db
-
-
-def _journal_mode_wal(db: sqlite3.Connection, busy_timeout_s: float) -> str:
-  """Switches a new file to WAL; the switch needs an exclusive lock and SQLite does not wait for
-  it (no busy handler), so processes opening a new bank at once retry here."""
-  deadline, pause = time.monotonic() + busy_timeout_s, 0.001
-  while True:
-    try:
-      return db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    except sqlite3.OperationalError as err:
-      if "locked" not in str(err) or time.monotonic() > deadline:
-        raise
-    time.sleep(pause)
-    pause = min(2 * pause, 0.05)
 
 
 @contextlib.contextmanager

@@ -74,13 +74,9 @@ def matrix(db: sqlite3.Connection, cipher: Cipher, user: str, encoder: str,
       "ORDER BY m.memory_id", (MEMORY, encoder, user, user)).fetchall()
   if not rows:
     return [], np.zeros((0, 0), np.float32)
-  vectors = [open_vector(cipher, d, b, f"{where}: the embedding of memory {m}")
-             for m, d, b in rows]
-  if len({v.size for v in vectors}) != 1:
-    raise BankFileError(f"{where}: the memories of user {user!r} have embeddings of sizes "
-                        f"{sorted({v.size for v in vectors})} from encoder {encoder!r}; "
-                        f"re-embed them (put_embeddings)")
-  return [r[0] for r in rows], np.stack(vectors)
+  # One size per encoder: check_dims refuses a write that would give two.
+  return [r[0] for r in rows], np.stack([
+      open_vector(cipher, d, b, f"{where}: the embedding of memory {m}") for m, d, b in rows])
 
 
 def by_memory(db: sqlite3.Connection, cipher: Cipher, user: str,

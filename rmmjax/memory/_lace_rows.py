@@ -46,8 +46,6 @@ def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnap
   """Replaces the user's layered memory with snap, inside the caller's write transaction;
   returns its revision."""
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
-  if vectors.shape[0] != len(snap.facts):
-    raise ValueError(f"{len(snap.facts)} facts but {vectors.shape[0]} vectors")
   revision = _next_revision(db)
   db.execute("DELETE FROM lace_meta WHERE user_id = ?", (user,))  # cascades to the layers
   db.execute("INSERT INTO lace_meta (user_id, settings, encoder, dim, fallbacks, revision) "

@@ -17,22 +17,16 @@ from rmmjax.memory import _embedding_rows as emb
 from rmmjax.memory.crypto import Cipher
 from rmmjax.memory._embedding_rows import MEMORY
 from rmmjax.memory.records import (
-    ORIGINS, BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded, SessionInfo,
-    Snippet, StaleRead, UnknownRecord, select_in, text_arg)
+    BankTurn, Memory, Merge, NewMemory, ReflectionInput, SessionEnded, SessionInfo,
+    Snippet, StaleRead, UnknownRecord, select_in)
 
 CHAT_PREFIX = "chat-"  # chat sessions are chat-1, chat-2, ...; datasets name their own
-
-
-def check_origin(origin: object) -> str:
-  if origin not in ORIGINS:
-    raise ValueError(f"origin {origin!r} is not one of {', '.join(ORIGINS)}")
-  return origin
 
 
 def session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo | None:
   row = db.execute("SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE "
                    "user_id = ? AND session_id = ?",
-                   (user, text_arg(session_id, "session_id"))).fetchone()
+                   (user, session_id)).fetchone()
   return None if row is None else SessionInfo(row[0], row[1], row[2], bool(row[3]), row[4])
 
 
@@ -62,7 +56,7 @@ def insert_session(db: sqlite3.Connection, user: str, session_id: str, date: str
     raise ValueError(f"user {user!r} already has session {session_id!r}")
   db.execute("INSERT INTO sessions (user_id, session_id, date, ordinal, ended, origin) "
              "SELECT ?, ?, ?, COALESCE(MAX(ordinal) + 1, 0), 0, ? FROM sessions "
-             "WHERE user_id = ?", (user, session_id, date, check_origin(origin), user))
+             "WHERE user_id = ?", (user, session_id, date, origin, user))
   return require_session(db, user, session_id)
 
 

@@ -32,8 +32,8 @@ from rmmjax.memory._connection import connect, transaction
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
 from rmmjax.memory.records import (
     BankFileError, BankTurn, LaceSaved, LaceSnapshot, Memory, Merge, NewMemory, ReflectionInput,
-    SessionEnded, SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, repeated,
-    select_in, string_arg, text_arg, turn_rows, vector_arg)
+    SessionEnded, SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, select_in,
+    text_arg, turn_rows, vector_arg)
 
 # Long enough to outlast another process's largest write (one reflection, one import).
 BUSY_TIMEOUT_S = 60.0
@@ -93,11 +93,15 @@ class MemoryBank:
     """One read transaction: every query inside it sees the same snapshot."""
     return transaction(self._db, "BEGIN", self.where)
 
-  def _require_user(self, db: sqlite3.Connection, user: str) -> str:
-    """user, if the bank has them (inside a transaction); UnknownRecord otherwise."""
-    text_arg(user, "user")
-    if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone() is None:
+  def _version(self, db: sqlite3.Connection, user: str) -> int:
+    """The user's memory_version (inside a transaction); UnknownRecord when there is no user."""
+    row = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()
+    if row is None:
       raise UnknownRecord(f"{self.where} has no user {user!r}")
+    return row[0]
+
+  def _require_user(self, db: sqlite3.Connection, user: str) -> str:
+    self._version(db, user)
     return user
 
   @staticmethod
@@ -122,26 +126,20 @@ class MemoryBank:
 
   def has_user(self, user: str) -> bool:
     with self._reading() as db:
-      return db.execute("SELECT 1 FROM users WHERE user_id = ?",
-                        (text_arg(user, "user"),)).fetchone() is not None
+      return db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone() is not None
 
   def memory_version(self, user: str) -> int:
     """A number that changes in every transaction that changes the user's memories or their
     embeddings, and never repeats; one row lookup (a search index is rebuilt only when it
     changes)."""
     with self._reading() as db:
-      row = db.execute("SELECT version FROM users WHERE user_id = ?",
-                       (text_arg(user, "user"),)).fetchone()
-    if row is None:
-      raise UnknownRecord(f"{self.where} has no user {user!r}")
-    return row[0]
+      return self._version(db, user)
 
   # Sessions and turns -----------------------------------------------------------------------
 
   def start_session(self, user: str, session_id: str, date: str, *,
                     origin: str = "api") -> None:
     """Opens a session of the given id; only writers of the same origin append to it."""
-    string_arg(date, "date")
     with self._writing() as db:
       rows.insert_session(db, self._require_user(db, user), session_id, date, origin)
 
@@ -151,7 +149,7 @@ class MemoryBank:
     turns = turn_rows(turns)
     with self._writing() as db:
       info = rows.require_session(db, self._require_user(db, user), session_id)
-      self._own_session(info, user, rows.check_origin(origin))
+      self._own_session(info, user, origin)
       rows.insert_turns(db, self.cipher, user, info, turns)
 
   @staticmethod
@@ -167,7 +165,6 @@ class MemoryBank:
     (session id, turn ids). The ids are chosen inside the write, so concurrent chats of one
     user never collide, and a session that another process ended meanwhile is never written
     to."""
-    string_arg(date, "date")
     texts, kinds = chat_turn_rows(turns)
     with self._writing() as db:
       self._require_user(db, user)
@@ -181,7 +178,7 @@ class MemoryBank:
   def open_session(self, user: str, origin: str) -> SessionInfo | None:
     """The user's newest session of this origin that has not ended, or None."""
     with self._reading() as db:
-      return rows.newest_open(db, self._require_user(db, user), rows.check_origin(origin))
+      return rows.newest_open(db, self._require_user(db, user), origin)
 
   def ingest_session(self, user: str, session_id: str, date: str,
                      turns: Sequence[tuple[str, str, str]]) -> tuple[bool, int]:
@@ -189,7 +186,6 @@ class MemoryBank:
     transaction: opens it, or appends the turns it lacks; returns (ended, turns added). A
     session of that id with another date, other turns or another origin is refused."""
     turns = turn_rows(turns)
-    string_arg(date, "date")
     with self._writing() as db:
       self._require_user(db, user)
       info = rows.session(db, user, session_id)
@@ -235,17 +231,14 @@ class MemoryBank:
 
   def memory_embeddings(self, user: str, encoder: str) -> tuple[list[int], np.ndarray]:
     """(memory ids, float32 N x D matrix) of the user's memories as embedded by encoder."""
-    text_arg(encoder, "encoder")
     with self._reading() as db:
       return emb.matrix(db, self.cipher, self._require_user(db, user), encoder, self.where)
 
   def memory_snapshot(self, user: str, encoder: str) -> tuple[int, list[Memory], np.ndarray]:
     """(memory_version, memories oldest first, their encoder embeddings in that order, N x D)
     from one snapshot: what a search index is built from (three reads could mix two writes)."""
-    text_arg(encoder, "encoder")
     with self._reading() as db:
-      self._require_user(db, user)
-      version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+      version = self._version(db, user)
       memories = rows.memories(db, self.cipher, user)
       if not memories:
         return version, memories, np.zeros((0, 0), np.float32)
@@ -257,10 +250,7 @@ class MemoryBank:
   def put_embeddings(self, user: str, encoder: str, memory_ids: Sequence[int],
                      vectors: np.ndarray) -> None:
     """Stores (or replaces) encoder's embeddings of some of the user's memories."""
-    text_arg(encoder, "encoder")
     vectors = vector_arg(vectors, "vectors", ndim=2)
-    if vectors.shape[0] != len(memory_ids):
-      raise ValueError(f"{len(memory_ids)} memory ids but {vectors.shape[0]} vectors")
     with self._writing() as db:
       self._own_memories(db, self._require_user(db, user), memory_ids)
       for m, v in zip(memory_ids, vectors, strict=True):
@@ -269,12 +259,7 @@ class MemoryBank:
       self._bump(db, user)
 
   def _own_memories(self, db: sqlite3.Connection, user: str, memory_ids: Sequence[int]) -> None:
-    for m in memory_ids:
-      if not isinstance(m, (int, np.integer)) or isinstance(m, bool):
-        raise ValueError(f"memory ids must be integers, got {m!r}")
     ids = [int(m) for m in memory_ids]
-    if len(set(ids)) != len(ids):
-      raise ValueError(f"memory ids repeat: {repeated(ids)}")
     found = {r[0] for r in select_in(db, "SELECT memory_id FROM memories WHERE user_id = ? AND "
                                       "memory_id IN ({})", (user,), ids)}
     if unknown := [m for m in ids if m not in found]:
@@ -286,12 +271,10 @@ class MemoryBank:
   def reflection_input(self, user: str, session_id: str, encoder: str) -> ReflectionInput:
     """The session, its turns and the user's memories with encoder's embeddings, read from one
     snapshot (pass its version to apply_reflection)."""
-    text_arg(encoder, "encoder")
     with self._reading() as db:
-      self._require_user(db, user)
+      version = self._version(db, user)
       info = rows.require_session(db, user, session_id)
       ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
-      version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
       return ReflectionInput(info, rows.turns(db, self.cipher, user, session_id),
                              {m.id: m for m in rows.memories(db, self.cipher, user)}, ids,
                              vectors, version)
@@ -306,7 +289,6 @@ class MemoryBank:
     and nothing is written when the user's memories or the session's turns changed since.
     """
     adds, merges = reflection_items(adds, merges)
-    text_arg(encoder, "encoder")
     now = time.time() if now is None else float(now)
     turn_ids = list(dict.fromkeys(t for item in [*adds, *merges] for t in item.turn_ids))
     with self._writing() as db:
@@ -320,7 +302,7 @@ class MemoryBank:
       emb.require_encoder(db, user, encoder, "this reflection")
       turns = {r[0]: r[1:] for r in select_in(
           db, "SELECT turn_id, session_id, date, text FROM turns WHERE user_id = ? AND turn_id "
-          "IN ({})", (user,), [text_arg(t, "a snippet turn id") for t in turn_ids])}
+          "IN ({})", (user,), turn_ids)}
       if unknown := [t for t in turn_ids if t not in turns]:
         raise UnknownRecord(f"user {user!r} has no turn {unknown[0]!r} (snippets must name "
                             f"the user's stored turns)")

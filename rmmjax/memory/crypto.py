@@ -90,9 +90,6 @@ class FernetCipher(Cipher):
     except ImportError:
       raise BankKeyError(f"{where} needs the cryptography package for its key: "
                          f"pip install 'cryptography>=42'") from None
-    if not isinstance(key, bytes):
-      raise BankKeyError(f"{where}: the key must be bytes ({_KEY_FORMAT}), got "
-                         f"{type(key).__name__}")
     try:
       self._fernet = Fernet(key)
     except ValueError:

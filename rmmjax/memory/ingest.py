@@ -59,8 +59,6 @@ def plan_ingest(conversations: Sequence[Conversation], user: str | None,
   """(user, sessions) per conversation in replay order, after checking the arguments (before
   anything is written: the command line calls it before it opens the bank)."""
   conversations = list(conversations)
-  if not all(isinstance(c, Conversation) for c in conversations):
-    raise TypeError("conversations must be rmmjax.data.schema.Conversation objects")
   if user_per_conversation:
     if user is not None:
       raise ValueError(f"user {user!r} and a user per conversation (--user-per-conversation): "

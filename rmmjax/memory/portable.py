@@ -22,7 +22,8 @@ from rmmjax.memory import _embedding_rows as emb
 from rmmjax.memory import _lace_rows as lace_rows
 from rmmjax.memory import _user_rows as user_rows
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.records import KINDS, ORIGINS, BankTurn, LaceSnapshot, Memory, SessionInfo
+from rmmjax.memory.records import (KINDS, ORIGINS, BankTurn, LaceSnapshot, Memory, SessionInfo,
+                                   repeated)
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 FORMAT = "rmmjax-memory-bank-user"
@@ -122,32 +123,24 @@ def parse(data: object) -> Parsed:
     where = f"sessions[{i}]"
     s = _text(session, "session_id", where)
     d = require(session, "date", where, _SOURCE, STRING)
-    if s in {seen for seen, *_ in sessions}:
-      raise MalformedData(f"{_SOURCE}: {where}: session id {s!r} appears twice")
     default = "chat" if _V1_CHAT.fullmatch(s) else "ingest"
-    origin = (optional(session, "origin", where, _SOURCE, STRING, default)
-              if doc["version"] > 1 else default)
-    if origin not in ORIGINS:
-      raise MalformedData(f"{_SOURCE}: {where}: origin {origin!r} is not one of "
-                          f"{', '.join(ORIGINS)}")
+    origin = _one_of(optional(session, "origin", where, _SOURCE, STRING, default)
+                     if doc["version"] > 1 else default, ORIGINS, f"{where}: origin")
     sessions.append((s, d, require(session, "ended", where, _SOURCE, _BOOL), origin))
     for j, turn in enumerate(require(session, "turns", where, _SOURCE, LIST)):
       at = f"{where}.turns[{j}]"
       t = _text(turn, "turn_id", at)
-      if t in stored:
-        raise MalformedData(f"{_SOURCE}: {at}: turn id {t!r} appears twice (turn ids are "
-                            f"unique per user)")
       text = require(turn, "text", at, _SOURCE, STRING)
       speaker = require(turn, "speaker", at, _SOURCE, STRING)
       # Before kinds were kept (version 2 and older) a chat held its questions and answers.
       kind = ("statement" if origin != "chat" else
               "answer" if speaker == "assistant" else "question")
       if doc["version"] >= 3:
-        kind = require(turn, "kind", at, _SOURCE, STRING)
-      if kind not in KINDS:
-        raise MalformedData(f"{_SOURCE}: {at}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        kind = _one_of(require(turn, "kind", at, _SOURCE, STRING), KINDS, f"{at}: kind")
       turns.append((s, d, j, t, speaker, text, kind))
       stored[t] = (t, s, d, text)
+  _unique("sessions", [s[0] for s in sessions])
+  _unique("sessions' turns", [t[3] for t in turns])
   memories = [_memory(memory, f"memories[{i}]", stored) for i, memory in
               enumerate(require(doc, "memories", "top level", _SOURCE, LIST))]
   if bare := [i for i, m in enumerate(memories) if not m[4]]:
@@ -192,18 +185,16 @@ def _lace(doc: object) -> LaceSnapshot:
     turns.append(RawTurn(_text(turn, "turn_id", at), _text(turn, "session_id", at),
                          *(require(turn, k, at, _SOURCE, STRING)
                            for k in ("date", "speaker", "text"))))
+  _unique("lace.turns", [t.turn_id for t in turns])
   sessions = {t.turn_id: t.session_id for t in turns}
-  if len(sessions) != len(turns):
-    raise MalformedData(f"{_SOURCE}: lace.turns: a turn id appears twice")
   facts, vectors = [], []
   for i, fact in enumerate(require(doc, "facts", where, _SOURCE, LIST)):
     at = f"lace.facts[{i}]"
-    if require(fact, "fact_id", at, _SOURCE, _INT) != i:
-      raise MalformedData(f"{_SOURCE}: {at}: fact_id {fact['fact_id']!r}; expected {i} (facts "
-                          f"are numbered from 0 in order)")
     turn_id = _text(fact, "turn_id", at)
-    if turn_id not in sessions:
-      raise MalformedData(f"{_SOURCE}: {at}: turn {turn_id!r} is not among lace.turns")
+    if require(fact, "fact_id", at, _SOURCE, _INT) != i or turn_id not in sessions:
+      raise MalformedData(f"{_SOURCE}: {at}: fact_id {fact['fact_id']!r} of turn {turn_id!r}; "
+                          f"expected fact_id {i} (facts are numbered from 0 in order) and a "
+                          f"turn of lace.turns")
     facts.append(Fact(i, *(require(fact, k, at, _SOURCE, STRING)
                            for k in ("subject", "predicate", "object", "time")),
                       turn_id, sessions[turn_id], require(fact, "text", at, _SOURCE, STRING)))
@@ -232,6 +223,18 @@ def _vector(item: object, at: str) -> np.ndarray:
     raise MalformedData(f"{_SOURCE}: {at}: field 'vector' must be a non-empty list of finite "
                         f"numbers")
   return np.asarray(vector, np.float32)
+
+
+def _one_of(value: str, allowed: tuple[str, ...], at: str) -> str:
+  if value not in allowed:
+    raise MalformedData(f"{_SOURCE}: {at} {value!r} is not one of {', '.join(allowed)}")
+  return value
+
+
+def _unique(where: str, ids: list[str]) -> None:
+  """Refuses ids that repeat: sessions and turns are unique per user."""
+  if dup := repeated(ids):
+    raise MalformedData(f"{_SOURCE}: {where}: id {dup[0]!r} appears twice; expected each once")
 
 
 def _text(record: object, key: str, where: str) -> str:

@@ -139,21 +139,10 @@ def text_arg(value: object, name: str) -> str:
   return value
 
 
-def string_arg(value: object, name: str) -> str:
-  if not isinstance(value, str):
-    raise ValueError(f"{name} must be a string, got {type(value).__name__}")
-  return value
-
-
 def turn_rows(turns: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-  """turns checked: (turn_id, speaker, text) strings, turn ids non-empty and distinct."""
-  rows = []
-  for i, turn in enumerate(turns):
-    if not isinstance(turn, (tuple, list)) or len(turn) != 3:
-      raise ValueError(f"turns[{i}] must be a (turn_id, speaker, text) tuple, got {turn!r}")
-    rows.append((text_arg(turn[0], f"turns[{i}] turn_id"),
-                 string_arg(turn[1], f"turns[{i}] speaker"),
-                 string_arg(turn[2], f"turns[{i}] text")))
+  """turns checked: turn ids non-empty and distinct."""
+  rows = [(text_arg(t, f"turns[{i}] turn_id"), speaker, text)
+          for i, (t, speaker, text) in enumerate(turns)]
   if dup := repeated([r[0] for r in rows]):
     raise ValueError(f"turn ids repeat within one add_turns call: {dup}")
   return rows
@@ -163,25 +152,18 @@ def chat_turn_rows(turns) -> tuple[list[tuple[str, str]], list[str]]:
   """(speaker, text) pairs and their kinds from (speaker, text) or (speaker, text, kind) turns
   (KINDS; a statement when not given)."""
   texts, kinds = [], []
-  for i, turn in enumerate(turns):
-    if not isinstance(turn, (tuple, list)) or len(turn) not in (2, 3):
-      raise ValueError(f"turns[{i}] must be (speaker, text) or (speaker, text, kind), got "
-                       f"{turn!r:.100}")
-    kind = turn[2] if len(turn) == 3 else "statement"
+  for i, (speaker, text, *kind) in enumerate(turns):
+    kind = kind[0] if kind else "statement"
     if kind not in KINDS:
       raise ValueError(f"turns[{i}] kind {kind!r} is not one of {', '.join(KINDS)}")
-    texts.append((string_arg(turn[0], f"turns[{i}] speaker"),
-                  string_arg(turn[1], f"turns[{i}] text")))
+    texts.append((speaker, text))
     kinds.append(kind)
   return texts, kinds
 
 
 def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
   """value as float32 with ndim dimensions, the last one non-empty, every number finite."""
-  try:
-    array = np.asarray(value, np.float32)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name} must be numbers, got {type(value).__name__}") from None
+  array = np.asarray(value, np.float32)
   if array.ndim != ndim or array.shape[-1] == 0 or not np.isfinite(array).all():
     what = "a non-empty vector" if ndim == 1 else "an N x D matrix (D > 0)"
     bad = " with NaN or inf" if array.ndim == ndim and array.size else ""
@@ -195,12 +177,9 @@ def reflection_items(adds: Sequence, merges: Sequence) -> tuple[list[NewMemory],
   merges = [m if isinstance(m, Merge) else Merge(*m) for m in merges]
   for i, item in enumerate([*adds, *merges]):
     what = f"adds[{i}]" if i < len(adds) else f"merges[{i - len(adds)}]"
-    text_arg(item.summary, f"{what} summary")
     vector_arg(item.embedding, f"{what} embedding")
     if isinstance(item.turn_ids, (str, bytes)):
       raise ValueError(f"{what} turn_ids must be a list of turn ids, got {item.turn_ids!r}")
-    if isinstance(item, NewMemory) and not list(item.turn_ids):
-      raise ValueError(f"{what} has no turn ids; a memory keeps the turns it came from")
   return adds, merges
 
 

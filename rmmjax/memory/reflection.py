@@ -63,11 +63,6 @@ class LLMReflector(Reflector):
 
   def __init__(self, llm: LLM, *, max_topics: int = MAX_TOPICS,
                max_tokens: int = EXTRACTION_MAX_TOKENS, fallback: Reflector | None = None):
-    if not isinstance(llm, LLM):
-      raise TypeError(f"llm must be an rmmjax.llm.LLM, got {type(llm).__name__}")
-    if max_topics < 1 or max_tokens < 1:
-      raise ValueError(f"max_topics and max_tokens must be positive, got {max_topics} and "
-                       f"{max_tokens}")
     self.llm, self.max_topics, self.max_tokens, self.fallback = (llm, max_topics, max_tokens,
                                                                  fallback)
     self.cut_prompts = 0
@@ -192,18 +187,14 @@ def _refresh(entries: list[_Entry], encoder: Encoder) -> None:
       entry.vector, entry.stale = vector, False
 
 
-def _check_decision(decision: object, n_candidates: int, reflector: Reflector) -> Decision:
-  name = type(reflector).__name__
-  if not isinstance(decision, Decision):
-    raise TypeError(f"{name}.decide must return a Decision, got {type(decision).__name__}")
-  if decision.position is None:
-    return decision
-  if not 0 <= decision.position < n_candidates:
-    raise ValueError(f"{name}.decide chose candidate {decision.position}; expected None (add) "
-                     f"or a position from 0 to {n_candidates - 1}")
-  if not isinstance(decision.summary, str) or not decision.summary.strip():
-    raise ValueError(f"{name}.decide merged without a summary (got {decision.summary!r}); a "
-                     f"merge must give the merged memory's summary")
+def _check_decision(decision: Decision, n_candidates: int, reflector: Reflector) -> Decision:
+  """A custom reflector's decision: add (position None), or a shown candidate and a summary."""
+  if decision.position is not None and not (
+      0 <= decision.position < n_candidates and isinstance(decision.summary, str)
+      and decision.summary.strip()):
+    raise ValueError(f"{type(reflector).__name__}.decide chose candidate {decision.position} "
+                     f"with summary {decision.summary!r:.80}; expected None (add), or a "
+                     f"position from 0 to {n_candidates - 1} with the merged memory's summary")
   return decision
 
 
@@ -248,11 +239,10 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
   """The adds and merges that reflecting the snapshot's session gives."""
   turns, info = snapshot.turns, snapshot.session
   extraction = reflector.extract(turns, info.date) if turns else Extraction(())
-  if not isinstance(extraction, Extraction):
-    raise TypeError(f"{type(reflector).__name__}.extract must return an Extraction, got "
-                    f"{type(extraction).__name__}")
   topics, dropped_ids, dropped_topics = _restrict(extraction.topics, [t.turn_id for t in turns])
-  topics, cut = _capped(topics)
+  capped = [cap_summary(t.summary) for t in topics]
+  topics = [Topic(summary, t.turn_ids) for (summary, _), t in zip(capped, topics, strict=True)]
+  cut = sum(was_cut for _, was_cut in capped)
   stored = snapshot.memories
   entries = [_Entry(m, stored[m].summary, len(stored[m].snippets), v, [])
              for m, v in zip(snapshot.memory_ids, snapshot.vectors, strict=True)]
@@ -292,16 +282,7 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
       memory_ids=()))
 
 
-def cap_summary(summary: str, limit: int | None = None) -> tuple[str, bool]:
+def cap_summary(summary: str) -> tuple[str, bool]:
   """The summary cut to MAX_SUMMARY_CHARS (a marker says so), and whether it was cut."""
-  (capped,), cut = fit_texts([summary], MAX_SUMMARY_CHARS if limit is None else limit)
+  (capped,), cut = fit_texts([summary], MAX_SUMMARY_CHARS)
   return capped, bool(cut)
-
-
-def _capped(topics: list[Topic]) -> tuple[list[Topic], int]:
-  capped, cut = [], 0
-  for topic in topics:
-    summary, was_cut = cap_summary(topic.summary)
-    capped.append(Topic(summary, topic.turn_ids))
-    cut += was_cut
-  return capped, cut

@@ -14,7 +14,6 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory
 from rmmjax.retrieve.bm25 import BM25Retriever
 from rmmjax.retrieve.fusion import RRF_C, rrf_top
-from rmmjax.retrieve.rankers import RETRIEVERS
 
 FUSION_DEPTH = 200  # each ranker's list fused (at least 10 k)
 
@@ -62,8 +61,6 @@ class BankSearch:
   """Per-user indexes over a MemoryBank, kept until the user's memories change."""
 
   def __init__(self, bank: MemoryBank, encoder_identity: str, retriever: str):
-    if retriever not in RETRIEVERS:
-      raise ValueError(f"retriever {retriever!r} is not one of {', '.join(RETRIEVERS)}")
     self.bank, self.encoder_identity, self.retriever = bank, encoder_identity, retriever
     self._indexes: dict[str, UserIndex] = {}
 

@@ -21,8 +21,6 @@ from rmmjax.encode.protocol import Encoder
 from rmmjax.llm.parse import Topic
 from rmmjax.memory.records import BankTurn
 
-COMPARISONS = ("centroid", "previous")
-
 
 @final
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +139,6 @@ class OfflineReflector(Reflector):
   def __init__(self, encoder: Encoder, *, split_below: float = 0.6, min_turns: int = 2,
                max_turns: int = 12, against: str = "centroid", merge_at: float = 0.85,
                max_merged_turns: int = 36, summary_turns: int | None = None):
-    if not hasattr(encoder, "encode"):
-      raise TypeError(f"encoder must have an encode(texts) method, got {type(encoder).__name__}")
-    if not -1.0 <= split_below <= 1.0 or not -1.0 <= merge_at <= 1.0:
-      raise ValueError(f"split_below and merge_at are cosines in [-1, 1], got {split_below} and "
-                       f"{merge_at}")
-    if not 1 <= min_turns <= max_turns:
-      raise ValueError(f"expected 1 <= min_turns <= max_turns, got min_turns {min_turns} and "
-                       f"max_turns {max_turns}")
-    if against not in COMPARISONS:
-      raise ValueError(f"against {against!r} is not one of {', '.join(COMPARISONS)}")
-    if max_merged_turns < 1:
-      raise ValueError(f"max_merged_turns must be positive, got {max_merged_turns}")
-    if summary_turns is not None and summary_turns < 1:
-      raise ValueError(f"summary_turns must be positive or None, got {summary_turns}")
     self.encoder = encoder
     self.split_below, self.min_turns, self.max_turns = split_below, min_turns, max_turns
     self.against, self.merge_at, self.max_merged_turns = against, merge_at, max_merged_turns

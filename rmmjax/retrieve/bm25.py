@@ -14,8 +14,6 @@ class BM25Retriever:
   """Ranks a fixed list of texts for each query (Lucene BM25, English stopwords)."""
 
   def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
-    if not texts:
-      raise ValueError("BM25Retriever needs at least one text to index")
     self._size = len(texts)
     self._model = bm25s.BM25(k1=k1, b=b)
     self._model.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),

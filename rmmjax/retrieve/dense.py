@@ -98,8 +98,6 @@ class DenseRetriever:
   """
 
   def __init__(self, texts: list[str], encoder, query_encoder=None):
-    if not texts:
-      raise ValueError("DenseRetriever needs at least one text to index")
     self._encoder = query_encoder or encoder
     self._bank = encoder.encode(texts)
 

@@ -33,12 +33,6 @@ class Verdict:
   missing: str  # what is still needed ("" when nothing is)
   malformed: bool = False  # the judge's output was unusable: PARTIAL at 0 keeps the search going
 
-  def __post_init__(self):
-    if self.label not in SUFFICIENCY_LABELS:
-      raise ValueError(f"label must be one of {SUFFICIENCY_LABELS}, got {self.label!r}")
-    if not 0.0 <= self.confidence <= 1.0:
-      raise ValueError(f"confidence must lie in [0, 1], got {self.confidence}")
-
 
 def verdict_reward(label: str, confidence: float) -> float:
   """A scalar reward in [-1, 1] for the evidence a verdict judged, usable beside citation rewards.
@@ -48,10 +42,9 @@ def verdict_reward(label: str, confidence: float) -> float:
   inferred); insufficient evidence earns a negative one, -1 when nothing was found, nearer 0 as
   more of it was. A malformed verdict carries no information: callers give it 0, not this.
   """
-  if label not in SUFFICIENCY_LABELS:
-    raise ValueError(f"label must be one of {SUFFICIENCY_LABELS}, got {label!r}")
-  if not 0.0 <= confidence <= 1.0:
-    raise ValueError(f"confidence must lie in [0, 1], got {confidence}")
+  if label not in SUFFICIENCY_LABELS or not 0.0 <= confidence <= 1.0:
+    raise ValueError(f"label must be one of {SUFFICIENCY_LABELS} and confidence lie in [0, 1], "
+                     f"got {label!r} and {confidence}")
   if label == "EXACT":
     return float(confidence)
   if label == "INFERRABLE":
@@ -163,10 +156,6 @@ class HeuristicJudge(SufficiencyJudge):
   """
 
   def __init__(self, most: float = 0.6, entity_weight: float = 2.0, time_weight: float = 2.0):
-    if not 0.0 < most <= 1.0:
-      raise ValueError(f"most must lie in (0, 1], got {most}")
-    if entity_weight <= 0 or time_weight <= 0:
-      raise ValueError(f"weights must be positive, got {entity_weight}, {time_weight}")
     self.most, self.entity_weight, self.time_weight = most, entity_weight, time_weight
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,

@@ -40,8 +40,6 @@ class EmbeddingRefiner(VectorRefiner):
   `refinement_text` (the store fuses that ranking with BM25 over the question)."""
 
   def __init__(self, encoder: Encoder, facts: int = REFINE_FACTS, mix: float = REFINE_MIX):
-    if facts < 0 or not mix >= 0:
-      raise ValueError(f"facts must be 0 or more and mix non-negative, got {facts}, {mix}")
     self.encoder, self.facts, self.mix = encoder, facts, mix
 
   def refine(self, request: RefineRequest) -> str:
@@ -49,9 +47,6 @@ class EmbeddingRefiner(VectorRefiner):
 
   def query_vector(self, text: str, question_vector: np.ndarray) -> np.ndarray:
     vector = np.asarray(self.encoder.encode([text]), np.float32)[0]
-    if vector.shape != np.shape(question_vector):
-      raise ValueError(f"the refinement encoder embeds in {vector.shape[0]} dimensions, the "
-                       f"store's questions in {np.shape(question_vector)[0]}")
     return np.asarray(question_vector, np.float32) + self.mix * vector
 
 
@@ -77,9 +72,6 @@ class LearnedJudge(SufficiencyJudge):
 
   def probability(self, question: str, facts: Sequence[Fact]) -> float:
     q_D = np.asarray(self.store.query_vector(question), np.float32)
-    if q_D.shape != (self.dim,):
-      raise ValueError(f"the judge was trained on {self.dim}-dimensional embeddings; this "
-                       f"store's are {q_D.shape[0]}-dimensional")
     n = max(JUDGE_PAD, -(-len(facts) // JUDGE_PAD) * JUDGE_PAD)
     facts_NxD = np.zeros((n, self.dim), np.float32)
     mask_N = np.zeros(n, bool)

@@ -141,8 +141,6 @@ GENERAL_SCHEDULE = (
 
 def stage_for(temporal: bool, index: int) -> Stage:
   """Stage `index` (0-based) of the temporal or the general schedule; the last one repeats."""
-  if index < 0:
-    raise ValueError(f"a refinement stage index is 0 or more, got {index}")
   schedule = TEMPORAL_SCHEDULE if temporal else GENERAL_SCHEDULE
   return schedule[min(index, len(schedule) - 1)]
 
@@ -175,8 +173,6 @@ class RuleRefiner(QueryRefiner):
   """The rule of this module's docstring; needs no model."""
 
   def __init__(self, max_missing_terms: int = 12):
-    if max_missing_terms < 0:
-      raise ValueError(f"max_missing_terms must be 0 or more, got {max_missing_terms}")
     self.max_missing_terms = max_missing_terms  # a long note (a whole turn) would drown the cues
 
   def refine(self, request: RefineRequest) -> str:

@@ -51,6 +51,4 @@ BUILDERS: dict[str, Callable[[Session], list[Unit]]] = {
 
 def build_units(conversation: Conversation, granularity: str) -> list[Unit]:
   """All units of one conversation at the given granularity, in conversation order."""
-  if granularity not in BUILDERS:
-    raise ValueError(f"granularity {granularity!r} is not one of {', '.join(BUILDERS)}")
   return [u for session in conversation.sessions for u in BUILDERS[granularity](session)]

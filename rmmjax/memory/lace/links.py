@@ -32,19 +32,11 @@ import numpy as np
 
 GRID_BITS = 11
 RULES = ("mutual", "either")
-_MAX_NORM = 1.5  # rows must be (near) unit norm for the exactness argument above
 
 
 def snap(vectors: np.ndarray) -> np.ndarray:
-  """Rows rounded to the 2^-11 grid (float32), after checking they are finite and unit-norm."""
+  """Unit-norm rows (the Encoder protocol's) rounded to the 2^-11 grid, as float32."""
   array = np.asarray(vectors, np.float32)
-  if array.ndim != 2 or array.shape[1] == 0 or not np.isfinite(array).all():
-    raise ValueError(f"expected an N x D matrix (D > 0) of finite numbers, got shape "
-                     f"{array.shape}")
-  norms = np.linalg.norm(array, axis=1)
-  if array.shape[0] and norms.max() > _MAX_NORM:
-    raise ValueError(f"expected unit-norm rows (cosine similarity), got a row of norm "
-                     f"{norms.max():.3f}")
   scale = np.float32(2.0 ** GRID_BITS)
   return (np.round(array * scale) / scale).astype(np.float32)
 
@@ -142,13 +134,19 @@ class SemanticGraph:
                       else -np.inf)
 
   @classmethod
+  def _holding(cls, vectors: np.ndarray, **settings) -> SemanticGraph:
+    """A graph of these vectors (snapped) with no lists yet."""
+    rows = snap(vectors)
+    graph = cls(rows.shape[1], **settings)
+    graph._store(rows)
+    return graph
+
+  @classmethod
   def build(cls, vectors: np.ndarray, *, min_cosine: float, max_neighbours: int,
             chunk: int) -> SemanticGraph:
     """All facts at once: the blocked upper triangle of the cosine matrix, pruned as it goes."""
-    rows_in = snap(vectors)
-    graph = cls(rows_in.shape[1], min_cosine=min_cosine, max_neighbours=max_neighbours,
-                chunk=chunk)
-    graph._store(rows_in)
+    graph = cls._holding(vectors, min_cosine=min_cosine, max_neighbours=max_neighbours,
+                         chunk=chunk)
     n, v, k = graph._n, graph.vectors, graph.k
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     pending, limit = 0, max(1 << 20, 4 * n * max(k, 1))
@@ -184,23 +182,16 @@ class SemanticGraph:
   def restore(cls, vectors: np.ndarray, lists: list[tuple[int, int, float]], *,
               min_cosine: float, max_neighbours: int, chunk: int) -> SemanticGraph:
     """A graph from stored vectors and (fact, neighbour, cosine) entries in list order."""
-    rows_in = snap(vectors)
-    graph = cls(rows_in.shape[1], min_cosine=min_cosine, max_neighbours=max_neighbours,
-                chunk=chunk)
-    graph._store(rows_in)
-    rows, cols, cos = (np.asarray(x) for x in zip(*lists)) if lists else ([], [], [])
+    graph = cls._holding(vectors, min_cosine=min_cosine, max_neighbours=max_neighbours,
+                         chunk=chunk)
+    rows, cols, cos = zip(*lists) if lists else ((), (), ())
     rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-    cos = np.asarray(cos, np.float32)
     bad = (rows < 0) | (rows >= graph._n) | (cols < 0) | (cols >= graph._n) | (rows == cols)
     if bad.any() or np.any(np.bincount(rows, minlength=graph._n) > max_neighbours):
       raise ValueError(f"stored neighbour lists do not fit {graph._n} facts with at most "
                        f"{max_neighbours} neighbours each")
     graph._set_lists(rows, cols, cos)
     return graph
-
-  def ranked(self, i: int) -> list[tuple[float, int]]:
-    """S(i): (cosine, fact id), best first."""
-    return list(self._top[i])
 
   def linked(self, i: int, rule: str) -> dict[int, float]:
     """The facts i shares a semantic edge with under the rule, with their cosines."""

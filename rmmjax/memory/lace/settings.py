@@ -27,36 +27,27 @@ class LaceSettings:
   fusion_c: float = 60.0
 
   def __post_init__(self):
-    for name in ("same_turn", "same_session", "min_cosine", "fusion_c"):
+    for name, (expected, ok) in _RANGES.items():
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    for name in ("same_turn", "same_session"):
-      if not 0.0 < getattr(self, name) <= 1.0:
-        raise ValueError(f"{name} must be a weight in (0, 1], got {getattr(self, name)!r}")
-    if not -1.0 <= self.min_cosine <= 1.0:
-      raise ValueError(f"min_cosine must be a cosine in [-1, 1], got {self.min_cosine!r}")
-    for name, low in (("session_window", 0), ("max_semantic", 0), ("chunk", 1)):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if self.semantic_rule not in RULES:
-      raise ValueError(f"semantic_rule {self.semantic_rule!r} is not one of {', '.join(RULES)}")
-    if self.retrieval not in RETRIEVALS:
-      raise ValueError(f"retrieval {self.retrieval!r} is not one of {', '.join(RETRIEVALS)}")
-    if not self.fusion_c > 0:
-      raise ValueError(f"fusion_c must be positive, got {self.fusion_c!r}")
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    for name, allowed in (("semantic_rule", RULES), ("retrieval", RETRIEVALS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+
+_RANGES = {"same_turn": ("a weight in (0, 1]", lambda v: 0 < v <= 1),
+           "same_session": ("a weight in (0, 1]", lambda v: 0 < v <= 1),
+           "min_cosine": ("a cosine in [-1, 1]", lambda v: -1 <= v <= 1),
+           "fusion_c": ("a positive number", lambda v: v > 0),
+           "session_window": ("an integer >= 0", lambda v: isinstance(v, int) and v >= 0),
+           "max_semantic": ("an integer >= 0", lambda v: isinstance(v, int) and v >= 0),
+           "chunk": ("an integer >= 1", lambda v: isinstance(v, int) and v >= 1)}
 
 
 def fact_text(date: str, speaker: str, clause: str) -> str:
   """A fact as indexed: "[date] Speaker: clause" (questions name people and times)."""
   return f"[{date}] {speaker}: {clause}" if date else f"{speaker}: {clause}"
-
-
-def text_arg(value: object, name: str, *, empty: bool = False) -> str:
-  if not isinstance(value, str) or (not empty and not value):
-    raise ValueError(f"{name} must be a {'' if empty else 'non-empty '}string, got {value!r}")
-  return value
 
 
 def check_k(k: object) -> None:

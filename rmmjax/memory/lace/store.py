@@ -32,7 +32,7 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace.facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
                                       turn_drafts, turn_text)
 from rmmjax.memory.lace.links import SemanticGraph, snap
-from rmmjax.memory.lace.settings import LaceSettings, check_k, fact_text, text_arg
+from rmmjax.memory.lace.settings import LaceSettings, check_k, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.fusion import rrf_scores
@@ -69,18 +69,14 @@ class LaceMem:
 
   # -- building ---------------------------------------------------------------------------
 
-  def _check_raw(self, turn_id: str, session_id: str, date: str, speaker: str,
-                 text: str) -> RawTurn:
-    raw = RawTurn(text_arg(turn_id, "turn_id"), text_arg(session_id, "session_id"),
-                  text_arg(date, "date", empty=True), text_arg(speaker, "speaker", empty=True),
-                  text_arg(text, "text", empty=True))
-    if turn_id in self._raw:
-      raise ValueError(f"turn {turn_id!r} is already in this LaceMem (session "
-                       f"{self._raw[turn_id].session_id!r}); turn ids must be unique")
-    known = self._session_dates.get(session_id, date)
-    if known != date:
-      raise ValueError(f"session {session_id!r} has date {known!r}, but turn {turn_id!r} "
-                       f"gives {date!r}; a session has one date")
+  def _check_raw(self, raw: RawTurn) -> RawTurn:
+    if raw.turn_id in self._raw:
+      raise ValueError(f"turn {raw.turn_id!r} is already in this LaceMem (session "
+                       f"{self._raw[raw.turn_id].session_id!r}); turn ids must be unique")
+    known = self._session_dates.get(raw.session_id, raw.date)
+    if known != raw.date:
+      raise ValueError(f"session {raw.session_id!r} has date {known!r}, but turn "
+                       f"{raw.turn_id!r} gives {raw.date!r}; a session has one date")
     return raw
 
   def _add_raw(self, raw: RawTurn) -> None:
@@ -88,28 +84,23 @@ class LaceMem:
     self._raw[raw.turn_id] = raw
 
   def _add_fact(self, fact: Fact) -> None:
-    if fact.fact_id != len(self._facts) or fact.turn_id not in self._raw:
-      raise ValueError(f"fact {fact.fact_id} (turn {fact.turn_id!r}) cannot follow "
-                       f"{len(self._facts)} facts: ids run in order and name a known turn")
     self._facts.append(fact)
     in_session = self._session_facts.setdefault(fact.session_id, [])
     self._session_pos.append(len(in_session))
     in_session.append(fact.fact_id)
+
+  def _fill(self, turns: list[RawTurn], facts: list[Fact]) -> None:
+    """Turns and facts made elsewhere (a saved LaceMem, `from_facts`), fact ids 0..N-1."""
+    for turn in turns:
+      self._add_raw(self._check_raw(turn))
+    for fact in facts:
+      self._add_fact(fact)
 
   def _new_facts(self, raw: RawTurn, drafts: list[Draft], before: int = 0) -> list[Fact]:
     start = len(self._facts) + before  # `before` facts are still to be added ahead of these
     return [Fact(start + n, d.subject, d.predicate, d.object, raw.date, raw.turn_id,
                  raw.session_id, fact_text(raw.date, raw.speaker, d.clause))
             for n, d in enumerate(drafts)]
-
-  def _vectors(self, texts: list[str]) -> np.ndarray:
-    if self.encoder is None:
-      raise ValueError("this LaceMem has no encoder, so it cannot embed new facts; pass one")
-    vectors = np.asarray(self.encoder.encode(texts), np.float32)
-    if vectors.ndim != 2 or vectors.shape[0] != len(texts):
-      raise ValueError(f"the encoder gave shape {vectors.shape} for {len(texts)} texts; "
-                       f"expected ({len(texts)}, D)")
-    return vectors
 
   def _new_graph(self, vectors: np.ndarray) -> SemanticGraph:
     s = self.settings
@@ -127,14 +118,14 @@ class LaceMem:
     any fails (a repeated turn id, an encoder error)."""
     raws, facts, dates = {}, [], {}
     for turn in turns:
-      raw = self._check_raw(*turn)
+      raw = self._check_raw(RawTurn(*turn))
       if raw.turn_id in raws or dates.setdefault(raw.session_id, raw.date) != raw.date:
         raise ValueError(f"turn {raw.turn_id!r} repeats a turn id, or gives session "
                          f"{raw.session_id!r} another date, among the turns added together")
       raws[raw.turn_id] = raw
       facts += self._new_facts(raw, turn_drafts(self.extractor, raw.speaker, raw.text, raw.date),
                                len(facts))
-    vectors = self._vectors([f.text for f in facts]) if facts else None
+    vectors = self.encoder.encode([f.text for f in facts]) if facts else None
     if vectors is not None:  # checked (snapped to the grid) before anything changes
       vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
     for raw in raws.values():
@@ -152,9 +143,6 @@ class LaceMem:
                         settings: LaceSettings | None = None,
                         extractor: FactExtractor | None = None) -> LaceMem:
     """All turns at once (`add_turns`): one encoder call, one blocked linking pass."""
-    if not isinstance(conversation, Conversation):
-      raise TypeError(f"expected a rmmjax.data.schema.Conversation, got "
-                      f"{type(conversation).__name__}")
     lace = cls(encoder, settings=settings, extractor=extractor)
     lace.add_turns([(t.turn_id, s.session_id, s.date, t.speaker, turn_text(t))
                     for s in conversation.sessions for t in s.turns])
@@ -167,12 +155,7 @@ class LaceMem:
     """Layers from facts made elsewhere (ids 0..N-1, each naming one of the turns) and their
     embeddings (N x D), linked in one batch."""
     lace = cls(encoder, settings=settings)
-    for t in turns:
-      lace._add_raw(lace._check_raw(t.turn_id, t.session_id, t.date, t.speaker, t.text))
-    for fact in facts:
-      lace._add_fact(fact)
-    if np.shape(vectors)[0] != len(facts):
-      raise ValueError(f"{len(facts)} facts but {np.shape(vectors)[0]} vectors")
+    lace._fill(turns, facts)
     if facts:
       lace._graph = lace._new_graph(vectors)
     return lace
@@ -191,15 +174,11 @@ class LaceMem:
 
   def raw(self, turn_id: str) -> RawTurn:
     """The verbatim turn a fact came from."""
-    if turn_id not in self._raw:
-      raise UnknownRecord(f"this LaceMem has no turn {turn_id!r}")
     return self._raw[turn_id]
 
   def neighbours(self, fact_id: int, min_weight: float) -> list[tuple[int, float]]:
     """Facts linked to this one by an edge of at least min_weight, heaviest first."""
     fact = self.fact(fact_id)
-    if not isinstance(min_weight, (int, float, np.floating)) or isinstance(min_weight, bool):
-      raise ValueError(f"min_weight must be a number, got {min_weight!r}")
     fact_id, s = int(fact_id), self.settings
     found: dict[int, float] = {}
     if self._graph is not None:
@@ -214,30 +193,22 @@ class LaceMem:
 
   def facts_about(self, entity: str) -> list[int]:
     """Ids of the facts whose subject or object names the entity (case-insensitive)."""
-    words = text_arg(entity, "entity").strip()
-    if not words:
-      raise ValueError(f"entity must name something, got {entity!r}")
-    pattern = re.compile(rf"(?<!\w){re.escape(words)}(?!\w)", re.IGNORECASE)
+    pattern = re.compile(rf"(?<!\w){re.escape(entity.strip())}(?!\w)", re.IGNORECASE)
     return [f.fact_id for f in self._facts if pattern.search(f.subject)
             or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
     """The k facts most relevant to the query: (fact_id, score), best first."""
-    text_arg(query, "query")
     check_k(k)
     if not self._facts:
       return []
-    mode = self.settings.retrieval
-    if mode != "bm25" and self.query_encoder is None and self.encoder is None:
-      raise ValueError(f"retrieval {mode!r} embeds the query, but this LaceMem has no "
-                       f"encoder; pass one, or use retrieval 'bm25'")
-    dense = self._graph.vectors @ self.query_vector(query) if mode != "bm25" else None
+    dense = (self._graph.vectors @ self.query_vector(query)
+             if self.settings.retrieval != "bm25" else None)
     return self._ranked(query, dense, k)
 
   def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
     """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
     `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
-    text_arg(bm25_query, "bm25_query")
     check_k(k)
     if not self._facts:
       return []
@@ -266,15 +237,13 @@ class LaceMem:
     """The query's embedding (D,) as dense search computes it (the query encoder, if set);
     read-only, and remembered among the last RECENT_QUERIES queries."""
     encoder = self.query_encoder or self.encoder
-    if encoder is None or self._graph is None:
-      raise ValueError("this LaceMem has no encoder or no facts, so it cannot embed a query")
     if self._recent_encoder is not encoder:
       self._recent_queries, self._recent_encoder = {}, encoder
     recent = self._recent_queries
     if query in recent:
       recent[query] = recent.pop(query)  # now the most recent
     else:
-      vector = self._vectors_of(encoder, text_arg(query, "query"))
+      vector = np.asarray(encoder.encode([query]), np.float32)[0]
       vector.flags.writeable = False
       recent[query] = vector
       if len(recent) > RECENT_QUERIES:
@@ -287,13 +256,6 @@ class LaceMem:
     if self._graph is None:
       return np.zeros((0, 0), np.float32)
     return self._graph.vectors[ids]
-
-  def _vectors_of(self, encoder: Encoder, query: str) -> np.ndarray:
-    q = np.asarray(encoder.encode([query]), np.float32)
-    if q.shape != (1, self._graph.dim):
-      raise ValueError(f"the query encoder gave shape {q.shape}; expected (1, "
-                       f"{self._graph.dim}) to match the facts' embeddings")
-    return q[0]
 
   def _bm25_scores(self, query: str) -> np.ndarray:
     if self._bm25 is None or self._bm25_size != len(self._facts):
@@ -359,10 +321,7 @@ class LaceMem:
                             f"encoder or rebuild it")
     lace = cls(encoder, settings=LaceSettings(**snap.settings), extractor=extractor)
     lace._saved_fallbacks = snap.fallbacks
-    for t in snap.turns:
-      lace._add_raw(lace._check_raw(t.turn_id, t.session_id, t.date, t.speaker, t.text))
-    for fact in snap.facts:
-      lace._add_fact(fact)
+    lace._fill(snap.turns, snap.facts)
     if snap.facts:
       s = lace.settings
       lace._graph = SemanticGraph.restore(snap.vectors, snap.links, min_cosine=s.min_cosine,

@@ -33,9 +33,7 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
   """The user's LaceMem holding every turn of theirs in the bank, and how many turns this call
   added (0: it was up to date, and nothing was written). `settings` apply to a LaceMem built
   here; a saved one keeps its own. `rebuild` builds it afresh from the bank's turns (a saved
-  one embedded by another encoder is refused without it)."""
-  if not bank.has_user(user):
-    raise UnknownRecord(f"user {user!r} is not in {bank.where}")
+  one embedded by another encoder is refused without it); the bank refuses a user it lacks."""
   lace = None
   if not rebuild:
     try:

@@ -20,11 +20,6 @@ def synthetic_lace(num_facts: int, dim: int = 384, *, seed: int = 0, cluster_siz
   with each other and about 0 with the rest, so every fact has semantic candidates above the
   default threshold. Turns hold `facts_per_turn` facts, sessions `turns_per_session` turns.
   """
-  for name, value in (("num_facts", num_facts), ("dim", dim), ("cluster_size", cluster_size),
-                      ("facts_per_turn", facts_per_turn),
-                      ("turns_per_session", turns_per_session)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ValueError(f"{name} must be a positive integer, got {value!r}")
   rng = np.random.default_rng(seed)
   centres = rng.standard_normal((math.ceil(num_facts / cluster_size), dim)).astype(np.float32)
   centres /= np.linalg.norm(centres, axis=1, keepdims=True)
