@@ -55,9 +55,8 @@ def question_metrics(ranked: list[tuple[tuple[str, ...], int]], evidence: set[st
 
 
 def aggregate(rows: list[tuple[str, dict[str, float]]]) -> dict:
-  """{"overall": means, "by_category": {category: means}} from (category, metrics) rows."""
-  if not rows:
-    raise ValueError("no questions to aggregate")
+  """{"overall": means, "by_category": {category: means}} from one or more (category, metrics)
+  rows."""
 
   def mean(group):
     return {key: float(np.mean([m[key] for m in group])) for key in group[0]} | {
