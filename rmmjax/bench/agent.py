@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings, IrisAgent
-from rmmjax.bench.core import write_result
+from rmmjax.bench.core import percentile_ms, write_result
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.lace import synthetic_lace
 from rmmjax.memory.search import FUSION_DEPTH
@@ -67,10 +67,6 @@ def _synthetic_bank(path: Path, n: int, encoder) -> MemoryBank:
   return bank
 
 
-def _ms(times, p) -> float:
-  return 1e3 * float(np.percentile(times, p))
-
-
 def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None) -> list[dict]:
   """Per bank size: the respond path's p50/p95 with the query embedded by `query_encoder` (as
   chat does) and with a random query vector, beside its floor, the dense top-200 over the same
@@ -109,16 +105,16 @@ def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None
           times[name].append(time.perf_counter() - t0)
       bank.close()
     row = {"memories": n, "bank_build_s": built, "index_build_s": indexed, "queries": queries,
-           "respond_p50_ms": _ms(times["respond"], 50),
-           "respond_p95_ms": _ms(times["respond"], 95),
-           "dense_top200_p50_ms": _ms(times["dense"], 50),
-           "dense_top200_p95_ms": _ms(times["dense"], 95),
-           "bm25_p50_ms": _ms(times["bm25"], 50),
+           "respond_p50_ms": percentile_ms(times["respond"], 50),
+           "respond_p95_ms": percentile_ms(times["respond"], 95),
+           "dense_top200_p50_ms": percentile_ms(times["dense"], 50),
+           "dense_top200_p95_ms": percentile_ms(times["dense"], 95),
+           "bm25_p50_ms": percentile_ms(times["bm25"], 50),
            "respond_over_dense_p50": float(np.median(times["respond"])
                                            / np.median(times["dense"]))}
     if embedding is not None:
-      row |= {"respond_embedded_p50_ms": _ms(times["respond_embedded"], 50),
-              "respond_embedded_p95_ms": _ms(times["respond_embedded"], 95)}
+      row |= {"respond_embedded_p50_ms": percentile_ms(times["respond_embedded"], 50),
+              "respond_embedded_p95_ms": percentile_ms(times["respond_embedded"], 95)}
     rows.append(row)
   return rows
 
@@ -155,8 +151,10 @@ def bench_statements(encoder, num_facts: int = 10_000, statements: int = 30) -> 
         times.append(time.perf_counter() - t0)
     facts = len(agent.store("u"))
   return {"facts": facts, "statements": statements,
-          "statement_p50_ms": _ms(tell, 50), "statement_p95_ms": _ms(tell, 95),
-          "iris_respond_p50_ms": _ms(respond, 50), "iris_respond_p95_ms": _ms(respond, 95)}
+          "statement_p50_ms": percentile_ms(tell, 50),
+          "statement_p95_ms": percentile_ms(tell, 95),
+          "iris_respond_p50_ms": percentile_ms(respond, 50),
+          "iris_respond_p95_ms": percentile_ms(respond, 95)}
 
 
 def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
@@ -217,7 +215,8 @@ def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> di
         times[name].append(time.perf_counter() - t0)
     bank.close()
   return {"memories": memories, "queries": queries, "pair_length": 128,
-          **{f"{name}_p{p}_ms": _ms(times[name], p) for name in times for p in (50, 95)}}
+          **{f"{name}_p{p}_ms": percentile_ms(times[name], p)
+             for name in times for p in (50, 95)}}
 
 
 def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,

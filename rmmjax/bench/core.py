@@ -38,6 +38,11 @@ def median_time(fn, repeats: int) -> float:
   return float(np.median(times))
 
 
+def percentile_ms(seconds, q: float) -> float:
+  """The q-th percentile of durations in seconds, in milliseconds."""
+  return 1e3 * float(np.percentile(seconds, q))
+
+
 def write_result(result: dict, out: Path | None) -> None:
   """Names the machine under the table and in the result; the numbers as JSON at `out` (when
   given)."""
@@ -61,12 +66,7 @@ def measure_bandwidth(megabytes: int = 256, repeats: int = 15) -> float:
   def once():
     box[0] = scale(box[0]).block_until_ready()
 
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    once()
-    times.append(time.perf_counter() - t0)
-  return 2 * n * BYTES_F32 / float(np.median(times))
+  return 2 * n * BYTES_F32 / median_time(once, repeats)
 
 
 def _random_batch(batch: int) -> core.Batch:

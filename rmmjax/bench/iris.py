@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.bench.core import write_result
+from rmmjax.bench.core import percentile_ms, write_result
 
 from rmmjax.memory.lace import LaceMem
 from rmmjax.memory.lace import synthetic_lace
@@ -67,9 +67,8 @@ def _latencies(store, questions, categories) -> dict:
     asked.append([t.query for t in result.trace])
   if asked != warmed:  # a query the warm-up missed could have paid a compile inside the timing
     raise RuntimeError("IRIS asked other refined queries when timed than in its warm-up run")
-  pct = lambda x, q: 1e3 * float(np.percentile(x, q))  # noqa: E731
-  return {"single_p50_ms": pct(single, 50), "single_p95_ms": pct(single, 95),
-          "iris_p50_ms": pct(iris, 50), "iris_p95_ms": pct(iris, 95)}
+  return {f"{name}_p{q}_ms": percentile_ms(times, q)
+          for name, times in (("single", single), ("iris", iris)) for q in (50, 95)}
 
 
 def bench_conversation(data: Path) -> dict:

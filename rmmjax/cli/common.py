@@ -12,11 +12,12 @@ def plural(n: int, noun: str) -> str:
 
 def bank(path: str, must_exist: bool):
   from rmmjax.memory import MemoryBank, key_from_env  # noqa: PLC0415  (the bank's commands only)
-  if must_exist and not Path(path).exists():
-    raise FileNotFoundError(f"--db {path} does not exist (build one with rmmjax ingest)")
-  if must_exist and Path(path).is_file() and Path(path).stat().st_size == 0:
-    raise ValueError(f"--db {path} is an empty file, not a memory bank (build one with rmmjax "
-                     f"ingest)")
+  file = Path(path)
+  wrong = ("does not exist" if not file.exists() else
+           "is an empty file, not a memory bank" if file.is_file() and file.stat().st_size == 0
+           else None)
+  if must_exist and wrong:
+    raise FileNotFoundError(f"--db {path} {wrong} (build one with rmmjax ingest)")
   return MemoryBank(path, key=key_from_env())
 
 

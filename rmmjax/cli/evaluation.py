@@ -11,7 +11,7 @@ from rmmjax.cli.common import plural
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
-from rmmjax.eval.retrieval import check_cutoffs, evaluate_retrieval, format_table, write_report
+from rmmjax.eval.retrieval import evaluate_retrieval, format_table, write_report
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.workdir import refuse_if_training
 from rmmjax.io.kinds import model_kind
@@ -20,16 +20,67 @@ from rmmjax.learners.iris.episodes import RERANK_MODES
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
+MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measures nothing
+IRIS_KINDS = ("iris", "iris export")  # model_kind of learned IRIS models
 
-def _judge_llm(args):
-  """The LLM of --judge llm (None for the other judges)."""
-  if args.judge != "llm":
-    if args.llm_url:
-      raise ValueError("--llm-url is the LLM of --judge llm: pass --iris --judge llm as well")
-    return None
-  if not args.llm_url:
-    raise ValueError("--judge llm needs --llm-url URL and --model NAME")
-  return llm_from_flags(args)
+
+def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
+  """The rules between eval's flags that argparse cannot express, in one place: the first one
+  broken is refused, naming the value and what was expected. Flags that would change nothing
+  are refused, not ignored: a ceiling asked for with --judge oracle must not quietly come back
+  as single-pass numbers."""
+  lace = args.units == "lace"
+  # Learned IRIS models given where another model is expected (with units lace --encoder
+  # takes them for their anchor encoder).
+  misplaced = next((f"{flag} {path}" for flag, path in (
+      ("--reranker", args.reranker), ("--encoder", None if lace else args.encoder))
+                    if path and model_kind(Path(path)) in IRIS_KINDS), None)
+  rules = (
+      (min(ks) < 1 or max(ks) > MAX_CUTOFF or len(set(ks)) != len(ks),
+       f"--k {','.join(map(str, ks))}: expected distinct cut-offs from 1 to {MAX_CUTOFF:,} such "
+       "as 5,10"),
+      (args.judge and not args.iris,
+       f"--judge {args.judge} is IRIS's sufficiency judge: pass --units lace --iris as well"),
+      (args.rerank_mode and not (lace and args.iris and args.reranker),
+       f"--rerank-mode {args.rerank_mode} orders IRIS's evidence with a reranker: pass --units "
+       "lace --iris --reranker W_OR_FILE as well"),
+      (args.retriever is None and retriever not in RETRIEVERS,
+       f"the reranker {args.reranker} records its candidates' retriever as {retriever!r}, not one "
+       f"of {', '.join(RETRIEVERS)}; pass --retriever"),
+      (args.llm_url and args.judge != "llm",
+       "--llm-url is the LLM of --judge llm: pass --iris --judge llm as well"),
+      (args.judge == "llm" and not args.llm_url,
+       "--judge llm needs --llm-url URL and --model NAME"),
+      (args.iris and not lace,
+       f"--iris retrieves from LaceMem: pass --units lace (not {args.units!r})"),
+      (lace and args.budget_words,
+       "--units lace evaluates LaceMem's own retrieval: --budget-words applies to the other units"),
+      (args.iris_model and not args.iris,
+       "--iris-model holds IRIS's learned judge and refiner: pass --units lace --iris "
+       "[learned|default|wide] as well"),
+      (args.iris_model and args.judge not in (None, "heuristic"),
+       f"--iris-model brings its own judge: leave out --judge {args.judge}"),
+      (misplaced, f"{misplaced} holds learned IRIS models (learner=iris): pass it as "
+       "--iris-model (or, with --units lace, as --encoder for its anchor)"),
+      (lace and args.reranker and (not args.iris or args.online),
+       "a reranker over LaceMem orders the evidence IRIS gathers: pass --iris (and not --online)"),
+      (args.budget_words is not None and args.budget_words < 1,
+       f"--budget-words {args.budget_words}: expected a positive number of words"),
+      (args.online and not args.reranker,
+       "--online replays a reranker's online learning: pass --reranker as well"),
+      (args.in_sample and not (args.reranker or args.encoder or args.iris_model),
+       "--in-sample applies to a trained model: pass --reranker, --encoder or --iris-model as "
+       "well"),
+      (args.allow_mismatch and not (args.reranker or args.encoder),
+       "--allow-mismatch applies to a reranker or a tuned query encoder trained with other "
+       "settings: pass --reranker or --encoder as well"),
+      (args.encoder and retriever == "bm25",
+       "--encoder tunes dense search, which --retriever bm25 does not use: pass --retriever "
+       "dense or hybrid"),
+  )
+  broken = next((message for rule, message in rules if rule), None)
+  if broken:
+    raise ValueError(broken)
 
 
 def cmd_eval(args) -> None:
@@ -37,37 +88,26 @@ def cmd_eval(args) -> None:
     ks = tuple(int(k) for k in args.k.split(","))
   except ValueError:
     raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
-  check_cutoffs(ks)
-  # Flags that would change nothing are refused, not ignored: a ceiling asked for with --judge
-  # oracle must not quietly come back as single-pass numbers.
-  if args.judge and not args.iris:
-    raise ValueError(f"--judge {args.judge} is IRIS's sufficiency judge: pass --units lace "
-                     "--iris as well")
-  if args.rerank_mode and not (args.units == "lace" and args.iris and args.reranker):
-    raise ValueError(f"--rerank-mode {args.rerank_mode} orders IRIS's evidence with a "
-                     "reranker: pass --units lace --iris --reranker W_OR_FILE as well")
-  if args.out:
-    check_output_file(args.out, "--out")
   for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder),
                      ("--iris-model", args.iris_model)):
     if path:
       refuse_if_training(Path(path), flag)
-  apply_precision(args.precision)
   # A reranker ranks the candidates of the retriever it trained over: that is the default.
   # (A model of another kind is refused by the evaluation, naming the flag that takes it.)
   trained_over = (reranker_record(Path(args.reranker)).get("retriever")
                   if args.reranker and model_kind(Path(args.reranker)) in RERANKER_KINDS
                   else None)
-  if trained_over is not None and trained_over not in RETRIEVERS and args.retriever is None:
-    raise ValueError(f"the reranker {args.reranker} records its candidates' retriever as "
-                     f"{trained_over!r}, not one of {', '.join(RETRIEVERS)}; pass --retriever")
   retriever = args.retriever or trained_over or ("hybrid" if args.units == "lace" else "bm25")
+  check_flags(args, ks, retriever)
+  if args.out:
+    check_output_file(args.out, "--out")
+  apply_precision(args.precision)
   result = evaluate_retrieval(args.dataset, Path(args.data), args.units, retriever, ks,
                               args.budget_words, reranker=args.reranker, online=args.online,
                               in_sample=args.in_sample, allow_mismatch=args.allow_mismatch,
                               progress=not args.quiet, query_encoder=args.encoder,
                               iris=args.iris, judge=args.judge or "heuristic",
-                              llm=_judge_llm(args), rerank_mode=args.rerank_mode or "fused",
+                              llm=llm_from_flags(args), rerank_mode=args.rerank_mode or "fused",
                               iris_model=args.iris_model)
   config = result["config"]
   models = [f"{flag} {path}" for flag, path in (("--reranker", args.reranker),
@@ -133,13 +173,15 @@ def add_parser(sub) -> None:
                  help="a training workdir, an exported .safetensors or an exported cross "
                       "reranker's directory: rerank the K candidates (conversations it trained "
                       "on are left out; a learner=both run brings its query encoder)")
-  p.add_argument("--iris-model", default=None,
-                 help="with --units lace --iris: a learner=iris workdir or its export (learned "
-                      "judge, refinement and anchor encoders); --iris learned suits it")
-  p.add_argument("--encoder", default=None,
-                 help="a tuned query encoder (a learner=query_encoder workdir or its export; with "
-                      "--units lace also a learner=iris workdir, for its anchor encoder) "
-                      "for the questions of dense search")
+  anchor = p.add_mutually_exclusive_group()  # learned IRIS models bring their anchor encoder
+  anchor.add_argument("--iris-model", default=None,
+                      help="with --units lace --iris: a learner=iris workdir or its export "
+                           "(learned judge, refinement and anchor encoders); --iris learned "
+                           "suits it")
+  anchor.add_argument("--encoder", default=None,
+                      help="a tuned query encoder (a learner=query_encoder workdir or its export; "
+                           "with --units lace also a learner=iris workdir, for its anchor "
+                           "encoder) for the questions of dense search")
   p.add_argument("--online", action="store_true",
                  help="with --reranker: replay each conversation prequentially, learning online")
   p.add_argument("--in-sample", action="store_true",

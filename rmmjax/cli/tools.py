@@ -18,16 +18,15 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_file
 
 BENCHMARKS = ("core", "search", "encode", "cross", "agent", "iris", "scaling")
+NEEDS_DATA = {"cross": "pairs", "encode": "sentences"}  # what their LoCoMo file gives them
 
 
 def cmd_embed(args) -> None:
-
   path = Path(args.inp)
-  if not path.exists():
-    raise FileNotFoundError(f"--in {path} does not exist (expected one text per line)")
-  texts = path.read_text(encoding="utf-8").splitlines()
+  texts = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
   if not texts:
-    raise ValueError(f"--in {path} is empty (expected one text per line)")
+    raise ValueError(f"--in {path} {'is empty' if path.exists() else 'does not exist'} "
+                     "(expected one text per line)")
   out = Path(args.out)
   if out.suffix != ".npy":
     raise ValueError(f"--out {out}: expected a file name ending in .npy")
@@ -45,6 +44,9 @@ def cmd_embed(args) -> None:
 def cmd_bench(args) -> None:
   out = check_output_file(args.out, "--out") if args.out else None
   data = Path(args.data) if args.data else None
+  if args.what in NEEDS_DATA and data is None:
+    raise ValueError(f"bench {args.what} needs --data PATH (a LoCoMo file, for real "
+                     f"{NEEDS_DATA[args.what]})")
   if args.what == "core":
     bench_core.bench_core(out, quick=args.quick)
   elif args.what == "scaling":
@@ -56,12 +58,8 @@ def cmd_bench(args) -> None:
   elif args.what == "search":
     bench_retrieval.bench_search(out, quick=args.quick)
   elif args.what == "cross":
-    if data is None:
-      raise ValueError("bench cross needs --data PATH (a LoCoMo file, for real pairs)")
     bench_cross.bench_cross(out, data, quick=args.quick)
   else:
-    if data is None:
-      raise ValueError("bench encode needs --data PATH (a LoCoMo file, for real sentences)")
     bench_retrieval.bench_encode(out, data, quick=args.quick)
 
 

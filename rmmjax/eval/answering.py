@@ -123,8 +123,6 @@ def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
   """Answers, judges and scores up to `limit` questions in file order; returns the report.
   Conversations that one of the trained `models` (source, record) or their ancestors trained
   on are left out, as `eval` leaves them out, unless `in_sample`."""
-  if dataset not in LOADERS:
-    raise ValueError(f"--dataset {dataset!r} is not one of {', '.join(LOADERS)}")
   conversations, report = LOADERS[dataset](data)
   conversations = [c for c in conversations if c.questions]
   config = dict(config or {})

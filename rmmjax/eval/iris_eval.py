@@ -38,15 +38,10 @@ def fact_reranker(reranker, store, encoder, mode: str):
 
 
 def make_judge(name: str, question, store, llm=None):
-  if name == "heuristic":
-    return HeuristicJudge()
+  """The judge of one of JUDGES (llm: of the LLM `llm`)."""
   if name == "oracle":
     return OracleJudge(question.evidence, store)
-  if name == "llm":
-    if llm is None:
-      raise ValueError("--judge llm needs an LLM: --llm-url URL --model NAME")
-    return LLMJudge(llm)
-  raise ValueError(f"--judge {name!r} is not one of {', '.join(JUDGES)}")
+  return LLMJudge(llm) if name == "llm" else HeuristicJudge()
 
 
 def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: str = "heuristic",

@@ -6,40 +6,29 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rmmjax.config import EVALUABLE_DATASETS, UNITS
+from rmmjax.config import EVALUABLE_DATASETS
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.leakage import check_fit, unseen
-from rmmjax.eval.iris_eval import JUDGES, lace_rows, summarise
+from rmmjax.eval.iris_eval import lace_rows, summarise
 from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay
-from rmmjax.learners.iris.episodes import RERANK_MODES
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.learners.query_encoder.fit import retrieval_encoders
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.kinds import model_kind
 from rmmjax.learners.iris.files import load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
-from rmmjax.retrieve.rankers import RETRIEVERS, make_retriever
+from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.memory.topic_units import conversation_units
 
 DATASETS = {"locomo": load_locomo, "longmemeval": load_longmemeval}
-EVAL_UNITS = UNITS + ("lace",)  # lace: LaceMem's atomic facts (rmmjax.eval.iris_eval)
 assert tuple(DATASETS) == EVALUABLE_DATASETS
-
-
-MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measures nothing
-
-
-def check_cutoffs(ks: tuple[int, ...]) -> None:
-  if not ks or min(ks) < 1 or max(ks) > MAX_CUTOFF or len(set(ks)) != len(ks):
-    raise ValueError(f"--k {','.join(map(str, ks))}: expected distinct cut-offs from 1 to "
-                     f"{MAX_CUTOFF:,} such as 5,10")
 
 
 def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks: tuple[int, ...],
@@ -65,51 +54,9 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   (`rerank_mode`: fused with IRIS's own order, or alone; see `FactReranker`). `iris_model` (a
   learner=iris workdir or its export) gives IRIS its learned judge, refiner and anchor encoder;
   with units lace `query_encoder` may be such a model too (its anchor embeds the questions).
+  Which settings go together is the caller's to check (the command line's check_flags).
   """
-  for name, value, choices in (("dataset", dataset, DATASETS), ("units", units, EVAL_UNITS),
-                               ("retriever", retriever, RETRIEVERS)):
-    if value not in choices:
-      raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
-  check_cutoffs(ks)
   iris = "default" if iris is True else (iris or None)
-  if iris is not None and iris not in IRIS_PRESETS:
-    raise ValueError(f"--iris {iris!r} is not one of {', '.join(IRIS_PRESETS)}")
-  if iris and units != "lace":
-    raise ValueError(f"--iris retrieves from LaceMem: pass --units lace (not {units!r})")
-  if units == "lace" and budget_words:
-    raise ValueError("--units lace evaluates LaceMem's own retrieval: --budget-words applies "
-                     "to the other units")
-  if iris_model is not None and not iris:
-    raise ValueError("--iris-model holds IRIS's learned judge and refiner: pass --units lace "
-                     "--iris [learned|default|wide] as well")
-  if iris_model is not None and (query_encoder is not None or judge != "heuristic"):
-    raise ValueError("--iris-model brings its own anchor encoder and judge: leave out "
-                     "--encoder and --judge")
-  for flag, path in (("--reranker", reranker), ("--encoder", query_encoder)):
-    if path is not None and _is_iris_model(Path(path)) and (flag == "--reranker"
-                                                            or units != "lace"):
-      raise ValueError(f"{flag} {path} holds learned IRIS models (learner=iris): pass it as "
-                       "--iris-model (or, with --units lace, as --encoder for its anchor)")
-  if units == "lace" and reranker is not None and (not iris or online):
-    raise ValueError("a reranker over LaceMem orders the evidence IRIS gathers: pass --iris "
-                     "(and not --online)")
-  if rerank_mode not in RERANK_MODES:
-    raise ValueError(f"--rerank-mode {rerank_mode!r} is not one of {', '.join(RERANK_MODES)}")
-  if judge not in JUDGES:
-    raise ValueError(f"--judge {judge!r} is not one of {', '.join(JUDGES)}")
-  if budget_words is not None and budget_words < 1:
-    raise ValueError(f"--budget-words {budget_words}: expected a positive number of words")
-  if online and reranker is None:
-    raise ValueError("--online replays a reranker's online learning: pass --reranker as well")
-  if in_sample and reranker is None and query_encoder is None and iris_model is None:
-    raise ValueError("--in-sample applies to a trained model: pass --reranker, --encoder or "
-                     "--iris-model as well")
-  if allow_mismatch and reranker is None and query_encoder is None:
-    raise ValueError("--allow-mismatch applies to a reranker or a tuned query encoder trained "
-                     "with other settings: pass --reranker or --encoder as well")
-  if query_encoder is not None and retriever == "bm25":
-    raise ValueError("--encoder tunes dense search, which --retriever bm25 does not use: pass "
-                     "--retriever dense or hybrid")
   loaded = load_reranker(Path(reranker)) if reranker is not None else None
   if loaded and query_encoder is None and loaded.record.get("query_encoder_path"):
     query_encoder = recorded_query_encoder(Path(reranker), loaded.record)

@@ -61,9 +61,8 @@ def turn_metrics(store, turn_ids, evidence, ks, num_relevant) -> dict:
 
 
 def aggregate(rows: list[tuple[str, dict[str, float]]]) -> dict:
-  """{"overall": means, "by_category": {category: means}} from (category, metrics) rows."""
-  if not rows:
-    raise ValueError("no questions to aggregate")
+  """{"overall": means, "by_category": {category: means}} from one or more (category, metrics)
+  rows."""
 
   def mean(group):
     return {key: float(np.mean([m[key] for m in group])) for key in group[0]} | {

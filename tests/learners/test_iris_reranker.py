@@ -272,7 +272,7 @@ def _first_conversations(source, tmp_path, n):
   return path
 
 
-def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, tmp_path):
+def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, tmp_path, capsys):
   data = _first_conversations(three, tmp_path, 3)
   cfg = apply_overrides(get_config("locomo"), [
       "learner=reranker", "units=lace", f"data={data}", "dim=32", "k=24", "steps=20",
@@ -338,8 +338,9 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, t
   assert evaluate(iris=True, reranker=wd)["config"]["rerank_mode"] == "fused"
   with pytest.raises(ValueError, match="iris: trained with 'default', evaluated with 'wide'"):
     evaluate(iris="wide", reranker=wd)
-  with pytest.raises(ValueError, match="pass --iris"):
-    evaluate(reranker=wd)
+  from rmmjax.cli import main
+  assert main(["eval", "--data", str(data), "--units", "lace", "--reranker", str(wd)]) == 2
+  assert "pass --iris" in capsys.readouterr().err
   with pytest.raises(ValueError, match="units: trained with 'lace'"):
     evaluate_retrieval("locomo", data, "turn", "hybrid", (5,), encoder=HashEncoder(),
                        reranker=wd)
