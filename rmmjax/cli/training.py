@@ -20,9 +20,10 @@ from rmmjax.io.query_encoders import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
 from rmmjax.learners.registry import learner as learner_of
-from rmmjax.train import sweeps
-from rmmjax.train.replay_sweep import replay_sweep
 from rmmjax.train.loop import train
+from rmmjax.train.sweep.grid import parse_grid, sweep_configs
+from rmmjax.train.sweep.latent import sweep
+from rmmjax.train.sweep.replay import replay_sweep
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
 LoCoMo file: --set data=PATH). The shared keys are in rmmjax/config/__init__.py (class Config and
@@ -141,7 +142,7 @@ def _sweep_config(args) -> tuple[Config, dict[str, list]]:
   cfg = apply_overrides(get_config(args.config), args.set or [])
   if args.steps is not None:
     cfg = apply_overrides(cfg, [f"steps={args.steps}"])
-  grid = sweeps.parse_grid(args.grid or [], cfg)
+  grid = parse_grid(args.grid or [], cfg)
   if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps") for k in grid):
     raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
   if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
@@ -157,7 +158,7 @@ def sweep_runs(args) -> dict[str, Config]:
   results file records of its runs, and what its test resolves again."""
   cfg, grid = _sweep_config(args)
   runs = {}
-  for c in sweeps.sweep_configs(cfg, grid, args.seeds):
+  for c in sweep_configs(cfg, grid, args.seeds):
     label = ", ".join([f"{k}={get_value(c, k)}" for k in grid] + [f"seed {c.seed}"])
     if cfg.config == "latent":
       runs[label] = c
@@ -177,8 +178,8 @@ def cmd_sweep(args) -> None:
   if cfg.config != "latent":
     _replay_sweep(args, cfg, grid)
     return
-  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet,
-                        made_by=_made_by(args))
+  result = sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet,
+                 made_by=_made_by(args))
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
     return
