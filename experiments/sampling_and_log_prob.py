@@ -25,7 +25,7 @@ import numpy as np
 
 from published import write_record
 from replay_common import write_markdown
-from rmmjax.train import sweeps
+from rmmjax.train.sweep import grid, latent
 from rmmjax.config import get_config, with_values
 
 TAUS = (0.1, 0.5, 1.0, 2.0)
@@ -48,7 +48,7 @@ def configs(argv: list[str]) -> dict:
   args = parse(argv)
   return {f"{sampling}, {log_prob}, tau={c.reranker.tau}, seed {c.seed}": c
           for sampling, log_prob in COMBINATIONS
-          for c in sweeps.sweep_configs(combination_config(args.steps, sampling, log_prob),
+          for c in grid.sweep_configs(combination_config(args.steps, sampling, log_prob),
                                         {"tau": list(TAUS)}, args.seeds)}
 
 
@@ -67,7 +67,7 @@ def main() -> None:
   for sampling, log_prob in COMBINATIONS:
     cfg = combination_config(args.steps, sampling, log_prob)
     with tempfile.TemporaryDirectory() as workdir:
-      result = sweeps.sweep(cfg, {"tau": list(TAUS)}, args.seeds, Path(workdir), progress=False)
+      result = latent.sweep(cfg, {"tau": list(TAUS)}, args.seeds, Path(workdir), progress=False)
     for tau in TAUS:
       runs = [r for r in result["runs"] if r["tau"] == tau]
       final = np.array([r["recall_at_m_final"] for r in runs])

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.bench.machine import describe, machine_info
-from rmmjax.train.sweeps import run_chunks  # the chunk driver `rmmjax sweep` uses
+from rmmjax.train.sweep.chunks import run_chunks  # the chunk driver `rmmjax sweep` uses
 
 D, K, M = 384, 20, 5
 TRAIN_BATCHES = (4, 64, 1024)

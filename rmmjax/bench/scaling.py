@@ -36,7 +36,7 @@ def _child(devices: int, quick: bool) -> dict:
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   from rmmjax.learners.query_encoder.fit import encoder_replay_steps  # noqa: PLC0415
   from rmmjax.encode.tuned import encoder_state
-  from rmmjax.train.sweeps import run_chunks  # noqa: PLC0415
+  from rmmjax.train.sweep.chunks import run_chunks  # noqa: PLC0415
 
   if len(jax.devices()) < devices:
     return {"devices": devices, "skipped": f"only {len(jax.devices())} devices"}

@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     stopped, code = signals.status()
     # (not imported here: only a sweep that is running has it loaded)
-    sweeps = sys.modules.get("rmmjax.train.sweeps")
-    if sweeps is not None and sweeps.nothing_kept_in_flight:
+    latent = sys.modules.get("rmmjax.train.sweep.latent")
+    if latent is not None and latent.nothing_kept_in_flight:
       print(f"\nrmmjax {command}: {stopped}; {NOTHING} (the latent simulator's sweep writes at "
             "its end: a rerun starts over)", file=sys.stderr)
       # Its compiled chunk in flight would hold the exit until it ends (minutes), for a result

@@ -20,9 +20,10 @@ from rmmjax.learners.query_encoder.files import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
 from rmmjax.learners.registry import learner as learner_of, training_task
-from rmmjax.train import sweeps
-from rmmjax.train.replay_sweep import replay_sweep
 from rmmjax.train.loop import train
+from rmmjax.train.sweep.grid import label, parse_grid, sweep_configs
+from rmmjax.train.sweep.latent import sweep
+from rmmjax.train.sweep.replay import replay_sweep
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
 LoCoMo file: --set data=PATH). The shared keys are in rmmjax/config/__init__.py (class Config and
@@ -142,7 +143,7 @@ def _sweep_config(args) -> tuple[Config, dict[str, list]]:
   cfg = apply_overrides(get_config(args.config), args.set or [])
   if args.steps is not None:
     cfg = apply_overrides(cfg, [f"steps={args.steps}"])
-  grid = sweeps.parse_grid(args.grid or [], cfg)
+  grid = parse_grid(args.grid or [], cfg)
   if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps") for k in grid):
     raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
   if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
@@ -158,13 +159,13 @@ def sweep_runs(args) -> dict[str, Config]:
   results file records of its runs, and what its test resolves again."""
   cfg, grid = _sweep_config(args)
   runs = {}
-  for c in sweeps.sweep_configs(cfg, grid, args.seeds):
-    label = ", ".join([f"{k}={get_value(c, k)}" for k in grid] + [f"seed {c.seed}"])
+  for c in sweep_configs(cfg, grid, args.seeds):
+    name = ", ".join([f"{k}={get_value(c, k)}" for k in grid] + [f"seed {c.seed}"])
     if cfg.config == "latent":
-      runs[label] = c
+      runs[name] = c
     else:
       folds = 4 if args.folds is None else args.folds
-      runs |= {f"{label}, fold {f}": with_values(c, {"folds": folds, "fold": f})
+      runs |= {f"{name}, fold {f}": with_values(c, {"folds": folds, "fold": f})
                for f in range(folds)}
   return runs
 
@@ -175,42 +176,33 @@ def cmd_sweep(args) -> None:
     check_output_dir(args.workdir, "--workdir")
     grid = in_recorded_order(Path(args.workdir), cfg, grid)
     apply_precision(cfg.precision)
-  if cfg.config != "latent":
-    _replay_sweep(args, cfg, grid)
+  workdir = Path(args.workdir)
+  made_by = {"command": shlex.join(["rmmjax", *args.argv]), "cwd": os.getcwd(),
+             "commit": code_commit()}
+  if cfg.config == "latent":
+    result = sweep(cfg, grid, args.seeds, workdir, progress=not args.quiet, made_by=made_by)
+  else:
+    result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds,
+                          workdir, progress=not args.quiet, dry_run=args.dry_run,
+                          best=not args.no_best, made_by=made_by)
+  if result is None:  # (a dry run)
     return
-  result = sweeps.sweep(cfg, grid, args.seeds, Path(args.workdir), progress=not args.quiet,
-                        made_by=_made_by(args))
   if not distributed.is_writer():
     print(f"process {args.process_id}: swept its share; process 0 wrote {args.workdir}")
     return
-  keys = list(grid)
-  print(f"\n{'configuration':36s}{'seeds':>6s}{'recall base':>12s}{'recall final':>13s}"
-        f"{'reward first':>13s}{'reward last':>12s}")
-  groups: dict[str, list] = {}
-  for run in result["runs"]:
-    groups.setdefault(",".join(f"{k}={run[k]}" for k in keys) or "default", []).append(run)
-  for label, runs in groups.items():
-    mean = {key: sum(r[key] for r in runs) / len(runs)
-            for key in ("recall_at_m_base", "recall_at_m_final", "reward_first", "reward_last")}
-    print(f"{label:36s}{len(runs):6d}{mean['recall_at_m_base']:12.3f}"
-          f"{mean['recall_at_m_final']:13.3f}{mean['reward_first']:13.3f}"
-          f"{mean['reward_last']:12.3f}")
-  print(f"\nsweep.json {Path(args.workdir) / 'sweep.json'}\ncurves     "
-        f"{Path(args.workdir) / 'curves.png'}\ntensorboard {Path(args.workdir) / 'tb'}")
-
-
-def _made_by(args) -> dict:
-  """What a sweep records of the command that ran it."""
-  return {"command": shlex.join(["rmmjax", *args.argv]), "cwd": os.getcwd(),
-          "commit": code_commit()}
-
-
-def _replay_sweep(args, cfg, grid) -> None:
-  workdir = Path(args.workdir)
-  result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds, workdir,
-                        progress=not args.quiet, dry_run=args.dry_run, best=not args.no_best,
-                        made_by=_made_by(args))
-  if result is None or not distributed.is_writer():
+  if cfg.config == "latent":
+    metrics = ("recall_at_m_base", "recall_at_m_final", "reward_first", "reward_last")
+    print(f"\n{'configuration':36s}{'seeds':>6s}{'recall base':>12s}{'recall final':>13s}"
+          f"{'reward first':>13s}{'reward last':>12s}")
+    groups: dict[str, list] = {}
+    for run in result["runs"]:
+      groups.setdefault(label({k: run[k] for k in grid}), []).append(run)
+    for name, runs in groups.items():
+      mean = [sum(r[key] for r in runs) / len(runs) for key in metrics]
+      print(f"{name:36s}{len(runs):6d}{mean[0]:12.3f}{mean[1]:13.3f}{mean[2]:13.3f}"
+            f"{mean[3]:12.3f}")
+    print(f"\nsweep.json {workdir / 'sweep.json'}\ncurves     {workdir / 'curves.png'}\n"
+          f"tensorboard {workdir / 'tb'}")
     return
   print("\n" + "\n".join(result["table"]))
   if args.no_best:

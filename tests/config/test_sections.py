@@ -11,7 +11,7 @@ import pytest
 from rmmjax.config import (apply_overrides, encoder_stage, from_json, get_config, get_value,
                            sections)
 from rmmjax.io.workdir import read_config
-from rmmjax.train.sweeps import parse_grid, sweep_configs
+from rmmjax.train.sweep.grid import parse_grid, sweep_configs
 
 DATA = "data=/data/locomo_dev8.json"  # (never read here)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rmmjax import core
-from rmmjax.train.sweeps import run_chunks
+from rmmjax.train.sweep.chunks import run_chunks
 
 SPEC = core.CoreSpec(dim=16, k=8, m=3, batch=4)
 SIM = core.SimSpec(num_users=8, bank_size=24, min_bank=6, max_relevant=2)
@@ -131,7 +131,7 @@ def test_sharded_sweep_equals_single_device(on_four_devices):
   out = on_four_devices("""
       import jax, numpy as np
       from rmmjax import core
-      from rmmjax.train.sweeps import run_chunks
+      from rmmjax.train.sweep.chunks import run_chunks
       assert jax.device_count() == 4
       spec = core.CoreSpec(dim=16, k=8, m=3, batch=4)
       sim = core.SimSpec(num_users=4, bank_size=16, min_bank=8, max_relevant=2)

@@ -207,7 +207,7 @@ def test_query_encoder_pretraining_and_reinforce(three, tmp_path, tiny_encoder):
 
 
 def test_sweep_refuses_a_replay_config(tmp_path):
-  from rmmjax.train.sweeps import sweep
+  from rmmjax.train.sweep.latent import sweep
   cfg = apply_overrides(get_config("locomo"), [f"data={tmp_path}"])
   with pytest.raises(ValueError, match="sweep runs the latent simulator, not config locomo"):
     sweep(cfg, {}, 1, tmp_path / "sweep")

@@ -15,7 +15,8 @@ from cli_args import sets as _sets
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, get_config, with_values
 from rmmjax.io.workdir import check_sweepable, sweep_record, write_run_record
-from rmmjax.train.sweep_table import by_part, fold_file
+from rmmjax.train.sweep.replay import fold_file
+from rmmjax.train.sweep.table import by_part
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 

@@ -8,7 +8,7 @@ import pytest
 from cli_args import sets
 from rmmjax.cli import main
 from rmmjax.config import apply_overrides, get_config
-from rmmjax.train.sweeps import sweep_configs
+from rmmjax.train.sweep.grid import sweep_configs
 
 
 def _locomo(data, *sets):

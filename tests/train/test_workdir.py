@@ -20,7 +20,7 @@ from rmmjax.io import metrics_log
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.workdir import (LOCK_FILE, atomic_write_text, held, read_config, replace_dir,
                                take_lock)
-from rmmjax.train import sweeps
+from rmmjax.train.sweep import chunks
 
 pytestmark = pytest.mark.slow
 
@@ -259,9 +259,9 @@ def test_sweep_progress_moves_as_chunks_finish(monkeypatch):
     log.append("dispatch")
     return {"tau": np.asarray(hp.tau)}
 
-  monkeypatch.setattr(sweeps, "tqdm", Bar)
+  monkeypatch.setattr(chunks, "tqdm", Bar)
   hparams = core.stack_hparams([core.HParams.create(tau=t) for t in (0.1, 0.2, 0.3, 0.4, 0.5)])
-  out = sweeps.run_chunks(run_chunk, hparams, None, chunk_size=2, progress=True)
+  out = chunks.run_chunks(run_chunk, hparams, None, chunk_size=2, progress=True)
   np.testing.assert_allclose(out["tau"], [0.1, 0.2, 0.3, 0.4, 0.5])
   assert log == ["dispatch", "dispatch", "done", "dispatch", "done", "done"]
 

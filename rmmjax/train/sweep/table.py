@@ -1,7 +1,7 @@
-"""A replay sweep's results from its folds' files: the metrics of every configuration x fold x
-seed (those `rmmjax eval` reports, rmmjax.retrieve.metrics), the table with paired intervals
-(rmmjax.eval.intervals: over folds, or conversations where the folds are few, and seeds), and
-the online curves."""
+"""A sweep's record: sweep.json, and over replayed conversations the table (sweep.md) of every
+configuration x fold x seed's metrics (those `rmmjax eval` reports, rmmjax.retrieve.metrics) with
+paired intervals (rmmjax.eval.intervals: over folds, or conversations where the folds are few,
+and seeds); its curves (tb/, curves.png, online.png)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.config import get_value
 from rmmjax.eval.intervals import Interval, paired_interval
 from rmmjax.retrieve.metrics import question_metrics
+from rmmjax.io import plots, tensorboard
+from rmmjax.io.workdir import atomic_write_json, atomic_write_text, write_run_record
 from rmmjax.replay.candidates import base_recall, ceiling_recall
-from rmmjax.train.loop import window_means
+from rmmjax.train.sweep.grid import label, settings
 
-BOOTSTRAP_DRAWS = 2000
 POSITION_BINS = 5  # parts of each held-out conversation in the learning-online curve
-FOLD_FILE = "folds/fold_{}.npz"
-ONLINE_CURVES = ("reward", "citation_rate", "recall_at_m", "entropy")
-
-
-def fold_file(workdir, f: int) -> dict:
-  """A finished fold's arrays (rmmjax.train.replay_sweep writes them)."""
-  with np.load(Path(workdir) / FOLD_FILE.format(f)) as data:
-    return {k: data[k] for k in data.files}
+METRICS = ("recall_all@{m}", "recall_any@{m}", "ndcg@10", "mrr")
 
 
 def ranked_units(conv, q: int, scores_K: np.ndarray) -> list[tuple[tuple[str, ...], int]]:
@@ -50,7 +43,7 @@ def fold_metrics(test, scores_CxQxK: np.ndarray, m: int) -> dict[str, np.ndarray
                                       set(conv.evidence[q]), int(conv.num_relevant_N[q]), (m,)))
         q_all += 1
     rows.append(per_q)
-  names = (f"recall_all@{m}", f"recall_any@{m}", "ndcg@10", "mrr")
+  names = [name.format(m=m) for name in METRICS]
   return {n: np.array([[r[n] for r in per_q] for per_q in rows]) for n in names}
 
 
@@ -69,10 +62,6 @@ def by_part(diff_SxQ: np.ndarray, clusters_Q: list[str], groups_Q: list[str], fo
     part_Q[where] = np.arange(len(where)) * parts // len(where)
   return [paired_interval(diff_SxQ[:, part_Q == p], clusters[part_Q == p], folds[part_Q == p])
           for p in range(parts) if (part_Q == p).any()]
-
-
-def _label(settings: dict) -> str:
-  return ",".join(f"{k}={v}" for k, v in settings.items()) or "default"
 
 
 @dataclasses.dataclass
@@ -100,14 +89,14 @@ def replay_fold(test, data: dict, m: int) -> FoldResult:
 def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: str,
               made_by: dict | None = None) -> dict:
   """sweep.json's content: a run per configuration x fold, a row per grid point, and how it was
-  made (`made_by`: the commands, working folders and commits that started and wrote it; every key of the base config, each run setting the
-  grid's; the data file and its content's hash)."""
+  made (`made_by`: the commands, working folders and commits that started and wrote it; every
+  key of the base config, each run setting the grid's; the data file and its content's hash)."""
   keys, m = list(grid), cfg.m
   runs = []
   for f, fold in enumerate(folds):
     cats = np.array(fold.categories)
     for i, c in enumerate(configs):
-      run = {"settings": {k: get_value(c, k) for k in keys}, "seed": c.seed, "fold": f,
+      run = {"settings": settings(c, keys), "seed": c.seed, "fold": f,
              "heldout_conversations": list(dict.fromkeys(fold.conversations)),
              "questions": len(cats), "recall_at_m_base": float(fold.base.mean())}
       if fold.ceiling is not None:
@@ -160,22 +149,18 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
 def _rows(configs, keys, pooled, m) -> list[dict]:
   """One row per grid point: per-question values averaged over its seeds."""
   groups: dict[str, list[int]] = {}
-  settings = {}
   for i, c in enumerate(configs):
-    label = _label({k: get_value(c, k) for k in keys})
-    groups.setdefault(label, []).append(i)
-    settings[label] = {k: get_value(c, k) for k in keys}
+    groups.setdefault(label(settings(c, keys)), []).append(i)
   rows = []
-  for label, idx in groups.items():
-    per_seed_q = pooled[f"recall_all@{m}"][idx]
-    rows.append({"label": label, "settings": settings[label], "seeds": len(idx),
-                 "per_seed_question": per_seed_q, "recall": float(per_seed_q.mean()),
-                 "recall_any": float(pooled[f"recall_any@{m}"][idx].mean()),
-                 "ndcg": float(pooled["ndcg@10"][idx].mean()),
-                 "mrr": float(pooled["mrr"][idx].mean()),
-                 } | ({"prequential": float(pooled["prequential"][idx].mean()),
-                       "prequential_per_seed_question": pooled["prequential"][idx]}
-                      if "prequential" in pooled else {}))
+  for name, idx in groups.items():
+    mean = lambda key, idx=idx: float(pooled[key][idx].mean())  # noqa: E731
+    rows.append({"label": name, "settings": settings(configs[idx[0]], keys), "seeds": len(idx),
+                 "per_seed_question": pooled[f"recall_all@{m}"][idx],
+                 "recall": mean(f"recall_all@{m}"), "recall_any": mean(f"recall_any@{m}"),
+                 "ndcg": mean("ndcg@10"), "mrr": mean("mrr")})
+    if "prequential" in pooled:
+      rows[-1] |= {"prequential": mean("prequential"),
+                   "prequential_per_seed_question": pooled["prequential"][idx]}
   return rows
 
 
@@ -191,19 +176,19 @@ def _schedule(cfg, grid_keys) -> str:
 
 def _resampled(over: str, result: dict) -> str:
   """What an interval of the table resampled, in words."""
-  clusters = (f"the {result['folds']} folds (each its own trained model)" if over.startswith("folds")
-              else f"the conversations ({result['folds']} folds are too few to resample: the "
-                   "interval understates the uncertainty and a comparison is indicative)")
+  clusters = (f"the {result['folds']} folds (each its own trained model)"
+              if over.startswith("folds") else
+              f"the conversations ({result['folds']} folds are too few to resample: the "
+              "interval understates the uncertainty and a comparison is indicative)")
   return clusters + (f", and each drawn one's {result['seeds']} seeds" if "seeds" in over else "")
 
 
 def table(cfg, result, rows, m) -> list[str]:
-  fmt = str  # (each interval says what it resampled)
   online = "online_vs_frozen" in rows[0]
   ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
              if "recall_at_k" in result else "")
   # (the variant names the reranker's model: a query encoder has none)
-  variant = "" if cfg.learner == "query_encoder" else f", variant={cfg.variant}"
+  variant = "" if cfg.learning is cfg.encoder_tuning else f", variant={cfg.variant}"
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
            f"{cfg.learner}{variant}, {_schedule(cfg, result['grid'])}. "
@@ -218,9 +203,9 @@ def table(cfg, result, rows, m) -> list[str]:
            "|---|---|---|---|---|---|---|" + ("---|---|" if online else "")]
   for r in sorted(rows, key=lambda r: -r["recall"]):
     lines.append(f"| {r['label']} | {r['recall']:.3f} | {r['recall_any']:.3f} | "
-                 f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {fmt(r['vs_base'])} | "
-                 f"{fmt(r['vs_best'])} |" + (f" {r['prequential']:.3f} | "
-                                             f"{fmt(r['online_vs_frozen'])} |" if online else ""))
+                 f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {r['vs_base']} | "
+                 f"{r['vs_best']} |" + (f" {r['prequential']:.3f} | "
+                                             f"{r['online_vs_frozen']} |" if online else ""))
   if online:
     parts = len(rows[0]["online_vs_frozen_by_part"])
     lines += ["", f"Learning online - frozen along the replay of the held-out conversations: "
@@ -232,21 +217,40 @@ def table(cfg, result, rows, m) -> list[str]:
               "|---|" + "---|" * parts]
     for r in sorted(rows, key=lambda r: -r["recall"]):
       lines.append(f"| {r['label']} | "
-                   + " | ".join(fmt(t) for t in r["online_vs_frozen_by_part"]) + " |")
+                   + " | ".join(map(str, r["online_vs_frozen_by_part"])) + " |")
   return lines
 
 
-def curves(workdir, plan, keys, log_every) -> tuple[dict, np.ndarray]:
-  """label -> metric -> (folds x seeds, T) window means of the online curves, and the steps."""
-  out, steps_T = {}, None
-  for f in range(len(plan.fold_tests)):
-    data = fold_file(workdir, f)
-    if "online_reward" not in data:
-      return {}, np.zeros(0)
-    for i, c in enumerate(plan.configs):
-      rows = window_means({k: data[f"online_{k}"][i] for k in ONLINE_CURVES}, 0, log_every)
-      steps_T = np.array([r["step"] for r in rows])
-      by_metric = out.setdefault(_label({k: get_value(c, k) for k in keys}), {})
-      for metric in ONLINE_CURVES:
-        by_metric.setdefault(metric, []).append([r[metric] for r in rows])
-  return {label: {m: np.array(v) for m, v in d.items()} for label, d in out.items()}, steps_T
+def start(workdir: Path, cfg, record: dict) -> None:
+  """The sweep's manifest and base config, before its outputs."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  write_run_record(workdir, record)
+  atomic_write_text(workdir / "config.json", cfg.resolved().to_json() + "\n")
+
+
+def write(workdir: Path, result: dict, logged: list[tuple[str, list[dict]]], prefix: str,
+          title: str) -> None:
+  """sweep.json, the table (sweep.md) and the learning-online curve (online.png) where the
+  sweep has them, and the curves of every run's logged rows (its label, its rows), the mean of
+  each configuration's: tb/ (a fresh one each time: the same sweep run again leaves no second
+  copy of its points) and curves.png (`title`, {} the number of configurations)."""
+  lines = {}  # label -> metric -> (runs, T)
+  for name, rows in logged:
+    for metric in (k for k in rows[0] if k != "step"):
+      lines.setdefault(name, {}).setdefault(metric, []).append([r[metric] for r in rows])
+  if lines:
+    steps_T = np.array([r["step"] for r in logged[0][1]])
+    lines = {name: {m: np.array(v) for m, v in d.items()} for name, d in lines.items()}
+    tensorboard.rewrite(workdir / "tb", {name.replace("/", "_"): [
+        {"step": int(s), **{m: float(v[:, t].mean()) for m, v in by_metric.items()}}
+        for t, s in enumerate(steps_T)] for name, by_metric in lines.items()}, prefix=prefix)
+    plots.plot_curves(workdir / "curves.png", steps_T, lines, title=title.format(len(lines)))
+  parts = {r["label"]: r["online_vs_frozen_by_part"] for r in result.get("rows", ())
+           if "online_vs_frozen_by_part" in r}
+  if parts:
+    plots.plot_parts(workdir / "online.png", parts,
+                     ylabel=f"Recall@{result['base_config']['m']}: learning online - frozen",
+                     title="learning from citations alone on held-out conversations")
+  atomic_write_json(workdir / "sweep.json", result)
+  if "table" in result:
+    atomic_write_text(workdir / "sweep.md", "\n".join(result["table"]) + "\n")

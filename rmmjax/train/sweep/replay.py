@@ -1,0 +1,255 @@
+"""Sweeps over replayed conversations, cross-validated over contiguous folds of them (the split
+`train --set folds=N --set fold=I` makes, so any row can be trained again alone): an embedding
+reranker's grid over its rates trains every configuration of a fold as `train` does, in one
+compiled program, scored on the held-out conversations frozen and learning online, its file
+(folds/fold_<i>.npz: every held-out question's scores, the online curves) written as the fold
+finishes; any other sweep runs run by run (sweep.runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from rmmjax import core, distributed
+from rmmjax.config import Config, with_values
+from rmmjax.data.locomo import load_locomo
+from rmmjax.learners.query_encoder.files import query_encoder_record
+from rmmjax.io.record import file_sha256, trained_on
+from rmmjax.io.workdir import check_sweepable, held, read_run_record, sweep_record
+from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
+                                     to_sequence, to_streams)
+from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
+    train_reranker
+from rmmjax.train.loop import train, window_means
+from rmmjax.learners.embedding.task import build_replays
+from rmmjax.train.sweep import runs
+from rmmjax.train.sweep.chunks import chunk_size, each_timed, minutes, run_chunks, \
+    time_first_chunk
+from rmmjax.train.sweep.grid import (check_grid_read, label, run_settings, settings,
+                                     shares_a_program, sweep_configs)
+from rmmjax.train.sweep.table import replay_fold, start, summarise, write
+
+FOLD_FILE = "folds/fold_{}.npz"
+ONLINE_CURVES = ("reward", "citation_rate", "recall_at_m", "entropy")
+
+
+def check_learner(cfg: Config) -> None:
+  """What a replay sweep runs: every learner but IRIS's (whose runs hold out the last
+  conversations, not folds), in one process."""
+  if cfg.iris_models is not None or cfg.iris_evidence is not None:
+    raise ValueError(f"sweep --config {cfg.config} holds out folds of the conversations; "
+                     f"IRIS's runs (learner={cfg.learner}, units={cfg.units}) hold out the last "
+                     "`holdout` ones: train them one by one")
+  if cfg.folds or cfg.fold:
+    raise ValueError(f"folds={cfg.folds}, fold={cfg.fold}: a sweep's folds are --folds N")
+  if cfg.holdout != type(cfg).holdout:
+    raise ValueError(f"holdout={cfg.holdout}: a sweep holds out each of its --folds in turn; "
+                     "leave holdout unset")
+  # (each process refuses it alike: nothing below runs on several)
+  if jax.process_count() > 1:
+    raise ValueError("a sweep over replayed conversations runs in one process (over all of its "
+                     "devices); start it without --num-processes")
+
+
+def check_not_trained(cfg: Config, conversations: list) -> None:
+  """Refuses candidates from a tuned query encoder that trained on one of the conversations
+  (every conversation is held out by one fold: its numbers would be in-sample)."""
+  if not cfg.query_encoder:
+    return
+  record = query_encoder_record(cfg.query_encoder)
+  leaked = [c.conversation_id for c in conversations
+            if trained_on(record, c.conversation_id, conversation_fingerprint(c))]
+  if leaked:
+    raise ValueError(f"query_encoder={cfg.query_encoder} trained on {', '.join(leaked)}: every "
+                     "conversation is held out by one fold, so those folds' numbers would be "
+                     "in-sample; sweep over candidates of an encoder that did not train on them")
+
+
+def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
+                 workdir: Path, progress: bool = True, dry_run: bool = False,
+                 report=print, best: bool = True, made_by: dict | None = None) -> dict | None:
+  """Runs the sweep (with dry_run, says what it would run and, for a vmapped sweep, compiles and
+  times its first chunk); returns sweep.json's content (None if dry).
+  `best`: then train the best configuration on every conversation into best/; `made_by`: the
+  command and commit sweep.json records."""
+  check_learner(cfg)
+  configs = sweep_configs(cfg, grid, seeds)
+  one_program = shares_a_program(cfg, grid)
+  check_grid_read(grid, configs, online_held_out=one_program)
+  workdir = Path(workdir)
+  for name in ("folds", "runs", "best", "tb"):
+    if (workdir / name).exists() and not (workdir / name).is_dir():
+      raise ValueError(f"{workdir / name} is a file: a sweep writes a folder there; use "
+                       "another workdir")
+  with contextlib.ExitStack() as holding:
+    if not dry_run:
+      holding.enter_context(held(workdir, "sweep"))
+    data_sha256 = file_sha256(Path(cfg.data))
+    check_sweepable(workdir, cfg, grid, seeds, num_folds, data_sha256)
+    # The invocation that started the sweep (kept in its manifest) and this one, which writes it.
+    started = (read_run_record(workdir) or {}).get("started_by") or made_by
+    made_by = {"started_by": started, "written_by": made_by} if made_by else None
+    conversations = [c for c in load_locomo(Path(cfg.data))[0] if c.questions]
+    if not 2 <= num_folds <= len(conversations):
+      raise ValueError(f"--folds {num_folds}: expected 2 to the {len(conversations)} "
+                       f"conversations with questions in {cfg.data}")
+    check_not_trained(cfg, conversations)
+    tests = folds(len(conversations), num_folds)
+    heading = (f"sweep: {len(configs)} configurations x {num_folds} folds = "
+               f"{len(configs) * num_folds} runs")
+    if one_program:
+      go = _prepare(cfg, configs, tests, workdir, progress, report, heading, best)
+    else:
+      go = runs.prepare(cfg, configs, conversations, tests, workdir, progress, report, heading)
+    if dry_run:
+      return None
+    start(workdir, cfg, sweep_record(grid, seeds, num_folds, data_sha256) | {
+        "started_by": (made_by or {}).get("started_by")})
+    fold_results, logged, encoder = go()
+    result = summarise(cfg, grid, seeds, configs, fold_results, data_sha256, made_by)
+    write(workdir, result, [(label(settings(configs[i], grid)), rows) for i, rows in logged],
+          f"mean_of_{num_folds}_folds_x_{seeds}_seeds", f"sweep: {{}} configurations, "
+          f"{num_folds} folds x {seeds} seeds, {cfg.steps} online steps")
+    # The best configuration trained on every conversation, for eval, export and serving (a
+    # training workdir of its own: killed, the same sweep command resumes it).
+    # (its seed the sweep's first)
+    if best:
+      train(with_values(cfg, result["best"]["settings"] | {"holdout": 0}).validate(),
+            workdir / "best", progress=progress, encoder=encoder)
+    return result
+
+
+def _program(spec: core.CoreSpec, protocol: Protocol, steps: int):
+  """One fold's run of a chunk of configurations: train as `train` does, replay the held out."""
+
+  def program(hparams, pretrain_hparams, world):
+    train_qs, train_seq, test_streams, test_ids = world
+    state, logs = train_reranker(spec, hparams, pretrain_hparams, train_qs, train_seq,
+                                 protocol, steps)
+    frozen = heldout_replay(state, test_streams, test_ids, False)
+    adapting = heldout_replay(state, test_streams, test_ids, True)
+    out = {"recall": frozen["recall_SxB"], "scores": frozen["scores_SxBxK"],
+           "prequential": adapting["recall_SxB"]}
+    if "online" in logs:
+      out["online"] = {k: logs["online"][k] for k in ONLINE_CURVES}
+    if "pretrain_loss" in logs:
+      out["pretrain_loss"] = logs["pretrain_loss"]
+    return out
+
+  return jax.jit(jax.vmap(lambda hp, world: program(hp[0], hp[1], world), in_axes=(0, None)))
+
+
+def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir: Path,
+             progress: bool, report, heading: str, best: bool):
+  """Builds the replays, says what is left to run and compiles and times its first chunk;
+  returns the run of it, which gives every fold's results."""
+  _, _, encoder, _, replays = build_replays(cfg, progress=progress)
+  devices = list(distributed.data_mesh(cfg.devices).devices.flat)
+  chunk = chunk_size(cfg.sweep_chunk, len(configs))
+  program = _program(cfg.core_spec(), Protocol(mode=cfg.mode,
+                                               pretrain_epochs=cfg.learning.pretrain_epochs),
+                     cfg.steps)
+  hparams = (core.stack_hparams([c.hparams() for c in configs]),
+             core.stack_hparams([c.hparams().replace(lr=c.learning.pretrain_lr,
+                                                     tau=c.learning.pretrain_tau)
+                                 for c in configs]))
+  held_out = [[replays[i] for i in test] for test in tests]
+  todo = [f for f in range(len(tests)) if not _finished(workdir, f, configs, held_out[f])]
+  chunks = -(-len(configs) // chunk)
+  report(f"{heading}; {len(todo)} folds to run ({len(tests) - len(todo)} done), each one "
+         f"compiled program over {chunks} chunk{'s' if chunks > 1 else ''} of {chunk} on "
+         f"{len(devices)} device(s)" + (", then best/" if best else ""))
+  first = None
+  if todo:  # (measured, not predicted: the rest is reported as folds finish)
+    first = time_first_chunk(program, hparams, _world(cfg, replays, tests[todo[0]]), chunk,
+                             devices)
+    report(f"fold {todo[0]}'s program compiled in {minutes(first['compile_s'])}; its first "
+           f"chunk of {chunk} ran in {minutes(first['run_s'])}")
+
+  def go():
+    for f in each_timed(todo, report, lambda n, f: f"fold {f}"):
+      reused = first is not None and f == todo[0]  # (not compiled nor run twice)
+      out = run_chunks(first["compiled"] if reused else program, hparams,
+                       _world(cfg, replays, tests[f]), chunk, devices=devices,
+                       first=first["out"] if reused else None, progress=progress,
+                       desc=f"fold {f} chunks")
+      _save_fold(workdir / FOLD_FILE.format(f), out, held_out[f], configs)
+    files = [fold_file(workdir, f) for f in range(len(tests))]
+    logged = [(i, window_means({k: data[f"online_{k}"][i] for k in ONLINE_CURVES}, 0,
+                               cfg.log_every))
+              for data in files if "online_reward" in data for i in range(len(configs))]
+    return ([replay_fold(test, data, cfg.m) for test, data in zip(held_out, files)], logged,
+            encoder)
+
+  return go
+
+
+def _world(cfg: Config, replays, test_idx):
+  """A fold's inputs: its training questions and their sequence, its held-out streams."""
+  train_convs, test = split_fold(replays, test_idx)
+  return (to_questions(train_convs), to_sequence(train_convs, cfg.batch),
+          to_streams(test, cfg.batch), stream_ids(test))
+
+
+def fold_file(workdir, f: int) -> dict:
+  """A finished fold's arrays."""
+  with np.load(Path(workdir) / FOLD_FILE.format(f)) as data:
+    return {k: data[k] for k in data.files}
+
+
+def _finished(workdir: Path, f: int, configs: list[Config], test) -> bool:
+  """Whether fold f's file is written, checked to hold this sweep's configurations and the
+  conversations its fold holds out."""
+  path = workdir / FOLD_FILE.format(f)
+  if not path.is_file():
+    return False
+  try:
+    data = fold_file(workdir, f)
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+    raise ValueError(f"{path} cannot be read as a fold's file ({err}); delete it to rerun that "
+                     "fold") from None
+  if "configurations" not in data or "conversations" not in data:
+    raise ValueError(f"{path} is not a fold of a sweep (it does not name its configurations and "
+                     "conversations); use a fresh workdir")
+  if ([str(c) for c in data["configurations"]] != list(_labels(configs))
+      or [str(c) for c in data["conversations"]] != [c.conversation_id for c in test]):
+    raise ValueError(f"{path} holds other configurations (or in another order) or conversations "
+                     f"than this sweep's fold {f}; use a fresh workdir")
+  return True
+
+
+def _labels(configs) -> np.ndarray:
+  """Each configuration as a fold file records it (a resumed sweep checks them)."""
+  return np.array([json.dumps(run_settings(c), sort_keys=True) for c in configs])
+
+
+def _save_fold(path: Path, out: dict, test, configs) -> None:
+  """Per configuration: held-out recall (frozen and prequential) and scores of every real
+  question, and the training curves."""
+  arrays = {"conversations": np.array([c.conversation_id for c in test]),
+            "configurations": _labels(configs),
+            "recall": _per_question(out["recall"], test),
+            "prequential": _per_question(out["prequential"], test),
+            "scores": _per_question(out["scores"], test)}
+  for name, values in out.get("online", {}).items():
+    arrays[f"online_{name}"] = values
+  if "pretrain_loss" in out:
+    arrays["pretrain_loss"] = out["pretrain_loss"]
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp.npz")
+  np.savez(tmp, **arrays)
+  tmp.replace(path)  # whole or absent: a killed sweep never leaves half a fold
+
+
+def _per_question(values_CxNxSxB, test) -> np.ndarray:
+  """(configs, conversations, S, B, ...) -> (configs, questions, ...), held-out order."""
+  values = np.asarray(values_CxNxSxB)
+  tail = values.shape[4:]
+  return np.stack([np.concatenate([v.reshape((-1,) + tail)[:len(c.questions)]
+                                   for v, c in zip(per_config, test)]) for per_config in values])
