@@ -85,12 +85,10 @@ def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: 
     adv_B = jax.lax.stop_gradient(set_reward(rewards_BxM, selected_BxM) - baseline_B)
     per_query_B = adv_B * jnp.sum(terms_BxM, -1)
     mean_adv = masked_mean(adv_B, present_B)
-  elif credit == "position":
+  else:  # position (CoreSpec checked the choice)
     adv_BxM = jax.lax.stop_gradient(jnp.where(taken_BxM, rewards_BxM - baseline_B[:, None], 0.0))
     per_query_B = jnp.sum(adv_BxM * terms_BxM, -1)
     mean_adv = jnp.sum(adv_BxM) / jnp.maximum(jnp.sum(taken_BxM).astype(jnp.float32), 1.0)
-  else:
-    raise ValueError(f"credit={credit!r} is not one of set, position")
   loss = -masked_mean(per_query_B, present_B)
   return loss, {"advantage": mean_adv,
                 "log_prob": masked_mean(jnp.sum(terms_BxM, -1), present_B)}

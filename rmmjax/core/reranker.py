@@ -61,8 +61,6 @@ def _check_shapes(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str) 
                      f"{m_KxD.shape}; vmap over batches at the call site")
   if q_D.shape[0] != m_KxD.shape[1]:
     raise ValueError(f"query dimension {q_D.shape[0]} != memory dimension {m_KxD.shape[1]}")
-  if variant not in ("linear", "mlp"):
-    raise ValueError(f"variant={variant!r} is not one of linear, mlp")
   want = params["wq"].shape[0] if variant == "linear" else params["q_mlp"]["w1"].shape[0]
   if q_D.shape[0] != want:
     raise ValueError(f"embedding dimension {q_D.shape[0]} != reranker dimension {want}")

@@ -90,11 +90,8 @@ class HParams(struct.PyTreeNode):
   @classmethod
   def create(cls, *, tau=0.5, baseline=0.5, baseline_kind="constant", lr=1e-3, seed=0,
              p_rel=0.911, p_irr=0.154) -> "HParams":
-    """Builds scalar hyperparameters from Python values, validating each."""
-    if not tau > 0:
-      raise ValueError(f"tau={tau!r}: expected a temperature > 0")
-    if not lr > 0:
-      raise ValueError(f"lr={lr!r}: expected a learning rate > 0")
+    """Builds scalar hyperparameters from Python values (tau and lr as the config or the
+    agent's settings checked them), validating the probabilities and the baseline kind."""
     for name, p in (("p_rel", p_rel), ("p_irr", p_irr)):
       if not 0.0 <= p <= 1.0:
         raise ValueError(f"{name}={p!r}: expected a probability in [0, 1]")

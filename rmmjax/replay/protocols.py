@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.config import MODES
 from rmmjax.core import replay as core_replay
 from rmmjax.replay.candidates import (ConversationReplay, base_recall, folds, to_questions,
                                      to_sequence, to_streams)
@@ -38,14 +37,6 @@ class Protocol:
   pretrain_epochs: int = 10
   online_epochs: int = 2  # passes of online REINFORCE over the training conversations
   adapt: bool = True  # keep learning online on held-out conversations (prequential)
-
-  def __post_init__(self):
-    if self.mode not in MODES:
-      raise ValueError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
-    for name in ("pretrain_epochs", "online_epochs"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}={value!r}: expected a non-negative integer")
 
   @property
   def pretrains(self) -> bool:

@@ -25,8 +25,7 @@ from rmmjax import core
 from rmmjax.learners.cross import CrossModel, PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.learners.cross.pairs import PAIR_BUCKETS, CandidateTokens, pack_batch, pair_tokens
-from rmmjax.learners.iris.episodes import (RERANK_MODES, IrisEpisode, episodes_batch,
-                                         fuse_with_order)
+from rmmjax.learners.iris.episodes import IrisEpisode, episodes_batch, fuse_with_order
 from rmmjax.retrieve.evidence import Fact
 
 
@@ -84,8 +83,6 @@ class CrossFactReranker:
 
   def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
                mode: str = "fused", fusion_c: float = 60.0):
-    if mode not in RERANK_MODES:
-      raise ValueError(f"mode {mode!r} is not one of {', '.join(RERANK_MODES)}")
     if not isinstance(spec.model, CrossModel):
       raise ValueError(f"CrossFactReranker serves a cross reranker, not variant={spec.variant}")
     self.params, self.spec, self.tokenizer = params, spec, tokenizer

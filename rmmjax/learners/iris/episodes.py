@@ -72,8 +72,6 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
   """Runs IRIS on every question (objects with question, category, evidence) without a
   reranker and logs its first k facts; `judge_for(question)` gives that question's judge and
   `refiner` writes the refinement queries (default: the rule-based one)."""
-  if k < 1 or max_evidence < 1:
-    raise ValueError(f"k and max_evidence must be at least 1, got {k} and {max_evidence}")
   episodes = []
   for q in questions:
     evidence = list(dict.fromkeys(q.evidence))
