@@ -137,7 +137,7 @@ def is_writer() -> bool:
 def data_mesh(num_devices: int = 0) -> Mesh:
   """A one-axis mesh over the first num_devices devices of every process (0: all of them)."""
   devices = jax.devices()
-  if num_devices < 0 or num_devices > len(devices):
+  if num_devices > len(devices):  # (the config bounds it below by 0)
     raise ValueError(f"devices={num_devices}: this run sees {len(devices)} "
                      f"device{'' if len(devices) == 1 else 's'} "
                      f"({jax.process_count()} processes); expected 0 (all) to {len(devices)}")

@@ -202,7 +202,6 @@ def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
   over them (data parallel; the state replicated)."""
   parallel = mesh is not None and mesh.devices.size > 1
   if parallel:
-    distributed.check_divisible(state.spec.batch, mesh, "batch")
     state = distributed.replicate(state, mesh)
   root = jax.random.fold_in(state.key, _EPISODE_STREAM)
   seed = int(state.hparams.seed)

@@ -150,11 +150,6 @@ def _adam_update(adam: optax.GradientTransformation, grads, opt, params):
     return adam.update(grads, opt, params)
 
 
-def _check_parallel(mesh, batch: int) -> None:
-  if mesh is not None and mesh.devices.size > 1:
-    distributed.check_divisible(batch, mesh, "batch")
-
-
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
                         lr: float, tau: float, seed: int, max_tokens: int = 128,
                         mesh=None) -> tuple[dict, np.ndarray]:
@@ -164,7 +159,6 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   mesh of several devices each batch is split over them."""
   if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
-  _check_parallel(mesh, batch)
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
   params = jax.tree.map(jnp.copy, params)
   module, adam = encoder.module, optax.adam(lr)
@@ -251,7 +245,6 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
   """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss
   (each batch split over the mesh's devices, when given several)."""
   n, dim = examples.q_NxD.shape
-  _check_parallel(mesh, batch)
   params, adam = judge_init(jax.random.PRNGKey(seed), dim, hidden), optax.adam(lr)
 
   def step(state, xs):

@@ -60,8 +60,6 @@ class IrisLearnedTask(Task):
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False,
                workdir: Path | None = None):
-    if workdir is None:
-      raise ValueError("learner=iris writes its models beside the checkpoints: give a workdir")
     self.cfg, self.workdir = cfg, Path(workdir)
     data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder

@@ -81,8 +81,6 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
   ids_SxBxT, mask_SxBxT = (np.asarray(x) for x in question_tokens(encoder, convs, spec.batch))
   state = encoder_state(encoder, spec, hparams, params)
   parallel = mesh is not None and mesh.devices.size > 1
-  if parallel:
-    distributed.check_divisible(spec.batch, mesh, "encoder_tuning.pretrain_batch")
   rng = np.random.default_rng(int(hparams.seed))
 
   def epoch_batches(epoch: int) -> list:
