@@ -183,11 +183,8 @@ def _arrays(conv: ConversationReplay, length: int, num_e: int, inputs=None) -> d
 
 
 def _inputs_of(convs: list[ConversationReplay], inputs) -> list:
-  if inputs is None:
-    return [None] * len(convs)
-  if len(inputs) != len(convs):
-    raise ValueError(f"{len(inputs)} input sets for {len(convs)} conversations")
-  return list(inputs)
+  """One entry per conversation (the learner built `inputs` from the same list)."""
+  return [None] * len(convs) if inputs is None else list(inputs)
 
 
 def _joined(parts: list[dict], join) -> dict:

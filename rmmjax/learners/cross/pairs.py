@@ -75,8 +75,6 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
   """The pairs of each question with its candidates' texts (None: no candidate), padded to
   `length` (default: the bucket of the longest pair). `tokenizer` is a `tokenizers.Tokenizer`
   with BERT's pair template (the packaged MiniLM's)."""
-  if len(questions) != len(texts_NxK):
-    raise ValueError(f"{len(questions)} questions but {len(texts_NxK)} candidate lists")
   k = max((len(row) for row in texts_NxK), default=0)
   cut = pair_tokenizer(tokenizer, max_length)
   whole = pair_tokenizer(tokenizer, 10**6)
@@ -86,9 +84,7 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
   full_lengths = [len(e.ids) for e in whole.encode_batch([(q, t) for _, _, q, t in flat])] \
       if flat else []
   longest = max((len(e.ids) for e in encoded), default=1)
-  length = length or bucket(longest, max_length)
-  if longest > length:
-    raise ValueError(f"a pair of {longest} tokens does not fit the run's length {length}")
+  length = length or bucket(longest, max_length)  # (pairs are cut to max_length, so they fit)
   ids = np.zeros((len(questions), k, length), np.int32)
   segments = np.zeros((len(questions), k, length), np.int8)
   for (n, j, _, _), e in zip(flat, encoded):
