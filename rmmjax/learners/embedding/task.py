@@ -67,7 +67,7 @@ class ReplayTask(Task):
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp = cfg, cfg.hparams()
-    data, self.load_report, encoder, tuned, replays = build_replays(cfg, encoder, progress)
+    data, _, encoder, tuned, replays = build_replays(cfg, encoder, progress)
     self.spec = self._core_spec(encoder)
     self.train_convs, self.test_convs = heldout_split(replays, cfg)
     record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {

@@ -56,7 +56,7 @@ class IrisTask(Task):
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp, self._progress = cfg, cfg.hparams(), progress
-    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
+    data, conversations, _, encoder = replay_inputs(cfg, encoder)
     self.cross = isinstance(cfg.learning, Cross)
     if self.cross:
       require_bert(encoder, "variant=cross")

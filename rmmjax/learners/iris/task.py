@@ -61,7 +61,7 @@ class IrisLearnedTask(Task):
   def __init__(self, cfg: Config, encoder=None, progress: bool = False,
                workdir: Path | None = None):
     self.cfg, self.workdir = cfg, Path(workdir)
-    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
+    data, conversations, _, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder
     self.stores = [LaceMem.from_conversation(c, encoder,
                                              settings=LaceSettings(retrieval=cfg.retriever))

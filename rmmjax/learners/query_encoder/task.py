@@ -35,7 +35,7 @@ class QueryEncoderTask(Task):
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self._progress = progress
     self.cfg = cfg
-    data, conversations, self.load_report, encoder = replay_inputs(cfg, encoder)
+    data, conversations, _, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder
     self.unit_builder = functools.partial(conversation_units, encoder=encoder)
     replays = build_replay(conversations, cfg.units, cfg.retriever, encoder, cfg.k,
