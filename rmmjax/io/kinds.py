@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rmmjax.encode.export import EXPORT_RECORD
-from rmmjax.io.workdir import EARLIER, RUN_FILE, read_run_record
+from rmmjax.io.manifest import EARLIER, RUN_FILE, read_run_record
 
 # The files of learned IRIS models (rmmjax.io.iris_models writes them).
 JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
