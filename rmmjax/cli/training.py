@@ -18,7 +18,9 @@ from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
 from rmmjax.learners.query_encoder.files import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
-from rmmjax.io.workdir import in_recorded_order, read_config, refuse_if_training
+from rmmjax.io.trained import export_manifest
+from rmmjax.io.workdir import (in_recorded_order, read_config, refuse_if_training,
+                               write_run_record)
 from rmmjax.learners.registry import learner as learner_of, training_task
 from rmmjax.train.loop import train
 from rmmjax.train.sweep.grid import label, parse_grid, sweep_configs
@@ -251,6 +253,7 @@ def cmd_export(args) -> None:
     reranker = out / family.export_name
     print(family.export(workdir, reranker).split("\n")[0]
           + f" (evaluate with --reranker {reranker} --encoder {out / 'query_encoder'})")
+    write_run_record(out, export_manifest(workdir))  # last: a folder without it is no export
   print(f"wrote {out if learner == 'query_encoder' else out / 'query_encoder'}: a Hugging "
         "Face-format encoder for the questions (sentence-transformers loads it); the memories "
         "keep the base encoder's embeddings")

@@ -151,7 +151,7 @@ def recorded_query_encoder(reranker: Path, record: dict) -> Path:
   one its record names. Which one it is, is checked against the record's identity."""
   recorded = Path(record["query_encoder_path"])
   beside = reranker.parent / "query_encoder" if model_kind(reranker) in (
-      "cross export", "reranker file") else None
+      "reranker export", "reranker file") else None
   for candidate in (reranker / "query_encoder", beside, recorded):
     if candidate is None:
       continue

@@ -1,29 +1,25 @@
-"""What a model path given on the command line holds, so that a model passed to the flag of
-another kind is refused with what it is and which flag takes it (not with "tree structures do
-not match" or "unknown config keys" from deep inside a loader)."""
+"""What a model path given on the command line holds, as its manifest says, so that a model
+passed to the flag of another kind is refused with what it is and which flag takes it (not with
+"tree structures do not match" or "unknown config keys" from deep inside a loader)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rmmjax.encode.export import EXPORT_RECORD
-from rmmjax.io.workdir import EARLIER, RUN_FILE, read_run_record
+from rmmjax.io.manifest import another_format, read_run_record, stopped_in_first_stage
 
-# The files of learned IRIS models (rmmjax.learners.iris.files writes them).
-JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
-
-# kind: (what it is, how it is used)
+# kind: (what it is, how it is used). A folder's kind is its manifest's learner (the name of a
+# training workdir's kind), followed by " export" in an export's.
 KINDS = {
     "reranker": ("a reranker's training workdir", "--reranker"),
     "reranker file": ("an exported reranker", "--reranker"),
+    "reranker export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
+                        "directory)", "--reranker, or sentence_transformers.CrossEncoder"),
     "both": ("a learner=both workdir (a tuned query encoder and a reranker over its "
              "candidates)", "--reranker (which brings its query encoder)"),
-    "both export": ("an export of learner=both", "--reranker DIR/reranker.safetensors with "
-                    "--encoder DIR/query_encoder"),
-    "both cross export": ("an export of a learner=both cross reranker (its reranker/ and "
-                          "query_encoder/)", "--reranker DIR/reranker (which brings "
-                          "DIR/query_encoder beside it)"),
+    "both export": ("an export of learner=both (its query_encoder/ and its reranker)",
+                    "--reranker DIR/reranker.safetensors or DIR/reranker (whichever it holds), "
+                    "which brings DIR/query_encoder beside it"),
     "query encoder": ("a tuned query encoder's training workdir (learner=query_encoder)",
                       "--encoder"),
     "query encoder export": ("an exported tuned query encoder (a Hugging Face directory)",
@@ -35,53 +31,27 @@ KINDS = {
     "sweep": ("a sweep's workdir (it holds no trained model)",
               "DIR/best, the sweep's best configuration trained on every conversation (a sweep "
               "run with --no-best trains none: train one with the row's settings)"),
-    "encoder": ("a Hugging Face sentence encoder directory", "--model (embed) or --encoder"),
-    "cross export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
-                     "directory)", "--reranker, or sentence_transformers.CrossEncoder"),
-    "empty": ("an empty directory (it holds no model)", "nothing: train or export a model into "
-              "it first"),
 }
-EXPORTS = ("reranker file", "both export", "both cross export", "query encoder export",
-           "iris export", "encoder", "cross export")
-CROSS_RECORD = "rmmjax_cross.json"  # what marks an exported cross reranker
+EXPORTS = ("reranker file", "reranker export", "both export", "query encoder export",
+           "iris export")
 
 
 def model_kind(path: Path) -> str | None:
-  """One of KINDS for what `path` holds, or None when it is none of them."""
+  """One of KINDS for what `path` holds: a folder's as its manifest says (refused when of
+  another format), an exported reranker file's by its name (its header describes it); "empty"
+  or "no manifest" (a Hugging Face encoder at most) for a folder without one; None otherwise."""
   path = Path(path)
   if path.is_file():
     return "reranker file" if path.suffix == ".safetensors" else None
   if not path.is_dir():
     return None
-  if (path / RUN_FILE).is_file() or any((path / name).exists() for name in EARLIER):
-    run = read_run_record(path)  # (the manifest says what it is; refused without one)
-    if run["kind"] == "sweep":
-      return "sweep"
-    return {"query_encoder": "query encoder", "iris": "iris", "both": "both"}.get(
-        run.get("learner"), "reranker")
-  if (path / JUDGE_FILE).is_file() or (path / REFINE_DIR).is_dir():
-    return "iris export"
-  if (path / "reranker.safetensors").is_file() and (path / "query_encoder").is_dir():
-    return "both export"
-  if (path / "reranker" / CROSS_RECORD).is_file() and (path / "query_encoder").is_dir():
-    return "both cross export"
-  if (path / CROSS_RECORD).is_file() or _is_cross_encoder(path):
-    return "cross export"  # (without its header the loader says what is missing)
-  if (path / "model.safetensors").is_file():
-    return "query encoder export" if (path / EXPORT_RECORD).is_file() else "encoder"
-  if not any(path.iterdir()):
-    return "empty"
-  return None
-
-
-def _is_cross_encoder(path: Path) -> bool:
-  """A Hugging Face directory of a sequence classifier (what a cross reranker exports as)."""
-  try:
-    config = json.loads((path / "config.json").read_text())
-  except (OSError, ValueError):
-    return False
-  return isinstance(config, dict) and "BertForSequenceClassification" in (
-      config.get("architectures") or [])
+  run = read_run_record(path)
+  if run is None:
+    return "no manifest" if any(path.iterdir()) else "empty"
+  if run["kind"] == "sweep":
+    return "sweep"
+  kind = str(run.get("learner")).replace("_", " ") + (" export" if run["kind"] == "export" else "")
+  return kind if kind in KINDS else None
 
 
 def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],
@@ -92,10 +62,13 @@ def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],
   kind = model_kind(path)
   if kind is None or kind in wanted:
     return kind
-  what, use = KINDS[kind]
+  named = f"{flag}{'' if flag.endswith('=') else ' '}{path}"
   if kind == "empty":
-    raise ValueError(f"{flag}{'' if flag.endswith('=') else ' '}{path} is an empty directory: "
-                     "it holds no model")
-  if expected is not None:
-    raise ValueError(f"{flag}{path} is {what}; expected {expected}")
-  raise ValueError(f"{flag} {path} is {what}; it is used through {use.replace('DIR', str(path))}")
+    raise ValueError(f"{named} is an empty directory: it holds no model")
+  if kind == "no manifest":
+    raise stopped_in_first_stage(path) or another_format(
+        f"{named} holds", 0, "export its training workdir again (a folder rmmjax did not write "
+        "holds no model it reads)")
+  what, use = KINDS[kind]
+  raise ValueError(f"{named} is {what}; " + (f"expected {expected}" if expected is not None else
+                                             f"it is used through {use.replace('DIR', str(path))}"))

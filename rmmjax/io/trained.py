@@ -1,5 +1,5 @@
 """What a training workdir holds for every learner: the record of what it trained on
-(record.json) and its newest checkpointed parameters."""
+(record.json), its newest checkpointed parameters, and what an export of it says of itself."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import jax
 
 from rmmjax import core
 from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.manifest import read_run_record
 from rmmjax.io.workdir import read_config
 
 RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
@@ -17,16 +18,9 @@ RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
 
 def read_record(workdir: Path) -> dict:
   path = Path(workdir) / RECORD_FILE
-  if not path.exists():
-    if (Path(workdir) / "query_encoder" / "config.json").exists():
-      raise FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
-                              f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
-                              "the same train command again to finish it")
-    if not (Path(workdir) / "config.json").exists():
-      raise FileNotFoundError(f"{workdir} holds no trained model (no {RECORD_FILE}, no "
-                              "config.json): expected a training workdir or an export")
-    raise FileNotFoundError(f"{path} does not exist: {workdir} was trained by an older rmmjax "
-                            "that did not record what it trained on; train it again")
+  if not path.exists():  # (a run writes it beside its manifest and config.json)
+    raise FileNotFoundError(f"{workdir} holds no {RECORD_FILE} (what its model trained on): "
+                            "expected a training workdir or an export")
   try:
     record = json.loads(path.read_text())
   except ValueError as err:
@@ -36,6 +30,15 @@ def read_record(workdir: Path) -> dict:
     raise ValueError(f"{path} holds a {type(record).__name__}, not a record of what the run "
                      "trained on; the workdir is damaged: train it again")
   return record
+
+
+def export_manifest(workdir: Path) -> dict:
+  """The manifest of an export of a training workdir (less its format, which writing adds):
+  the run's learner and stages, what it trained on (its record, which names the models it was
+  built from) and its resolved config."""
+  run = read_run_record(workdir)
+  return {"kind": "export", "learner": run["learner"], "stages": run["stages"],
+          "record": read_record(workdir), "config": json.loads(read_config(workdir).to_json())}
 
 
 def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,

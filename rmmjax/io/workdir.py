@@ -1,10 +1,10 @@
 """A run's working directory: what kind of run it holds, its config.json, and files written whole
 or not at all.
 
-A workdir's manifest, rmmjax.json, says what it holds: its kind, "train" (resumable,
-extendable: with the learner and the stages it trains) or "sweep" (rerun only with the same
-grid, seeds and config, which overwrites its own outputs), and the format it was written in. A
-folder rmmjax wrote without one, or in another format, is refused rather than guessed at.
+A workdir's manifest, rmmjax.json (io/manifest.py), says what it holds: its kind, "train"
+(resumable, extendable: with the learner and the stages it trains) or "sweep" (rerun only with
+the same grid, seeds and config, which overwrites its own outputs), and the format it was
+written in.
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rmmjax.config import Config, from_json, qualified
+from rmmjax.io.manifest import FORMAT, RUN_FILE, read_run_record, stopped_in_first_stage
 
-RUN_FILE = "rmmjax.json"  # the manifest
-FORMAT = 1  # of the files a workdir holds; a workdir of another format is refused
-KINDS = ("train", "sweep")
-# Files only a workdir holds (a Hugging Face export has a config.json of its own): beside them
-# and no manifest, the folder was written by an earlier rmmjax.
-EARLIER = ("run.json", "checkpoints", "sweep.json", "record.json")
 LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
 
 
@@ -216,33 +211,6 @@ def replace_dir(path: Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_run_record(workdir: Path) -> dict | None:
-  """The manifest of a workdir ({"format": ..., "kind": ..., ...}); None for a fresh workdir.
-  A folder that holds a run's files without one (written by an earlier rmmjax), or one of
-  another format, is refused naming the format."""
-  workdir = Path(workdir)
-  if workdir.exists() and not workdir.is_dir():
-    raise ValueError(f"workdir {workdir} is a file; expected a directory (or a path to create)")
-  path = workdir / RUN_FILE
-  if not path.exists():
-    earlier = [n for n in EARLIER if (workdir / n).exists()]
-    if earlier:
-      raise ValueError(f"{workdir} holds a run's files ({earlier[0]}) but no {RUN_FILE}: written "
-                       f"by an earlier rmmjax (format 0; this one reads format {FORMAT}); train "
-                       "or sweep into a fresh workdir")
-    return None
-  try:
-    record = json.loads(path.read_text())
-  except ValueError as err:
-    raise ValueError(f"{path} is not valid JSON ({err}); expected the workdir's manifest") from None
-  if not isinstance(record, dict) or record.get("kind") not in KINDS:
-    raise ValueError(f"{path}: expected a \"kind\" of {' or '.join(KINDS)}")
-  if record.get("format") != FORMAT:
-    raise ValueError(f"{workdir} was written in rmmjax's format {record.get('format')!r}; this "
-                     f"rmmjax reads format {FORMAT}: train or sweep into a fresh workdir")
-  return record
-
-
 def write_run_record(workdir: Path, record: dict) -> None:
   atomic_write_json(Path(workdir) / RUN_FILE, {"format": FORMAT} | record)
 
@@ -259,11 +227,8 @@ def read_config(workdir: Path) -> Config:
                          "on every conversation: train one with its best row's settings"))
   path = Path(workdir) / "config.json"
   if not path.exists():
-    if (Path(workdir) / "query_encoder" / "config.json").exists():
-      raise FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
-                              f"(its query encoder, in {Path(workdir) / 'query_encoder'}): run "
-                              "the same train command again to finish it")
-    raise FileNotFoundError(f"{path} does not exist: is {workdir} a training workdir?")
+    raise stopped_in_first_stage(workdir) or FileNotFoundError(
+        f"{path} does not exist: is {workdir} a training workdir?")
   return read_config_file(path)
 
 

@@ -17,14 +17,14 @@ from rmmjax.learners.registry import learner
 
 
 # What --reranker takes (io.kinds).
-RERANKER_KINDS = ("reranker", "reranker file", "both", "cross export")
+RERANKER_KINDS = ("reranker", "reranker file", "both", "reranker export")
 
 
 def reranker_record(path: Path) -> dict:
   """What a reranker (a workdir or an exported file) was trained on, without its weights."""
   path = Path(path)
   kind = refuse_unless(path, "--reranker", RERANKER_KINDS)
-  if kind == "cross export":
+  if kind == "reranker export":
     return cross_export_header(path)["record"]
   if path.is_dir():
     return read_record(path)
@@ -34,7 +34,7 @@ def reranker_record(path: Path) -> dict:
 def load_reranker(path: Path) -> LoadedReranker:
   """A trained reranker from a training workdir or an exported .safetensors file."""
   path = Path(path)
-  if refuse_unless(path, "--reranker", RERANKER_KINDS) == "cross export":
+  if refuse_unless(path, "--reranker", RERANKER_KINDS) == "reranker export":
     return load_cross_export(path)
   if path.is_dir():
     record, cfg = read_record(path), read_config(path)

@@ -133,7 +133,7 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
                                   "pip install -e '.[parity]'")
   out = tmp_path / "served"
   assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 0
-  header = json.loads((out / "rmmjax_cross.json").read_text())
+  header = json.loads((out / "rmmjax.json").read_text())
   assert "rank_bias[k]" in header["how_to_score"] and len(header["rank_bias"]) == 5
   assert main(["export", "--workdir", str(cross_run), "--out", str(out)]) == 2  # not over it
   assert "not empty" in capsys.readouterr().err
@@ -151,7 +151,7 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   params["encoder"]["classifier"]["bias"] = np.array([0.7], np.float32)
   encoder = SentenceEncoder()
   served = export_cross(params, loaded.spec.model.bert, encoder.model_dir, tmp_path / "random",
-                        loaded.record, 48)
+                        {"record": loaded.record}, 48)
   # Typed "[SEP]"s too: Hugging Face keeps each on the side of the pair it was typed in.
   questions = ["When did Caroline go to the LGBTQ support group?", "what does Mel paint?",
                "what does [SEP] mean here?"]
@@ -167,7 +167,7 @@ def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   model = st.CrossEncoder(str(served), device="cpu")
   theirs = np.array([model.predict([(q, t) for t in row]) for q, row in zip(questions, texts)])
   # The served score, as its header says: the CrossEncoder's logit plus the rank prior.
-  served_bias = np.asarray(json.loads((served / "rmmjax_cross.json").read_text())["rank_bias"])
+  served_bias = np.asarray(json.loads((served / "rmmjax.json").read_text())["rank_bias"])
   np.testing.assert_allclose(ours, theirs + served_bias[None, :], atol=1e-4)
 
 
@@ -188,26 +188,27 @@ def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsy
   assert reports[1]["config"]["conversations"] == ["syn-3"]  # its record came along
   assert reports[1]["metrics"] == reports[0]["metrics"]
   # A damaged export is refused in one line naming what is wrong, before any work.
-  header = json.loads((out / "rmmjax_cross.json").read_text())
+  header = json.loads((out / "rmmjax.json").read_text())
   bias = list(header["rank_bias"])
   weights = (out / "model.safetensors").read_bytes()
   for damage, message in (
-      ({"config": None}, "rmmjax_cross.json is not an rmmjax cross export"),  # an older one
+      ({"config": None}, "rmmjax.json is not an rmmjax cross export"),
       ({"rank_bias": [bias[0], float("nan"), *bias[2:]]}, "not a finite number"),
       ({"max_length": 600}, "max_length is 600, but the record says 48"),
       ({"config": header["config"] | {"units": "session"}}, "config.units is 'session'")):
-    (out / "rmmjax_cross.json").write_text(json.dumps(header | damage))
+    (out / "rmmjax.json").write_text(json.dumps(header | damage))
     capsys.readouterr()
     assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
     assert message in capsys.readouterr().err
-  (out / "rmmjax_cross.json").write_text(json.dumps(header))
+  (out / "rmmjax.json").write_text(json.dumps(header))
   (out / "model.safetensors").write_bytes(weights[:1000])
   assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
   assert "model.safetensors cannot be read" in capsys.readouterr().err
   (out / "model.safetensors").write_bytes(weights)
-  (out / "rmmjax_cross.json").unlink()
+  (out / "rmmjax.json").unlink()
   assert main(["eval", "--data", str(three), "--reranker", str(out), "--quiet"]) == 2
-  assert "no rmmjax_cross.json" in capsys.readouterr().err
+  assert "holds no rmmjax.json: written by an earlier rmmjax (format 0" in (
+      capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -483,6 +484,8 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
   root = tmp_path / "both_export"
   shutil.copytree(served, root / "reranker")
   (root / "query_encoder").mkdir()
+  (root / "rmmjax.json").write_text(json.dumps({"format": 1, "kind": "export",
+                                                "learner": "both"}))
   assert f"--reranker {root}/reranker" in refused(*evaluate, str(root))
   (tmp_path / "empty").mkdir()
   assert "empty directory" in refused(*evaluate, str(tmp_path / "empty"))

@@ -62,6 +62,12 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
                              summary["recall_at_m_final"], atol=1e-6)
   export = tmp_path / "exported"
   assert main(["export", "--workdir", str(encoder_run), "--out", str(export)]) == 0
+  # Its manifest says what it is, what it trained on and the run's config.
+  manifest = json.loads((export / "rmmjax.json").read_text())
+  assert {k: manifest[k] for k in ("format", "kind", "learner", "stages")} == {
+      "format": 1, "kind": "export", "learner": "query_encoder", "stages": ["encoder_tuning"]}
+  assert manifest["record"] == json.loads((encoder_run / "record.json").read_text())
+  assert manifest["config"] == json.loads((encoder_run / "config.json").read_text())
   assert main([*args, "--encoder", str(export), "--out", str(out)]) == 0
   np.testing.assert_allclose(json.loads(out.read_text())["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)

@@ -1,12 +1,12 @@
 """A trained cross reranker as a Hugging Face directory that sentence-transformers' CrossEncoder
 loads: BERT's weights, pooler and a one-label classifier (BertForSequenceClassification), the
-base encoder's tokenizer files, and `rmmjax_cross.json`, which says how the served score is
-formed. The CrossEncoder's score of a (question, memory) pair is the pair's logit (no sigmoid:
-its config names the identity as the activation, under the key sentence-transformers 4 and
-later read and under the one 3.x read, which otherwise put a sigmoid on a one-label model);
-rmmjax's score of the candidate at base
-position k adds the rank prior `rank_bias[k]`, listed in that file, for a server that keeps the
-base retriever's order of the candidates."""
+base encoder's tokenizer files, and the export's manifest `rmmjax.json`, which also says how
+the served score is formed. The CrossEncoder's score of a (question, memory) pair is the pair's
+logit (no sigmoid: its config names the identity as the activation, under the key
+sentence-transformers 4 and later read and under the one 3.x read, which otherwise put a
+sigmoid on a one-label model); rmmjax's score of the candidate at base position k adds the rank
+prior `rank_bias[k]`, listed in that file, for a server that keeps the base retriever's order of
+the candidates."""
 
 from __future__ import annotations
 
@@ -22,14 +22,13 @@ from safetensors.numpy import save_file
 from rmmjax.encode.bert import param_at, weight_names
 from rmmjax.encode.export import TOKENIZER_FILES
 from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
-from rmmjax.io.trained import load_trained_params, read_record
+from rmmjax.io.trained import export_manifest, load_trained_params
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.io.kinds import CROSS_RECORD
 from rmmjax.io.outputs import check_output_dir
-from rmmjax.io.workdir import atomic_write_json, read_config
+from rmmjax.io.manifest import RUN_FILE
+from rmmjax.io.workdir import atomic_write_json, read_config, write_run_record
 from rmmjax.learners.cross.spec import restore
 
-CROSS_FORMAT = "rmmjax-cross-reranker-1"
 IDENTITY = "torch.nn.modules.linear.Identity"
 HOW_TO_SCORE = (
     "score(question, memory at base position k) = CrossEncoder(DIR).predict([(question, "
@@ -63,11 +62,12 @@ def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
   return tensors
 
 
-def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
-                 max_length: int, run_config: dict | None = None) -> Path:
+def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
+                 max_length: int) -> Path:
   """Writes the directory (see the module docstring); `base_dir` is the encoder it started from
-  (its config and tokenizer files); `run_config`, the training run's (Config.to_json), lets rmmjax
-  serve the directory as --reranker."""
+  (its config and tokenizer files); `manifest`, what the directory says of itself besides how
+  to score (io.trained.export_manifest: the run's record and config let rmmjax serve it as
+  --reranker)."""
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   config = json.loads((Path(base_dir) / "config.json").read_text())
@@ -86,10 +86,10 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, record: dict,
   tmp = out / ".model.safetensors.partial"
   save_file(cross_tensors(params, cfg), str(tmp), metadata={"format": "pt"})
   tmp.replace(out / "model.safetensors")
-  atomic_write_json(out / CROSS_RECORD, {
-      "format": CROSS_FORMAT, "how_to_score": HOW_TO_SCORE, "max_length": max_length,
-      "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(), "record": record,
-      "config": run_config, "served_files": served_files(out)})
+  write_run_record(out, manifest | {
+      "how_to_score": HOW_TO_SCORE, "max_length": max_length,
+      "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(),
+      "served_files": served_files(out)})
   return out
 
 
@@ -98,9 +98,10 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   started from (its config and tokenizer files; refused when it is another). The directory is
   written beside `out` and renamed into place: a failed export leaves nothing half-written."""
   workdir, out = Path(workdir), Path(out)
-  record = read_record(workdir)
   spec, template = restore(read_config(workdir), workdir)
-  params, cfg, step = load_trained_params(workdir, spec, template)
+  params, _, step = load_trained_params(workdir, spec, template)
+  manifest = export_manifest(workdir)
+  record = manifest["record"]
   for what, trained, here in (("encoder", record.get("encoder"), encoder_identity(encoder)),
                               ("tokenizer", record["cross"]["tokenizer"],
                                tokenizer_identity(encoder))):
@@ -115,9 +116,10 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
   try:
+    # (a folder holding the reranker alone: learner=reranker, in a learner=both export too)
     export_cross(params, spec.model.bert, encoder.model_dir, staging,
-                 record | {"step": step}, record["cross"]["max_length"],
-                 json.loads(cfg.to_json()))
+                 manifest | {"learner": "reranker", "record": record | {"step": step}},
+                 record["cross"]["max_length"])
     # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.
     staging.chmod(0o755)
     for path in staging.iterdir():
@@ -140,5 +142,5 @@ def export_run(workdir: Path, out: Path) -> str:
   check_output_dir(out, "--out")
   export_cross_run(Path(workdir), out, SentenceEncoder())
   return (f"wrote {out}: a Hugging Face directory that sentence_transformers.CrossEncoder "
-          f"loads; {out / CROSS_RECORD} says how rmmjax's score adds the rank prior to its "
+          f"loads; {out / RUN_FILE} says how rmmjax's score adds the rank prior to its "
           "logit")

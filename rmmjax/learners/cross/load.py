@@ -1,5 +1,5 @@
-"""A cross reranker from its export (a CrossEncoder directory with rmmjax_cross.json), every
-file checked against what the export wrote before it is served."""
+"""A cross reranker from its export (a CrossEncoder directory with its manifest), every file
+checked against what the export wrote before it is served."""
 
 from __future__ import annotations
 
@@ -16,34 +16,28 @@ from safetensors.numpy import load_file
 from rmmjax import core
 from rmmjax.config import from_json
 from rmmjax.encode.bert import load_params, param_at, weight_names
-from rmmjax.io.kinds import CROSS_RECORD
-from rmmjax.learners.cross.export import CROSS_FORMAT, served_files
+from rmmjax.io.manifest import RUN_FILE, read_run_record
+from rmmjax.learners.cross.export import served_files
 from rmmjax.learners.cross.model import cross_params_template
 from rmmjax.learners.cross.spec import cross_record, cross_spec
 from rmmjax.learners.loaded import LoadedReranker
 
 
 def cross_export_header(path: Path) -> dict:
-  """An exported cross reranker's rmmjax_cross.json, checked for what serving it needs."""
-  where = Path(path) / CROSS_RECORD
-  if not where.is_file():
-    raise ValueError(f"{path} holds a cross-encoder but no {CROSS_RECORD} (what rmmjax's "
-                     "export writes beside it): export the training workdir again")
-  try:
-    header = json.loads(where.read_text())
-  except (OSError, ValueError) as err:
-    raise ValueError(f"{where} cannot be read as JSON ({err}): export the run again") from None
+  """An exported cross reranker's manifest, checked for what serving it needs."""
+  where = Path(path) / RUN_FILE
+  header = read_run_record(path) or {}
   config, record = header.get("config"), header.get("record")
-  if header.get("format") != CROSS_FORMAT or not isinstance(config, dict) or not isinstance(
-      record, dict) or not isinstance(header.get("rank_bias"), list):
-    raise ValueError(f"{where} is not an rmmjax cross export of format {CROSS_FORMAT} with the "
-                     "run's config, record and rank_bias (an export of an older rmmjax has no "
-                     "config): export the training workdir again, or give it as --reranker")
-  cross = cross_record(record, where, "export the training workdir again", "header's record")
+  if not isinstance(config, dict) or not isinstance(record, dict) or not isinstance(
+      header.get("rank_bias"), list) or not isinstance(header.get("served_files"), dict):
+    raise ValueError(f"{where} is not an rmmjax cross export with the run's config, record, "
+                     "rank_bias and served files: export the training workdir again, or give it "
+                     "as --reranker")
+  cross = cross_record(record, where, "export the training workdir again", "manifest's record")
   bias = header["rank_bias"]
   if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bias):
     raise ValueError(f"{where}: rank_bias holds a value that is not a finite number")
-  # The header must agree with itself: the pair length and units the reranker trained with.
+  # The manifest must agree with itself: the pair length and units the reranker trained with.
   section = config.get("cross") if isinstance(config.get("cross"), dict) else {}
   for what, value, want in (("max_length", header.get("max_length"), cross["max_length"]),
                             ("config.cross.max_length", section.get("max_length"),
@@ -59,23 +53,13 @@ def cross_export_header(path: Path) -> dict:
 def _check_served_files(path: Path, header: dict) -> None:
   """Refuses an export whose config.json or tokenizer files (what sentence-transformers builds
   the served model from) changed since the export wrote them: the two would serve different
-  scores. (An export without the list, written before it was kept, is checked for a
-  readable config.json alone.)"""
-  recorded = header.get("served_files")
-  if not isinstance(recorded, dict):
-    try:
-      json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as err:
-      raise ValueError(f"{path / 'config.json'} cannot be read ({err}): sentence-transformers "
-                       "builds the served model from it; export the training workdir again"
-                       ) from None
-    return
-  now = served_files(path)
+  scores."""
+  recorded, now = header["served_files"], served_files(path)
   changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
   if changed:
     raise ValueError(f"{path}: {', '.join(changed)} changed since the export wrote "
                      f"{'them' if len(changed) > 1 else 'it'} (sentence-transformers builds the "
-                     "served model from these files, rmmjax from its header: they would serve "
+                     "served model from these files, rmmjax from its manifest: they would serve "
                      "different scores); export the training workdir again")
 
 
@@ -102,15 +86,15 @@ def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
 
 
 def load_cross_export(path: Path) -> LoadedReranker:
-  """A cross reranker from its export (a CrossEncoder directory with rmmjax_cross.json): the
-  BERT weights, pooler and scoring layer from model.safetensors, the rank prior and the run's
-  config and record from the header."""
+  """A cross reranker from its export (a CrossEncoder directory with its manifest): the BERT
+  weights, pooler and scoring layer from model.safetensors, the rank prior and the run's config
+  and record from the manifest."""
   path = Path(path)
   header = cross_export_header(path)
   try:
     cfg = from_json(json.dumps(header["config"]))
   except (TypeError, ValueError) as err:
-    raise ValueError(f"{path / CROSS_RECORD}: its config is not an rmmjax config ({err})"
+    raise ValueError(f"{path / RUN_FILE}: its config is not an rmmjax config ({err})"
                      ) from None
   bert = core.BertConfig.from_dict(header["record"]["cross"]["bert"])
   _check_served_files(path, header)
@@ -126,7 +110,7 @@ def load_cross_export(path: Path) -> LoadedReranker:
                           "bias": jnp.asarray(weights[f"{hf_name}.bias"], jnp.float32)}
   rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)
   if rank_bias.shape != (cfg.k,):
-    raise ValueError(f"{path / CROSS_RECORD}: {rank_bias.shape[0]} rank_bias values for "
+    raise ValueError(f"{path / RUN_FILE}: {rank_bias.shape[0]} rank_bias values for "
                      f"k={cfg.k}")
   return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
                         cross_spec(cfg, bert), cfg.hparams(), header["record"],

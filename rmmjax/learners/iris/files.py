@@ -3,8 +3,8 @@
 A workdir holds the anchor query encoder (`anchor_encoder/`, a Hugging Face directory), the
 judge (`judge.safetensors`) and the refinement encoder as the run's Orbax checkpoints (it keeps
 learning online). `rmmjax export` writes all three as files: `anchor_encoder/` and
-`refine_encoder/` (Hugging Face directories) and `judge.safetensors`, whose header says how to
-score it. `load_iris_model` reads either layout.
+`refine_encoder/` (Hugging Face directories), `judge.safetensors`, whose header says how to
+score it, and the export's manifest. `load_iris_model` reads either layout.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
-from rmmjax.io.trained import read_record
-from rmmjax.io.kinds import ANCHOR_DIR, JUDGE_FILE, REFINE_DIR, refuse_unless
-from rmmjax.io.workdir import RUN_FILE, read_config
+from rmmjax.io.trained import export_manifest
+from rmmjax.io.kinds import refuse_unless
+from rmmjax.io.manifest import read_run_record
+from rmmjax.io.workdir import read_config, write_run_record
 from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.learners.query_encoder.files import latest_encoder_params
 from rmmjax.encode.protocol import encoder_identity
 
+JUDGE_FILE, ANCHOR_DIR, REFINE_DIR = "judge.safetensors", "anchor_encoder", "refine_encoder"
 JUDGE_FORMAT = "rmmjax-sufficiency-judge-1"
 HOW_TO_SCORE = (
     "rmmjax.core.judge.judge_logit(params, q_D, facts_NxD, mask_N): q_D the question embedded "
@@ -90,18 +92,7 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
   path = Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
-  refuse_unless(path, "--iris-model", ("iris", "iris export"))
-  # A training workdir has its manifest (a Hugging Face directory has a config.json of its own).
-  exported = not (path / RUN_FILE).exists() and (path / REFINE_DIR).is_dir()
-  if not exported:
-    if not (path / RUN_FILE).exists():
-      raise ValueError(f"--iris-model {path}: neither a training workdir ({RUN_FILE}) nor an "
-                       f"export ({REFINE_DIR}/)")
-    cfg = read_config(path)
-    if cfg.learner != "iris":
-      raise ValueError(f"--iris-model {path} trained learner={cfg.learner}; expected a workdir "
-                       "of learner=iris (a reranker goes to --reranker, a query encoder to "
-                       "--encoder)")
+  exported = refuse_unless(path, "--iris-model", ("iris", "iris export")) == "iris export"
   for need in (ANCHOR_DIR, JUDGE_FILE):
     if not (path / need).exists():
       raise FileNotFoundError(
@@ -134,16 +125,18 @@ def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
   if out.suffix == ".safetensors":
     raise ValueError(f"--out {out}: learned IRIS models export as a directory (two encoders "
                      "and a judge), not one .safetensors file")
-  if out.resolve() == Path(workdir).resolve() or (out / RUN_FILE).exists():
+  there = read_run_record(out) or {}
+  if there.get("kind") in ("train", "sweep"):
     raise ValueError(f"--out {out} is a training workdir; give a new or empty folder")
-  if out.exists() and any(out.iterdir()) and not (out / REFINE_DIR).is_dir():
+  if out.exists() and any(out.iterdir()) and there.get("learner") != "iris":
     raise ValueError(f"--out {out} is a folder with other files; give a new or empty one")
   out.mkdir(parents=True, exist_ok=True)
-  record = read_record(workdir)
+  manifest = export_manifest(workdir)
   for name, tuned, role in ((ANCHOR_DIR, model.anchor, "embed the question (first search)"),
                             (REFINE_DIR, model.refine, "embed the question joined with the best "
                              "facts found (refinement search)")):
     save_encoder(encoder, tuned.params, out / name,
-                 metadata={"record": record, "identity": tuned.identity, "role": role})
-  save_judge(model.judge, out / JUDGE_FILE, {"record": record})
+                 metadata={"identity": tuned.identity, "role": role})
+  save_judge(model.judge, out / JUDGE_FILE, {"record": manifest["record"]})
+  write_run_record(out, manifest)  # last: a folder without it is no export
   return out

@@ -5,20 +5,20 @@ writes, what it was trained on, and writing that directory."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import jax
 
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.encode.export import EXPORT_RECORD, save_encoder
+from rmmjax.encode.export import save_encoder
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
-from rmmjax.io.trained import read_record
+from rmmjax.io.trained import export_manifest, read_record
 from rmmjax.io.kinds import refuse_unless
-from rmmjax.io.workdir import read_config
+from rmmjax.io.manifest import read_run_record
+from rmmjax.io.workdir import read_config, write_run_record
 
 
 def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQueryEncoder:
@@ -29,11 +29,11 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
   if not path.is_dir():
     raise FileNotFoundError(f"{flag}{'' if flag.endswith('=') else ' '}{path}: expected a "
                             "query_encoder training workdir or an exported encoder directory")
-  refuse_unless(path, flag, ("query encoder", "query encoder export", "encoder"),
-                expected=("a tuned query encoder: a learner=query_encoder workdir, a "
-                          "learner=both workdir's query_encoder/, or an export of either")
-                if flag.endswith("=") else None)
-  if (path / "model.safetensors").exists():  # an exported Hugging Face-format directory
+  kind = refuse_unless(path, flag, ("query encoder", "query encoder export", "no manifest"),
+                       expected=("a tuned query encoder: a learner=query_encoder workdir, a "
+                                 "learner=both workdir's query_encoder/, or an export of either")
+                       if flag.endswith("=") else None)
+  if kind != "query encoder":  # a Hugging Face directory: an export, or a plain encoder
     tuned = SentenceEncoder(path)
     if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(
         a.shape != b.shape for a, b in zip(jax.tree.leaves(tuned.params),
@@ -42,9 +42,6 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
                        f"{encoder_identity(encoder)} that embedded the memories")
     return TunedQueryEncoder(encoder, tuned.params)
   cfg = read_config(path)
-  if cfg.learner != "query_encoder":
-    raise ValueError(f"{path} trained learner={cfg.learner}; expected a workdir of "
-                     "learner=query_encoder")
   base = read_record(path)["encoder"]
   if base != encoder_identity(encoder):
     raise ValueError(f"{path} tuned the encoder {base}, but the memories are embedded with "
@@ -79,23 +76,19 @@ def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
 
 def query_encoder_record(path: Path) -> dict:
   """What a tuned query encoder (a workdir, or a directory exported from one) trained on."""
-  path = Path(path)
-  if (path / EXPORT_RECORD).exists():
-    record = json.loads((path / EXPORT_RECORD).read_text()).get("metadata", {}).get("record")
-    if record is None:
-      raise ValueError(f"{path}/{EXPORT_RECORD} holds no training record: {path} was not "
-                       "exported from a query_encoder workdir")
-    return record
-  return read_record(path)
+  run = read_run_record(path)
+  return run["record"] if run is not None and run["kind"] == "export" else read_record(path)
 
 
 def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
   """Writes a query_encoder workdir's tuned encoder as a Hugging Face-format directory (loads
-  in sentence-transformers unchanged), with its training record in rmmjax_export.json."""
+  in sentence-transformers unchanged), with the export's manifest."""
   tuned = load_query_encoder(workdir, encoder)
-  record = read_record(workdir)
+  manifest = export_manifest(workdir)
   role = ("embed questions and memories with this model (tune=both: re-embed the bank)"
-          if record.get("tune") == "both" else
-          "embed questions with this model, memories with the base model in record.encoder")
-  return save_encoder(encoder, tuned.params, out,
-                      metadata={"record": record, "identity": tuned.identity, "role": role})
+          if manifest["record"].get("tune") == "both" else
+          "embed questions with this model, memories with the base model that the "
+          "manifest's record.encoder names")
+  save_encoder(encoder, tuned.params, out, metadata={"identity": tuned.identity, "role": role})
+  write_run_record(out, manifest)  # last: a folder without it is no export
+  return Path(out)

@@ -1,0 +1,65 @@
+"""The manifest every workdir and export holds, rmmjax.json: what the folder is (its kind: a
+training run, a sweep or an export; for a run and an export, the learner and its stages) and
+the format it was written in (io/workdir.py writes it whole). A folder rmmjax wrote without
+one, or in another format, is refused in one line naming the format rather than guessed at."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RUN_FILE = "rmmjax.json"  # the manifest
+FORMAT = 1  # of the files a workdir or an export holds; a folder of another format is refused
+KINDS = ("train", "sweep", "export")
+# Files only a workdir holds (a Hugging Face export has a config.json of its own): beside them
+# and no manifest, the folder was written by an earlier rmmjax.
+EARLIER = ("run.json", "checkpoints", "sweep.json", "record.json")
+
+
+def read_run_record(folder: Path) -> dict | None:
+  """The manifest of a workdir or an export ({"format": ..., "kind": ..., ...}); None for a
+  folder without one (a fresh workdir). A folder that holds a run's files without one (written
+  by an earlier rmmjax), or one of another format, is refused naming the format."""
+  folder = Path(folder)
+  if folder.exists() and not folder.is_dir():
+    raise ValueError(f"workdir {folder} is a file; expected a directory (or a path to create)")
+  path = folder / RUN_FILE
+  if not path.exists():
+    earlier = [n for n in EARLIER if (folder / n).exists()]
+    if earlier:
+      raise another_format(f"{folder} holds a run's files ({earlier[0]}) but", 0,
+                           "train or sweep into a fresh workdir")
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except ValueError as err:
+    raise ValueError(f"{path} is not valid JSON ({err}); expected the folder's manifest") from None
+  if not isinstance(record, dict) or (record.get("format") == FORMAT
+                                      and record.get("kind") not in KINDS):
+    raise ValueError(f"{path}: expected a \"kind\" of {', '.join(KINDS)}")
+  if record.get("format") != FORMAT:
+    raise another_format(str(folder), record.get("format"), "export its training workdir again"
+                         if record.get("kind") == "export" else "train or sweep into a fresh "
+                         "workdir")
+  return record
+
+
+def another_format(where: str, written, again: str) -> ValueError:
+  """The one-line refusal of a folder of another format than this rmmjax reads, naming it (0:
+  written before folders held a manifest); `again` says what to do."""
+  said = (f"no {RUN_FILE}: written by an earlier rmmjax (format 0; this one reads format "
+          f"{FORMAT})" if written == 0 else
+          f"was written in rmmjax's format {written!r}; this rmmjax reads format {FORMAT}")
+  return ValueError(f"{where} {said}; {again}")
+
+
+def stopped_in_first_stage(workdir: Path) -> FileNotFoundError | None:
+  """The refusal of a learner=both run that stopped in its first stage (its query encoder, a
+  workdir of its own inside it, holds the only files yet), for a caller that found none of the
+  run's own; None for any other folder."""
+  stage = Path(workdir) / "query_encoder"
+  if not (stage / "config.json").exists():
+    return None
+  return FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
+                           f"(its query encoder, in {stage}): run the same train command again "
+                           "to finish it")
