@@ -11,18 +11,15 @@ from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
                            get_value, qualified, with_values)
-from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
-from rmmjax.learners.iris.files import export_iris_model
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
-from rmmjax.learners.query_encoder.files import export_query_encoder
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import export_manifest
 from rmmjax.io.workdir import (in_recorded_order, read_config, refuse_if_training,
                                write_run_record)
 from rmmjax.learners.registry import learner as learner_of, training_task
-from rmmjax.train.loop import train
+from rmmjax.train.loop import STAGE_DIR, train
 from rmmjax.train.sweep.grid import label, parse_grid, sweep_configs
 from rmmjax.train.sweep.latent import sweep
 from rmmjax.train.sweep.replay import replay_sweep
@@ -227,36 +224,25 @@ def cmd_export(args) -> None:
     raise ValueError(f"--workdir {args.workdir} is {what}: it is exported already (use it as "
                      f"{use.replace('DIR', str(args.workdir))}); export takes a training workdir")
   cfg = read_config(Path(args.workdir))
-  learner, workdir, out = cfg.learner, Path(args.workdir), Path(args.out)
+  workdir, out = Path(args.workdir), Path(args.out)
   done = saved_steps(workdir / "checkpoints")
   if done and done[-1] < cfg.steps:
     print(f"NOTE: {workdir} has trained {done[-1]} of its {cfg.steps} steps (interrupted): the "
           f"export holds step {done[-1]}; the train command run again finishes it")
-  family = learner_of(cfg.variant)
-  if learner == "reranker":
-    print(family.export(workdir, out))
+  if (first := cfg.first_stage) is None:
+    print(learner_of(cfg.family).export(workdir, out))
     return
-  check_output_dir(out, "--out")
-  if learner == "iris":
-    export_iris_model(workdir, out, SentenceEncoder())
-    print(f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
-          "the questions) and judge.safetensors (its header says how to score it); use it as "
-          "--iris-model")
-    return
+  # A run of stages: its first stage's export, then its learner's beside it, then the manifest.
   if out.suffix == ".safetensors":
-    raise ValueError(f"--out {out}: {args.workdir} holds a query encoder (learner={learner}); "
+    raise ValueError(f"--out {out}: {workdir} holds a run of two stages (learner={cfg.learner}); "
                      "it exports as a directory")
-  encoder_dir = workdir if learner == "query_encoder" else workdir / "query_encoder"
-  export_query_encoder(encoder_dir, out if learner == "query_encoder" else out / "query_encoder",
-                       SentenceEncoder())
-  if learner == "both":  # the reranker over the tuned encoder's candidates
-    reranker = out / family.export_name
-    print(family.export(workdir, reranker).split("\n")[0]
-          + f" (evaluate with --reranker {reranker} --encoder {out / 'query_encoder'})")
-    write_run_record(out, export_manifest(workdir))  # last: a folder without it is no export
-  print(f"wrote {out if learner == 'query_encoder' else out / 'query_encoder'}: a Hugging "
-        "Face-format encoder for the questions (sentence-transformers loads it); the memories "
-        "keep the base encoder's embeddings")
+  check_output_dir(out, "--out")
+  print(learner_of(first.family).export(workdir / STAGE_DIR, out / STAGE_DIR))
+  family = learner_of(cfg.family)
+  reranker = out / family.export_name
+  print(family.export(workdir, reranker).split("\n")[0]
+        + f" (evaluate with --reranker {reranker} --encoder {out / STAGE_DIR})")
+  write_run_record(out, export_manifest(workdir))  # last: a folder without it is no export
 
 
 def add_parsers(sub) -> None:

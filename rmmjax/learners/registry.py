@@ -16,8 +16,10 @@ from rmmjax.learners.embedding import export as embedding_export
 from rmmjax.learners.embedding.latent import LatentTask
 from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.embedding.task import ReplayTask
+from rmmjax.learners.iris import files as iris_files
 from rmmjax.learners.iris.reranker_task import IrisTask
 from rmmjax.learners.iris.task import IrisLearnedTask
+from rmmjax.learners.query_encoder import files as encoder_files
 from rmmjax.learners.query_encoder.task import QueryEncoderTask
 from rmmjax.learners.task import Task
 
@@ -40,7 +42,7 @@ class Learner:
   # task's model (ReplayTask.model and init_params).
   restore: Callable | None = None
   # (a training workdir, out) -> a sentence saying what was written: the export a serving
-  # system reads, named export_name inside a learner=both export.
+  # system reads (a reranker's is named export_name inside a learner=both export).
   export: Callable = embedding_export.export_run
   export_name: str = embedding_export.EXPORT_NAME
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
@@ -68,8 +70,9 @@ LEARNERS = {
     "mlp": Learner("mlp", ReplayTask, EmbeddingReader.for_reranker),
     "cross": Learner("cross", CrossRerankerTask, CrossReader.for_reranker, cross_spec.restore,
                      cross_export.export_run, cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
-    "query_encoder": Learner("query_encoder", QueryEncoderTask, None, iris_task=None),
-    "iris": Learner("iris", IrisLearnedTask, None, iris_task=None),
+    "query_encoder": Learner("query_encoder", QueryEncoderTask, None, export=encoder_files.export_run,
+                             iris_task=None),
+    "iris": Learner("iris", IrisLearnedTask, None, export=iris_files.export_run, iris_task=None),
 }
 
 

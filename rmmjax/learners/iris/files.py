@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
+from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.trained import export_manifest
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.manifest import read_run_record
@@ -140,3 +141,12 @@ def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
   save_judge(model.judge, out / JUDGE_FILE, {"record": manifest["record"]})
   write_run_record(out, manifest)  # last: a folder without it is no export
   return out
+
+
+def export_run(workdir: Path, out: Path) -> str:
+  """`rmmjax export` of a learner=iris workdir: the directory `out`; says what was written."""
+  check_output_dir(Path(out), "--out")
+  export_iris_model(workdir, out, SentenceEncoder())
+  return (f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
+          "the questions) and judge.safetensors (its header says how to score it); use it as "
+          "--iris-model")

@@ -15,6 +15,7 @@ from rmmjax.encode.export import save_encoder
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
+from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.trained import export_manifest, read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.manifest import read_run_record
@@ -92,3 +93,14 @@ def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
   save_encoder(encoder, tuned.params, out, metadata={"identity": tuned.identity, "role": role})
   write_run_record(out, manifest)  # last: a folder without it is no export
   return Path(out)
+
+
+def export_run(workdir: Path, out: Path) -> str:
+  """`rmmjax export` of a query_encoder workdir (or a learner=both run's first stage): the
+  directory `out`; says what was written."""
+  if Path(out).suffix == ".safetensors":
+    raise ValueError(f"--out {out}: {workdir} holds a query encoder; it exports as a directory")
+  check_output_dir(Path(out), "--out")
+  export_query_encoder(workdir, out, SentenceEncoder())
+  return (f"wrote {out}: a Hugging Face-format encoder for the questions (sentence-transformers "
+          "loads it); the memories keep the base encoder's embeddings")
