@@ -125,16 +125,11 @@ def cmd_train(args) -> None:
 
 
 def eval_hint(cfg, workdir: str) -> str:
-  """The `rmmjax eval` command that evaluates what a training run of `cfg` wrote to workdir."""
-  head = f"rmmjax eval --data FILE --units {cfg.units}"
-  if cfg.learner == "iris":
-    return f"{head} --iris learned --iris-model {workdir}"
-  if cfg.learner == "query_encoder":
-    return f"{head} --retriever {cfg.retriever} --encoder {workdir}"
-  if cfg.units == "lace":
-    return f"{head} --iris {cfg.iris_evidence.preset} --retriever {cfg.retriever} --reranker {workdir}"
-  # learner=both: the reranker's record names its query encoder, which eval loads itself.
-  return f"{head} --retriever {cfg.retriever} --reranker {workdir}"
+  """The `rmmjax eval` command that evaluates what a training run of `cfg` wrote to workdir (a
+  learner=both run's reranker names its query encoder in its record, which eval loads)."""
+  iris = f" --iris {cfg.iris_evidence.preset}" if cfg.iris_evidence is not None else ""
+  return (f"rmmjax eval --data FILE --units {cfg.units}{iris} --retriever {cfg.retriever} "
+          f"{learner_of(cfg.family).eval_flag} {workdir}")
 
 
 def _sweep_config(args) -> tuple[Config, dict[str, list]]:

@@ -48,6 +48,8 @@ class Learner:
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
   # learns by default).
   served_frozen: str | None = None
+  # The flag of `rmmjax eval` that takes a trained one.
+  eval_flag: str = "--reranker"
   # How it trains as the reranker inside IRIS, on LaceMem's facts (units=lace; None: it cannot).
   iris_task: type[Task] | None = IrisTask
 
@@ -70,9 +72,11 @@ LEARNERS = {
     "mlp": Learner("mlp", ReplayTask, EmbeddingReader.for_reranker),
     "cross": Learner("cross", CrossRerankerTask, CrossReader.for_reranker, cross_spec.restore,
                      cross_export.export_run, cross_export.EXPORT_NAME, CROSS_SERVED_FROZEN),
-    "query_encoder": Learner("query_encoder", QueryEncoderTask, None, export=encoder_files.export_run,
+    "query_encoder": Learner("query_encoder", QueryEncoderTask, None,
+                             export=encoder_files.export_run, eval_flag="--encoder",
                              iris_task=None),
-    "iris": Learner("iris", IrisLearnedTask, None, export=iris_files.export_run, iris_task=None),
+    "iris": Learner("iris", IrisLearnedTask, None, export=iris_files.export_run,
+                    eval_flag="--iris learned --iris-model", iris_task=None),
 }
 
 

@@ -263,7 +263,7 @@ def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   from rmmjax.config import apply_overrides, get_config
   cfg = lambda *s: apply_overrides(get_config("locomo"), list(s))  # noqa: E731
   assert eval_hint(cfg("learner=iris", "units=lace"), "W").endswith(
-      "--units lace --iris learned --iris-model W")
+      "--units lace --retriever hybrid --iris learned --iris-model W")
   assert eval_hint(cfg(), "W").endswith("--units turn --retriever hybrid --encoder W")
   assert eval_hint(cfg("learner=reranker", "retriever=bm25"), "W").endswith(
       "--retriever bm25 --reranker W")
