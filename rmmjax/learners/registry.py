@@ -83,9 +83,13 @@ LEARNERS = {
 def learner(name: str) -> Learner:
   """The learner of a name (a reranker's family, a run's `variant`, or `learner`)."""
   if name not in LEARNERS:
-    rerankers = [n for n, found in LEARNERS.items() if found.reader is not None]
-    raise ValueError(f"variant={name!r} is not one of {', '.join(rerankers)}")
+    _refuse_variant(name)
   return LEARNERS[name]
+
+
+def _refuse_variant(name: str):
+  rerankers = [n for n, found in LEARNERS.items() if found.reader is not None]
+  raise ValueError(f"variant={name!r} is not one of {', '.join(rerankers)}")
 
 
 def reader(reranker, encoder):
@@ -98,6 +102,8 @@ def training_task(cfg) -> type[Task]:
   """The task that trains `cfg`'s last stage: the latent simulator's sessions, IRIS's episodes
   over LaceMem's facts (units=lace), or the learner's own replay."""
   found = learner(cfg.family)  # (refuses a name the registry does not hold)
+  if cfg.family == cfg.variant and found.reader is None:  # a learner that ranks nothing
+    _refuse_variant(cfg.variant)
   if cfg.config == "latent":
     return LatentTask
   return found.iris_task if cfg.units == "lace" and found.iris_task else found.task

@@ -51,6 +51,7 @@ def test_train_writes_every_output(tmp_path, capsys):
     ("tau=nan", "expected a finite number"),
     ("nonsense=1", "unknown config key 'nonsense'"),
     ("variant=cubic", "variant='cubic' is not one of linear, mlp"),
+    ("variant=query_encoder", "variant='query_encoder' is not one of linear, mlp, cross"),
     ("k=40", "k=40 > bank_size=32"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
