@@ -17,7 +17,6 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_file
 
-BENCHMARKS = ("core", "search", "encode", "cross", "agent", "iris", "scaling")
 NEEDS_DATA = {"cross": "pairs", "encode": "sentences"}  # what their LoCoMo file gives them
 
 
@@ -47,20 +46,20 @@ def cmd_bench(args) -> None:
   if args.what in NEEDS_DATA and data is None:
     raise ValueError(f"bench {args.what} needs --data PATH (a LoCoMo file, for real "
                      f"{NEEDS_DATA[args.what]})")
-  if args.what == "core":
-    bench_core.bench_core(out, quick=args.quick)
-  elif args.what == "scaling":
-    bench_scaling.bench_scaling(out, quick=args.quick)
-  elif args.what == "iris":
-    bench_iris.bench_iris(out, data, quick=args.quick)
-  elif args.what == "agent":
-    bench_agent.bench_agent(out, data, quick=args.quick, large=args.large)
-  elif args.what == "search":
-    bench_retrieval.bench_search(out, quick=args.quick)
-  elif args.what == "cross":
-    bench_cross.bench_cross(out, data, quick=args.quick)
-  else:
-    bench_retrieval.bench_encode(out, data, quick=args.quick)
+  BENCHES[args.what](out, data, args)
+
+
+# Each benchmark, called with (--out, --data, the parsed flags).
+BENCHES = {
+    "core": lambda out, data, args: bench_core.bench_core(out, quick=args.quick),
+    "search": lambda out, data, args: bench_retrieval.bench_search(out, quick=args.quick),
+    "encode": lambda out, data, args: bench_retrieval.bench_encode(out, data, quick=args.quick),
+    "cross": lambda out, data, args: bench_cross.bench_cross(out, data, quick=args.quick),
+    "agent": lambda out, data, args: bench_agent.bench_agent(out, data, quick=args.quick,
+                                                             large=args.large),
+    "iris": lambda out, data, args: bench_iris.bench_iris(out, data, quick=args.quick),
+    "scaling": lambda out, data, args: bench_scaling.bench_scaling(out, quick=args.quick),
+}
 
 
 def add_parsers(sub) -> None:
@@ -75,7 +74,7 @@ def add_parsers(sub) -> None:
   p.set_defaults(func=cmd_embed)
 
   p = sub.add_parser("bench", help="benchmarks that print a table")
-  p.add_argument("what", choices=BENCHMARKS)
+  p.add_argument("what", choices=tuple(BENCHES))
   p.add_argument("--data", default=None,
                  help="encode: the LoCoMo file whose turns are encoded; cross: whose questions "
                       "and turns are paired; agent: whose sessions are ingested")

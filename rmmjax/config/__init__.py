@@ -1,7 +1,8 @@
 """Experiment configuration: one frozen dataclass of shared keys and learners' sections, named
 configs, `key=value` overrides.
 
-Every default lives here or in a learner's section (sections.py). `Config` converts into the core's static `CoreSpec` and `SimSpec` and
+Every default lives here or in a learner's section (rmmjax/learners/<name>/config.py, gathered
+by rmmjax.learners.sections). `Config` converts into the core's static `CoreSpec` and `SimSpec` and
 its sweepable `HParams`; `validate` builds all three so bad values fail before any compile.
 """
 
@@ -15,24 +16,30 @@ from typing import Any
 import jax
 
 from rmmjax import core
-from rmmjax.config import checks, declared, keys, sections
-from rmmjax.config.declared import key
+from rmmjax.config import checks, keys
+from rmmjax.learners import section as declared
+from rmmjax.learners import sections
+from rmmjax.learners.cross.config import Cross
+from rmmjax.learners.embedding.config import Reranker
+from rmmjax.learners.iris.config import IrisEvidence, IrisModels
+from rmmjax.learners.query_encoder.config import EncoderTuning
+from rmmjax.learners.section import Learning, key
 from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
                                 with_values)
 from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
                                    P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
-                                   TUNES, UNITS)
+                                   UNITS)
 
 __all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
-           "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "TUNES", "UNITS", "apply_overrides",
+           "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "UNITS", "apply_overrides",
            "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
            "parse_value", "qualified", "sections", "with_values"]
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """A training run: the shared keys, then the sections of the learners it trains (see
-  rmmjax.config.sections; a section absent from the run is None). The defaults are a run on the
+  rmmjax.learners.sections; a section absent from the run is None). The defaults are a run on the
   latent simulator with the paper's reranker and objective."""
 
   config: str = key("latent", choices=lambda: tuple(CONFIGS))
@@ -40,7 +47,7 @@ class Config:
   # (a name in rmmjax.learners.registry, which checks it: a family registered there trains too)
   variant: str = "linear"
   dim: int = 64
-  k: int = 20  # (50 where --set names variant=cross over turns: see keys.apply_overrides)
+  k: int = 20  # (a family's own over turns where --set names it: see keys.apply_overrides)
   m: int = 5
   # Objective of the online steps, whatever learns.
   batch: int = 4
@@ -102,11 +109,11 @@ class Config:
   # The reranker's candidates come from this tuned query encoder (a query_encoder workdir).
   query_encoder: str = ""
   # The learners' sections: those of the run's learners hold a section, the others None.
-  reranker: sections.Reranker | None = None
-  cross: sections.Cross | None = None
-  encoder_tuning: sections.EncoderTuning | None = None
-  iris_evidence: sections.IrisEvidence | None = None
-  iris_models: sections.IrisModels | None = None
+  reranker: Reranker | None = None
+  cross: Cross | None = None
+  encoder_tuning: EncoderTuning | None = None
+  iris_evidence: IrisEvidence | None = None
+  iris_models: IrisModels | None = None
 
   def __post_init__(self):
     # Each section the run trains is filled in (the named config's, else the section's own
@@ -132,16 +139,16 @@ class Config:
   def family(self) -> str:
     """The registry's name of what this run's last stage trains: the reranker's family, or the
     learner itself where it is not a reranker (rmmjax.learners.registry)."""
-    return self.variant if self.learner in ("reranker", "both") else self.learner
+    return self.variant if sections.trains_a_reranker(self.learner) else self.learner
 
   @property
   def first_stage(self) -> "Config | None":
     """The config of the stage trained before this run's learner, in a workdir of its own
     (learner=both's query encoder), or None."""
-    return encoder_stage(self).validate() if self.learner == "both" else None
+    return encoder_stage(self).validate() if self.learner in sections.FIRST_STAGES else None
 
   @property
-  def learning(self) -> sections.Learning:
+  def learning(self) -> Learning:
     """The section of the learner this config's online steps train."""
     return getattr(self, self.section_names()[-1])
 
@@ -165,7 +172,7 @@ class Config:
                         signal=self.signal, distortion=self.distortion, noise=self.noise,
                         world_seed=self.world_seed)
 
-  def hparams(self, learning: sections.Learning | None = None) -> core.HParams:
+  def hparams(self, learning: Learning | None = None) -> core.HParams:
     """The sweepable values of the online steps of `learning` (default: this run's learner)."""
     learning = learning or self.learning
     return core.HParams.create(tau=learning.tau, lr=learning.lr, baseline=self.baseline,
@@ -206,20 +213,14 @@ class Config:
       if changed:
         raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
                          "(--config locomo); the latent simulator does not use them")
-      if self.variant == "cross":
-        raise ValueError("variant=cross reads the text of questions and memories; the latent "
-                         "simulator has embeddings only (use --config locomo)")
       if spec.k > sim.bank_size:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")
     # A replayed learner's pretraining can be a run of its own (steps=0: its checkpoint is
-    # step 0); the simulator has no pretraining and IRIS's fits are not online steps.
-    if self.steps == 0 and (self.config == "latent" or self.learner == "iris"):
-      raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer ("
-                       + ("the simulator's runs have no pretraining to stand alone"
-                          if self.config == "latent" else
-                          "0, pretraining alone, is for learner=reranker, query_encoder or "
-                          "both") + ")")
+    # step 0); the simulator has no pretraining (nor have IRIS's fits: IrisModels.check).
+    if self.steps == 0 and self.config == "latent":
+      raise ValueError(f"{self.learning.NAME}.steps=0: expected a positive integer (the "
+                       "simulator's runs have no pretraining to stand alone)")
     if self.steps % self.log_every:
       raise ValueError(f"{self.learning.NAME}.steps={self.steps} is not a multiple of "
                        f"log_every={self.log_every}: a run extended from it would average other "
@@ -250,7 +251,7 @@ class Config:
 # rate up to 3e-5 lands within 0.005 of it: online steps from simulated citations add little
 # after pretraining on the same labels, and at 1e-4 they take away.
 NAMED_SECTIONS = {
-    "locomo": {"reranker": sections.Reranker(rank_prior=True, tau=1.0, lr=3e-5, steps=600)},
+    "locomo": {"reranker": Reranker(rank_prior=True, tau=1.0, lr=3e-5, steps=600)},
 }
 
 
@@ -275,7 +276,8 @@ def encoder_stage(cfg: Config) -> Config:
   """The first stage of learner=both: the query encoder, trained as learner=query_encoder
   trains it (its section is the run's own encoder_tuning; the reranker's family goes back to
   the named config's, as it configures nothing in the encoder)."""
-  return dataclasses.replace(cfg, learner="query_encoder", variant=get_config(cfg.config).variant)
+  return dataclasses.replace(cfg, learner=sections.FIRST_STAGES[cfg.learner],
+                             variant=get_config(cfg.config).variant)
 
 
 def effective_dtype(compute_dtype: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rmmjax.learners import sections
+
 
 def check_replay(cfg) -> None:
   """The shared keys of a replayed dataset (configs other than latent) that depend on each
@@ -19,35 +21,15 @@ def check_replay(cfg) -> None:
     raise ValueError(f"data={cfg.data!r}: no such file")
   if cfg.folds or cfg.fold:
     check_folds(cfg)
-  if cfg.learner != "reranker" and cfg.retriever == "bm25":
-    raise ValueError(f"learner={cfg.learner} tunes the dense retriever's query encoder, but "
-                     "retriever=bm25 does not use it: set retriever=dense or hybrid")
-  if cfg.query_encoder and cfg.learner == "both":
-    raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker the candidates of "
-                     "an encoder trained before, and learner=both tunes its own first: set "
-                     "learner=reranker to use it")
-  if cfg.query_encoder and cfg.learner == "query_encoder":
-    raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker its candidates; "
-                     "learner=query_encoder trains one from the loaded encoder")
-  if cfg.query_encoder and cfg.units == "lace" and cfg.learner == "reranker":
-    raise ValueError("units=lace with learner=reranker ranks IRIS's evidence by the base "
-                     "encoder: leave query_encoder unset (learner=iris takes one as anchor)")
+  # Which learners go with which units, retriever and given encoder: each learner's section
+  # says (rmmjax.learners.<name>.config).
+  sections.check_replay(cfg)
   if cfg.query_encoder and cfg.retriever == "bm25":
     raise ValueError(f"query_encoder={cfg.query_encoder!r} embeds the questions of dense "
                      "search, which retriever=bm25 does not use: set retriever=dense or hybrid")
   if cfg.query_encoder and not Path(cfg.query_encoder).is_dir():
     raise ValueError(f"query_encoder={cfg.query_encoder!r}: expected a query_encoder "
                      "training workdir")
-  if cfg.learner == "iris" and cfg.units != "lace":
-    raise ValueError(f"learner=iris learns IRIS's gap diagnosis over LaceMem's facts: set "
-                     f"units=lace (not {cfg.units!r})")
-  if cfg.units == "lace" and cfg.learner not in ("reranker", "iris"):
-    raise ValueError(f"units=lace trains a model of IRIS: set learner=reranker (it ranks "
-                     f"IRIS's evidence) or learner=iris (IRIS's own models), not "
-                     f"learner={cfg.learner!r}")
-  if cfg.variant == "cross" and cfg.learner not in ("reranker", "both"):
-    raise ValueError(f"variant=cross is a reranker: set learner=reranker (or both, to rerank a "
-                     f"query encoder it tunes first), not learner={cfg.learner}")
   if cfg.steps == 0 and (cfg.mode == "rl" or cfg.learning.pretrain_epochs == 0):
     name = cfg.learning.NAME  # (under learner=both, the stage's own section)
     why = "mode=rl" if cfg.mode == "rl" else f"{name}.pretrain_epochs=0"
@@ -66,6 +48,6 @@ def check_folds(cfg) -> None:
   if cfg.holdout != type(cfg).holdout:
     raise ValueError(f"holdout={cfg.holdout} with folds={cfg.folds}: the held-out conversations "
                      "are fold `fold`'s; give one or the other")
-  if cfg.learner == "iris" or cfg.units == "lace":
+  if cfg.units == "lace":  # (learner=iris is refused over other units)
     raise ValueError(f"folds={cfg.folds}: IRIS's runs (units=lace) hold out the last `holdout` "
                      "conversations; leave folds unset")

@@ -8,9 +8,6 @@ from rmmjax.retrieve.units import GRANULARITIES
 # labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
 MODES = ("rl", "pretrain", "pretrain+rl")
 LEARNERS = ("reranker", "query_encoder", "both", "iris")
-# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
-# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
-TUNES = ("query", "both")
 
 PRECISIONS = ("highest", "high", "default")
 # Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
@@ -35,10 +32,3 @@ REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "folds", "fol
 # the time.
 P_REL_DEFAULT = 0.911
 P_IRR_DEFAULT = 1.0 - 0.846
-# The cross reranker encoder's computation dtypes (besides auto: see Config.compute_dtype).
-COMPUTE_DTYPES = ("float32", "bfloat16")
-# The losses the cross reranker's pretraining may take (rmmjax.core.losses.PRETRAIN_LOSSES).
-PRETRAIN_LOSSES = ("softmax", "lambda")
-# Whether the cross reranker also pretrains on LoCoMo's observations (Cross.observations):
-# auto reads them where the data holds them.
-OBSERVATIONS = ("auto", "true", "false")

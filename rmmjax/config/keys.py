@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 from typing import Any
 
-from rmmjax.config import sections
+from rmmjax.learners import sections
 
 
 def names(section) -> tuple[str, ...]:
@@ -132,9 +132,9 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
   """Applies `key=value` strings to cfg. Naming a reranker family on a config whose learner
   trains none (locomo's default, the query encoder) makes the run the reranker over a query
   encoder tuned first (learner=both), or directly over IRIS's evidence or a given tuned
-  encoder's candidates (learner=reranker), unless the learner is named too. variant=cross over
-  turns also reads more candidates (k=50, sections.Cross.CANDIDATES_OVER_TURNS) unless k is
-  named."""
+  encoder's candidates (learner=reranker), unless the learner is named too. A family named with
+  a K of its own over turns (the cross reranker's 50: its section's CANDIDATES_OVER_TURNS) reads
+  that many candidates unless k is named."""
   texts = {}
   for item in overrides:
     if "=" not in item:
@@ -144,12 +144,14 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
       raise ValueError(f"override {item!r}: the named config is chosen by --config")
     texts[key.strip()] = text.strip()  # a later --set of the same key wins
   shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if is_shared(cfg, k)}
-  if "variant" in shared and "learner" not in shared and cfg.learner == "query_encoder":
+  with_a_reranker = sections.WITH_A_RERANKER.get(cfg.learner)
+  if "variant" in shared and "learner" not in shared and with_a_reranker:
     over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")
-    shared["learner"] = "reranker" if over_given else "both"
-  if (shared.get("variant") == "cross" and "k" not in shared and cfg.config != "latent"
+    shared["learner"] = "reranker" if over_given else with_a_reranker
+  family = sections.FAMILY_SECTIONS.get(shared.get("variant"), sections.Reranker)
+  if (family.CANDIDATES_OVER_TURNS and "k" not in shared and cfg.config != "latent"
       and shared.get("units", cfg.units) == "turn"):
-    shared["k"] = sections.Cross.CANDIDATES_OVER_TURNS
+    shared["k"] = family.CANDIDATES_OVER_TURNS
   cfg = dataclasses.replace(cfg, **shared)
   return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
                            if not is_shared(cfg, k)})

@@ -22,7 +22,7 @@ from rmmjax.learners.query_encoder.files import load_query_encoder, query_encode
 from rmmjax.learners.query_encoder.fit import retrieval_encoders
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.kinds import model_kind
-from rmmjax.learners.iris.files import load_iris_model
+from rmmjax.learners.iris.files import is_iris_model, load_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import make_retriever
 from rmmjax.memory.topic_units import conversation_units
@@ -69,7 +69,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   if (retriever != "bm25" or loaded or units in ("topic", "lace")) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))  # loads weights: only here
   lace_anchor = (query_encoder is not None and units == "lace"
-                 and _is_iris_model(Path(query_encoder)))
+                 and is_iris_model(Path(query_encoder)))
   model = load_iris_model(Path(iris_model), encoder) if iris_model is not None else None
   if lace_anchor:
     model = load_iris_model(Path(query_encoder), encoder)
@@ -159,11 +159,6 @@ def recorded_query_encoder(reranker: Path, record: dict) -> Path:
       return candidate
   raise ValueError(f"the reranker {reranker} ranks the candidates of the query encoder "
                    f"{recorded}, which is not there (moved?): pass it as --encoder DIR")
-
-
-def _is_iris_model(path: Path) -> bool:
-  """A learner=iris workdir or its export."""
-  return model_kind(path) in ("iris", "iris export")
 
 
 def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:

@@ -12,6 +12,7 @@ from rmmjax import core
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.manifest import read_run_record
 from rmmjax.io.workdir import read_config
+from rmmjax.learners import sections
 
 RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
 
@@ -47,8 +48,8 @@ def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
   `spec` and `template` (parameters in the checkpoint's structure) are the run's learner's:
   by default an embedding reranker's, whose identity initialisation has the structure."""
   cfg = read_config(workdir)
-  if cfg.learner == "query_encoder":
-    raise ValueError(f"{workdir} tuned a query encoder (learner=query_encoder), not a reranker")
+  if not sections.trains_a_reranker(cfg.learner):
+    raise ValueError(f"{workdir} trained learner={cfg.learner}, not a reranker")
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:

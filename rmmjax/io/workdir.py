@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rmmjax.config import Config, from_json, qualified
+from rmmjax.learners import sections
 from rmmjax.io.manifest import FORMAT, RUN_FILE, read_run_record, stopped_in_first_stage
 
 LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
@@ -270,10 +271,12 @@ def check_resumable(workdir: Path, cfg: Config, same_data: bool = False,
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
-  parent = read_run_record(Path(workdir).resolve().parent) if not stage and Path(
-      workdir).name == "query_encoder" else None
-  if parent is not None and parent["kind"] == "train" and cfg.learner == "query_encoder":
-    raise ValueError(f"{workdir} is the first stage of the learner=both run in "
+  # (a first stage trains in the folder named by its learner, inside its run's workdir)
+  first = (not stage and cfg.learner in sections.FIRST_STAGES.values()
+           and Path(workdir).name == cfg.learner)
+  parent = read_run_record(Path(workdir).resolve().parent) if first else None
+  if parent is not None and parent["kind"] == "train":
+    raise ValueError(f"{workdir} is the first stage of the learner={parent['learner']} run in "
                      f"{Path(workdir).resolve().parent}: training it alone would change what "
                      "that run's reranker trained on; resume the run itself, or train into "
                      "another workdir")

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rmmjax.config import (apply_overrides, encoder_stage, from_json, get_config, get_value,
-                           sections)
+from rmmjax.config import apply_overrides, encoder_stage, from_json, get_config, get_value
 from rmmjax.io.workdir import read_config
+from rmmjax.learners import sections
+from rmmjax.learners.cross.config import PRETRAIN_LOSSES, Cross
+from rmmjax.learners.embedding.config import Reranker
+from rmmjax.learners.query_encoder.config import EncoderTuning
 from rmmjax.train.sweep.grid import parse_grid, sweep_configs
 
 DATA = "data=/data/locomo_dev8.json"  # (never read here)
@@ -46,15 +49,15 @@ def test_no_learner_rewrites_another_s_defaults():
   locomo = get_config("locomo")
   cross = apply_overrides(locomo, [DATA, "variant=cross"])
   alone = apply_overrides(locomo, [DATA, "learner=query_encoder"])
-  assert cross.encoder_tuning == alone.encoder_tuning == sections.EncoderTuning()
-  assert cross.cross == sections.Cross() and (cross.steps, cross.learning.tau) == (0, 1.0)
+  assert cross.encoder_tuning == alone.encoder_tuning == EncoderTuning()
+  assert cross.cross == Cross() and (cross.steps, cross.learning.tau) == (0, 1.0)
   # The encoder stage of a cross run is the plain query-encoder run, over the run's K.
   assert encoder_stage(cross) == dataclasses.replace(alone, k=50)
   # The named config's own reranker values stay its own.
   linear = apply_overrides(locomo, [DATA, "learner=reranker"])
   assert (linear.reranker.tau, linear.reranker.lr, linear.reranker.rank_prior) == (1.0, 3e-5,
                                                                                    True)
-  assert get_config("latent").reranker == sections.Reranker()
+  assert get_config("latent").reranker == Reranker()
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -180,5 +183,4 @@ def test_a_sweep_grid_names_a_section_key_either_way():
 
 def test_the_pretraining_losses_a_config_names_are_the_core_s():
   from rmmjax import core
-  from rmmjax.config.choices import PRETRAIN_LOSSES
   assert tuple(core.losses.PRETRAIN_LOSSES) == PRETRAIN_LOSSES

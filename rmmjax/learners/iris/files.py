@@ -20,7 +20,7 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.trained import export_manifest
-from rmmjax.io.kinds import refuse_unless
+from rmmjax.io.kinds import model_kind, refuse_unless
 from rmmjax.io.manifest import read_run_record
 from rmmjax.io.workdir import read_config, write_run_record
 from rmmjax.encode.tuned import TunedQueryEncoder
@@ -85,6 +85,11 @@ def _tuned(path: Path, encoder) -> TunedQueryEncoder:
     raise ValueError(f"{path} embeds in {loaded.dim} dimensions; the facts are embedded in "
                      f"{encoder.dim}")
   return TunedQueryEncoder(encoder, loaded.params)
+
+
+def is_iris_model(path: Path) -> bool:
+  """Whether `path` is a learner=iris workdir or its export."""
+  return model_kind(path) in ("iris", "iris export")
 
 
 def load_iris_model(path: Path, encoder) -> IrisModel:

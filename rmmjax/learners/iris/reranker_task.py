@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from rmmjax import core, distributed
 from rmmjax.config import Config, effective_dtype
-from rmmjax.config.sections import Cross
+from rmmjax.learners.cross.config import Cross
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.core import replay as core_replay
 from rmmjax.encode.protocol import require_bert, tokenizer_identity

@@ -8,6 +8,7 @@ import json
 import re
 
 from rmmjax.config import SWEEPABLE, Config, get_value, parse_value, qualified, with_values
+from rmmjax.learners.embedding.config import Reranker
 
 # A replay sweep's configurations also vary their pretraining's rates in the one program.
 REPLAY_SWEEPABLE = ("pretrain_lr", "pretrain_tau")
@@ -53,9 +54,8 @@ def _unread(cfg: Config, section: str, name: str, online_held_out: bool) -> str:
   if name in ONLINE_KEYS and not online_held_out and all(
       getattr(one, "steps", 1) == 0 for one in learnings):
     return f"{where}steps=0: no online step"
-  if name == "hidden" and cfg.variant != "mlp":
-    return f"variant={cfg.variant} has no hidden layer"
-  return ""
+  # (a key its learner reads only in some runs: the MLP's hidden width)
+  return next(filter(None, (one.unread(name, cfg) for one in learnings)), "")
 
 
 def parse_grid(items: list[str], cfg: Config) -> dict[str, list]:
@@ -128,7 +128,7 @@ def shares_a_program(cfg: Config, grid: dict) -> bool:
   """Whether every configuration of a replay sweep runs in one compiled program per fold: the
   embedding reranker's alone (no stage before it), with a grid over its rates (SWEEPABLE,
   REPLAY_SWEEPABLE)."""
-  return (cfg.section_names() == ("reranker",)
+  return (cfg.section_names() == (Reranker.NAME,)
           and all(k.rpartition(".")[2] in SWEEPABLE + REPLAY_SWEEPABLE for k in grid))
 
 

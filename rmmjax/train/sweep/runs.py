@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.config import Config, encoder_stage, with_values
+from rmmjax.config import Config, with_values
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.trained import RECORD_FILE
@@ -134,9 +134,9 @@ def _share_stage(cfg: Config, where: Path, others: list[Path]) -> None:
   trains one stage per fold, not one per configuration); the run resumes it as finished, with
   the outputs it would have trained to (training is deterministic)."""
   stage = where / "query_encoder"
-  if "encoder_tuning" not in cfg.section_names()[:-1] or stage.exists():
+  if stage.exists() or cfg.first_stage is None:
     return
-  ours = json.loads(encoder_stage(cfg).validate().resolved().to_json())
+  ours = json.loads(cfg.first_stage.resolved().to_json())
   for other in others:
     source = other / "query_encoder"
     try:

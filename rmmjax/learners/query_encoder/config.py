@@ -1,0 +1,54 @@
+"""The query encoder's section of the config (learner=query_encoder, the first stage of
+learner=both, IRIS's anchor under learner=iris)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rmmjax.learners.section import Learning, key
+
+# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
+# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
+TUNES = ("query", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderTuning(Learning):
+  """The retriever's query encoder (learner query_encoder, the first stage of learner=both, and
+  IRIS's anchor under learner=iris): supervised listwise pretraining on labelled evidence in
+  batches of `pretrain_batch` questions, then online REINFORCE. `tune`: query, the tuned encoder
+  embeds the questions and the memories keep the base encoder's embeddings (no re-embedding);
+  both, it embeds the memories too, so the bank is re-embedded after training (training
+  back-propagates through the questions in both cases; through the K candidates as well would
+  cost about K times as much per step). The rates come from the cross-validated ablation's
+  exploratory runs (experiments/replay_ablation.py)."""
+
+  NAME = "encoder_tuning"
+  tau: float = 0.05
+  lr: float = 1e-5
+  steps: int = 600
+  pretrain_epochs: int = 2
+  pretrain_lr: float = 2e-5
+  pretrain_tau: float = 0.05
+  pretrain_batch: int = key(16, low=1)
+  tune: str = key("query", choices=TUNES)
+
+  def check_replay(self, cfg) -> None:
+    if cfg.retriever == "bm25":
+      raise ValueError(f"learner={cfg.learner} tunes the dense retriever's query encoder, but "
+                       "retriever=bm25 does not use it: set retriever=dense or hybrid")
+    stages = cfg.section_names()
+    if stages[0] != self.NAME:  # (IRIS's anchor: learner=iris takes a given encoder as one)
+      return
+    if cfg.query_encoder and len(stages) > 1:
+      raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker the candidates of "
+                       f"an encoder trained before, and learner={cfg.learner} tunes its own "
+                       "first: set learner=reranker to use it")
+    if cfg.query_encoder:
+      raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker its candidates; "
+                       f"learner={cfg.learner} trains one from the loaded encoder")
+    if cfg.units == "lace":
+      raise ValueError(f"units=lace trains a model of IRIS: set learner=reranker (it ranks "
+                       f"IRIS's evidence) or learner=iris (IRIS's own models), not "
+                       f"learner={cfg.learner!r}")
+
