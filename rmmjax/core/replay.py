@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import optim, reranker
-from rmmjax.core.step import supervised_step, top_m_recall, train_step
+from rmmjax.core import optim
+from rmmjax.core.step import scores, supervised_step, top_m_recall, train_step
 from rmmjax.core.types import Batch, TrainState
 
 # Streams folded out of a run's root key (0 initialises the parameters, 1 and 2 the latent
@@ -28,7 +28,7 @@ def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
 
 def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
   """Deterministic top-M recall of each query, recall_B, and the reranker's scores_BxK."""
-  scores_BxK = reranker.scores(params, batch, spec)
+  scores_BxK = scores(params, batch, spec)
   return top_m_recall(scores_BxK, batch, spec.m), scores_BxK
 
 

@@ -41,18 +41,18 @@ def export_manifest(workdir: Path) -> dict:
           "record": read_record(workdir), "config": json.loads(read_config(workdir).to_json())}
 
 
-def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
+def load_trained_params(workdir: Path, spec: core.CoreSpec,
                         template: dict | None = None) -> tuple[dict, "object", int]:
   """The newest checkpointed parameters of a training workdir, with its config and step.
-  `spec` and `template` (parameters in the checkpoint's structure) are the run's learner's:
-  by default an embedding reranker's, whose identity initialisation has the structure."""
+  `spec` and `template` (parameters in the checkpoint's structure; None: the spec's model's
+  initial ones have it) are the run's learner's."""
   cfg = read_config(workdir)
   if cfg.learner == "query_encoder":
     raise ValueError(f"{workdir} tuned a query encoder (learner=query_encoder), not a reranker")
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
-    state = core.init_state(spec or cfg.core_spec(), cfg.hparams(), template)
+    state = core.init_state(spec, cfg.hparams(), template)
     step, state, _ = checkpointer.restore_latest(state)  # the newest that reads back
   finally:
     checkpointer.close()

@@ -44,6 +44,7 @@ class CrossRerankerTask(ReplayTask):
   checkpoint_pretrained = True  # pretraining takes minutes: a resume should not redo it
   steps_from_host = True  # one compiled step at a time (each costs seconds on a CPU)
   stream_on_devices = False  # each step's batch is packed on the host and sent alone
+  model = None  # (its encoder's configuration fixes it: cross_spec)
 
   @classmethod
   def preflight(cls, cfg, encoder, workdir) -> None:

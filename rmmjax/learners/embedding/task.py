@@ -13,6 +13,7 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.memory.topic_units import conversation_units
@@ -46,14 +47,14 @@ class ReplayTask(Task):
   evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
-  # A family of its own, registered with this task subclassed: its scoring model (CoreSpec.model;
-  # None: the core's embedding rerankers, linear and MLP).
-  model = None
+  # Its scoring model (CoreSpec.model): the linear and MLP rerankers'; a family of its own,
+  # registered with this task subclassed, names its own.
+  model = EMBEDDING
 
   @classmethod
   def init_params(cls, spec: core.CoreSpec):
     """The parameters a fresh model of `spec` starts from, in the structure its checkpoints hold
-    (None: the core's identity initialisation)."""
+    (None: the model's own initialisation)."""
     return None
 
   @classmethod
