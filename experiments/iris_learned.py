@@ -63,6 +63,7 @@ from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, OracleJudge
 from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 from rmmjax.retrieve.refine import is_temporal
+from rmmjax.learners.registry import with_model
 
 OUT = RESULTS / "iris_learned.md"
 SP_BASE, SP_TUNED = "single-pass, base encoder", "single-pass, tuned encoder"
@@ -142,7 +143,7 @@ def train_fold(data: list, train: list[int], held: list[int], workdir: Path, enc
 def fit_reranker(stores, convs, encoder, fitted, cfg):
   """The reranker of `cfg` (reranker_config) pretrained on the learned loop's episodes of the
   training conversations; (params, spec)."""
-  spec = cfg.core_spec()
+  spec = with_model(cfg.core_spec())
   refiner = EmbeddingRefiner(fitted.refine)
   max_evidence = max(len(set(q.evidence)) for c in convs for q in c.questions)
   episodes = []

@@ -61,6 +61,7 @@ from rmmjax.learners.iris.episodes import (RERANK_MODES, FactReranker, RewardMix
                                          reinforce_episodes)
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
+from rmmjax.learners.registry import with_model
 
 OUT = RESULTS / "iris_reranker"
 DEFAULT = IrisSettings()
@@ -143,7 +144,7 @@ def evaluate(conv, store, settings, reranker=None) -> list[tuple[str, str, dict]
 
 def train(cfg, episodes, pretrain, mix):
   """The reranker of `cfg` (reranker_config) trained on the episodes."""
-  state = core.init_state(cfg.core_spec(), cfg.hparams())
+  state = core.init_state(with_model(cfg.core_spec()), cfg.hparams())
   if pretrain:
     state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
                                     cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
@@ -206,7 +207,7 @@ def main() -> None:
     for seed in range(args.seeds if seeded else 1):
       rows = {mode: [] for mode in RERANK_MODES}
       run = reranker_config(cfg, pretrain, mix, seed)  # (configs: the same with each fold's key)
-      spec = run.core_spec()
+      spec = with_model(run.core_spec())
       for held in folds(len(conversations), NUM_FOLDS):
         train_eps = [e for i, eps in enumerate(episodes) if i not in held for e in eps]
         state = train(run, train_eps, pretrain, mix)

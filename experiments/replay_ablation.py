@@ -41,6 +41,7 @@ from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.learners.query_encoder.fit import (pretrain_query_encoder, retrieval_recall,
                                          train_query_encoder)
 from rmmjax.replay.candidates import build_replay, folds
+from rmmjax.learners.registry import with_model
 
 OUT = RESULTS / "replay_ablation"
 RETRIEVERS = ("dense", "bm25", "hybrid")
@@ -118,7 +119,7 @@ def main() -> None:
       # Each seed's run (configs: the same with each fold's key), in one vmapped program.
       runs = [reranker_config(cfg, retriever, protocol, lr, s) for s in range(args.seeds)]
       run = runs[0].reranker
-      spec, hp = runs[0].core_spec(), core.stack_hparams([r.hparams() for r in runs])
+      spec, hp = with_model(runs[0].core_spec()), core.stack_hparams([r.hparams() for r in runs])
       start = time.time()
       res = cross_validate(replays, args.folds, spec, hp,
                            dataclasses.replace(protocol, pretrain_epochs=run.pretrain_epochs),

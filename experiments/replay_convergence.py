@@ -31,6 +31,7 @@ from replay_common import (DEFAULT_DATA, RESULTS, locomo_config, locomo_replays,
 from rmmjax import core  # noqa: E402
 from rmmjax.config import with_values  # noqa: E402
 from rmmjax.core import replay as core_replay  # noqa: E402
+from rmmjax.learners.registry import with_model  # noqa: E402
 from rmmjax.replay.protocols import Protocol, train_reranker  # noqa: E402
 from rmmjax.replay.candidates import (base_recall, to_questions, to_sequence,  # noqa: E402
                                      to_streams)
@@ -73,7 +74,7 @@ def main() -> None:
   args = parse(sys.argv[1:])
   cfg = base_config(args.data)
   replays = locomo_replays(cfg.data, cfg.retriever, cfg.k)  # the reranker's BM25 candidates
-  spec = cfg.core_spec()
+  spec = with_model(cfg.core_spec())
   train, test = replays[:-cfg.holdout], replays[-cfg.holdout:]
   train_seq, test_streams = to_sequence(train, cfg.batch), to_streams(test, cfg.batch)
   questions = to_questions(train)

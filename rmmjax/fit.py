@@ -1,4 +1,5 @@
-"""The one supervised fit loop: epochs over a learner's batches, data parallel over a mesh.
+"""The two loops every learner trains in: the supervised fit (epochs over a learner's batches,
+data parallel over a mesh) and the online loop (`Online`: a learner's step over its stream).
 
 Every learner's supervised fit (the cross reranker's and the query encoder's pretraining, IRIS's
 anchor, refinement encoder and judge) runs here; the learner says what a step is and what the
@@ -6,14 +7,15 @@ batches of an epoch are (its order, its candidate subsets, its packing, all draw
 and the epoch alone), and this loop owns the rest: compiling the step, placing the state on the
 devices and each batch split over them, running consecutive batches of one shape as one scan,
 the progress bar, and the host's waits, which happen only where the bar shows the loss.
-The online loop is the training loop's (rmmjax.train.loop); the embedding rerankers' pretraining
-stays one compiled program (rmmjax.core.replay.pretrain), since the replay experiments vmap it
-over configurations and folds.
+The embedding rerankers' pretraining stays one compiled program (rmmjax.core.replay.pretrain),
+since the replay experiments vmap it over configurations and folds; so do the latent simulator's
+runs (rmmjax.core.sweep), whose batches are drawn inside the program.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -21,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import distributed
+from rmmjax.core.replay import stream_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,38 @@ def fit(state: Any, step: Callable, epoch_batches: Callable[[int], Sequence], pl
     return state, np.zeros(0, np.float32)
   return state, np.concatenate([np.reshape(np.asarray(distributed.gather(x), np.float32), -1)
                                 for x in losses])
+
+
+class Online:
+  """The online loop: `step(state, batch) -> (state, metrics)` (pure), compiled once, the state
+  donated. A learner hands it its step, then its batches on each call of `run`: a stream on the
+  devices (step t on stream step t, all n steps one scan) or, where each batch is built on the
+  host (a cross reranker's packed pairs), one compiled step per batch. The host waits for the
+  devices once per call, when it gathers the metrics."""
+
+  def __init__(self, step: Callable, compiler_options: dict | None = None):
+    self._scan = jax.jit(functools.partial(stream_steps, step), static_argnums=2,
+                         donate_argnums=0, compiler_options=compiler_options)
+    self._one = jax.jit(step, donate_argnums=0, compiler_options=compiler_options)
+
+  def run(self, state: Any, stream: Any, num_steps: int) -> tuple[Any, dict]:
+    """num_steps steps over `stream` (leaves with the step axis first, on the devices); the
+    state and each step's metrics, (num_steps,) numpy arrays."""
+    state, metrics = self._scan(state, stream, num_steps)
+    return state, distributed.gather(metrics)
+
+  def run_from_host(self, state: Any, batch_at: Callable[[int], Any], num_steps: int,
+                    on_step: Callable | None = None) -> tuple[Any, dict]:
+    """num_steps steps, step t on `batch_at(t)` (t counted from the state's step, read once),
+    each reported to `on_step(1)` as it is dispatched."""
+    start, rows = int(state.step), []
+    for t in range(start, start + num_steps):
+      state, metrics = self._one(state, batch_at(t))
+      rows.append(metrics)
+      if on_step is not None:
+        on_step(1)
+    rows = distributed.gather(rows)
+    return state, {name: np.stack([r[name] for r in rows]) for name in rows[0]}
 
 
 def _runs_of_one_shape(batches: Iterable, chunk: int) -> list[list]:

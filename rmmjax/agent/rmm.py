@@ -35,7 +35,7 @@ from rmmjax.memory.search import BankSearch
 from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
-from rmmjax.learners.registry import reader
+from rmmjax.learners.registry import reader, with_model
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.io.record import check_fit
 
@@ -117,8 +117,8 @@ class Agent(ChatAgent):
     self.learning = settings.learn and llm is not None
     hp = core.HParams.create(tau=settings.tau, lr=settings.lr, baseline=settings.baseline,
                              baseline_kind=settings.baseline_kind, seed=settings.seed)
-    spec = core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m, batch=settings.batch,
-                         rank_prior=True)
+    spec = with_model(core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m,
+                                    batch=settings.batch, rank_prior=True))
     self.mismatches = []
     # How the reranker reads its candidates: the embeddings (the agent's own reranker, the
     # linear and MLP ones), or the query beside each candidate's text (a cross reranker).

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from rmmjax import core
 from rmmjax.bench.machine import describe, machine_info
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.train.sweep.chunks import run_chunks  # the chunk driver `rmmjax sweep` uses
 
 D, K, M = 384, 20, 5
@@ -88,7 +89,8 @@ def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
     data = _random_batch(batch)
     runners = {}
     for formulation in ("fast", "naive"):
-      spec = core.CoreSpec(dim=D, k=K, m=M, batch=batch, formulation=formulation)
+      spec = core.CoreSpec(dim=D, k=K, m=M, batch=batch, formulation=formulation,
+                           model=EMBEDDING)
       step = jax.jit(core.train_step, donate_argnums=0)
       box = {"state": core.init_state(spec, core.HParams.create())}
       key = jax.random.PRNGKey(1)
@@ -121,14 +123,15 @@ def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
 def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar=None) -> dict:
   """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
 
-  spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH)
+  spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH, model=EMBEDDING)
   sim = core.SimSpec()
   world = core.make_world(sim, D)
   points = [core.HParams.create(tau=t, baseline=b, lr=lr, seed=s)
             for t in (0.1, 0.5) for b in (0.0, 0.5) for lr in (1e-3, 3e-3) for s in range(8)]
   hparams = core.stack_hparams(points)
   assert hparams.tau.shape[0] == SWEEP_CONFIGS
-  num_params = sum(x.size for x in jax.tree.leaves(core.init_params(jax.random.PRNGKey(0), spec)))
+  num_params = sum(x.size for x in jax.tree.leaves(
+      EMBEDDING.init_params(jax.random.PRNGKey(0), spec)))
   # Adam must read and write the parameters and both moments once per step: the floor on bytes.
   bytes_per_config_step = 6 * num_params * BYTES_F32
   by_chunk = []

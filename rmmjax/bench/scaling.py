@@ -35,6 +35,7 @@ def _child(devices: int, quick: bool) -> dict:
   from rmmjax.config import get_config  # noqa: PLC0415
   from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
   from rmmjax.learners.query_encoder.fit import encoder_replay_steps  # noqa: PLC0415
+  from rmmjax.learners.registry import with_model  # noqa: PLC0415
   from rmmjax.encode.tuned import encoder_state
   from rmmjax.train.sweep.chunks import run_chunks  # noqa: PLC0415
 
@@ -42,7 +43,7 @@ def _child(devices: int, quick: bool) -> dict:
     return {"devices": devices, "skipped": f"only {len(jax.devices())} devices"}
   repeats, steps = (2, 20) if quick else (3, 100)
   cfg = get_config("latent")
-  spec, sim = cfg.core_spec(), cfg.sim_spec()
+  spec, sim = with_model(cfg.core_spec()), cfg.sim_spec()
   world = core.make_world(sim, spec.dim)
   hparams = core.stack_hparams([cfg.hparams()] * CONFIGS)
   run = core.make_sweep(spec, sim, steps, 8)

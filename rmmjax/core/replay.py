@@ -8,11 +8,13 @@ candidate), which no update sees, so many conversations replay in one vmapped pr
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import optim, reranker
-from rmmjax.core.step import supervised_step, top_m_recall, train_step
+from rmmjax.core import optim
+from rmmjax.core.step import scores, supervised_step, top_m_recall, train_step
 from rmmjax.core.types import Batch, TrainState
 
 # Streams folded out of a run's root key (0 initialises the parameters, 1 and 2 the latent
@@ -20,37 +22,48 @@ from rmmjax.core.types import Batch, TrainState
 _PRETRAIN_STREAM, _REPLAY_STREAM, _HELDOUT_STREAM = 3, 4, 5
 
 
-def step_batch(stream_SxB: Batch, index: jax.Array) -> Batch:
-  """The batch of step `index` (taken modulo the stream's length, so epochs wrap around)."""
-  num_steps = stream_SxB.mask_BxK.shape[0]
+def step_batch(stream_SxB, index: jax.Array):
+  """The batch of step `index` (taken modulo the stream's length, so epochs wrap around) of a
+  stream: any pytree whose leaves have the step axis first."""
+  num_steps = jax.tree.leaves(stream_SxB)[0].shape[0]
   return jax.tree.map(lambda x: jnp.asarray(x)[index % num_steps], stream_SxB)
+
+
+def stream_steps(step: Callable, state: TrainState, stream_SxB,
+                 num_steps: int) -> tuple[TrainState, dict]:
+  """num_steps of `step(state, batch) -> (state, metrics)`, step t on stream step t (the
+  state's step counts them), so a run cut into segments equals an uninterrupted one. The one
+  scan of every online loop over a stream: the training loop's (rmmjax.fit.Online) and the
+  vmapped replay sweeps'."""
+  return jax.lax.scan(lambda s, _: step(s, step_batch(stream_SxB, s.step)), state, None,
+                      length=num_steps)
 
 
 def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
   """Deterministic top-M recall of each query, recall_B, and the reranker's scores_BxK."""
-  scores_BxK = reranker.scores(params, batch, spec)
+  scores_BxK = scores(params, batch, spec)
   return top_m_recall(scores_BxK, batch, spec.m), scores_BxK
 
 
-def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[TrainState, dict]:
-  """num_steps online REINFORCE updates from simulated citations, step t on stream step t.
+def replay_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+  """One online REINFORCE update from simulated citations.
 
-  Each update's forward pass also ranks the batch deterministically with the reranker as it
-  stands (`train_step(prequential=True)`), so `recall_sum_before` / `present` is the
-  prequential recall: what a user would have received.
+  Its forward pass also ranks the batch deterministically with the reranker as it stands
+  (`train_step(prequential=True)`), so `recall_sum_before` / `present` is the prequential
+  recall: what a user would have received.
   """
-  key = jax.random.fold_in(state.key, _REPLAY_STREAM)
+  state, metrics = train_step(state, batch, jax.random.fold_in(state.key, _REPLAY_STREAM),
+                              prequential=True)
+  present_B = jnp.any(batch.mask_BxK, -1)
+  metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, metrics.pop("recall_B"), 0.0))
+  metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
+  del metrics["scores_BxK"]
+  return state, metrics
 
-  def body(state, _):
-    batch = step_batch(stream_SxB, state.step)
-    state, metrics = train_step(state, batch, key, prequential=True)
-    present_B = jnp.any(batch.mask_BxK, -1)
-    metrics["recall_sum_before"] = jnp.sum(jnp.where(present_B, metrics.pop("recall_B"), 0.0))
-    metrics["present"] = jnp.sum(present_B).astype(jnp.float32)
-    del metrics["scores_BxK"]
-    return state, metrics
 
-  return jax.lax.scan(body, state, None, length=num_steps)
+def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[TrainState, dict]:
+  """num_steps `replay_step`s, step t on stream step t."""
+  return stream_steps(replay_step, state, stream_SxB, num_steps)
 
 
 def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,

@@ -7,35 +7,32 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import losses, optim, reranker, selection
+from rmmjax.core import losses, optim, selection
+from rmmjax.core.model import model_of
 from rmmjax.core.simulate import simulate_citations
 from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
 
 
 def init_state(spec: CoreSpec, hparams: HParams, params=None) -> TrainState:
-  """A fresh run: identity reranker (or the given parameters: a cross reranker's come from a
-  pretrained encoder), Adam state, root key from hparams.seed."""
+  """A fresh run: the model's initial parameters (or the given ones: a cross reranker's come
+  from a pretrained encoder), Adam state, root key from hparams.seed."""
   key = jax.random.PRNGKey(hparams.seed)
   if params is None:
-    params = reranker.init_params(jax.random.fold_in(key, 0), spec)
+    params = model_of(spec).init_params(jax.random.fold_in(key, 0), spec)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optim.adam_init(params), hparams=hparams,
                     reward_mean=jnp.zeros((), jnp.float32), key=key, spec=spec)
 
 
-def scores_and_pullback(params: dict, batch: Batch,
-                        spec: CoreSpec) -> tuple[jax.Array, Callable]:
-  """scores_BxK, and a function taking d(loss)/d(scores) to parameter gradients.
+def scores_and_pullback(params, batch: Batch, spec: CoreSpec) -> tuple[jax.Array, Callable]:
+  """scores_BxK, and a function taking d(loss)/d(scores) to parameter gradients, as the spec's
+  model computes them (`Model.scores_and_pullback`)."""
+  return model_of(spec).scores_and_pullback(params, batch, spec)
 
-  The fast linear scorer back-propagates by hand into low-rank factors (see
-  `reranker.linear_grad_factors`); every other scorer uses autodiff.
-  """
-  if spec.variant == "linear" and spec.formulation == "fast":
-    scores_BxK = reranker.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
-    return scores_BxK, lambda g_BxK: reranker.linear_grad_factors(
-        params, batch.q_BxD, batch.mem_BxKxD, g_BxK)
-  scores_BxK, vjp = jax.vjp(lambda p: reranker.scores(p, batch, spec), params)
-  return scores_BxK, lambda g_BxK: vjp(g_BxK)[0]
+
+def scores(params, batch: Batch, spec: CoreSpec) -> jax.Array:
+  """The spec's model's scores of a batch's candidates, scores_BxK."""
+  return model_of(spec).scores(params, batch, spec)
 
 
 def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, gumbel_BxK: jax.Array,
@@ -81,11 +78,17 @@ def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
                             losses.present_queries(batch.mask_BxK))
 
 
+def _lr_scales(state: TrainState):
+  """The model's learning-rate multipliers (none without a model: a scorer given to the step
+  trains the parameters, such as the encoder's own)."""
+  return None if state.spec.model is None else state.spec.model.lr_scales(state.params)
+
+
 def _apply(state: TrainState, grads, active: jax.Array) -> TrainState:
   """Adam on the gradients; a batch without any present query leaves the state as it was."""
   params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr,
                                         active=active,
-                                        lr_scales=reranker.lr_scales(state.params, state.spec))
+                                        lr_scales=_lr_scales(state))
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
@@ -172,7 +175,7 @@ def supervised_step(state: TrainState, batch: Batch, scorer: Callable | None = N
 
 def evaluate(params, batch: Batch, spec: CoreSpec) -> dict:
   """Deterministic top-M recall of the reranker, the base order, and all K candidates."""
-  scores_BxK = reranker.scores(params, batch, spec)
+  scores_BxK = scores(params, batch, spec)
   reranked_BxM = jax.vmap(selection.top_m, in_axes=(0, None, 0))(scores_BxK, spec.m,
                                                                   batch.mask_BxK)
   base_BxM = jnp.where(batch.mask_BxK[:, :spec.m], jnp.arange(spec.m)[None, :], -1)

@@ -14,9 +14,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-# The rerankers the core scores itself, from embeddings; any other variant names a learner
-# whose `model` (CoreSpec.model) scores its own inputs.
-EMBEDDING_VARIANTS = ("linear", "mlp")
 FORMULATIONS = ("fast", "naive")
 BASELINE_KINDS = ("constant", "running", "batch")
 CREDITS = ("set", "position")
@@ -53,17 +50,12 @@ class CoreSpec:
   # what the base retriever knew but the embeddings do not (BM25's term matches, say): the
   # identity reranker plus a rank prior can learn to follow the base order where it is right.
   rank_prior: bool = False
-  # A learner's own scoring model for any variant but linear and mlp (the cross reranker's is
-  # rmmjax.learners.cross.CrossModel): a hashable, static object with `scores(params, batch,
-  # spec) -> scores_BxK` and `lr_scales(params)` (each parameter's learning-rate multiplier, or
-  # None). The core's selection, log-probability, losses and steps see only its scores, so a new
-  # family needs no change here. None for a config checked before its learner's weights load.
+  # The learner's scoring model (a core.Model, hashable and static): the core's selection,
+  # log-probability, losses and steps see only its scores, so a new family needs no change
+  # here. None for a config checked before its learner supplies it.
   model: Any = None
 
   def __post_init__(self):
-    if self.model is not None and self.variant in EMBEDDING_VARIANTS:
-      raise ValueError(f"variant={self.variant!r} is scored by the core from embeddings; a "
-                       "model of its own belongs to another learner")
     _check_choice("formulation", self.formulation, FORMULATIONS)
     _check_choice("credit", self.credit, CREDITS)
     _check_choice("log_prob", self.log_prob, LOG_PROBS)

@@ -36,5 +36,4 @@ def encoder_state(encoder, spec: core.CoreSpec, hparams: core.HParams,
   """A training state whose parameters are the encoder's (the loaded ones by default)."""
   # A copy: a training step donates its state, which must never free the encoder's own weights.
   params = jax.tree.map(jnp.copy, encoder.params if params is None else params)
-  state = core.init_state(spec, hparams)
-  return state.replace(params=params, opt_state=core.adam_init(params))
+  return core.init_state(spec, hparams, params)

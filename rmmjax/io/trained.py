@@ -42,18 +42,18 @@ def export_manifest(workdir: Path) -> dict:
           "record": read_record(workdir), "config": json.loads(read_config(workdir).to_json())}
 
 
-def load_trained_params(workdir: Path, spec: core.CoreSpec | None = None,
+def load_trained_params(workdir: Path, spec: core.CoreSpec,
                         template: dict | None = None) -> tuple[dict, "object", int]:
   """The newest checkpointed parameters of a training workdir, with its config and step.
-  `spec` and `template` (parameters in the checkpoint's structure) are the run's learner's:
-  by default an embedding reranker's, whose identity initialisation has the structure."""
+  `spec` and `template` (parameters in the checkpoint's structure; None: the spec's model's
+  initial ones have it) are the run's learner's."""
   cfg = read_config(workdir)
   if not sections.trains_a_reranker(cfg.learner):
     raise ValueError(f"{workdir} trained learner={cfg.learner}, not a reranker")
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
-    state = core.init_state(spec or cfg.core_spec(), cfg.hparams(), template)
+    state = core.init_state(spec, cfg.hparams(), template)
     step, state, _ = checkpointer.restore_latest(state)  # the newest that reads back
   finally:
     checkpointer.close()

@@ -92,6 +92,14 @@ def _refuse_variant(name: str):
   raise ValueError(f"variant={name!r} is not one of {', '.join(rerankers)}")
 
 
+def with_model(spec):
+  """`spec` with the scoring model of the learner its variant names (a fresh reranker's)."""
+  model = learner(spec.variant).task.model
+  if model is None:
+    raise ValueError(f"variant={spec.variant!r}: its model is not fixed by the config alone")
+  return dataclasses.replace(spec, model=model)
+
+
 def reader(reranker, encoder):
   """How a loaded reranker (learners.loaded.LoadedReranker) reads candidates beside
   `encoder`, refused when the encoder is not the one it needs."""

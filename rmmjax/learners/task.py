@@ -36,6 +36,9 @@ class Task(abc.ABC):
   # Whether `advance` takes its steps one at a time from the host, reporting each to an
   # `on_step(1)` callback (a progress bar), rather than as one compiled scan.
   steps_from_host: bool = False
+  # Its scoring model (CoreSpec.model) where the config alone fixes it; None where it needs
+  # more (the cross reranker's encoder) or the task ranks with no reranker.
+  model = None
 
   @classmethod
   def preflight(cls, cfg, encoder, workdir) -> None:

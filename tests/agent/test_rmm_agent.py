@@ -12,6 +12,7 @@ import pytest
 
 from hash_encoder import HashEncoder
 from rmmjax import core
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.agent import Agent, AgentSettings
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
@@ -211,7 +212,7 @@ def test_unknown_users_and_unfit_rerankers_are_refused(bank):
   with pytest.raises(ValueError, match="user 'alcie' is not in"):
     agent.respond("alcie", "the cat?")
   assert bank.users() == ["alice", "bob"]
-  spec = core.CoreSpec(dim=HashEncoder.dim, k=SETTINGS.k, m=SETTINGS.m, batch=4,
+  spec = core.CoreSpec(model=EMBEDDING, dim=HashEncoder.dim, k=SETTINGS.k, m=SETTINGS.m, batch=4,
                        rank_prior=True)
   state = core.init_state(spec, core.HParams.create())
   record = {"units": "turn", "retriever": "bm25", "encoder": HashEncoder.identity,

@@ -83,7 +83,8 @@ def _weights(workdir) -> tuple[int, list[np.ndarray]]:
   import jax  # noqa: PLC0415
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.io.checkpoint import Checkpointer  # noqa: PLC0415
-  spec = core.CoreSpec(dim=384, k=6, m=3, batch=2, rank_prior=True)
+  from rmmjax.learners.embedding.model import EMBEDDING  # noqa: PLC0415
+  spec = core.CoreSpec(model=EMBEDDING, dim=384, k=6, m=3, batch=2, rank_prior=True)
   template = core.init_state(spec, core.HParams.create(tau=0.5, lr=0.05))
   checkpointer = Checkpointer(workdir / "checkpoints", read_only=True)
   try:

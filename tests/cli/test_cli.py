@@ -1,5 +1,6 @@
 """The command line end to end: outputs, bad input, kill-and-resume, sweeps, export."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -142,12 +143,14 @@ def test_export_round_trip_without_jax(tmp_path, variant):
 
   from rmmjax.config import Config
   from rmmjax.io.trained import load_trained_params
-  params, cfg, _ = load_trained_params(wd)
+  from rmmjax.io.workdir import read_config
+  from rmmjax.learners.embedding.model import EMBEDDING, batch_scores
+  spec = dataclasses.replace(read_config(wd).core_spec(), model=EMBEDDING)
+  params, cfg, _ = load_trained_params(wd, spec)
   assert isinstance(cfg, Config)
-  spec = cfg.core_spec()
   world = core.make_world(cfg.sim_spec(), spec.dim)
   batch = core.sample_batch(world, jax.random.PRNGKey(7), cfg.sim_spec(), spec, sessions=8)
-  want = np.asarray(core.batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec))
+  want = np.asarray(batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec))
   assert np.abs(want - np.einsum("bkd,bd->bk", batch.mem_BxKxD, batch.q_BxD)).max() > 1e-3
   np.savez(tmp_path / "data.npz", q=np.asarray(batch.q_BxD), m=np.asarray(batch.mem_BxKxD))
   result = subprocess.run([sys.executable, "-c", _NUMPY_ONLY, str(out), str(tmp_path / "data.npz"),

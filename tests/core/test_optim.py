@@ -7,6 +7,8 @@ import optax
 import pytest
 
 from rmmjax import core
+from rmmjax.learners.embedding.model import (EMBEDDING, batch_scores, linear_grad_factors,
+                                             score_naive)
 
 
 @pytest.mark.parametrize("rank", [3, 40])  # unrolled in the update, and summed by a matmul
@@ -39,15 +41,15 @@ def test_linear_grad_factors_equal_autodiff():
             "wm": 0.3 * jax.random.normal(jax.random.fold_in(kw, 1), (d, d))}
   q, mem = jax.random.normal(kq, (b, d)), jax.random.normal(km, (b, k, d))
   g = jax.random.normal(kg, (b, k))
-  spec = core.CoreSpec(dim=d, k=k, m=2, batch=b)
+  spec = core.CoreSpec(model=EMBEDDING, dim=d, k=k, m=2, batch=b)
   # The reference is autodiff through the naive formula (all memories transformed).
-  want = jax.grad(lambda p: jnp.sum(g * jax.vmap(core.score_naive, (None, 0, 0))(p, q, mem)))(
+  want = jax.grad(lambda p: jnp.sum(g * jax.vmap(score_naive, (None, 0, 0))(p, q, mem)))(
       params)
-  got = core.linear_grad_factors(params, q, mem, g)
+  got = linear_grad_factors(params, q, mem, g)
   for name in ("wq", "wm"):
     np.testing.assert_allclose(got[name].dense(), want[name], rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(core.batch_scores(params, q, mem, spec),
-                             jax.vmap(core.score_naive, (None, 0, 0))(params, q, mem),
+  np.testing.assert_allclose(batch_scores(params, q, mem, spec),
+                             jax.vmap(score_naive, (None, 0, 0))(params, q, mem),
                              rtol=1e-4, atol=1e-4)
 
 

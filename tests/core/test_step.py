@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from rmmjax import core
+from rmmjax.learners.embedding.model import EMBEDDING, batch_scores
 from rmmjax.train.sweep.chunks import run_chunks
 
-SPEC = core.CoreSpec(dim=16, k=8, m=3, batch=4)
+SPEC = core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4)
 SIM = core.SimSpec(num_users=8, bank_size=24, min_bank=6, max_relevant=2)
 
 
@@ -41,8 +42,8 @@ def test_simulated_batches_are_well_formed():
 @pytest.mark.parametrize("variant,formulation", [("linear", "fast"), ("linear", "naive"),
                                                  ("mlp", "fast")])
 def test_train_step_jit_equals_no_jit(variant, formulation):
-  spec = core.CoreSpec(dim=16, k=8, m=3, batch=4, variant=variant, formulation=formulation,
-                       hidden=8)
+  spec = core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4, variant=variant,
+                       formulation=formulation, hidden=8)
   state, batch = _state_and_batch(spec)
   key = jax.random.PRNGKey(5)
   for _ in range(2):
@@ -61,7 +62,7 @@ def test_fast_and_naive_formulations_train_identically():
   key = jax.random.PRNGKey(5)
   out = {}
   for formulation in ("fast", "naive"):
-    state, batch = _state_and_batch(core.CoreSpec(dim=16, k=8, m=3, batch=4,
+    state, batch = _state_and_batch(core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4,
                                                   formulation=formulation))
     for _ in range(3):
       state, metrics = jax.jit(core.train_step)(state, batch, key)
@@ -97,7 +98,7 @@ def test_supervised_step_lowers_listwise_loss():
 
 def test_a_short_run_learns_to_rerank():
   """REINFORCE from simulated citations lifts recall@M well above the base retriever's."""
-  spec = core.CoreSpec(dim=32, k=20, m=5, batch=4)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=20, m=5, batch=4)
   sim = core.SimSpec(num_users=16, bank_size=64)
   run = jax.jit(core.make_run(spec, sim, steps=3000, eval_sessions=128))
   out = run(core.HParams.create(lr=3e-3), core.make_world(sim, spec.dim))
@@ -131,9 +132,10 @@ def test_sharded_sweep_equals_single_device(on_four_devices):
   out = on_four_devices("""
       import jax, numpy as np
       from rmmjax import core
+      from rmmjax.learners.embedding.model import EMBEDDING
       from rmmjax.train.sweep.chunks import run_chunks
       assert jax.device_count() == 4
-      spec = core.CoreSpec(dim=16, k=8, m=3, batch=4)
+      spec = core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4)
       sim = core.SimSpec(num_users=4, bank_size=16, min_bank=8, max_relevant=2)
       world = core.make_world(sim, spec.dim)
       hp = core.stack_hparams([core.HParams.create(tau=t, seed=s)
@@ -151,17 +153,18 @@ def test_sharded_sweep_equals_single_device(on_four_devices):
 def test_reinforce_update_from_observed_rewards_moves_scores_toward_cited():
   """A generator that always cites candidate 0 of the three shown makes the reranker raise it
   above the two it never cites (per-position credit: each memory its own reward)."""
-  state, batch = _state_and_batch(core.CoreSpec(dim=16, k=8, m=3, batch=4, credit="position"))
+  state, batch = _state_and_batch(core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4,
+                                                credit="position"))
   batch = jax.tree.map(lambda x: jnp.stack([x[0]] * 4), batch)  # one query, four times
   batch = batch.replace(mask_BxK=jnp.ones_like(batch.mask_BxK))
   state = state.replace(hparams=state.hparams.replace(lr=jnp.float32(1e-2)))
   update = jax.jit(core.reinforce_update)
-  scores0 = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
+  scores0 = batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
   selected = jnp.tile(jnp.array([0, 1, 2]), (4, 1))
   rewards = jnp.tile(jnp.array([1.0, -1.0, -1.0]), (4, 1))
   for _ in range(30):
     state, metrics = update(state, batch, selected, rewards)
-  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
+  scores = batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, SPEC)
   gain = scores - scores0
   assert (gain[:, 0] > gain[:, 1]).all() and (gain[:, 0] > gain[:, 2]).all(), gain
   assert int(state.step) == 30 and np.isfinite(metrics["loss"])
@@ -207,7 +210,7 @@ def _with_absent(batch, absent):
 @pytest.mark.parametrize("kind", ["constant", "running", "batch"])
 def test_absent_queries_change_nothing(kind):
   """A batch padded with absent queries updates exactly like the batch of its present ones."""
-  spec = core.CoreSpec(dim=16, k=8, m=3, batch=4, rank_prior=True)
+  spec = core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4, rank_prior=True)
   state, batch = _state_and_batch(spec)
   state = state.replace(hparams=state.hparams.replace(
       baseline_kind=jnp.int32(core.BASELINE_KINDS.index(kind))))
@@ -227,7 +230,7 @@ def test_absent_queries_change_nothing(kind):
 
 
 def test_a_batch_of_only_absent_queries_leaves_the_state_unchanged():
-  spec = core.CoreSpec(dim=16, k=8, m=3, batch=4)
+  spec = core.CoreSpec(model=EMBEDDING, dim=16, k=8, m=3, batch=4)
   state, batch = _state_and_batch(spec)
   state, _ = core.train_step(state, batch, jax.random.PRNGKey(1))  # non-zero Adam moments
   empty = _with_absent(batch, [0, 1, 2, 3])

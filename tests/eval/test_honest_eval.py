@@ -20,6 +20,7 @@ from safetensors.numpy import save_file
 import synthetic_locomo
 from hash_encoder import HashEncoder
 from rmmjax import core
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.core.step import recall_per_query
 from rmmjax.data.locomo import load_locomo
@@ -221,7 +222,7 @@ def test_cross_validation_never_trains_on_a_held_out_conversation(tmp_path, monk
   monkeypatch.setattr(protocols, "to_questions",
                       lambda convs: seen.append({c.conversation_id for c in convs}) or
                       real[1](convs))
-  spec = core.CoreSpec(dim=32, k=10, m=3, batch=4, rank_prior=True)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=10, m=3, batch=4, rank_prior=True)
   hp = core.stack_hparams([core.HParams.create(lr=1e-3)])
   result = cross_validate(replays, 2, spec, hp, Protocol(pretrain_epochs=1, online_epochs=1))
   ids = [r.conversation_id for r in replays]
@@ -247,7 +248,7 @@ def test_split_fold_refuses_a_split_that_trains_on_everything():
 def test_held_out_conversations_draw_their_own_randomness(three):
   conversations, _ = load_locomo(three)
   replay = build_replay(conversations[:1], "turn", "bm25", HashEncoder(), k=10)[0]
-  spec = core.CoreSpec(dim=32, k=10, m=3, batch=4, rank_prior=True)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=10, m=3, batch=4, rank_prior=True)
   state = core.init_state(spec, core.HParams.create(lr=1e-2))
   twins = to_streams([replay, replay], 4)
   same = heldout_replay(state, twins, np.array([7, 7], np.int32), True)["scores_SxBxK"]

@@ -14,6 +14,7 @@ import pytest
 from hash_encoder import HashEncoder
 
 from rmmjax import core
+from rmmjax.learners.embedding.model import EMBEDDING, batch_scores, init_params
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
@@ -57,7 +58,8 @@ def _store() -> LaceMem:
 
 
 def _spec(k: int, m: int = 2, batch: int = 3) -> core.CoreSpec:
-  return core.CoreSpec(dim=HashEncoder.dim, k=k, m=m, batch=batch, rank_prior=True)
+  return core.CoreSpec(model=EMBEDDING, dim=HashEncoder.dim, k=k, m=m, batch=batch,
+                       rank_prior=True)
 
 
 @dataclasses.dataclass
@@ -147,7 +149,7 @@ def test_episodes_log_iris_candidates_with_their_evidence_labels():
 def test_fact_reranker_scores_the_head_and_keeps_the_tail_after_it():
   store, spec = _store(), _spec(k=4)
   facts = store.facts[:7]
-  params = core.init_params(jax.random.PRNGKey(0), spec)  # the identity: dot products
+  params = init_params(jax.random.PRNGKey(0), spec)  # the identity: dot products
   scores = FactReranker(params, spec, store, mode="alone")("pottery bowls", facts)
   dots = store.fact_vectors([f.fact_id for f in facts[:4]]) @ store.query_vector("pottery bowls")
   np.testing.assert_allclose(scores[:4], dots, rtol=1e-5, atol=1e-6)
@@ -164,7 +166,7 @@ def test_fact_reranker_scores_the_head_and_keeps_the_tail_after_it():
 
 def test_a_rank_prior_reranker_reorders_iris_evidence():
   store, spec = _store(), _spec(k=5)
-  params = core.init_params(jax.random.PRNGKey(0), spec)
+  params = init_params(jax.random.PRNGKey(0), spec)
   params["rank_bias"] = 100.0 * jnp.arange(5, dtype=jnp.float32)  # reverses the given order
   question = QUESTIONS[0].question
   plain = iris_retrieve(store, question, judge=HeuristicJudge(), settings=SETTINGS)
@@ -205,7 +207,7 @@ class WantsFact(SufficiencyJudge):
 
 def _top1(state, episodes) -> np.ndarray:
   batch = episodes_batch(episodes)
-  scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, state.spec)
+  scores = batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, state.spec)
   return np.asarray(jnp.argmax(jnp.where(batch.mask_BxK, scores, -jnp.inf), -1))
 
 
@@ -238,7 +240,7 @@ def test_citations_alone_need_no_judge_and_select_evidence_facts():
   best = np.minimum(relevant.sum(-1), 2).sum()
 
   def relevant_in_top2(state):
-    scores = core.batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, spec)
+    scores = batch_scores(state.params, batch.q_BxD, batch.mem_BxKxD, spec)
     top = np.asarray(jax.vmap(core.top_m, in_axes=(0, None, 0))(scores, 2, batch.mask_BxK))
     return int(np.take_along_axis(relevant, top, -1).sum())
 

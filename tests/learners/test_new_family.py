@@ -33,16 +33,13 @@ K, M, DIM = 20, 5, HashEncoder.dim
 
 
 @dataclasses.dataclass(frozen=True)
-class DiagonalModel:
+class DiagonalModel(core.Model):
   """The family's scorer as the core sees it (CoreSpec.model)."""
 
   def scores(self, params, batch, spec):
     del spec
     return (jnp.einsum("bd,d,bkd->bk", batch.q_BxD, params["w"], batch.mem_BxKxD)
             + params["rank_bias"][None, :])
-
-  def lr_scales(self, params):
-    return None
 
 
 def _init():

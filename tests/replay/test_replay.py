@@ -6,6 +6,7 @@ itself is tested against sentence-transformers in test_encode.py, and one test h
 REINFORCE through the real MiniLM encoder.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -16,6 +17,7 @@ import pytest
 import synthetic_locomo
 from hash_encoder import HashEncoder
 from rmmjax import core
+from rmmjax.learners.embedding.model import EMBEDDING, score
 from rmmjax.config import apply_overrides, get_config
 from rmmjax.core import replay as core_replay
 from rmmjax.data.locomo import load_locomo
@@ -59,7 +61,7 @@ def test_identity_reranker_replays_the_dense_base_order(two_conversations):
   """Without a rank prior the fresh reranker scores by the same dot product as the dense base
   retriever, so its top-M recall equals the base order's, computed independently."""
   replays = build_replay(two_conversations, "turn", "dense", HashEncoder(), k=20)
-  spec = core.CoreSpec(dim=32, k=20, m=5, batch=4)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=20, m=5, batch=4)
   state = core.init_state(spec, core.HParams.create())
   out = jax.vmap(core_replay.prequential, in_axes=(None, 0, None))(
       state, to_streams(replays, 4), False)
@@ -71,7 +73,7 @@ def test_identity_reranker_replays_the_dense_base_order(two_conversations):
 def test_online_replay_resumes_exactly_and_prequential_scores_before_learning(
     two_conversations):
   replays = build_replay(two_conversations, "turn", "bm25", HashEncoder(), k=20)
-  spec = core.CoreSpec(dim=32, k=20, m=5, batch=4, rank_prior=True)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=20, m=5, batch=4, rank_prior=True)
   state = core.init_state(spec, core.HParams.create(lr=1e-2))
   seq = to_sequence(replays, 4)
   advance = jax.jit(core_replay.replay_steps, static_argnums=2)
@@ -92,7 +94,7 @@ def test_online_replay_resumes_exactly_and_prequential_scores_before_learning(
 
 def test_pretraining_fits_the_labelled_questions(two_conversations):
   replays = build_replay(two_conversations, "turn", "bm25", HashEncoder(), k=20)
-  spec = core.CoreSpec(dim=32, k=20, m=5, batch=4, rank_prior=True)
+  spec = core.CoreSpec(model=EMBEDDING, dim=32, k=20, m=5, batch=4, rank_prior=True)
   state = core.init_state(spec, core.HParams.create(lr=3e-3, tau=0.1))
   questions = to_questions(replays)
   trained, loss = jax.jit(core_replay.pretrain, static_argnums=2)(state, questions, 5)
@@ -140,16 +142,16 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
   meta = export_reranker(wd, tmp_path / "reranker.safetensors")
   assert "rank_bias" in meta["score"] and meta["hparams"]["lr"] == cfg.learning.lr
   scorer = NumpyReranker.load(tmp_path / "reranker.safetensors")
-  params, _, _ = load_trained_params(wd)
+  params, _, _ = load_trained_params(wd, dataclasses.replace(cfg.core_spec(), model=EMBEDDING))
   rng = np.random.default_rng(0)
   q, m = rng.standard_normal(32).astype(np.float32), rng.standard_normal((20, 32)).astype(
       np.float32)
-  np.testing.assert_allclose(scorer.score(q, m), core.score(params, q, m), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(scorer.score(q, m), score(params, q, m), rtol=1e-4, atol=1e-4)
   with pytest.raises(ValueError, match="21 candidates, but the rank prior was trained for k=20"):
     scorer.score(q, np.concatenate([m, m[:1]]))
   # Fewer candidates score as the first ones of a padded list do in training.
   padded = np.concatenate([m[:7], np.zeros((13, 32), np.float32)])
-  np.testing.assert_allclose(scorer.score(q, m[:7]), core.score(params, q, padded)[:7],
+  np.testing.assert_allclose(scorer.score(q, m[:7]), score(params, q, padded)[:7],
                              rtol=1e-4, atol=1e-4)
   # Resuming with more steps continues from the last checkpoint.
   more = train(apply_overrides(cfg, ["steps=60"]), wd, progress=False, encoder=HashEncoder())

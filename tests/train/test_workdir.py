@@ -18,6 +18,7 @@ from rmmjax.cli import main
 from rmmjax.config import Config
 from rmmjax.io import metrics_log
 from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.learners.registry import with_model
 from rmmjax.io.workdir import (LOCK_FILE, atomic_write_text, held, read_config, replace_dir,
                                take_lock)
 from rmmjax.train.sweep import chunks
@@ -204,7 +205,7 @@ def test_reading_checkpoints_creates_nothing(tmp_path, capsys):
   for read_only in (True, False):  # a writable one creates the folder only when it saves
     reader = Checkpointer(wd / "checkpoints", read_only=read_only)
     assert reader.latest_step() is None
-    template = core.init_state(Config().core_spec(), Config().hparams())
+    template = core.init_state(with_model(Config().core_spec()), Config().hparams())
     assert reader.restore_latest(template) == (0, None, [])
     reader.close()
   assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "x.safetensors")]) == 2

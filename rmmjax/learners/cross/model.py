@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
+from rmmjax.core.model import Model
 
 class PackedPairs(struct.PyTreeNode):
   """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
@@ -46,7 +47,7 @@ class PackedPairs(struct.PyTreeNode):
 
 
 @dataclasses.dataclass(frozen=True)
-class CrossModel:
+class CrossModel(Model):
   """The cross reranker as the core sees it (`CoreSpec.model`): static and hashable, so a spec
   that holds it still keys one compiled program. It scores a batch's packed pairs, and says
   each parameter's learning-rate multiplier.
@@ -75,6 +76,10 @@ class CrossModel:
     # sees: its gradient is rounding noise, which Adam would scale up into a random walk.
     scales["encoder"]["classifier"] = {"kernel": self.head_lr_scale, "bias": 0.0}
     return scales
+
+  def init_params(self, key: jax.Array, spec) -> dict:
+    raise ValueError("a cross reranker's parameters come from a pretrained encoder's weights "
+                     "(CrossModel.init); pass them to init_state")
 
   def init(self, encoder_params: dict, k: int) -> dict:
     return init_cross_params(encoder_params, k, self.prior_scale)

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core, distributed
-from rmmjax.fit import Fit, fit
+from rmmjax.fit import Fit, Online, fit
 from rmmjax.core import replay as core_replay
 from rmmjax.config import effective_dtype
 from rmmjax.io.checkpoint import saved_steps
@@ -44,6 +44,7 @@ class CrossRerankerTask(ReplayTask):
   checkpoint_pretrained = True  # pretraining takes minutes: a resume should not redo it
   steps_from_host = True  # one compiled step at a time (each costs seconds on a CPU)
   stream_on_devices = False  # each step's batch is packed on the host and sent alone
+  model = None  # (its encoder's configuration fixes it: cross_spec)
 
   @classmethod
   def preflight(cls, cfg, encoder, workdir) -> None:
@@ -71,7 +72,7 @@ class CrossRerankerTask(ReplayTask):
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
             f"memory) pairs are longer than cross.max_length={cfg.cross.max_length} tokens and "
             "were cut to it (the longer side first)", file=sys.stderr)
-    self._step = None  # the online step, compiled when the first one is taken
+    self._online = Online(core_replay.replay_step, compiler_options())
 
   def _core_spec(self, encoder) -> core.CoreSpec:
     return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_run saw to it)
@@ -106,32 +107,12 @@ class CrossRerankerTask(ReplayTask):
 
   # -- online steps --------------------------------------------------------------------------
 
-  def _one_step_stream(self, index: int) -> core.Batch:
+  def _step_batch(self, index: int) -> core.Batch:
+    """The packed batch of step `index` (modulo the stream's length), placed on the mesh."""
     num_steps = self._host_seq.mask_BxK.shape[0]
-    step = pack_batch(jax.tree.map(lambda x: np.asarray(x)[index % num_steps], self._host_seq),
-                      self.mesh.devices.size)
-    stream = jax.tree.map(lambda x: x[None], step)
-    if self._parallel:
-      stream = distributed.shard_leading(stream, self.mesh, axis=1)
-    return stream
-
-  def advance(self, state: core.TrainState, n: int, on_step=None):
-    state = self._replicated(state)
-    if self._step is None:
-      self._step = jax.jit(lambda state, stream: core_replay.replay_steps(state, stream, 1),
-                           donate_argnums=0, compiler_options=compiler_options())
-    rows = []
-    start = int(state.step)  # read once: the step of each update is counted on the host
-    for i in range(n):
-      state, metrics = self._step(state, self._one_step_stream(start + i))
-      rows.append(metrics)
-      if on_step is not None:
-        on_step(1)
-    rows = [distributed.gather(r) for r in rows]  # the host waits once per segment
-    metrics = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
-    metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
-        metrics.pop("present"), 1.0)
-    return state, metrics
+    batch = pack_batch(jax.tree.map(lambda x: np.asarray(x)[index % num_steps], self._host_seq),
+                       self.mesh.devices.size)
+    return distributed.shard_leading(batch, self.mesh) if self._parallel else batch
 
   # -- evaluation ----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ plus a readable JSON copy of that description beside it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -17,9 +18,10 @@ from rmmjax import core
 from rmmjax.config import SWEEPABLE, get_value
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.trained import load_trained_params, read_record
-from rmmjax.io.workdir import atomic_write_json
+from rmmjax.io.workdir import atomic_write_json, read_config
 from rmmjax.learners.embedding.format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
                                               SCORE_FORMULAS, check_weights)
+from rmmjax.learners.embedding.model import EMBEDDING
 
 EXPORT_NAME = "reranker.safetensors"  # its name in a learner=both export
 
@@ -73,7 +75,8 @@ def export_reranker(workdir: Path, out: Path) -> dict:
   """Writes OUT (.safetensors, description in its header) and OUT with .json (a readable copy);
   returns the description."""
   out = _check_out(out)
-  params, cfg, step = load_trained_params(workdir)
+  spec = dataclasses.replace(read_config(workdir).core_spec(), model=EMBEDDING)
+  params, cfg, step = load_trained_params(workdir, spec)
   meta = describe(cfg, read_record(workdir), step)
   _write(params, meta, out, f"{workdir} (step {step})")
   return meta

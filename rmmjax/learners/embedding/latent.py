@@ -3,11 +3,14 @@ simulated sessions (the paper's own setting, and the vmapped latent sweeps' prog
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.io.record import latent_record
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.learners.task import Task
 
 
@@ -16,7 +19,8 @@ class LatentTask(Task):
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     del encoder, progress, workdir  # (the simulator embeds its own sessions)
-    self.spec, self.sim, hp = cfg.core_spec(), cfg.sim_spec(), cfg.hparams()
+    self.spec = dataclasses.replace(cfg.core_spec(), model=EMBEDDING)
+    self.sim, hp = cfg.sim_spec(), cfg.hparams()
     self.world = core.make_world(self.sim, self.spec.dim)
     self.eval_batch = core.sample_eval_batch(self.world, self.sim, self.spec, cfg.eval_sessions)
     self.template = core.init_state(self.spec, hp)

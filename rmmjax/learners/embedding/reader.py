@@ -1,5 +1,5 @@
 """The embedding rerankers (linear, MLP) where they serve: they read the embeddings a batch
-already holds (the core scores them, rmmjax.core.reranker), so their reader adds nothing and
+already holds (their model scores them: model.py), so their reader adds nothing and
 checks only that the encoder's dimension is theirs."""
 
 from __future__ import annotations

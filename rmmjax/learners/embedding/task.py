@@ -13,6 +13,8 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.core import replay as core_replay
+from rmmjax.fit import Online
+from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.memory.topic_units import conversation_units
@@ -46,14 +48,14 @@ class ReplayTask(Task):
   evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
-  # A family of its own, registered with this task subclassed: its scoring model (CoreSpec.model;
-  # None: the core's embedding rerankers, linear and MLP).
-  model = None
+  # Its scoring model (CoreSpec.model): the linear and MLP rerankers'; a family of its own,
+  # registered with this task subclassed, names its own.
+  model = EMBEDDING
 
   @classmethod
   def init_params(cls, spec: core.CoreSpec):
     """The parameters a fresh model of `spec` starts from, in the structure its checkpoints hold
-    (None: the core's identity initialisation)."""
+    (None: the model's own initialisation)."""
     return None
 
   @classmethod
@@ -90,7 +92,7 @@ class ReplayTask(Task):
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
     if self._parallel and self.stream_on_devices:
       self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)
-    self._advance = jax.jit(core_replay.replay_steps, static_argnums=2, donate_argnums=0)
+    self._online = Online(core_replay.replay_step)
     self._replay = jax.jit(heldout_replay, static_argnums=3)
 
   def _core_spec(self, encoder) -> core.CoreSpec:
@@ -119,9 +121,12 @@ class ReplayTask(Task):
       self.pretrain_loss = distributed.gather(logs["pretrain_loss"])
     return state
 
-  def advance(self, state: core.TrainState, n: int):
-    state, metrics = self._advance(self._replicated(state), self.train_seq, n)
-    metrics = distributed.gather(metrics)
+  def advance(self, state: core.TrainState, n: int, on_step=None):
+    state = self._replicated(state)
+    if self.stream_on_devices:
+      state, metrics = self._online.run(state, self.train_seq, n)
+    else:  # each step's batch built on the host (`_step_batch`)
+      state, metrics = self._online.run_from_host(state, self._step_batch, n, on_step)
     # Prequential recall of the training stream: each batch scored before its update.
     metrics["recall_prequential"] = metrics.pop("recall_sum_before") / np.maximum(
         metrics.pop("present"), 1.0)

@@ -28,6 +28,7 @@ import numpy as np
 from rmmjax import core, distributed
 from rmmjax.core import replay as core_replay
 from rmmjax.learners.cross.pairs import pack_batch
+from rmmjax.learners.embedding.model import batch_scores
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.refine import QueryRefiner
@@ -253,7 +254,7 @@ def fuse_with_order(scores_K: np.ndarray, fusion_c: float = 60.0) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnums=3)
 def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) -> jax.Array:
-  return core.batch_scores(params, q_D[None], m_KxD[None], spec)[0]
+  return batch_scores(params, q_D[None], m_KxD[None], spec)[0]
 
 
 @final

@@ -35,6 +35,7 @@ from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.learners.cross.task import cross_initial_params, preflight_cross, pretrain_cross
+from rmmjax.learners.embedding.model import EMBEDDING, batch_scores
 from rmmjax.replay.inputs import replay_inputs
 from rmmjax.learners.task import Task
 
@@ -60,7 +61,8 @@ class IrisTask(Task):
     self.cross = isinstance(cfg.learning, Cross)
     if self.cross:
       require_bert(encoder, "variant=cross")
-    self.spec = cross_spec(cfg, encoder.cfg) if self.cross else cfg.core_spec()
+    self.spec = (cross_spec(cfg, encoder.cfg) if self.cross
+                 else dataclasses.replace(cfg.core_spec(), model=EMBEDDING))
     # A cross reranker's pretraining takes minutes: a resume should not redo it.
     self.checkpoint_pretrained = self.cross
     settings, judge = IRIS_PRESETS[cfg.iris_evidence.preset], HeuristicJudge()
@@ -91,7 +93,7 @@ class IrisTask(Task):
     self.judge = judge
     self.template = core.init_state(self.spec, self.hp, params)
     self.eval_queries = len(self.test_episodes)
-    self._scores = jax.jit(core.batch_scores, static_argnums=3)
+    self._scores = jax.jit(batch_scores, static_argnums=3)
     self._data_parallel(cfg.devices, {"batch": cfg.batch})  # each update's batch split over it
 
   def _cross_inputs(self, encoder) -> None:

@@ -16,12 +16,10 @@ held-out (or validation) conversations, and warns when the anchor is worse than 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,7 +36,8 @@ from rmmjax.learners.iris.files import ANCHOR_DIR, JUDGE_FILE, load_judge, save_
 from rmmjax.learners.iris.fit import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
                                        refinement_examples)
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.learners.query_encoder.fit import encoder_replay_steps, encoder_spec
+from rmmjax.fit import Online
+from rmmjax.learners.query_encoder.fit import encoder_spec, online_step
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
@@ -100,8 +99,7 @@ class IrisLearnedTask(Task):
     self._data_parallel(cfg.devices, {"batch": cfg.batch,
                                       "encoder_tuning.pretrain_batch": tuning.pretrain_batch,
                                       "the judge's batch": self.fit.judge_batch})
-    self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
-                            static_argnums=4, donate_argnums=0)
+    self._online = Online(online_step(encoder.module))
 
   def _train_stores(self):
     return self.stores[:len(self.train_data)]
@@ -182,9 +180,7 @@ class IrisLearnedTask(Task):
     return self._stream
 
   def advance(self, state: core.TrainState, n: int):
-    stream, ids, mask = self._online_stream()
-    state, metrics = self._advance(self._replicated(state), stream, ids, mask, n)
-    return state, distributed.gather(metrics)
+    return self._online.run(self._replicated(state), self._online_stream(), n)
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Recall@M (and @10, `iris_*` keys) over turns of the held-out (or validation)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core, distributed
-from rmmjax.fit import Fit, fit
+from rmmjax.core import replay as core_replay
+from rmmjax.fit import Fit, Online, fit
 from rmmjax.data.schema import Conversation
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.replay.candidates import ConversationReplay, stream_steps, to_sequence
@@ -92,40 +93,37 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
   return (distributed.gather(state.params) if parallel else state.params), losses
 
 
+def online_step(module) -> Callable:
+  """step(state, (batch, ids_BxT, mask_BxT)) -> (state, metrics): one online REINFORCE update
+  of the query encoder from simulated citations."""
+
+  def step(state, xs):
+    batch, ids_BxT, mask_BxT = xs
+    return core.train_step(state, batch, jax.random.fold_in(state.key, 4),
+                           encoder_scorer(module, ids_BxT, mask_BxT))
+
+  return step
+
+
 def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,
                          ids_SxBxT: jax.Array, mask_SxBxT: jax.Array,
                          num_steps: int) -> tuple[core.TrainState, dict]:
-  """num_steps online REINFORCE updates of the query encoder, step t on stream step t (taken
-  modulo the stream's length), so a run split into segments equals an uninterrupted one."""
-  key = jax.random.fold_in(state.key, 4)
-  num = stream_SxB.mask_BxK.shape[0]
-
-  def body(state, _):
-    index = state.step % num
-    batch = jax.tree.map(lambda x: x[index], stream_SxB)
-    scorer = encoder_scorer(module, ids_SxBxT[index], mask_SxBxT[index])
-    return core.train_step(state, batch, key, scorer)
-
-  return jax.lax.scan(body, state, None, length=num_steps)
+  """num_steps `online_step`s, step t on stream step t (taken modulo the stream's length), so
+  a run split into segments equals an uninterrupted one."""
+  return core_replay.stream_steps(online_step(module), state,
+                                  (stream_SxB, ids_SxBxT, mask_SxBxT), num_steps)
 
 
 def train_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                         hparams: core.HParams, epochs: int, params=None) -> tuple[dict, dict]:
-  """Online REINFORCE of the query encoder over the conversations' question stream, starting
-  from `params` (the loaded encoder's by default)."""
+  """`epochs` passes of online REINFORCE of the query encoder over the conversations' question
+  stream, starting from `params` (the loaded encoder's by default)."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
   state = encoder_state(encoder, spec, hparams, params)
-  key = jax.random.fold_in(state.key, 4)
-
-  def body(state, xs):
-    batch, ids_BxT, mask_BxT = xs
-    return core.train_step(state, batch, key, encoder_scorer(encoder.module, ids_BxT, mask_BxT))
-
-  tile = lambda x: jnp.concatenate([jnp.asarray(x)] * epochs)  # noqa: E731
-  xs = (jax.tree.map(tile, stream_SxB), tile(ids_SxBxT), tile(mask_SxBxT))
-  state, metrics = jax.jit(lambda s, xs: jax.lax.scan(body, s, xs))(state, xs)
-  return state.params, jax.device_get(metrics)
+  state, metrics = Online(online_step(encoder.module)).run(
+      state, (stream_SxB, ids_SxBxT, mask_SxBxT), epochs * stream_SxB.mask_BxK.shape[0])
+  return state.params, metrics
 
 
 def retrieval_encoders(encoder, tuned: "TunedQueryEncoder | None", tune: str) -> tuple:

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from rmmjax import core, distributed
@@ -23,7 +22,10 @@ from rmmjax.io.checkpoint import saved_steps
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import build_replay, to_sequence
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.learners.query_encoder.fit import (encoder_replay_steps, encoder_spec, pretrain_query_encoder, question_tokens, retrieval_encoders, retrieval_recall)
+from rmmjax.fit import Online
+from rmmjax.learners.query_encoder.fit import (encoder_spec, online_step, pretrain_query_encoder,
+                                               question_tokens, retrieval_encoders,
+                                               retrieval_recall)
 from rmmjax.io.record import replay_record
 from rmmjax.replay.inputs import heldout_split, replay_inputs, training_questions
 from rmmjax.learners.task import Task
@@ -61,8 +63,7 @@ class QueryEncoderTask(Task):
       self.train_seq, self.ids_SxBxT, self.mask_SxBxT = distributed.shard_leading(
           (self.train_seq, np.asarray(self.ids_SxBxT), np.asarray(self.mask_SxBxT)), self.mesh,
           axis=1)
-    self._advance = jax.jit(functools.partial(encoder_replay_steps, encoder.module),
-                            static_argnums=4, donate_argnums=0)
+    self._online = Online(online_step(encoder.module))
 
   @classmethod
   def preflight(cls, cfg, encoder, workdir) -> None:
@@ -94,8 +95,8 @@ class QueryEncoderTask(Task):
     return encoder_state(self.encoder, self.spec, self.hp, params)
 
   def advance(self, state: core.TrainState, n: int):
-    state, metrics = self._advance(self._replicated(state), self.train_seq, self.ids_SxBxT, self.mask_SxBxT, n)
-    return state, distributed.gather(metrics)
+    return self._online.run(self._replicated(state),
+                            (self.train_seq, self.ids_SxBxT, self.mask_SxBxT), n)
 
   def _recall(self, tuned, m: int) -> float:
     cfg = self.cfg

@@ -13,6 +13,7 @@ import jax
 from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.io.workdir import check_sweepable, held, sweep_record
+from rmmjax.learners.registry import with_model
 from rmmjax.train.loop import first_last, window_means
 from rmmjax.train.sweep.chunks import chunk_size, run_chunks
 from rmmjax.train.sweep.grid import label, settings, sweep_configs
@@ -43,7 +44,7 @@ def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
       devices = list(distributed.data_mesh(cfg.devices).devices.flat)  # devices=N: the first N
       found.digest = distributed.digest(cfg.to_json(), json.dumps(grid, sort_keys=True,
                                         default=str), str(seeds), str(workdir.resolve()))
-    spec, sim = cfg.core_spec(), cfg.sim_spec()
+    spec, sim = with_model(cfg.core_spec()), cfg.sim_spec()
     run_chunk = core.make_sweep(spec, sim, cfg.steps, cfg.eval_sessions)
     # (not with several processes, each of which must leave the distributed runtime in step)
     nothing_kept_in_flight = jax.process_count() == 1

@@ -28,6 +28,7 @@ from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream
     train_reranker
 from rmmjax.train.loop import train, window_means
 from rmmjax.learners.embedding.task import build_replays
+from rmmjax.learners.registry import with_model
 from rmmjax.train.sweep import runs
 from rmmjax.train.sweep.chunks import chunk_size, each_timed, minutes, run_chunks, \
     time_first_chunk
@@ -152,7 +153,7 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
   _, _, encoder, _, replays = build_replays(cfg, progress=progress)
   devices = list(distributed.data_mesh(cfg.devices).devices.flat)
   chunk = chunk_size(cfg.sweep_chunk, len(configs))
-  program = _program(cfg.core_spec(), Protocol(mode=cfg.mode,
+  program = _program(with_model(cfg.core_spec()), Protocol(mode=cfg.mode,
                                                pretrain_epochs=cfg.learning.pretrain_epochs),
                      cfg.steps)
   hparams = (core.stack_hparams([c.hparams() for c in configs]),

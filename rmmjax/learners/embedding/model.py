@@ -1,4 +1,5 @@
-"""The learnable reranker: residual transforms of query and memories, scored by dot product.
+"""The embedding rerankers' pure model: residual transforms of query and memories, scored by
+dot product.
 
 Both variants start as the identity, so a fresh reranker reproduces the base retriever's order.
 Embeddings are row vectors and weights are kernels applied on the right, as in a Flax Dense
@@ -7,19 +8,16 @@ layer: the linear variant is q' = q + q wq, m' = m + m wm (the paper's W q with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core.optim import LowRank
-from rmmjax.core.types import Batch, CoreSpec
+from rmmjax.core import Batch, CoreSpec, LowRank, Model
 
 
 def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   """Parameters that make the reranker the identity map."""
-  if spec.model is not None:
-    raise ValueError(f"a {spec.variant} reranker's parameters come from its learner (the cross "
-                     "reranker's: CrossModel.init over a pretrained encoder's weights); pass "
-                     "them to init_state")
   d = spec.dim
   prior = {"rank_bias": jnp.zeros((spec.k,), jnp.float32)} if spec.rank_prior else {}
   if spec.variant == "linear":
@@ -118,20 +116,6 @@ def batch_scores(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   return jax.vmap(score, in_axes=(None, 0, 0, None))(params, q_BxD, mem_BxKxD, spec.variant)
 
 
-def scores(params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
-  """The reranker's scores of a batch's candidates, scores_BxK, whatever its family: a learner
-  with a model of its own (the cross reranker) scores its own inputs, the embedding rerankers
-  the batch's embeddings."""
-  if spec.model is not None:
-    return spec.model.scores(params, batch, spec)
-  return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
-
-
-def lr_scales(params: dict, spec: CoreSpec):
-  """Each parameter's learning-rate multiplier (None: all 1), as the learner's model says."""
-  return spec.model.lr_scales(params) if spec.model is not None else None
-
-
 def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
                         g_scores_BxK: jax.Array) -> dict:
   """Gradients of sum(g_scores * scores) for the fast linear scorer, as low-rank factors
@@ -150,3 +134,27 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   if "rank_bias" in params:
     grads["rank_bias"] = jnp.sum(g_scores_BxK, 0)
   return grads
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingModel(Model):
+  """The linear and MLP rerankers as the core sees them (CoreSpec.model): the spec's variant,
+  formulation, hidden width and rank prior say which; the fast linear scorer back-propagates by
+  hand into low-rank factors (`linear_grad_factors`)."""
+
+  def init_params(self, key: jax.Array, spec: CoreSpec) -> dict:
+    return init_params(key, spec)
+
+  def scores(self, params: dict, batch: Batch, spec: CoreSpec) -> jax.Array:
+    return batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+
+  def scores_and_pullback(self, params: dict, batch: Batch, spec: CoreSpec):
+    if spec.variant == "linear" and spec.formulation == "fast":
+      scores_BxK = batch_scores(params, batch.q_BxD, batch.mem_BxKxD, spec)
+      return scores_BxK, lambda g_BxK: linear_grad_factors(params, batch.q_BxD,
+                                                           batch.mem_BxKxD, g_BxK)
+    return super().scores_and_pullback(params, batch, spec)
+
+
+EMBEDDING = EmbeddingModel()
+
