@@ -15,7 +15,7 @@ from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, expand, iris_retrieve, merge_by_rank
 from rmmjax.retrieve.judges import (HeuristicJudge, LLMJudge, OracleJudge, SufficiencyJudge,
                                     Verdict, verdict_reward)
-from rmmjax.retrieve.refine import (LLMRefiner, QueryRefiner, RefineRequest, RuleRefiner,
+from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner,
                                     is_temporal, named_entities)
 
 TURNS = {
@@ -262,17 +262,6 @@ def test_llm_judge_reads_valid_and_counts_malformed_replies():
                          judge=LLMJudge(loop_llm))
   assert result.iterations == 2 and "necklace" in result.trace[1].query
   assert [t.reward for t in result.trace] == [pytest.approx(-0.7), pytest.approx(0.95)]
-
-
-def test_llm_refiner_uses_the_reply_and_falls_back_to_the_rule():
-  request = RefineRequest("Where did Caroline go?", "Where did Caroline go?", "a necklace", 0,
-                          False, ("Caroline",))
-  llm = ScriptedLLM([{"query": "Caroline necklace  Sweden"}, "sorry, no idea"])
-  refiner = LLMRefiner(llm)
-  assert refiner.refine(request) == "Caroline necklace Sweden"
-  assert refiner.refine(request) == RuleRefiner().refine(request) == "caroline go necklace"
-  assert (refiner.calls, refiner.fallbacks) == (2, 1)
-  assert "necklace" in llm.requests[0].messages[-1]["content"]
 
 
 def test_evidence_is_deduplicated_and_turns_ranked_by_first_appearance():
