@@ -391,7 +391,7 @@ def test_fused_order_lets_a_refined_search_hit_rise_above_first_neighbours():
   verdict = None
 
   def it(anchor, refine, expanded):
-    return IterationTrace(1, 10, None, anchor, refine, (), expanded, (), (), (), verdict, 0.0,
+    return IterationTrace(1, 10, None, anchor, refine, expanded, (), (), (), verdict, 0.0,
                           0.0, 0.0, 0.0, 0.0)
 
   # Entry order: anchor hits 0, 1; their neighbour 2; then refinement hits 3 and 1.
