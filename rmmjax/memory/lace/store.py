@@ -166,14 +166,12 @@ class LaceMem:
     return len(self._facts)
 
   def fact(self, fact_id: int) -> Fact:
-    """The fact with this id."""
     if not isinstance(fact_id, (int, np.integer)) or not 0 <= fact_id < len(self._facts):
       raise UnknownRecord(f"this LaceMem has no fact {fact_id!r}; ids run from 0 to "
                           f"{len(self._facts) - 1}")
     return self._facts[int(fact_id)]
 
   def raw(self, turn_id: str) -> RawTurn:
-    """The verbatim turn a fact came from."""
     return self._raw[turn_id]
 
   def neighbours(self, fact_id: int, min_weight: float) -> list[tuple[int, float]]:
@@ -192,13 +190,11 @@ class LaceMem:
                   key=lambda item: (-item[1], item[0]))
 
   def facts_about(self, entity: str) -> list[int]:
-    """Ids of the facts whose subject or object names the entity (case-insensitive)."""
     pattern = re.compile(rf"(?<!\w){re.escape(entity.strip())}(?!\w)", re.IGNORECASE)
     return [f.fact_id for f in self._facts if pattern.search(f.subject)
             or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
-    """The k facts most relevant to the query: (fact_id, score), best first."""
     if not self._facts:
       return []
     dense = (self._graph.vectors @ self.query_vector(query)
