@@ -15,7 +15,6 @@ import datetime
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import SessionEnded
 from rmmjax.memory.reflection import Reflector, reflect_session
 
 # Every agent's counters: questions asked, reranker updates, the cited-answer exchange's
@@ -94,8 +93,5 @@ def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder)
   info = bank.open_session(user, "chat")
   if info is None:
     raise ValueError(f"user {user!r} has no open chat session to end")
-  try:
-    return reflect_session(bank, user, info.session_id, reflector, encoder)
-  except SessionEnded:
-    raise ValueError(f"session {info.session_id!r} of user {user!r} was reflected by another "
-                     f"process meanwhile") from None
+  # A session another process reflected meanwhile is refused by the bank (SessionEnded).
+  return reflect_session(bank, user, info.session_id, reflector, encoder)

@@ -111,7 +111,6 @@ class IrisAgent(ChatAgent):
     return session_id
 
   def end_session(self, user: str):
-    """Prospective Reflection over the user's open chat session (the topic memories)."""
     return end_chat_session(self.bank, user, self.reflector, self.encoder)
 
   def kept(self) -> str:

@@ -325,7 +325,6 @@ class Agent(ChatAgent):
     self.stats["updates"] = int(self.state.step)
 
   def end_session(self, user: str):
-    """Prospective Reflection over the user's open chat session; returns its report."""
     self._require_user(user)
     report = end_chat_session(self.bank, user, self.reflector, self.encoder)
     self.save()

@@ -42,11 +42,7 @@ def _hf_tensors(encoder: SentenceEncoder, params: dict) -> dict[str, np.ndarray]
   prefix = "bert." if any(k.startswith("bert.encoder.") for k in source) else ""
   tensors = dict(source)  # tensors the encoder does not use (pooler, position_ids) stay as-is
   for path, name, transposed in weight_names(encoder.cfg):
-    try:
-      value = np.asarray(jax.device_get(param_at(params, path)), np.float32)
-    except (KeyError, TypeError):
-      raise ValueError(f"params lack {'/'.join(path)}: expected the layout of "
-                       f"encoder.params") from None
+    value = np.asarray(jax.device_get(param_at(params, path)), np.float32)
     want = np.shape(param_at(encoder.params, path))
     if value.shape != want:
       raise ValueError(f"params {'/'.join(path)} has shape {value.shape}; expected {want}")
@@ -169,14 +165,6 @@ def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | P
   """
   out_dir = Path(out_dir)
   metadata = dict(metadata or {})
-  if not all(isinstance(key, str) for key in metadata):
-    raise ValueError(f"metadata keys must be strings; got {sorted(map(repr, metadata))}")
-  if "format" in metadata:
-    raise ValueError("metadata key 'format' is reserved by safetensors (it must say 'pt')")
-  try:
-    json.dumps(metadata)
-  except TypeError as err:
-    raise ValueError(f"metadata must hold JSON values: {err}") from None
   _check_out_dir(out_dir)
   src = encoder.model_dir
   tensors = _hf_tensors(encoder, encoder.params if params is None else params)

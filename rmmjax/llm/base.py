@@ -5,8 +5,6 @@ from __future__ import annotations
 import abc
 import json
 
-from rmmjax.llm.parse import extract_json
-
 DEFAULT_MAX_TOKENS = 512
 ROLES = ("system", "user", "assistant")
 # Prompts are fitted to a context window counted in tokens, without the server's tokenizer: 3
@@ -40,7 +38,7 @@ def with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
 
 
 class LLM(abc.ABC):
-  """A chat model: `chat` for free text, `chat_structured`/`chat_json` for JSON replies."""
+  """A chat model: `chat` for free text, `chat_structured` for JSON replies."""
 
   context_tokens: int | None = None  # the model's context window, where it is known
 
@@ -60,10 +58,3 @@ class LLM(abc.ABC):
   def chat_structured(self, messages: list[dict], schema: dict, *,
                       max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0) -> str:
     """The raw reply text to a request for JSON matching `schema` (not parsed, never checked)."""
-
-  def chat_json(self, messages: list[dict], schema: dict, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                temperature: float = 0.0) -> dict | list:
-    """The reply parsed as JSON; LLMOutputError (holding the text) when it holds no JSON."""
-    return extract_json(self.chat_structured(messages, schema, max_tokens=max_tokens,
-                                             temperature=temperature))
-

@@ -104,7 +104,6 @@ class OpenAICompatibleLLM(LLM):
 
   def chat(self, messages: list[dict], *, max_tokens: int = DEFAULT_MAX_TOKENS,
            temperature: float = 0.0) -> str:
-    """The assistant's reply to the messages."""
     return self._complete(messages, max_tokens, temperature, response_format=None)
 
   def chat_structured(self, messages: list[dict], schema: dict, *,

@@ -41,7 +41,6 @@ class ScriptedLLM(LLM):
 
   def chat(self, messages: list[dict], *, max_tokens: int = DEFAULT_MAX_TOKENS,
            temperature: float = 0.0) -> str:
-    """The next scripted reply."""
     return self._next(Request(messages, None, max_tokens, temperature))
 
   def chat_structured(self, messages: list[dict], schema: dict, *,

@@ -140,9 +140,8 @@ class IterationTrace:
   query: str | None  # the refinement path's query; None when that path did not run
   anchor_hits: tuple[int, ...]
   refine_hits: tuple[int, ...]
-  new_fact_ids: tuple[int, ...]  # facts first seen in this iteration, in entry order
-  expanded: tuple[int, ...]  # of which reached along edges
-  buffered: tuple[int, ...]  # of which added by entity buffers
+  expanded: tuple[int, ...]  # facts first seen in this iteration reached along edges
+  buffered: tuple[int, ...]  # and those added by entity buffers
   thin_entities: tuple[str, ...]
   shown: tuple[int, ...]  # the facts the judge saw, in order: a REINFORCE update's candidates
   verdict: Verdict  # as the judge gave it
@@ -353,7 +352,7 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
     reward = 0.0 if verdict.malformed else verdict_reward(verdict.label, confidence)
     new_set = set(new)
     trace.append(IterationTrace(
-        iteration, k, query, tuple(anchor), tuple(refined), tuple(new),
+        iteration, k, query, tuple(anchor), tuple(refined),
         tuple(f for f in reached if f in new_set), tuple(f for f in buffered if f in new_set),
         thin, tuple(f.fact_id for f in shown), verdict, confidence, reward, retrieval_s,
         refine_s, judge_s))

@@ -1,5 +1,5 @@
 """Query refinement for iterative retrieval: schedules by question type and iteration, the
-rule-based refiner and an optional LLM rewrite, and the text helpers they share with the judges.
+rule-based refiner, and the text helpers they share with the judges.
 
 The rule: a refined query is the question's key terms, then the terms of the judge's note on what
 is missing, then the cue terms of the schedule's current stage, deduplicated. Stopwords are
@@ -22,8 +22,6 @@ from typing import final
 
 import numpy as np
 
-from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import LLMOutputError, extract_json
 
 STOPWORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being below
@@ -184,57 +182,6 @@ class RuleRefiner(QueryRefiner):
              *stage.cues]
     query = " ".join(dict.fromkeys(terms))
     return query or request.question
-
-
-_REFINE_SYSTEM = """\
-You help search a memory of past conversations. The first search did not find everything \
-needed to answer a question. Write one better search query: short, made of the keywords most \
-likely to appear in the missing statements, aimed at what is still missing. Follow the suggested \
-angle. Reply in JSON: {"query": "..."}."""
-_STAGE_HINTS = {"dates": "look for dates and time words", "relations":
-                "look for what happened before, after or during the events",
-                "events": "widen to the surrounding events", "entities":
-                "focus on the people, places and things named", "attributes":
-                "look for their attributes, habits and preferences",
-                "broader": "widen to related activities and concepts"}
-MAX_QUERY_CHARS = 300
-
-
-@final
-class LLMRefiner(QueryRefiner):
-  """The model rewrites the query; unusable replies (or failed calls) fall back to the rule."""
-
-  def __init__(self, llm: LLM, fallback: QueryRefiner | None = None, max_tokens: int = 96):
-    self.llm = llm
-    self.fallback = fallback if fallback is not None else RuleRefiner()
-    self.max_tokens = max_tokens
-    self.calls = 0
-    self.fallbacks = 0  # replies without a usable {"query": "..."}, and failed calls
-
-  def refine(self, request: RefineRequest) -> str:
-    """The model's query, or the fallback's when the reply is unusable."""
-    self.calls += 1
-    stage = stage_for(request.temporal, request.stage_index)
-    lines = [f"Question: {request.question.strip()}",
-             f"Previous query: {request.current_query.strip()}",
-             f"Still missing: {request.missing.strip() or '(not stated)'}",
-             f"Attempt: {request.stage_index + 1}",
-             f"Angle: {_STAGE_HINTS.get(stage.name, stage.name)}"]
-    if request.entities:
-      lines.append(f"Names to keep in view: {', '.join(request.entities)}")
-    messages = [{"role": "system", "content": _REFINE_SYSTEM},
-                {"role": "user", "content": "\n".join(lines)}]
-    schema = {"title": "query", "type": "object", "properties": {"query": {"type": "string"}},
-              "required": ["query"], "additionalProperties": False}
-    try:
-      data = extract_json(self.llm.chat_structured(messages, schema, max_tokens=self.max_tokens))
-    except (LLMError, LLMOutputError):
-      data = None
-    query = data.get("query") if isinstance(data, dict) else None
-    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
-      self.fallbacks += 1
-      return self.fallback.refine(request)
-    return " ".join(query.split())
 
 
 class VectorRefiner(QueryRefiner):

@@ -121,8 +121,8 @@ def test_structured_output_forms(server):
   body = {key: value for key, value in SCHEMA.items() if key != "title"}
   server.actions = [_ok('{"correct": true}')] * 3
   for form in ("json_schema", "json_object", "none"):
-    assert _client(server.base_url, structured_output=form).chat_json(MESSAGES, SCHEMA) == {
-        "correct": True}
+    reply = _client(server.base_url, structured_output=form).chat_structured(MESSAGES, SCHEMA)
+    assert extract_json(reply) == {"correct": True}
   sent = [request["body"] for request in server.seen]
   assert sent[0]["response_format"] == {"type": "json_schema", "json_schema": {
       "name": "verdict", "schema": body, "strict": True}}
@@ -214,7 +214,7 @@ def test_unusable_content_raises_output_errors(server):
                                                 "finish_reason": "content_filter"}]})]
   llm = _client(server.base_url)
   with pytest.raises(LLMOutputError, match="no JSON") as err:
-    llm.chat_json(MESSAGES, SCHEMA)
+    extract_json(llm.chat_structured(MESSAGES, SCHEMA))
   assert err.value.text == "I think it is correct."
   with pytest.raises(LLMOutputError, match="content_filter"):
     llm.chat(MESSAGES)
@@ -246,7 +246,7 @@ def test_scripted_llm_replies_in_order_and_records():
   llm = ScriptedLLM(["plain", {"correct": False}, lambda m: m[-1]["content"].upper(),
                      TimeoutError("scripted")])
   assert llm.chat(MESSAGES) == "plain"
-  assert llm.chat_json(MESSAGES, SCHEMA) == {"correct": False}
+  assert extract_json(llm.chat_structured(MESSAGES, SCHEMA)) == {"correct": False}
   assert llm.chat(MESSAGES, max_tokens=3) == "HI?"
   with pytest.raises(TimeoutError):
     llm.chat(MESSAGES)

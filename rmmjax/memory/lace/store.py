@@ -32,7 +32,7 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace.facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
                                       turn_drafts, turn_text)
 from rmmjax.memory.lace.links import SemanticGraph, snap
-from rmmjax.memory.lace.settings import LaceSettings, check_k, fact_text
+from rmmjax.memory.lace.settings import LaceSettings, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.fusion import rrf_scores
@@ -166,14 +166,12 @@ class LaceMem:
     return len(self._facts)
 
   def fact(self, fact_id: int) -> Fact:
-    """The fact with this id."""
     if not isinstance(fact_id, (int, np.integer)) or not 0 <= fact_id < len(self._facts):
       raise UnknownRecord(f"this LaceMem has no fact {fact_id!r}; ids run from 0 to "
                           f"{len(self._facts) - 1}")
     return self._facts[int(fact_id)]
 
   def raw(self, turn_id: str) -> RawTurn:
-    """The verbatim turn a fact came from."""
     return self._raw[turn_id]
 
   def neighbours(self, fact_id: int, min_weight: float) -> list[tuple[int, float]]:
@@ -192,14 +190,11 @@ class LaceMem:
                   key=lambda item: (-item[1], item[0]))
 
   def facts_about(self, entity: str) -> list[int]:
-    """Ids of the facts whose subject or object names the entity (case-insensitive)."""
     pattern = re.compile(rf"(?<!\w){re.escape(entity.strip())}(?!\w)", re.IGNORECASE)
     return [f.fact_id for f in self._facts if pattern.search(f.subject)
             or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
-    """The k facts most relevant to the query: (fact_id, score), best first."""
-    check_k(k)
     if not self._facts:
       return []
     dense = (self._graph.vectors @ self.query_vector(query)
@@ -209,14 +204,9 @@ class LaceMem:
   def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
     """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
     `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
-    check_k(k)
     if not self._facts:
       return []
-    vector = np.asarray(vector, np.float32)
-    if vector.shape != (self._graph.dim,):
-      raise ValueError(f"the query vector has shape {vector.shape}; expected "
-                       f"({self._graph.dim},) to match the facts' embeddings")
-    dense = self._graph.vectors @ vector if self.settings.retrieval != "bm25" else None
+    dense = self._graph.vectors @ np.asarray(vector, np.float32) if self.settings.retrieval != "bm25" else None
     return self._ranked(bm25_query, dense, k)
 
   def _ranked(self, query: str, dense: np.ndarray | None, k: int) -> list[tuple[int, float]]:
