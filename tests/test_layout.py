@@ -158,16 +158,6 @@ def test_modules_stay_small():
   assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
-# Comparisons with a learner's name outside learners/ that are allowed for now: the core's own
-# linear model, until the linear and MLP models move into learners/embedding (that move empties
-# this list).
-NAMES_COMPARED_OUTSIDE = {
-    ("rmmjax/core/reranker.py", "spec.variant == 'linear'"),
-    ("rmmjax/core/reranker.py", "variant == 'linear'"),
-    ("rmmjax/core/step.py", "spec.variant == 'linear'"),
-}
-
-
 def _strings(node: ast.AST) -> set[str]:
   if isinstance(node, ast.Constant) and isinstance(node.value, str):
     return {node.value}
@@ -204,9 +194,5 @@ def test_no_learner_name_is_compared_outside_learners():
   found = sorted((str(p.relative_to(PACKAGE.parent)), text) for p in PACKAGE.rglob("*.py")
                  if p.relative_to(PACKAGE).parts[0] != "learners"
                  for text in names_compared(p.read_text(), names))
-  outside = [f"{path}: {text}" for path, text in found
-             if (path, text) not in NAMES_COMPARED_OUTSIDE]
-  assert not outside, ("a learner's name compared outside learners/ (ask the registry, or the "
-                       "learner's section):\n" + "\n".join(outside))
-  stale = NAMES_COMPARED_OUTSIDE - set(found)
-  assert not stale, f"allowed comparisons no longer in the code (drop them): {sorted(stale)}"
+  assert not found, ("a learner's name compared outside learners/ (ask the registry, or the "
+                     "learner's section):\n" + "\n".join(f"{p}: {t}" for p, t in found))

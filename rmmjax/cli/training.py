@@ -26,7 +26,7 @@ from rmmjax.train.sweep.replay import replay_sweep
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
 LoCoMo file: --set data=PATH). The shared keys are in rmmjax/config/__init__.py (class Config and
-CONFIGS); each learner's keys and defaults are its section, rmmjax/config/sections.py, set as
+CONFIGS); each learner's keys and defaults are its section, rmmjax/learners/NAME/config.py, set as
 --set section.key=VALUE or by the key's name alone (the run's own learner first: under
 learner=both, lr is the reranker's and encoder_tuning.lr the encoder's). docs/command-line.md
 describes the outputs. What learns: learner=query_encoder (locomo's default), reranker, both or
@@ -250,8 +250,8 @@ def add_parsers(sub) -> None:
                    help="override a config value (repeatable; a later one of the same key "
                         "wins): a shared key, SECTION.KEY, or a section's key by its name "
                         "alone; keys and defaults: rmmjax/config/__init__.py (shared) and "
-                        "rmmjax/config/sections.py (reranker, cross, encoder_tuning, "
-                        "iris_evidence, iris_models)")
+                        "each learner's rmmjax/learners/NAME/config.py (reranker, cross, "
+                        "encoder_tuning, iris_evidence, iris_models)")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_process_flags(p)
