@@ -27,7 +27,7 @@ EOF
 # accelerator: the suite's settings pin JAX to the CPU unless JAX_PLATFORMS names a platform.
 PLATFORM=$(python -c "import jax; print(jax.devices()[0].platform)")
 JAX_PLATFORMS=$PLATFORM timeout 300 python -m pytest -q -p no:cacheprovider \
-  tests/core/test_reranker.py tests/core/test_step.py tests/core/test_selection.py \
+  tests/learners/test_embedding_model.py tests/core/test_step.py tests/core/test_selection.py \
   tests/learners/test_cross_model.py tests/cli/test_cli.py tests/encode \
   -k "naive or equals or matches or export or sentence or cross or bfloat16 or compile" \
   -rf 2>&1 | tail -8 | tee "$OUT/parity.txt"
