@@ -25,6 +25,7 @@ import numpy as np
 
 from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
+from rmmjax.io.manifest import another_version
 from rmmjax.io.workdir import atomic_write_json, take_lock
 from rmmjax.memory.crypto import Cipher, PlainCipher
 
@@ -120,11 +121,12 @@ class AgentWorkdir:
                        f"one, or damaged); use that key, or a new --workdir") from None
     with np.load(io.BytesIO(sealed)) as data:
       base = int(data["base_step"])
+      if "token_mask" in data.files:
+        raise another_version(str(file), "layout of pair tokens with a token_mask",
+                              "their token_segments", "delete it (its rewarded answers are "
+                              "lost) or use a new --workdir")
       names = PENDING_FIELDS + (CROSS_FIELDS if CROSS_FIELDS[0] in data.files else ())
-      arrays = {name: data[name] for name in names if name in data.files}
-      if "tokens" in arrays and "token_segments" not in arrays:  # written before segments
-        arrays["token_segments"] = _segments_of_old_mask(data["tokens"], data["token_mask"])
-      items = list(zip(*(arrays[name] for name in names)))
+      items = list(zip(*(data[name] for name in names)))
     if base == step:
       return items
     if base > step:
@@ -167,10 +169,3 @@ class AgentWorkdir:
       self._lock.close()
       self._lock = None
 
-
-def _segments_of_old_mask(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  """Segments (0 padding, 1 question, 2 memory) of pending pair tokens saved with a boolean
-  mask, as that version read them: the memory's segment starts after the first [SEP] (102)."""
-  sep = ids == 102
-  after = (np.cumsum(sep, axis=-1) - sep) >= 1
-  return np.where(mask, np.where(after, 2, 1), 0).astype(np.int8)

@@ -84,10 +84,6 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps()) if self._manager is not None else []
 
-  def latest_step(self) -> int | None:
-    steps = self.all_steps()
-    return steps[-1] if steps else None
-
   def save(self, step: int, state: TrainState) -> None:
     if self._read_only:
       raise ValueError(f"{self._directory} was opened read-only; cannot save step {step}")

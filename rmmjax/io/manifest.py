@@ -44,13 +44,21 @@ def read_run_record(folder: Path) -> dict | None:
   return record
 
 
+def another_version(where: str, written: str, reads: str, again: str,
+                    error: type[ValueError] = ValueError) -> ValueError:
+  """The one-line refusal of a file or folder written in another format than this rmmjax reads
+  (there is no reader of older formats), naming both ("format 2", "schema version 3"); `again`
+  says what to do."""
+  return error(f"{where} was written in rmmjax's {written}; this rmmjax reads {reads}; {again}")
+
+
 def another_format(where: str, written, again: str) -> ValueError:
-  """The one-line refusal of a folder of another format than this rmmjax reads, naming it (0:
-  written before folders held a manifest); `again` says what to do."""
-  said = (f"no {RUN_FILE}: written by an earlier rmmjax (format 0; this one reads format "
-          f"{FORMAT})" if written == 0 else
-          f"was written in rmmjax's format {written!r}; this rmmjax reads format {FORMAT}")
-  return ValueError(f"{where} {said}; {again}")
+  """another_version's refusal of a folder of another manifest format (0: written before
+  folders held a manifest)."""
+  if written == 0:
+    return ValueError(f"{where} no {RUN_FILE}: written by an earlier rmmjax (format 0; this one "
+                      f"reads format {FORMAT}); {again}")
+  return another_version(where, f"format {written!r}", f"format {FORMAT}", again)
 
 
 def stopped_in_first_stage(workdir: Path) -> FileNotFoundError | None:

@@ -7,7 +7,7 @@ from rmmjax.memory.crypto import KEY_ENV, BankKeyError, generate_key, key_from_e
 from rmmjax.memory.records import (
     ORIGINS, BankError, BankFileError, BankTurn, EncoderMismatch, Memory, Merge, NewMemory,
     SessionEnded, SessionInfo, Snippet, StaleRead, UnknownRecord)
-from rmmjax.memory._schema import LATEST as SCHEMA_VERSION
+from rmmjax.memory._schema import VERSION as SCHEMA_VERSION
 
 __all__ = [
     "KEY_ENV", "ORIGINS", "SCHEMA_VERSION", "BankError", "BankFileError", "BankKeyError",

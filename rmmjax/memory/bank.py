@@ -61,7 +61,7 @@ class MemoryBank:
     try:
       self._db = connect(self.path, busy_timeout_s, where)
       with self._writing() as db:
-        schema_sql.migrate(db, self.cipher, self.where)
+        schema_sql.open_schema(db, self.cipher, self.where)
     except sqlite3.Error as err:
       self.close()
       if not can_create_in(self.path.parent):

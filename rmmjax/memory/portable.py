@@ -3,21 +3,19 @@
 An export holds everything the bank keeps of the user: sessions (with who opened them) and raw
 turns, topic memories with their snippets and every encoder's embedding, and the user's saved
 LaceMem (atomic facts with their vectors, semantic links, its own raw turns). Import fills a new
-user with exactly that; documents of version 1 (before sessions had an origin and before
-LaceMem was exported) and 2 (before turns had a kind: a chat's were its questions and answers)
-still import.
+user with exactly that. A document of another version is refused naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import sqlite3
 from typing import final
 
 import numpy as np
 
-from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, optional, require
+from rmmjax.data.schema import LIST, OBJECT, STRING, MalformedData, check, require
+from rmmjax.io.manifest import another_version
 from rmmjax.memory import _embedding_rows as emb
 from rmmjax.memory import _lace_rows as lace_rows
 from rmmjax.memory import _user_rows as user_rows
@@ -32,7 +30,6 @@ _SOURCE = "import_user data"  # what a message names in place of a file
 _NUMBER = ((int, float), "a number")
 _INT = ((int,), "an integer")
 _BOOL = ((bool,), "true or false")
-_V1_CHAT = re.compile(r"session-\d+")  # the agent's session names before origins were kept
 
 
 @final
@@ -113,30 +110,25 @@ def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> 
 def parse(data: object) -> Parsed:
   """The rows of an export_user document, or a MalformedData naming the field and the value."""
   doc = check(data, OBJECT, "the document", "top level", _SOURCE)
-  if doc.get("format") != FORMAT or doc.get("version") not in (1, 2, VERSION):
-    raise MalformedData(f"{_SOURCE}: format {doc.get('format')!r} version "
-                        f"{doc.get('version')!r}; expected {FORMAT!r} version 1 to {VERSION} "
-                        f"(what export_user gives)")
+  if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    raise another_version(_SOURCE, f"format {doc.get('format')!r} version {doc.get('version')!r}",
+                          f"format {FORMAT!r} version {VERSION}", "give what export_user gives",
+                          MalformedData)
   user = _text(doc, "user", "top level")
   sessions, turns, stored = [], [], {}
   for i, session in enumerate(require(doc, "sessions", "top level", _SOURCE, LIST)):
     where = f"sessions[{i}]"
     s = _text(session, "session_id", where)
     d = require(session, "date", where, _SOURCE, STRING)
-    default = "chat" if _V1_CHAT.fullmatch(s) else "ingest"
-    origin = _one_of(optional(session, "origin", where, _SOURCE, STRING, default)
-                     if doc["version"] > 1 else default, ORIGINS, f"{where}: origin")
+    origin = _one_of(require(session, "origin", where, _SOURCE, STRING), ORIGINS,
+                     f"{where}: origin")
     sessions.append((s, d, require(session, "ended", where, _SOURCE, _BOOL), origin))
     for j, turn in enumerate(require(session, "turns", where, _SOURCE, LIST)):
       at = f"{where}.turns[{j}]"
       t = _text(turn, "turn_id", at)
       text = require(turn, "text", at, _SOURCE, STRING)
       speaker = require(turn, "speaker", at, _SOURCE, STRING)
-      # Before kinds were kept (version 2 and older) a chat held its questions and answers.
-      kind = ("statement" if origin != "chat" else
-              "answer" if speaker == "assistant" else "question")
-      if doc["version"] >= 3:
-        kind = _one_of(require(turn, "kind", at, _SOURCE, STRING), KINDS, f"{at}: kind")
+      kind = _one_of(require(turn, "kind", at, _SOURCE, STRING), KINDS, f"{at}: kind")
       turns.append((s, d, j, t, speaker, text, kind))
       stored[t] = (t, s, d, text)
   _unique("sessions", [s[0] for s in sessions])
@@ -150,7 +142,7 @@ def parse(data: object) -> Parsed:
   if len(open_chats) > 1:
     raise MalformedData(f"{_SOURCE}: chat sessions {open_chats[:3]} are all open; a user has at "
                         f"most one open chat session (the others were reflected)")
-  lace = doc.get("lace") if doc["version"] > 1 else None
+  lace = doc.get("lace")
   return Parsed(user, sessions, turns, memories, None if lace is None else _lace(lace))
 
 

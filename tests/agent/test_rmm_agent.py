@@ -172,6 +172,17 @@ def test_every_update_is_checkpointed_and_pending_answers_survive_a_restart(bank
   again.close()
 
 
+def test_pending_answers_of_another_layout_are_refused_naming_it(tmp_path):
+  from rmmjax.agent.workdir import AgentWorkdir
+  workdir = AgentWorkdir(tmp_path, {}, learning=False)
+  # A cross reranker's pair tokens as they were kept before token segments: nothing converts.
+  np.savez(tmp_path / "pending.npz", base_step=np.int64(0), q=np.zeros((1, 2)),
+           tokens=np.zeros((1, 2, 4), np.int32), token_mask=np.ones((1, 2, 4), bool))
+  with pytest.raises(ValueError, match="pending.npz was written in rmmjax's layout of pair "
+                     "tokens with a token_mask; this rmmjax reads their token_segments"):
+    workdir._pending(0)
+
+
 def test_a_restart_with_other_settings_or_a_second_learner_is_refused(bank, tmp_path):
   agent = Agent(bank, HashEncoder(), SETTINGS, llm=ScriptedLLM([_cite(1)] * 4),
                 workdir=tmp_path / "agent")

@@ -275,6 +275,12 @@ def test_a_broken_export_is_refused_on_load(trained, tmp_path):
   save_file(weights, str(bare))
   with pytest.raises(ValueError, match="has no 'rmmjax' entry"):
     read_reranker(bare)
+  older = tmp_path / "older.safetensors"
+  save_file(read_reranker(out)[0], str(older),
+            metadata={HEADER_KEY: json.dumps({**meta, "format_version": 1})})
+  with pytest.raises(ValueError, match="older.safetensors was written in rmmjax's reranker "
+                     "format 1; this rmmjax reads reranker format 2; export it again"):
+    read_reranker(older)
 
 
 def _entries(*ids):

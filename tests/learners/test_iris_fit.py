@@ -471,3 +471,15 @@ def test_ranking_examples_mix_the_searchs_top_hits_with_facts_from_the_whole_sto
     rest = set(chosen) - set(positives) - set(hard[:n_hard])
     assert len(rest) == 20 - len(positives) - n_hard
     assert all(facts[f].turn_id not in evidence for f in rest)
+
+
+def test_a_judge_file_of_another_format_is_refused_naming_it(tmp_path):
+  from safetensors.numpy import save_file
+  from rmmjax.learners.iris.files import load_judge
+  path = tmp_path / "judge.safetensors"
+  save_file({"attend": np.zeros(2, np.float32)}, str(path),
+            metadata={"rmmjax_format": "rmmjax-sufficiency-judge-0"})
+  with pytest.raises(ValueError, match="judge.safetensors was written in rmmjax's judge format "
+                     "'rmmjax-sufficiency-judge-0'; this rmmjax reads judge format "
+                     "'rmmjax-sufficiency-judge-1'; export its training workdir again"):
+    load_judge(path)

@@ -357,16 +357,13 @@ def test_export_import_round_trips_exactly(tmp_path):
         fresh.import_user(data)
       fresh.import_user(data, user="ann2")
       assert fresh.export_user("ann2") == {**exported, "user": "ann2"}
-  # A document of version 1 (no origins, no LaceMem) still imports.
-  older = {**json.loads(json.dumps(exported)), "version": 1}
-  for session in older["sessions"]:
-    del session["origin"]
-  del older["lace"]
-  with MemoryBank(tmp_path / "v1.sqlite") as fresh:
+  # A document of another version is refused naming it: nothing older is read.
+  older = {**json.loads(json.dumps(exported)), "version": 2}
+  with MemoryBank(tmp_path / "v2.sqlite") as fresh, pytest.raises(
+      ValueError, match="import_user data was written in rmmjax's format "
+      "'rmmjax-memory-bank-user' version 2; this rmmjax reads format 'rmmjax-memory-bank-user' "
+      "version 3; give what export_user gives"):
     fresh.import_user(older)
-    # Sessions of unknown origin are the dataset's (the agent's were named session-<n>).
-    assert fresh.export_user("ann") == {**exported, "lace": None, "sessions": [
-        {**s, "origin": "ingest"} for s in exported["sessions"]]}
   bare = json.loads(json.dumps(exported))
   for memory in bare["memories"]:
     memory["embeddings"] = []
@@ -429,12 +426,15 @@ def test_files_that_are_not_a_bank_are_refused(tmp_path):
     db.execute("CREATE TABLE embeddings (model TEXT)")
   with pytest.raises(BankFileError, match=r"not a memory bank \(it has tables \['embeddings'\]"):
     MemoryBank(other)
-  newer = tmp_path / "newer.sqlite"
-  MemoryBank(newer).close()
-  with sqlite3.connect(newer) as db:
-    db.execute("UPDATE schema_version SET version = 99")
-  with pytest.raises(BankFileError, match="schema version 99; this rmmjax reads versions up"):
-    MemoryBank(newer)
+  # A bank of another schema version, older or newer, is refused naming it: nothing migrates.
+  versioned = tmp_path / "versioned.sqlite"
+  MemoryBank(versioned).close()
+  for version in (3, 99):
+    with sqlite3.connect(versioned) as db:
+      db.execute("UPDATE schema_version SET version = ?", (version,))
+    with pytest.raises(BankFileError, match=f"written in rmmjax's schema version {version}; "
+                       "this rmmjax reads schema version 4; open it with the rmmjax that"):
+      MemoryBank(versioned)
   with pytest.raises(BankFileError, match="is a directory"):
     MemoryBank(tmp_path)
   bank = MemoryBank(tmp_path / "closed.sqlite")
@@ -444,54 +444,7 @@ def test_files_that_are_not_a_bank_are_refused(tmp_path):
   assert os.path.exists(tmp_path / "closed.sqlite")
 
 
-def _bank_of_version_3(path: Path, key: bytes | None) -> None:
-  """A bank file as rmmjax wrote it before turns had a kind: a chat's question, its answer, a
-  question left without one, and a LaceMem link."""
-  from rmmjax.memory import _schema as schema_sql
-  from rmmjax.memory import crypto
-  cipher = crypto.PlainCipher() if key is None else crypto.FernetCipher(key, "test")
-  with sqlite3.connect(path) as db:
-    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    db.execute("INSERT INTO schema_version VALUES (3)")
-    for statements in schema_sql.MIGRATIONS[:3]:
-      for statement in statements:
-        db.execute(statement)
-    db.executemany("INSERT INTO bank_meta VALUES (?, ?)", [
-        ("encryption", "fernet" if key else "none"),
-        ("key_check", cipher.seal_bytes(crypto.KEY_CHECK).decode())])
-    db.execute("INSERT INTO users (user_id, version) VALUES ('ann', 1)")
-    db.executemany("INSERT INTO sessions VALUES ('ann', ?, '2024-01-01', ?, 0, ?)",
-                   [("s1", 0, "ingest"), ("chat-1", 1, "chat")])
-    db.executemany("INSERT INTO turns VALUES ('ann', ?, ?, ?, ?, '2024-01-01', ?)", [
-        (s, t, cipher.seal_text(speaker), cipher.seal_text(text), o)
-        for o, (s, t, speaker, text) in enumerate([
-            ("s1", "t1", "ann", "I moved to Oslo"), ("chat-1", "c1", "user", "where do I live"),
-            ("chat-1", "c2", "assistant", "In Oslo."), ("chat-1", "c3", "user", "and my cat")])])
-    db.execute("INSERT INTO lace_meta VALUES ('ann', '{}', 'e', 2, 0)")
-    db.execute("INSERT INTO lace_turns VALUES ('ann', 't1', 0, 's1', '2024-01-01', ?, ?)",
-               (cipher.seal_text("ann"), cipher.seal_text("I moved to Oslo")))
-    for f in (0, 1):
-      db.execute("INSERT INTO lace_facts VALUES ('ann', ?, 't1', ?, ?, ?, '', ?, ?)",
-                 (f, *(cipher.seal_text(x) for x in ("ann", "moved", "Oslo", "fact")),
-                  cipher.seal_bytes(np.float32([0.6, 0.8]).tobytes())))
-    db.execute("INSERT INTO lace_links VALUES ('ann', 0, 0, 1, 0.75)")
-
-
-@pytest.mark.parametrize("key", [None, generate_key()], ids=["plain", "encrypted"])
-def test_a_bank_from_before_turn_kinds_is_brought_up_to_date(tmp_path, key):
-  path = tmp_path / "old.sqlite"
-  _bank_of_version_3(path, key)
-  with MemoryBank(path, key=key) as bank:
-    assert [(t.turn_id, t.kind) for t in bank.turns("ann")] == [
-        ("t1", "statement"), ("c1", "question"), ("c2", "answer"), ("c3", "question")]
-    assert bank.load_lace("ann").links == [(0, 1, 0.75)]
-  with sqlite3.connect(path) as db:
-    assert db.execute("SELECT typeof(cosine) FROM lace_links").fetchone()[0] == (
-        "real" if key is None else "blob")
-    assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 4
-
-
-def test_turn_kinds_survive_export_and_import_and_older_documents_get_them(tmp_path):
+def test_turn_kinds_survive_export_and_import(tmp_path):
   with MemoryBank(tmp_path / "a.sqlite") as bank:
     bank.add_user("ann")
     bank.append_chat("ann", [("user", "where do I live", "question"),
@@ -502,16 +455,9 @@ def test_turn_kinds_survive_export_and_import_and_older_documents_get_them(tmp_p
     exported = bank.export_user("ann")
   kinds = [t["kind"] for s in exported["sessions"] for t in s["turns"]]
   assert kinds == ["question", "answer", "statement"]
-  older = json.loads(json.dumps(exported)) | {"version": 2}
-  for session in older["sessions"]:
-    for turn in session["turns"]:
-      del turn["kind"]
   with MemoryBank(tmp_path / "b.sqlite") as fresh:
     fresh.import_user(exported, user="now")
-    fresh.import_user(older, user="then")
     assert [t.kind for t in fresh.turns("now")] == kinds
-    # Before kinds were kept a chat held its questions and answers only.
-    assert [t.kind for t in fresh.turns("then")] == ["question", "answer", "question"]
 
 
 def test_a_search_index_is_read_from_one_snapshot(tmp_path, monkeypatch):

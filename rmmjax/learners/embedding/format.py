@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from rmmjax.io.manifest import another_version
+
 FORMAT_VERSION = 2
 HEADER_KEY = "rmmjax"  # the header's metadata entry holding the JSON description
 SCORE_FORMULAS = {  # embeddings are row vectors; weights multiply them on the right
@@ -81,7 +83,7 @@ def read_reranker(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
   except json.JSONDecodeError:
     raise ValueError(f"{path}: the header's {HEADER_KEY!r} entry is not JSON") from None
   if meta.get("format_version") != FORMAT_VERSION:
-    raise ValueError(f"{path}: format_version {meta.get('format_version')!r}; this rmmjax reads "
-                     f"{FORMAT_VERSION}: export it again")
+    raise another_version(str(path), f"reranker format {meta.get('format_version')!r}",
+                          f"reranker format {FORMAT_VERSION}", "export it again")
   check_weights(weights, meta, str(path))
   return weights, meta

@@ -35,7 +35,7 @@ def build_replays(cfg: Config, encoder=None, progress: bool = False):
   # candidates and the questions' embeddings; the units keep the base encoder's.
   tuned = (load_query_encoder(cfg.query_encoder, encoder, "query_encoder=")
            if cfg.query_encoder else None)
-  tune = query_encoder_record(cfg.query_encoder).get("tune", "query") if tuned else "query"
+  tune = query_encoder_record(cfg.query_encoder)["tune"] if tuned else "query"
   memory_encoder, query_encoder = retrieval_encoders(encoder, tuned, tune)
   replays = build_replay(conversations, cfg.units, cfg.retriever, memory_encoder, cfg.k,
                          progress=progress, query_encoder=query_encoder,

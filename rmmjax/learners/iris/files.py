@@ -21,7 +21,7 @@ from rmmjax.encode.export import save_encoder
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.trained import export_manifest
 from rmmjax.io.kinds import model_kind, refuse_unless
-from rmmjax.io.manifest import read_run_record
+from rmmjax.io.manifest import another_version, read_run_record
 from rmmjax.io.workdir import read_config, write_run_record
 from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.learners.query_encoder.files import latest_encoder_params
@@ -65,8 +65,8 @@ def load_judge(path: Path) -> tuple[dict, dict]:
   with safe_open(str(path), "numpy") as f:
     header = f.metadata() or {}
   if header.get("rmmjax_format") != JUDGE_FORMAT:
-    raise ValueError(f"{path} is not a sufficiency judge written by rmmjax (format "
-                     f"{header.get('rmmjax_format')!r}, expected {JUDGE_FORMAT!r})")
+    raise another_version(str(path), f"judge format {header.get('rmmjax_format')!r}",
+                          f"judge format {JUDGE_FORMAT!r}", "export its training workdir again")
   params: dict = {}
   for name, value in load_file(str(path)).items():
     head, _, leaf = name.partition(".")
