@@ -60,6 +60,7 @@ def test_on_ray_without_ray_says_how_to_install_it(three, tmp_path, capsys, monk
   assert "expected cpu=N and/or gpu=N" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fold_programs_on_ray_give_the_same_sweep_at_once_on_two_cores(three, tmp_path,
                                                                         ray_cluster, capsys):
   grid = ("--grid", "lr=1e-4,1e-3")

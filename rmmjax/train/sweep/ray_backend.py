@@ -26,7 +26,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-import rmmjax
 from rmmjax.io.record import file_sha256
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.train.sweep.chunks import minutes, time_left
@@ -112,7 +111,7 @@ class RayBackend:
     workdir = self._workdir
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     # (workers import the driver's rmmjax, from the same folder: on a cluster, shared storage)
-    here = str(Path(rmmjax.__file__).resolve().parents[1])
+    here = str(Path(__file__).resolve().parents[3])  # (the folder holding rmmjax/)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     remote = ray.remote(**self.resources, max_retries=RETRIES, retry_exceptions=False,
                         max_calls=1, runtime_env={"env_vars": env})(_execute)
