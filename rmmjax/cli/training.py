@@ -141,11 +141,12 @@ def _sweep_config(args) -> tuple[Config, dict[str, list]]:
   grid = parse_grid(args.grid or [], cfg)
   if args.steps is not None and any(qualified(cfg, k) == qualified(cfg, "steps") for k in grid):
     raise ValueError(f"--steps {args.steps} and --grid over the same steps: give one")
-  if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best
-                                 or args.on):
-    raise ValueError("--folds, --dry-run, --no-best and --on are for a sweep over replayed "
-                     "conversations (--config locomo); the latent simulator has none (its "
-                     "sweep is one program)")
+  if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
+    raise ValueError("--folds, --dry-run and --no-best are for a sweep over replayed "
+                     "conversations (--config locomo); the latent simulator has none")
+  if cfg.config == "latent" and args.on:
+    raise ValueError(f"--on {args.on} is for a sweep over replayed conversations (--config "
+                     "locomo); the latent simulator's sweep is one compiled program")
   if not args.on and (args.address or args.run_resources):
     raise ValueError("--address and --run-resources say where --on ray runs; add --on ray")
   return cfg, grid
