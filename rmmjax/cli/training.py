@@ -3,6 +3,7 @@ and the files a trained model leaves."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from pathlib import Path
@@ -143,6 +144,11 @@ def _sweep_config(args) -> tuple[Config, dict[str, list]]:
   if cfg.config == "latent" and (args.folds is not None or args.dry_run or args.no_best):
     raise ValueError("--folds, --dry-run and --no-best are for a sweep over replayed "
                      "conversations (--config locomo); the latent simulator has none")
+  if cfg.config == "latent" and args.on:
+    raise ValueError(f"--on {args.on} is for a sweep over replayed conversations (--config "
+                     "locomo); the latent simulator's sweep is one compiled program")
+  if not args.on and (args.address or args.run_resources):
+    raise ValueError("--address and --run-resources say where --on ray runs; add --on ray")
   return cfg, grid
 
 
@@ -176,9 +182,15 @@ def cmd_sweep(args) -> None:
   if cfg.config == "latent":
     result = sweep(cfg, grid, args.seeds, workdir, progress=not args.quiet, made_by=made_by)
   else:
-    result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds,
-                          workdir, progress=not args.quiet, dry_run=args.dry_run,
-                          best=not args.no_best, made_by=made_by)
+    with contextlib.ExitStack() as stack:
+      on = None
+      if args.on == "ray":  # (imported only here: Ray is an optional extra)
+        from rmmjax.train.sweep.ray_backend import RayBackend, parse_resources  # noqa: PLC0415
+        on = stack.enter_context(RayBackend(args.address, parse_resources(args.run_resources),
+                                            progress=not args.quiet))
+      result = replay_sweep(cfg, grid, args.seeds, 4 if args.folds is None else args.folds,
+                            workdir, progress=not args.quiet, dry_run=args.dry_run,
+                            best=not args.no_best, made_by=made_by, on=on)
   if result is None:  # (a dry run)
     return
   if not distributed.is_writer():
@@ -279,6 +291,15 @@ def add_parsers(sub) -> None:
                  help="--config locomo: do not train the best configuration on every "
                       "conversation into best/ afterwards")
   p.add_argument("--steps", type=int, default=None, help="steps per run (overrides config)")
+  p.add_argument("--on", choices=("ray",), default=None,
+                 help="--config locomo: run each run (and fold program) as a Ray task, on a "
+                      "Ray cluster started here for the sweep, or the one at --address; same "
+                      "records and table (docs/ray.md)")
+  p.add_argument("--address", default=None,
+                 help="--on ray: an existing Ray cluster's address (e.g. auto, or HOST:6379)")
+  p.add_argument("--run-resources", default=None, metavar="cpu=N,gpu=N",
+                 help="--on ray: what each task reserves (default: 1 GPU where the cluster "
+                      "has GPUs, else 1 CPU)")
   p.set_defaults(func=cmd_sweep)
 
   p = sub.add_parser("export", help="write a trained reranker (safetensors), query encoder "

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from rmmjax import core, distributed
-from rmmjax.config import Config, with_values
+from rmmjax.config import Config, apply_precision, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.learners.query_encoder.files import query_encoder_record
 from rmmjax.io.record import file_sha256, trained_on
@@ -74,12 +74,17 @@ def check_not_trained(cfg: Config, conversations: list) -> None:
 
 def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
-                 report=print, best: bool = True, made_by: dict | None = None) -> dict | None:
+                 report=print, best: bool = True, made_by: dict | None = None,
+                 on=None) -> dict | None:
   """Runs the sweep (with dry_run, says what it would run and, for a vmapped sweep, compiles and
   times its first chunk); returns sweep.json's content (None if dry).
   `best`: then train the best configuration on every conversation into best/; `made_by`: the
-  command and commit sweep.json records."""
+  command and commit sweep.json records; `on`: where its runs execute (a backend such as
+  train/sweep/ray_backend.py's RayBackend: each run, fold program and best/ a task of it), else
+  in this process."""
   check_learner(cfg)
+  if on is not None:  # (a task runs in another working folder, maybe on another node)
+    cfg, workdir = cfg.resolved(), Path(workdir).resolve()
   configs = sweep_configs(cfg, grid, seeds)
   one_program = shares_a_program(cfg, grid)
   check_grid_read(grid, configs, online_held_out=one_program)
@@ -104,10 +109,13 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     tests = folds(len(conversations), num_folds)
     heading = (f"sweep: {len(configs)} configurations x {num_folds} folds = "
                f"{len(configs) * num_folds} runs")
+    if on is not None:
+      on.prepare(workdir, Path(cfg.data), data_sha256)  # (each task checks it reads the same file)
     if one_program:
-      go = _prepare(cfg, configs, tests, workdir, progress, report, heading, best)
+      go = _prepare(cfg, configs, tests, workdir, progress, report, heading, best, on)
     else:
-      go = runs.prepare(cfg, configs, conversations, tests, workdir, progress, report, heading)
+      go = runs.prepare(cfg, configs, conversations, tests, workdir, progress, report, heading,
+                        on)
     if dry_run:
       return None
     start(workdir, cfg, sweep_record(grid, seeds, num_folds, data_sha256) | {
@@ -121,8 +129,11 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     # training workdir of its own: killed, the same sweep command resumes it).
     # (its seed the sweep's first)
     if best:
-      train(with_values(cfg, result["best"]["settings"] | {"holdout": 0}).validate(),
-            workdir / "best", progress=progress, encoder=encoder)
+      every = with_values(cfg, result["best"]["settings"] | {"holdout": 0}).validate()
+      if on is None:
+        train(every, workdir / "best", progress=progress, encoder=encoder)
+      else:
+        on.run([("best", "best/", train, (every, workdir / "best", False))], report)
     return result
 
 
@@ -146,13 +157,8 @@ def _program(spec: core.CoreSpec, protocol: Protocol, steps: int):
   return jax.jit(jax.vmap(lambda hp, world: program(hp[0], hp[1], world), in_axes=(0, None)))
 
 
-def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir: Path,
-             progress: bool, report, heading: str, best: bool):
-  """Builds the replays, says what is left to run and compiles and times its first chunk;
-  returns the run of it, which gives every fold's results."""
-  _, _, encoder, _, replays = build_replays(cfg, progress=progress)
-  devices = list(distributed.data_mesh(cfg.devices).devices.flat)
-  chunk = chunk_size(cfg.sweep_chunk, len(configs))
+def _fold_program(cfg: Config, configs: list[Config]):
+  """(the compiled program of a fold, every configuration's hparams, its devices)."""
   program = _program(with_model(cfg.core_spec()), Protocol(mode=cfg.mode,
                                                pretrain_epochs=cfg.learning.pretrain_epochs),
                      cfg.steps)
@@ -160,6 +166,28 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
              core.stack_hparams([c.hparams().replace(lr=c.learning.pretrain_lr,
                                                      tau=c.learning.pretrain_tau)
                                  for c in configs]))
+  return program, hparams, list(distributed.data_mesh(cfg.devices).devices.flat)
+
+
+def fold_task(cfg: Config, configs: list[Config], tests: list[list[int]], f: int,
+              workdir: Path) -> None:
+  """Fold f's program run and its file written, everything built again where it runs (a
+  task's: the replays come from the encoder's disk cache where it has one)."""
+  apply_precision(cfg.precision)
+  replays = build_replays(cfg)[4]
+  program, hparams, devices = _fold_program(cfg, configs)
+  out = run_chunks(program, hparams, _world(cfg, replays, tests[f]),
+                   chunk_size(cfg.sweep_chunk, len(configs)), devices=devices)
+  _save_fold(Path(workdir) / FOLD_FILE.format(f), out, [replays[i] for i in tests[f]], configs)
+
+
+def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir: Path,
+             progress: bool, report, heading: str, best: bool, on=None):
+  """Builds the replays, says what is left to run and (here, not on `on`) compiles and times
+  its first chunk; returns the run of it, which gives every fold's results."""
+  _, _, encoder, _, replays = build_replays(cfg, progress=progress)
+  chunk = chunk_size(cfg.sweep_chunk, len(configs))
+  program, hparams, devices = _fold_program(cfg, configs)
   held_out = [[replays[i] for i in test] for test in tests]
   todo = [f for f in range(len(tests)) if not _finished(workdir, f, configs, held_out[f])]
   chunks = -(-len(configs) // chunk)
@@ -167,14 +195,17 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
          f"compiled program over {chunks} chunk{'s' if chunks > 1 else ''} of {chunk} on "
          f"{len(devices)} device(s)" + (", then best/" if best else ""))
   first = None
-  if todo:  # (measured, not predicted: the rest is reported as folds finish)
+  if todo and on is None:  # (measured, not predicted: the rest is reported as folds finish)
     first = time_first_chunk(program, hparams, _world(cfg, replays, tests[todo[0]]), chunk,
                              devices)
     report(f"fold {todo[0]}'s program compiled in {minutes(first['compile_s'])}; its first "
            f"chunk of {chunk} ran in {minutes(first['run_s'])}")
 
   def go():
-    for f in each_timed(todo, report, lambda n, f: f"fold {f}"):
+    if on is not None:
+      on.run([(f"fold_{f}", f"fold {f}", fold_task, (cfg, configs, tests, f, workdir))
+              for f in todo], report)
+    for f in each_timed([] if on is not None else todo, report, lambda n, f: f"fold {f}"):
       reused = first is not None and f == todo[0]  # (not compiled nor run twice)
       out = run_chunks(first["compiled"] if reused else program, hparams,
                        _world(cfg, replays, tests[f]), chunk, devices=devices,

@@ -39,9 +39,10 @@ def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:
 
 
 def prepare(cfg: Config, configs: list[Config], conversations: list, tests: list[list[int]],
-            workdir: Path, progress: bool, report, heading: str):
+            workdir: Path, progress: bool, report, heading: str, on=None):
   """Checks every run before anything is written, says what is left to run; returns the run of
-  it, which gives every fold's results."""
+  it, which gives every fold's results. `on`: where the runs execute (a backend's `run`, as
+  train/sweep/ray_backend.py's), else here, one after another."""
   # k against every conversation's units, built as each run builds them (topics from the
   # replay's base encoder, whose disk cache then serves the runs).
   encoder = base_encoder() if cfg.units == "topic" else None
@@ -59,7 +60,7 @@ def prepare(cfg: Config, configs: list[Config], conversations: list, tests: list
   report(f"{heading}, each a training of its own (its own compiles); {len(todo)} to run "
          f"({len(configs) * len(tests) - len(todo)} done); the time left is reported after each "
          "run")
-  return lambda: (_run_all(cfg, configs, tests, workdir, progress, report, todo), [], None)
+  return lambda: (_run_all(cfg, configs, tests, workdir, progress, report, todo, on), [], None)
 
 
 def _unfinished(configs: list[Config], num_folds: int, workdir: Path) -> list[tuple[int, int]]:
@@ -92,16 +93,21 @@ def _unfinished(configs: list[Config], num_folds: int, workdir: Path) -> list[tu
 
 
 def _run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir: Path,
-             progress: bool, report, todo: list[tuple[int, int]]) -> list[FoldResult]:
-  """Trains and measures the runs `todo`; every fold's results."""
-  for i, f in each_timed(todo, report, lambda n, run: f"run {n + 1}/{len(todo)} (configuration "
-                                                      f"{run[0]}, fold {run[1]})"):
-    one, where = _with_fold(configs[i], len(tests), f), run_dir(workdir, i, f)
-    _share_stage(one, where, [run_dir(workdir, j, f) for j in range(len(configs)) if j != i])
-    # Measured once, by eval below: the run's own held-out scores would be the same numbers.
-    train(one, where, progress=progress, measure_heldout=False)
-    atomic_write_json(where / HELDOUT_FILE, {"settings": run_settings(one),
-                                             "per_question": _evaluate(one, where)})
+             progress: bool, report, todo: list[tuple[int, int]], on=None) -> list[FoldResult]:
+  """Trains and measures the runs `todo` (here, or each a task of `on`); every fold's
+  results."""
+  def job(i: int, f: int) -> tuple:
+    return (_with_fold(configs[i], len(tests), f), run_dir(workdir, i, f),
+            [run_dir(workdir, j, f) for j in range(len(configs)) if j != i])
+
+  if on is None:
+    named = lambda n, run: (f"run {n + 1}/{len(todo)} (configuration {run[0]}, "  # noqa: E731
+                            f"fold {run[1]})")
+    for i, f in each_timed(todo, report, named):
+      run_one(*job(i, f), progress=progress)
+  else:
+    on.run([(f"run_{i:03d}_fold_{f}", f"configuration {i}, fold {f}", run_one, job(i, f))
+            for i, f in todo], report)
   base = _evaluate(cfg, None)
   names = [name.format(m=cfg.m) for name in METRICS]
   results = []
@@ -116,6 +122,16 @@ def _run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
                                for name in names}))
   return results
+
+
+def run_one(one: Config, where: Path, others: list[Path], progress: bool = False) -> None:
+  """Trains run `one` into `where` (resuming it from its checkpoints) and writes its held-out
+  measurement; `others`: the other configurations' runs of its fold (a stage they share)."""
+  _share_stage(one, where, others)
+  # Measured once, by eval below: the run's own held-out scores would be the same numbers.
+  train(one, where, progress=progress, measure_heldout=False)
+  atomic_write_json(where / HELDOUT_FILE, {"settings": run_settings(one),
+                                           "per_question": _evaluate(one, where)})
 
 
 def _evaluate(cfg: Config, model: Path | None) -> list[dict]:
