@@ -1,9 +1,10 @@
 """Ctrl-C that always stops a command: Python raises KeyboardInterrupt in whatever Python code
-runs when the signal arrives, and in two places that code cannot pass it on. Inside a garbage
-collector callback (jaxlib registers one) the exception is printed as "Exception ignored" and
-lost, and the command runs on to its end; inside an import, an extension module interrupted
-mid-initialisation fails with "ImportError: initialization failed". There the interrupt is sent
-again a moment later, until it lands where it can be raised."""
+runs when the signal arrives, and in two kinds of place that code cannot pass it on. Where an
+exception can only be reported (a garbage-collector callback such as jaxlib's, a `__del__`, a
+weakref callback) it goes to sys.unraisablehook and is lost, and the command runs on to its end;
+inside an import, an extension module interrupted mid-initialisation fails with "ImportError:
+initialization failed". In both the interrupt is sent again a moment later, until it lands where
+it can be raised."""
 
 from __future__ import annotations
 
@@ -14,16 +15,26 @@ import threading
 import warnings
 
 RETRY_S = 0.05
-_GC_CALLBACKS = ("_xla_gc_callback",)
 
 
-def _cannot_raise_here(frame) -> bool:
+def _in_an_import(frame) -> bool:
   while frame is not None:
-    code = frame.f_code
-    if code.co_name in _GC_CALLBACKS or code.co_filename.startswith("<frozen importlib"):
+    if frame.f_code.co_filename.startswith("<frozen importlib"):
       return True
     frame = frame.f_back
   return False
+
+
+def _send_again(signum: int) -> None:
+  threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
+
+
+def _on_unraisable(unraisable) -> None:
+  # The command stops now: what the objects torn down on the way out complain of (an
+  # interrupted asynchronous checkpoint's event loop, a coroutine never awaited) is not the
+  # user's to read; the stop's own one line is. The stop itself, lost here, is sent again.
+  if isinstance(unraisable.exc_value, KeyboardInterrupt):
+    _send_again(received)
 
 
 received = signal.SIGINT  # the signal that stopped the command: its exit status is 128 + it
@@ -31,14 +42,11 @@ received = signal.SIGINT  # the signal that stopped the command: its exit status
 
 def _on_interrupt(signum, frame) -> None:
   global received
-  if _cannot_raise_here(frame):
-    threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
+  if _in_an_import(frame):
+    _send_again(signum)
     return
   received = signum
-  # The command stops now: what the objects torn down on the way out complain of (an
-  # interrupted asynchronous checkpoint's event loop, a coroutine never awaited) is not the
-  # user's to read; the stop's own one line is.
-  sys.unraisablehook = lambda unraisable: None
+  sys.unraisablehook = _on_unraisable
   warnings.simplefilter("ignore", RuntimeWarning)
   raise KeyboardInterrupt
 

@@ -211,6 +211,31 @@ _WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default
                 "from rmmjax.cli.main import command; command()")
 
 
+_INTERRUPT_IN_A_DEL = """
+import os, signal, time
+from rmmjax.cli import signals
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signals.install()
+class Finalized:
+  def __del__(self):  # an exception raised here can only be reported, not passed on
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+try:
+  Finalized()
+  time.sleep(10)
+  print("ran on")
+except KeyboardInterrupt:
+  print("stopped")
+"""
+
+
+def test_an_interrupt_landing_where_it_can_only_be_reported_is_sent_again():
+  out = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_A_DEL], capture_output=True,
+                       text=True, timeout=60)
+  assert out.stdout.strip() == "stopped", out.stdout + out.stderr
+  assert "Exception ignored" not in out.stderr
+
+
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
 def test_ctrl_c_stops_a_run_at_any_moment_of_its_start(tmp_path, delay):
   """Ctrl-C landing in a garbage-collector callback of jaxlib's used to be printed as ignored
