@@ -56,6 +56,11 @@ class AgentSettings:
   baseline: float = 0.0
   baseline_kind: str = "running"
   learn: bool = True  # False: serve with deterministic top M and never update
+  # The rank prior's start, -prior_scale * log(1 + position): at 1 a fresh reranker keeps its
+  # candidates' order instead of the embeddings' own (learning from citations alone from there
+  # ends above the hybrid order, +0.004; from the flat start 0.051 below it, on LoCoMo's dev
+  # file: experiments/results/sweep_linear_rl_prior.md).
+  prior_scale: float = 1.0
   seed: int = 0
 
   def __post_init__(self):
@@ -67,6 +72,7 @@ class AgentSettings:
         ("batch", "an integer >= 1", lambda v: type(v) is int and v >= 1),
         ("seed", "an integer", lambda v: type(v) is int),
         ("tau", "a positive finite number", lambda v: math.isfinite(v) and v > 0),
+        ("prior_scale", "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0),
         ("lr", "a positive finite number", lambda v: math.isfinite(v) and v > 0)):
       if not ok(getattr(self, name)):
         raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
@@ -118,7 +124,8 @@ class Agent(ChatAgent):
     hp = core.HParams.create(tau=settings.tau, lr=settings.lr, baseline=settings.baseline,
                              baseline_kind=settings.baseline_kind, seed=settings.seed)
     spec = with_model(core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m,
-                                    batch=settings.batch, rank_prior=True))
+                                    batch=settings.batch, rank_prior=True,
+                                    prior_scale=settings.prior_scale))
     self.mismatches = []
     # How the reranker reads its candidates: the embeddings (the agent's own reranker, the
     # linear and MLP ones), or the query beside each candidate's text (a cross reranker).

@@ -160,7 +160,8 @@ class Config:
     """The core's static spec (a learner with a model of its own adds it:
     rmmjax.learners.cross.cross_spec)."""
     shape = ({"formulation": self.reranker.formulation, "hidden": self.reranker.hidden,
-              "rank_prior": self.reranker.rank_prior} if self.reranker else {})
+              "rank_prior": self.reranker.rank_prior,
+              "prior_scale": self.reranker.prior_scale} if self.reranker else {})
     return core.CoreSpec(variant=self.variant, dim=self.dim, k=self.k, m=self.m,
                          batch=self.batch, credit=self.credit, log_prob=self.log_prob,
                          sampling=self.sampling, running_decay=self.running_decay, **shape)

@@ -11,6 +11,7 @@ import abc
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 
 class Model(abc.ABC):
@@ -35,6 +36,14 @@ class Model(abc.ABC):
     unless a model knows a cheaper form: the linear reranker's low-rank factors)."""
     scores_BxK, vjp = jax.vjp(lambda p: self.scores(p, batch, spec), params)
     return scores_BxK, lambda g_BxK: vjp(g_BxK)[0]
+
+
+def rank_prior_init(k: int, scale: float) -> jax.Array:
+  """A prior over the K base positions: -scale * log(1 + position), flat at scale 0. Where a
+  model's own scores are flat (the cross reranker's head at zero) or spread less than it, the
+  scores follow the base order; in units of the temperature, `scale` sets how concentrated the
+  first samples are."""
+  return -jnp.float32(scale) * jnp.log1p(jnp.arange(k, dtype=jnp.float32))
 
 
 def model_of(spec):

@@ -50,6 +50,9 @@ class CoreSpec:
   # what the base retriever knew but the embeddings do not (BM25's term matches, say): the
   # identity reranker plus a rank prior can learn to follow the base order where it is right.
   rank_prior: bool = False
+  # Where that prior starts: -prior_scale * log(1 + position) (core.rank_prior_init); flat at 0.
+  # A scale above the spread of the model's own scores starts it at its candidates' order.
+  prior_scale: float = 0.0
   # The learner's scoring model (a core.Model, hashable and static): the core's selection,
   # log-probability, losses and steps see only its scores, so a new family needs no change
   # here. None for a config checked before its learner supplies it.
@@ -64,6 +67,8 @@ class CoreSpec:
       _check_positive_int(name, getattr(self, name))
     if self.m > self.k:
       raise ValueError(f"m={self.m} > k={self.k}: cannot select more memories than candidates")
+    if not 0.0 <= self.prior_scale:
+      raise ValueError(f"prior_scale={self.prior_scale!r}: expected a value >= 0")
     if not 0.0 <= self.running_decay < 1.0:
       raise ValueError(f"running_decay={self.running_decay!r}: expected a value in [0, 1)")
 

@@ -345,3 +345,20 @@ def test_what_the_agent_records_says_what_each_turn_is(bank):
       ("assistant", "answer"), ("user", "statement")]
   # Shown counts the memories of every exchange (a plain-text reply cites none of them).
   assert agent.stats["shown"] == 6 and agent.stats["cited"] == 1 and agent.stats["malformed"] == 1
+
+
+def test_a_fresh_agent_s_rank_prior_starts_where_its_settings_say(bank):
+  """At a prior scale above its embeddings' score spread a fresh agent shows its retriever's
+  first M candidates in order; at 0 it ranks by the embeddings' dot products alone."""
+  query = "what did Alice adopt?"
+  started = Agent(bank, HashEncoder(), AgentSettings(k=6, m=3, prior_scale=100.0))
+  candidates = started._candidates("alice", query)[3]
+  memories, _ = started.recall("alice", query)
+  assert [m.summary for m in memories] == [m.summary for m in candidates[:3]]
+  flat = Agent(bank, HashEncoder(), AgentSettings(k=6, m=3, prior_scale=0.0))
+  q_D, mem_KxD, mask_K, candidates, _ = flat._candidates("alice", query)
+  dots = np.where(mask_K, mem_KxD @ q_D, -np.inf)
+  memories, scores = flat.recall("alice", query)
+  np.testing.assert_allclose(scores, np.sort(dots)[::-1][:3], rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="prior_scale=-1.0: expected a finite number >= 0"):
+    AgentSettings(prior_scale=-1.0)

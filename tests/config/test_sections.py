@@ -87,6 +87,10 @@ def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, m
     (["encoder_tuning.tune=all"], "encoder_tuning.tune='all' is not one of query, both"),
     (["learner=iris", "units=lace", "iris_models.hard_share=2"], r"hard_share=2: expected"),
     (["learner=reranker", "units=lace", "iris_evidence.preset=narrow"], "preset='narrow'"),
+    (["learner=reranker", "reranker.rank_prior=false", "reranker.prior_scale=2"],
+     "reranker.prior_scale=2.0: where the rank prior starts; expected reranker.rank_prior=true"),
+    (["learner=reranker", "reranker.rank_prior=true", "reranker.prior_scale=-1"],
+     r"reranker.prior_scale=-1: expected a value in \[0, 100\]"),
     (["variant=cross", "cross.pretrain_loss=listnet"],
      "cross.pretrain_loss='listnet' is not one of softmax, lambda"),
 ])

@@ -127,3 +127,21 @@ def test_the_core_step_takes_the_models_low_rank_pullback_and_autodiff_elsewhere
 def test_a_spec_without_a_model_is_refused_in_one_line():
   with pytest.raises(ValueError, match="variant='linear': the spec has no scoring model"):
     core.init_state(core.CoreSpec(dim=8, k=5, m=2), core.HParams.create())
+
+
+@pytest.mark.parametrize("variant", ["linear", "mlp"])
+def test_a_rank_prior_started_at_a_scale_ranks_as_the_candidates_came(variant):
+  """A fresh reranker scores by its embeddings' dot products; with the rank prior started at a
+  scale above their spread it keeps the base order instead, and at scale 0 it adds nothing."""
+  key_q, key_m = jax.random.split(jax.random.PRNGKey(3))
+  q_D = jax.random.normal(key_q, (16,))
+  m_KxD = jax.random.normal(key_m, (10, 16))
+  spec = core.CoreSpec(variant=variant, dim=16, k=10, m=3, rank_prior=True)
+  flat = init_params(jax.random.PRNGKey(0), spec)
+  np.testing.assert_allclose(score(flat, q_D, m_KxD, variant), m_KxD @ q_D, rtol=1e-5, atol=1e-5)
+  spread = float(jnp.ptp(m_KxD @ q_D))
+  # the smallest gap of -s log(1 + position) is between the last two positions: s log(10 / 9)
+  scale = 2 * spread / np.log(10 / 9)
+  started = init_params(jax.random.PRNGKey(0), dataclasses.replace(spec, prior_scale=scale))
+  np.testing.assert_array_equal(np.argsort(-score(started, q_D, m_KxD, variant)), np.arange(10))
+  np.testing.assert_allclose(started["rank_bias"], -scale * np.log1p(np.arange(10)), rtol=1e-6)

@@ -4,8 +4,7 @@ its pure scoring model, `pairs` how a question and memory texts become its packe
 record, `export` and `load` its CrossEncoder directory."""
 
 from rmmjax.learners.cross.model import (CrossModel, PackedPairs, cross_params_template,
-                                         cross_scores, init_cross_params, pair_logits,
-                                         rank_prior_init)
+                                         cross_scores, init_cross_params, pair_logits)
 
 __all__ = ["CrossModel", "PackedPairs", "cross_params_template", "cross_scores",
-           "init_cross_params", "pair_logits", "rank_prior_init"]
+           "init_cross_params", "pair_logits"]

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
-from rmmjax.core.model import Model
+from rmmjax.core.model import Model, rank_prior_init
 
 class PackedPairs(struct.PyTreeNode):
   """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
@@ -86,14 +86,6 @@ class CrossModel(Model):
 
   def template(self, k: int) -> dict:
     return cross_params_template(self.bert, k)
-
-
-def rank_prior_init(k: int, scale: float) -> jax.Array:
-  """A prior over the K base positions: -scale * log(1 + position), flat at scale 0. With the
-  head at zero the scores follow the base order (ties keep it); `scale` sets how far apart the
-  positions start (in units of the temperature, it sets how concentrated the first samples
-  are)."""
-  return -jnp.float32(scale) * jnp.log1p(jnp.arange(k, dtype=jnp.float32))
 
 
 def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:

@@ -13,13 +13,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rmmjax.core import Batch, CoreSpec, LowRank, Model
+from rmmjax.core import Batch, CoreSpec, LowRank, Model, rank_prior_init
 
 
 def init_params(key: jax.Array, spec: CoreSpec) -> dict:
   """Parameters that make the reranker the identity map."""
   d = spec.dim
-  prior = {"rank_bias": jnp.zeros((spec.k,), jnp.float32)} if spec.rank_prior else {}
+  prior = {"rank_bias": rank_prior_init(spec.k, spec.prior_scale)} if spec.rank_prior else {}
   if spec.variant == "linear":
     return {"wq": jnp.zeros((d, d), jnp.float32), "wm": jnp.zeros((d, d), jnp.float32)} | prior
   kq, km = jax.random.split(key)
