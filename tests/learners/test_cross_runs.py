@@ -279,7 +279,10 @@ def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
 def test_cross_keys_belong_to_the_cross_variant_and_zero_steps_to_replayed_learners(three):
   data = f"data={three}"
   # A key of the cross reranker's section is unknown to a run without one, saying whose it is.
-  with pytest.raises(ValueError, match="'prior_scale' for this run .* belongs to the cross"):
+  with pytest.raises(ValueError, match="'negatives_from_rank' for this run .* belongs to the cross"):
+    apply_overrides(get_config("locomo"), [data, "negatives_from_rank=2"])
+  # One both sections hold is named as both's.
+  with pytest.raises(ValueError, match="'prior_scale' .* belongs to the reranker and cross"):
     apply_overrides(get_config("locomo"), [data, "prior_scale=2.0"])
   with pytest.raises(ValueError, match="unknown config key 'cross_max_length'"):
     apply_overrides(get_config("locomo"), [data, "variant=cross", "cross_max_length=64"])
