@@ -126,8 +126,26 @@ def lambda_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Ar
                                       lambdaweight_fn=weights, reduce_fn=jnp.mean)
 
 
+def weakest_piece_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,
+                       tau: jax.Array | float = 1.0) -> jax.Array:
+  """Each relevant candidate's softmax cross-entropy against the irrelevant ones alone (not
+  its fellow relevant ones), the largest of a query's: a question whose evidence is several
+  turns is found only when its hardest piece is, and that piece takes the whole gradient. With
+  one relevant candidate it is `listwise_loss`. Queries without a valid relevant candidate
+  contribute nothing."""
+  logits_BxK = jnp.where(mask_BxK, scores_BxK / tau, -1e30)
+  relevant_BxK = relevant_BxK & mask_BxK
+  negatives_B = jax.nn.logsumexp(jnp.where(relevant_BxK, -1e30, logits_BxK), -1)
+  # -log(e^s / (e^s + sum of the irrelevant's e^s)) of each relevant candidate
+  piece_BxK = jnp.logaddexp(logits_BxK, negatives_B[:, None]) - logits_BxK
+  has_pos_B = jnp.any(relevant_BxK, -1)
+  per_query_B = jnp.max(jnp.where(relevant_BxK, piece_BxK, -1e30), -1)
+  per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
+  return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)
+
+
 # The supervised losses pretraining may take (cross.pretrain_loss), by name.
-PRETRAIN_LOSSES = {"softmax": listwise_loss, "lambda": lambda_loss}
+PRETRAIN_LOSSES = {"softmax": listwise_loss, "lambda": lambda_loss, "weakest": weakest_piece_loss}
 
 
 def grouped_listwise_loss(scores_BxK: jax.Array, covers_BxKxE: jax.Array, mask_BxK: jax.Array,

@@ -92,7 +92,7 @@ def test_keys_a_run_does_not_have_are_refused_naming_where_they_are(overrides, m
     (["learner=reranker", "reranker.rank_prior=true", "reranker.prior_scale=-1"],
      r"reranker.prior_scale=-1: expected a value in \[0, 100\]"),
     (["variant=cross", "cross.pretrain_loss=listnet"],
-     "cross.pretrain_loss='listnet' is not one of softmax, lambda"),
+     "cross.pretrain_loss='listnet' is not one of softmax, lambda, weakest"),
 ])
 def test_a_section_checks_its_own_values(overrides, message, tmp_path):
   data = tmp_path / "d.json"

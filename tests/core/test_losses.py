@@ -139,3 +139,33 @@ def test_lambda_loss_matches_the_pairs_written_out():
   assert float(grad[0, 0]) < 0 and float(grad[1, 5]) < 0 and float(grad[1, 0]) > 0
   assert float(jnp.abs(grad[2]).max()) == 0.0  # (no relevant candidate: no pair)
   assert float(grad[1, 2]) == 0.0
+
+
+def test_weakest_piece_loss_is_the_hardest_relevant_against_the_irrelevant_written_out():
+  rng = np.random.default_rng(5)
+  scores = rng.normal(size=(4, 6))
+  relevant = np.array([[1, 0, 0, 1, 0, 1], [0, 0, 0, 0, 0, 1], [0] * 6, [1, 1, 0, 0, 0, 0]], bool)
+  mask = np.ones((4, 6), bool)
+  mask[0, 5] = mask[1, 2] = False  # missing candidates take no part, relevant or not
+  tau = 0.5
+  want = []
+  for q in range(4):
+    pos = [i for i in range(6) if mask[q, i] and relevant[q, i]]
+    neg = [i for i in range(6) if mask[q, i] and not relevant[q, i]]
+    if pos:
+      want.append(max(-np.log(np.exp(scores[q, i] / tau) / (
+          np.exp(scores[q, i] / tau) + sum(np.exp(scores[q, j] / tau) for j in neg)))
+          for i in pos))
+  s = jnp.asarray(scores, jnp.float32)
+  got = core.losses.weakest_piece_loss(s, relevant, mask, tau)
+  np.testing.assert_allclose(float(got), np.mean(want), rtol=1e-5)
+  # One relevant candidate per query: the listwise loss itself.
+  one = np.zeros_like(relevant)
+  one[np.arange(4), [0, 5, 3, 1]] = True
+  np.testing.assert_allclose(float(core.losses.weakest_piece_loss(s, one, mask, tau)),
+                             float(core.listwise_loss(s, one & mask, mask, tau)), rtol=1e-5)
+  # The gradient reaches the hardest piece of a query alone, and no query without evidence.
+  grad = np.asarray(jax.grad(core.losses.weakest_piece_loss)(s, relevant, mask, tau))
+  hardest = min((0, 3), key=lambda i: scores[0, i])
+  assert grad[0, hardest] < 0 and grad[0, 3 - hardest] == 0.0 and grad[0, 5] == 0.0
+  assert not grad[2].any() and np.isfinite(grad).all()

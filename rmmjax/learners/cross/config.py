@@ -9,7 +9,7 @@ from rmmjax.learners.section import Learning, key
 # The encoder's computation dtypes (besides auto: see Cross.compute_dtype).
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # The losses the pretraining may take (rmmjax.core.losses.PRETRAIN_LOSSES).
-PRETRAIN_LOSSES = ("softmax", "lambda")
+PRETRAIN_LOSSES = ("softmax", "lambda", "weakest")
 # Whether it also pretrains on LoCoMo's observations (Cross.observations): auto reads them where
 # the data holds them.
 OBSERVATIONS = ("auto", "true", "false")
@@ -60,7 +60,10 @@ class Cross(Learning):
   -0.003] on the same folds, experiments/sweep_cross.py --arm head10). `pretrain_loss`: softmax, the
   cross-entropy of the softmax over each question's candidates; lambda, LambdaLoss (pairs of a
   relevant and an irrelevant candidate, each weighted by the NDCG its swap would change: the
-  top of the list weighs most; -0.007 [-0.020, +0.002] against softmax, --arm lambda).
+  top of the list weighs most; -0.007 [-0.020, +0.002] against softmax, --arm lambda);
+  weakest, each relevant candidate's cross-entropy against the irrelevant ones alone, the
+  largest of a question's (Recall@5 counts a question whose evidence is several turns only
+  when every piece is found: its hardest piece takes the gradient; --arm weakest).
   """
 
   NAME = "cross"
