@@ -17,7 +17,7 @@ from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loading import load_reranker
 from rmmjax.io.workdir import atomic_write_json
-from rmmjax.replay.candidates import build_replay
+from rmmjax.replay.candidates import build_replay, ceiling_recall
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.learners.query_encoder.fit import retrieval_encoders
 from rmmjax.encode.protocol import encoder_identity
@@ -125,16 +125,20 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     return out | (_per_question(conversations, rows) if per_question else {})
   # Units once per conversation (topics replay the conversation through reflection).
   pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
+  beside = {}
   if loaded:
-    rows = _reranked_rows(conversations, pools, units, retriever, memory_encoder, loaded, online,
-                          ks, budget_words, progress, query_side, encoder)
+    rows, base, ceiling = _reranked_rows(conversations, pools, units, retriever, memory_encoder,
+                                         loaded, online, ks, budget_words, progress, query_side,
+                                         encoder)
+    # What the reranker is measured against: the order it reranks, and all K it reads.
+    beside = {"base_order": aggregate(base), "ceiling": aggregate(ceiling)}
   else:
     rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
                       progress, query_side)
   config["conversations"] = [c.conversation_id for c in conversations]
   out = {"config": config,
          "load_report": {"counts": dict(report.counts), "examples": report.examples},
-         "metrics": aggregate(rows)}
+         "metrics": aggregate(rows)} | beside
   return out | (_per_question(conversations, rows) if per_question else {})
 
 
@@ -173,16 +177,24 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 
 
 def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
-                   budget_words, progress, tuned, text_encoder) -> list:
+                   budget_words, progress, tuned, text_encoder) -> tuple[list, list, list]:
+  """The reranked order's rows, the base order's over the same candidates, and each question's
+  recall of all K candidates (recall_all@K: what any reranker of them is capped at)."""
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
                          progress=progress, query_encoder=tuned,
                          unit_builder=lambda conv, _: pools[conv.conversation_id])
-  rows = []
-  for conv, orders in zip(conversations, reranked_orders(replays, loaded, online, text_encoder)):
-    rows += _rows_from_orders(conv, pools[conv.conversation_id], orders, ks, budget_words)
-  return rows
+  rows, base, ceiling = [], [], []
+  key = f"recall_all@{loaded.spec.k}"
+  for conv, replay, orders in zip(conversations, replays,
+                                  reranked_orders(replays, loaded, online, text_encoder)):
+    pool = pools[conv.conversation_id]
+    rows += _rows_from_orders(conv, pool, orders, ks, budget_words)
+    base += _rows_from_orders(conv, pool, replay.order_NxR, ks, budget_words)
+    ceiling += [(q.category, {key: float(r)}) for q, r in zip(conv.questions,
+                                                               ceiling_recall(replay))]
+  return rows, base, ceiling
 
 
 def _base_rows(conversations, pools, retriever, encoder, ks, budget_words, progress,

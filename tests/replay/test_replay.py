@@ -124,6 +124,17 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
   assert report["config"]["conversations"] == ["syn-3"]
   np.testing.assert_allclose(report["metrics"]["overall"]["recall_all@5"],
                              summary["recall_at_m_final"], atol=1e-6)
+  # Beside it, the order it reranks and the ceiling of its K candidates: the training run's, and
+  # the base order's every metric as the evaluation without a reranker computes them.
+  np.testing.assert_allclose(report["base_order"]["overall"]["recall_all@5"],
+                             summary["recall_at_m_base"], atol=1e-6)
+  np.testing.assert_allclose(report["ceiling"]["overall"]["recall_all@20"],
+                             summary["recall_at_k"], atol=1e-6)
+  held = tmp_path / "held.json"
+  held.write_text(json.dumps([c for c in json.loads(data.read_text())
+                              if c["sample_id"] == "syn-3"]))
+  alone = evaluate_retrieval("locomo", held, "turn", "bm25", (5,), encoder=HashEncoder())
+  assert report["base_order"] == alone["metrics"]
   online = evaluate_retrieval("locomo", data, "turn", "bm25", (5,), encoder=HashEncoder(),
                               reranker=wd, online=True)
   np.testing.assert_allclose(online["metrics"]["overall"]["recall_all@5"],

@@ -82,6 +82,12 @@ def test_a_row_is_what_train_and_eval_of_its_fold_give(three, swept, tmp_path, c
   got = json.loads((tmp_path / "eval.json").read_text())["metrics"]["overall"]
   for name in ("recall_all@5", "recall_any@5", "ndcg@10", "mrr"):
     assert got[name] == pytest.approx(run[name], abs=1e-6), name
+  # Beside it, the order it reranks and the ceiling of its candidates, as the sweep has them.
+  printed = capsys.readouterr().out
+  assert "the bm25 order the reranker reranks, over the same candidates:" in printed
+  assert (f"among the K = {result['base_config']['k']} candidates (R all): overall "
+          f"{run['recall_at_k']:.3f};"
+          in printed), printed
 
 
 def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path, capsys):
