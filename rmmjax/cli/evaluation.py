@@ -140,10 +140,9 @@ def cmd_eval(args) -> None:
     print(f"\nthe {retriever} order the reranker reranks, over the same candidates:\n"
           + format_table(result | {"metrics": result["base_order"]}, ks))
     ceiling = result["ceiling"]
-    (key,) = ceiling["overall"].keys() - {"questions"}
-    print(f"\nceiling, every evidence unit among the K = {key.rpartition('@')[2]} candidates "
-          f"(R all): overall {ceiling['overall'][key]:.3f}; " + ", ".join(
-              f"{c} {m[key]:.3f}" for c, m in ceiling["by_category"].items()))
+    print(f"\nceiling, every evidence unit among the K = {ceiling['k']} candidates (R all): "
+          f"overall {ceiling['overall']['ceiling']:.3f}; " + ", ".join(
+              f"{c} {m['ceiling']:.3f}" for c, m in ceiling["by_category"].items()))
   counts = result["load_report"]["counts"]
   if counts:
     print("\nrepairs and drops while loading: " + "; ".join(f"{k}: {v}" for k, v in

@@ -125,13 +125,13 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     return out | (_per_question(conversations, rows) if per_question else {})
   # Units once per conversation (topics replay the conversation through reflection).
   pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
-  beside = {}
+  beside, ceiling = {}, None
   if loaded:
     rows, base, ceiling = _reranked_rows(conversations, pools, units, retriever, memory_encoder,
                                          loaded, online, ks, budget_words, progress, query_side,
                                          encoder)
     # What the reranker is measured against: the order it reranks, and all K it reads.
-    beside = {"base_order": aggregate(base), "ceiling": aggregate(ceiling)}
+    beside = {"base_order": aggregate(base), "ceiling": aggregate(ceiling) | {"k": loaded.spec.k}}
   else:
     rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
                       progress, query_side)
@@ -139,6 +139,8 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   out = {"config": config,
          "load_report": {"counts": dict(report.counts), "examples": report.examples},
          "metrics": aggregate(rows)} | beside
+  if ceiling:  # (each question's, in its rows of per_question)
+    rows = [(c, m | r) for (c, m), (_, r) in zip(rows, ceiling)]
   return out | (_per_question(conversations, rows) if per_question else {})
 
 
@@ -179,21 +181,20 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
 def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
                    budget_words, progress, tuned, text_encoder) -> tuple[list, list, list]:
   """The reranked order's rows, the base order's over the same candidates, and each question's
-  recall of all K candidates (recall_all@K: what any reranker of them is capped at)."""
+  recall of all K candidates ("ceiling": what any reranker of them is capped at)."""
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
                          progress=progress, query_encoder=tuned,
                          unit_builder=lambda conv, _: pools[conv.conversation_id])
   rows, base, ceiling = [], [], []
-  key = f"recall_all@{loaded.spec.k}"
   for conv, replay, orders in zip(conversations, replays,
                                   reranked_orders(replays, loaded, online, text_encoder)):
     pool = pools[conv.conversation_id]
     rows += _rows_from_orders(conv, pool, orders, ks, budget_words)
     base += _rows_from_orders(conv, pool, replay.order_NxR, ks, budget_words)
-    ceiling += [(q.category, {key: float(r)}) for q, r in zip(conv.questions,
-                                                               ceiling_recall(replay))]
+    ceiling += [(q.category, {"ceiling": float(r)})
+                for q, r in zip(conv.questions, ceiling_recall(replay))]
   return rows, base, ceiling
 
 

@@ -4,6 +4,7 @@ row's held-out numbers are those of `train --set folds=N --set fold=I` and `eval
 configuration, the table's metrics are `eval`'s, a killed sweep reruns only unfinished folds,
 and bad input is refused before anything is written."""
 
+import collections
 import json
 import re
 import shutil
@@ -37,7 +38,7 @@ def swept(three, tmp_path_factory, tiny_encoder):
   return wd
 
 
-def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept):
+def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept, three):
   result = json.loads((swept / "sweep.json").read_text())
   assert len(result["runs"]) == 2 * 3 * 2
   assert sorted({(r["settings"]["lr"], r["fold"], r["seed"]) for r in result["runs"]}) == sorted(
@@ -48,8 +49,20 @@ def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept):
   for run in result["runs"]:
     assert run["heldout_conversations"] == result["fold_conversations"][run["fold"]]
     assert 0.0 <= run["recall_all@5"] <= run["recall_at_k"] + 1e-9
-  # A row per grid point in the table and in the learning-online table along the conversations.
-  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 2 * 2
+  # A row per grid point in the table, by category and in the learning-online table along the
+  # conversations.
+  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 3 * 2
+  # By category: each row's figures, weighted by the questions of each category, are its
+  # overall one; the base order and the candidates' ceiling beside them.
+  from rmmjax.data.locomo import load_locomo
+  questions = collections.Counter(q.category for c in load_locomo(three)[0] for q in c.questions)
+  for row in [*result["rows"], {"by_category": result["base_by_category"],
+                                "recall": result["recall_at_m_base"]},
+              {"by_category": result["ceiling_by_category"], "recall": result["recall_at_k"]}]:
+    assert sum(row["by_category"][c] * n for c, n in questions.items()) / sum(
+        questions.values()) == pytest.approx(row["recall"], abs=1e-9)
+  table = (swept / "sweep.md").read_text()
+  assert "| base order |" in table and f"| all K={result['base_config']['k']} candidates |" in table
   for name in ("curves.png", "online.png", "tb", "best/summary.json", "folds/fold_2.npz"):
     assert (swept / name).exists(), name
 

@@ -25,7 +25,7 @@ from rmmjax.replay.inputs import base_encoder
 from rmmjax.train.loop import check_run, train
 from rmmjax.train.sweep.chunks import each_timed
 from rmmjax.train.sweep.grid import run_settings
-from rmmjax.train.sweep.table import METRICS, FoldResult
+from rmmjax.train.sweep.table import FoldResult, metric_names
 
 HELDOUT_FILE = "heldout.json"
 
@@ -109,7 +109,7 @@ def _run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
     on.run([(f"run_{i:03d}_fold_{f}", f"configuration {i}, fold {f}", run_one, job(i, f))
             for i, f in todo], report)
   base = _evaluate(cfg, None)
-  names = [name.format(m=cfg.m) for name in METRICS]
+  names = metric_names(cfg.m)
   results = []
   for f in range(len(tests)):
     per_run = [json.loads((run_dir(workdir, i, f) / HELDOUT_FILE).read_text())["per_question"]
@@ -118,10 +118,19 @@ def _run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
     results.append(FoldResult([q["conversation"] for q in per_run[0]],
                               [q["category"] for q in per_run[0]],
                               np.array([q[f"recall_all@{cfg.m}"] for q in base
-                                        if q["conversation"] in held]), None,
+                                        if q["conversation"] in held]),
+                              _shared_ceiling(per_run),
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
                                for name in names}))
   return results
+
+
+def _shared_ceiling(per_run: list[list[dict]]) -> np.ndarray | None:
+  """Each question's recall of all K candidates, where every run of the fold reranked the same
+  candidates (a grid over k or the query encoder's keys gives each run its own: None)."""
+  ceilings = {tuple(q.get("ceiling") for q in rows) for rows in per_run}
+  (only,) = ceilings if len(ceilings) == 1 else (None,)
+  return None if only is None or None in only else np.array(only)
 
 
 def run_one(one: Config, where: Path, others: list[Path], progress: bool = False) -> None:

@@ -18,7 +18,12 @@ from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.train.sweep.grid import label, settings
 
 POSITION_BINS = 5  # parts of each held-out conversation in the learning-online curve
-METRICS = ("recall_all@{m}", "recall_any@{m}", "ndcg@10", "mrr")
+METRICS = ("recall_all@{m}", "recall_any@{m}", "recall_all@10", "ndcg@10", "mrr")
+
+
+def metric_names(m: int) -> list[str]:
+  """METRICS at M = m (once each where m is 10)."""
+  return list(dict.fromkeys(name.format(m=m) for name in METRICS))
 
 
 def ranked_units(conv, q: int, scores_K: np.ndarray) -> list[tuple[tuple[str, ...], int]]:
@@ -33,17 +38,18 @@ def ranked_units(conv, q: int, scores_K: np.ndarray) -> list[tuple[tuple[str, ..
 
 
 def fold_metrics(test, scores_CxQxK: np.ndarray, m: int) -> dict[str, np.ndarray]:
-  """Per configuration and question: recall_all@m, recall_any@m, ndcg@10 and mrr."""
+  """Per configuration and question: each of `metric_names(m)`."""
   rows = []
   for c in range(scores_CxQxK.shape[0]):
     q_all, per_q = 0, []
     for conv in test:
       for q in range(len(conv.questions)):
         per_q.append(question_metrics(ranked_units(conv, q, scores_CxQxK[c, q_all]),
-                                      set(conv.evidence[q]), int(conv.num_relevant_N[q]), (m,)))
+                                      set(conv.evidence[q]), int(conv.num_relevant_N[q]),
+                                      tuple(dict.fromkeys((m, 10)))))
         q_all += 1
     rows.append(per_q)
-  names = [name.format(m=m) for name in METRICS]
+  names = metric_names(m)
   return {n: np.array([[r[n] for r in per_q] for per_q in rows]) for n in names}
 
 
@@ -116,10 +122,15 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
   if folds[0].prequential is not None:
     pooled["prequential"] = np.concatenate([fold.prequential for fold in folds], axis=1)
   base_Q = np.concatenate([fold.base for fold in folds])
+  ceiling_Q = (np.concatenate([fold.ceiling for fold in folds])
+               if all(fold.ceiling is not None for fold in folds) else None)
   rows = _rows(configs, keys, pooled, m)
+  by_category = lambda v_Q: {c: float(np.mean(np.asarray(v_Q)[..., np.array(categories) == c]))  # noqa: E731
+                             for c in sorted(set(categories))}
   best = max(rows, key=lambda r: r["recall"])
   for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
     row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
+    row["by_category"] = by_category(row["per_seed_question"])
     row["vs_best"] = paired_interval(row["per_seed_question"] - best["per_seed_question"],
                                      conversations, folds_Q)
     if "prequential_per_seed_question" in row:
@@ -134,14 +145,16 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
             "data": str(Path(cfg.data).resolve()), "data_sha256": data_sha256,
             "fold_conversations": [list(dict.fromkeys(f.conversations)) for f in folds],
             "recall_at_m_base": float(base_Q.mean()),
+            "base_by_category": by_category(base_Q),
             "runs": runs,
             "rows": [{k: (list(v) if isinstance(v, Interval) else
                           [list(i) for i in v] if k.endswith("_by_part") else v)
                       for k, v in r.items() if not k.startswith("per_")} | {
                          "interval_over": r["vs_base"].over} for r in rows],
             "best": {"settings": best["settings"], "recall_all": best["recall"]}}
-  if all(fold.ceiling is not None for fold in folds):
-    result["recall_at_k"] = float(np.concatenate([fold.ceiling for fold in folds]).mean())
+  if ceiling_Q is not None:
+    result["recall_at_k"] = float(ceiling_Q.mean())
+    result["ceiling_by_category"] = by_category(ceiling_Q)
   result["table"] = table(cfg, result, rows, m)
   return result
 
@@ -157,6 +170,7 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
     rows.append({"label": name, "settings": settings(configs[idx[0]], keys), "seeds": len(idx),
                  "per_seed_question": pooled[f"recall_all@{m}"][idx],
                  "recall": mean(f"recall_all@{m}"), "recall_any": mean(f"recall_any@{m}"),
+                 "recall_10": mean("recall_all@10"),
                  "ndcg": mean("ndcg@10"), "mrr": mean("mrr")})
     if "prequential" in pooled:
       rows[-1] |= {"prequential": mean("prequential"),
@@ -198,14 +212,28 @@ def table(cfg, result, rows, m) -> list[str]:
            + (" Learning online: the trained reranker goes on learning from each held-out "
               "batch's simulated citations after ranking it (no labels of those "
               "conversations), against the same reranker frozen." if online else ""), "",
-           f"| configuration | R@{m} all | R@{m} any | NDCG@10 | MRR | vs base | vs best |"
+           f"| configuration | R@{m} all | R@{m} any |" + (" R@10 all |" if m != 10 else "")
+           + " NDCG@10 | MRR | vs base | vs best |"
            + (f" R@{m} learning online | online - frozen |" if online else ""),
-           "|---|---|---|---|---|---|---|" + ("---|---|" if online else "")]
+           "|---|---|---|---|---|---|---|" + ("---|" if m != 10 else "")
+           + ("---|---|" if online else "")]
   for r in sorted(rows, key=lambda r: -r["recall"]):
     lines.append(f"| {r['label']} | {r['recall']:.3f} | {r['recall_any']:.3f} | "
-                 f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {r['vs_base']} | "
+                 + (f"{r['recall_10']:.3f} | " if m != 10 else "")
+                 + f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {r['vs_base']} | "
                  f"{r['vs_best']} |" + (f" {r['prequential']:.3f} | "
                                              f"{r['online_vs_frozen']} |" if online else ""))
+  categories = list(result["base_by_category"])
+  lines += ["", f"R@{m} all by category, beside the base order"
+            + (f" and the ceiling of all K={cfg.k} candidates:" if "recall_at_k" in result
+               else ":"), "", "| | " + " | ".join(categories) + " |",
+            "|---|" + "---|" * len(categories)]
+  beside = [("base order", result["base_by_category"])] + (
+      [(f"all K={cfg.k} candidates", result["ceiling_by_category"])]
+      if "recall_at_k" in result else [])
+  for name, values in [(r["label"], r["by_category"])
+                       for r in sorted(rows, key=lambda r: -r["recall"])] + beside:
+    lines.append(f"| {name} | " + " | ".join(f"{values[c]:.3f}" for c in categories) + " |")
   if online:
     parts = len(rows[0]["online_vs_frozen_by_part"])
     lines += ["", f"Learning online - frozen along the replay of the held-out conversations: "
