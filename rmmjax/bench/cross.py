@@ -14,6 +14,11 @@ uses the same cores. To say how far from the device's limit rmmjax is, the table
 real tokens per second, the FLOPs per second that XLA counts in the compiled programs, and
 their fraction of one large matmul's rate on the same device in the same dtype (the rate a
 program of matmuls can attain there, measured rather than taken from a data sheet).
+
+Served latency: the milliseconds from one question and its K candidates' texts to their scores,
+tokenised, packed and scored as a trained reranker serves (learners.cross.reader), median over
+questions after each shape has compiled, at K = 50 (the default over turns) and 20; the
+reference predicts the same pairs in one batch.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from rmmjax.bench.machine import describe, machine_info
 
 MAX_LENGTH, QUESTIONS = 128, 4
 SCORE_K, TRAIN_K = 20, 8
+# Served: one question at a time, as the agent and `eval` read it, over the default K over turns
+# and over the 20 a cheaper first stage would leave it.
+SERVED_K = (50, 20)
 
 
 def _pairs(data: Path, batches: int, k: int) -> list[tuple[list[str], list[list[str]]]]:
@@ -121,6 +129,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
     for batch in train_batches:
       box[0] = jax.block_until_ready(step(box[0], batch)[0])
 
+  served = {k: _served_ms(encoder, weights, cfg, data, k, 4 if quick else 8) for k in SERVED_K}
   ours_score(), ours_train()  # compile every length first
   score_pairs = batches * QUESTIONS * SCORE_K
   train_pairs = batches * QUESTIONS * TRAIN_K
@@ -138,7 +147,8 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
            "score_tokens_per_s": real_tokens(score_batches) / score_s,
            "train_tokens_per_s": real_tokens(train_batches) / train_s,
            "score_flop_per_s": score_flops / score_s, "train_flop_per_s": train_flops / train_s,
-           "matmul_flop_per_s": peak}]
+           "matmul_flop_per_s": peak,
+           "served_ms_per_question": {k: ms for k, (ms, _) in served.items()}}]
   try:
     import torch
     from sentence_transformers import CrossEncoder
@@ -146,7 +156,10 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
     print("sentence-transformers is not installed: pip install -e '.[parity]' for the reference")
   else:
     rows.append(_reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets,
-                           repeats, score_pairs, train_pairs, export_cross))
+                           repeats, score_pairs, train_pairs, export_cross)
+                | {"served_ms_per_question": {k: _served_reference_ms(
+                    CrossEncoder, params, cfg, encoder, export_cross, sets)
+                    for k, (_, sets) in served.items()}})
   result = {"machine": machine_info(), "max_length": MAX_LENGTH, "repeats": repeats,
             "score_batch": f"{QUESTIONS} x {SCORE_K}", "train_batch": f"{QUESTIONS} x {TRAIN_K}",
             "rows": rows}
@@ -164,6 +177,9 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
         f"{ours['score_flop_per_s'] / 1e9:,.1f}, training {ours['train_flop_per_s'] / 1e9:,.1f}, "
         f"that is {ours['score_flop_per_s'] / peak:.0%} and {ours['train_flop_per_s'] / peak:.0%} "
         f"of a large float32 matmul's {peak / 1e9:,.1f} GFLOP/s on this device")
+  for row in rows:
+    print(f"served, ms per question, {row['method']}: " + ", ".join(
+        f"K = {k} {ms:.0f}" for k, ms in row["served_ms_per_question"].items()))
   if len(rows) == 2:
     result["score_ratio"] = rows[0]["score_pairs_per_s"] / rows[1]["score_pairs_per_s"]
     result["train_ratio"] = rows[0]["train_pairs_per_s"] / rows[1]["train_pairs_per_s"]
@@ -176,6 +192,42 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
           "threads)")
   write_result(result, out)
   return result
+
+
+def _served_ms(encoder, weights, cfg, data: Path, k: int, questions: int):
+  """Median milliseconds per question from texts to scores, as a trained reranker serves
+  (tokenised to its reader's length, packed, scored), and the (question, texts) it read."""
+  from rmmjax.learners.cross.reader import CrossReader
+  reader = CrossReader(encoder.tokenizer, MAX_LENGTH, "bench")
+  params = init_cross_params(weights, k, 1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  score = jax.jit(lambda p, pairs: cross_scores(p, pairs, cfg),
+                  compiler_options=reader.compiler_options())
+  sets = [(qs[0], texts[0]) for qs, texts in _pairs(data, questions, k)]
+
+  def serve(question, texts_K):
+    arrays = reader.candidate_arrays(question, texts_K)
+    batch = reader.pack(core.Batch(
+        q_BxD=np.zeros((1, cfg.hidden_size), np.float32),
+        mem_BxKxD=np.zeros((1, k, cfg.hidden_size), np.float32), mask_BxK=np.ones((1, k), bool),
+        inputs=reader.inputs(tuple(x[None] for x in arrays))))
+    return np.asarray(score(params, batch.inputs))
+
+  for question, texts in sets:  # compile every packed shape first
+    serve(question, texts)
+  return 1e3 * float(np.median([median_time(lambda q=q, t=t: serve(q, t), 1) for q, t in sets])), sets
+
+
+def _served_reference_ms(CrossEncoder, params, cfg, encoder, export_cross, sets) -> float:
+  """The same questions' pairs through the CrossEncoder, one question's K pairs a batch."""
+  with tempfile.TemporaryDirectory() as tmp:
+    served = export_cross(jax.device_get(params), cfg, encoder.model_dir, Path(tmp) / "cross",
+                          {}, MAX_LENGTH)
+    model = CrossEncoder(str(served), device="cpu", max_length=MAX_LENGTH)
+  predict = lambda q, texts: model.predict([(q, t) for t in texts], batch_size=len(texts),  # noqa: E731
+                                           show_progress_bar=False)
+  predict(*sets[0])
+  return 1e3 * float(np.median([median_time(lambda q=q, t=t: predict(q, t), 1) for q, t in sets]))
 
 
 def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets, repeats,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import time
 from pathlib import Path
 
 from rmmjax import distributed
@@ -64,7 +65,9 @@ def _config(args) -> Config:
 def cmd_train(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
     cfg = _config(args)
+  started = time.monotonic()
   summary = train(cfg, Path(args.workdir), progress=not args.quiet)
+  took = time.monotonic() - started
   if not distributed.is_writer():
     print(f"process {args.process_id}: trained its share; process 0 wrote {args.workdir}")
     return
@@ -120,7 +123,9 @@ def cmd_train(args) -> None:
     print("no conversation was held out (holdout=0): evaluate on another file with\n  "
           + eval_hint(cfg, args.workdir))
   workdir = Path(args.workdir)
-  print(f"\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
+  took = f"{took:.0f} s" if took < 120 else f"{took / 60:.1f} min"
+  print(f"\ntrained in {took} (this command, held-out evaluation included; a resumed run: the "
+        f"part it ran)\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
         f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
         f"checkpoints {workdir / 'checkpoints'}")
 

@@ -5,6 +5,7 @@ TensorBoard, checkpoints) of an uninterrupted run."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -136,7 +137,11 @@ def test_cut_short_last_metrics_line_is_dropped_and_a_damaged_one_refused(copy, 
   with open(copy / "metrics.jsonl", "a") as f:
     f.write('{"step": 65, "rew')  # what a kill in the middle of an append leaves
   assert _train(copy, 60) == 0
-  assert "resuming" not in capsys.readouterr().err  # --quiet
+  out = capsys.readouterr()
+  assert "resuming" not in out.err  # --quiet
+  # The run says how long it took, a resumed one the part it ran.
+  assert re.search(r"^trained in \d+ s \(this command, .* a resumed run: the part it ran\)$",
+                   out.out, re.M), out.out
   assert _outputs(copy) == reference[1]
 
   lines = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
