@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
                            get_value, qualified, with_values)
+from rmmjax.config.keys import implied_keys
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
@@ -53,9 +55,17 @@ writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only 
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
+def _say_implied(args, cfg: Config) -> None:
+  implied = implied_keys(get_config(args.config), args.set or [], cfg)
+  if implied and not args.quiet:
+    print(f"variant={cfg.variant} on the {cfg.config} config also sets {', '.join(implied)} "
+          "(name them to choose otherwise)", file=sys.stderr)
+
+
 def _config(args) -> Config:
   """The config --config and --set name, checked."""
   cfg = apply_overrides(get_config(args.config), args.set or []).validate()
+  _say_implied(args, cfg)
   training_task(cfg)  # a learner the registry does not hold is refused here
   check_output_dir(args.workdir, "--workdir")
   apply_precision(cfg.precision)
@@ -178,6 +188,7 @@ def sweep_runs(args) -> dict[str, Config]:
 def cmd_sweep(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
     cfg, grid = _sweep_config(args)
+    _say_implied(args, cfg)
     check_output_dir(args.workdir, "--workdir")
     grid = in_recorded_order(Path(args.workdir), cfg, grid)
     apply_precision(cfg.precision)

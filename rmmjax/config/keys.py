@@ -155,3 +155,12 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
   cfg = dataclasses.replace(cfg, **shared)
   return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
                            if not is_shared(cfg, k)})
+
+
+def implied_keys(before, overrides: list[str], after) -> list[str]:
+  """`key=value` of the keys `apply_overrides(before, overrides)` set without `overrides`
+  naming them (a reranker family named alone sets learner, and over turns k): what a command
+  says it runs beside what it was told."""
+  named = {item.partition("=")[0].strip() for item in overrides}
+  return [f"{k}={getattr(after, k)}" for k in ("learner", "k")
+          if k not in named and getattr(after, k) != getattr(before, k)]

@@ -62,6 +62,15 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, over
   assert not wd.exists()
 
 
+def test_what_a_named_family_also_sets_is_said_before_any_work(tmp_path, capsys, locomo_path):
+  (tmp_path / "file").write_text("")
+  assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "file" / "run"),
+               "--set", f"data={locomo_path}", "--set", "variant=cross"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("variant=cross on the locomo config also sets learner=both, k=50 "
+                        "(name them to choose otherwise)\n"), err
+
+
 def test_workdir_of_another_config_is_refused(tmp_path, capsys):
   wd = tmp_path / "run"
   assert main(["train", "--workdir", str(wd), "--quiet", *_sets("steps=20",

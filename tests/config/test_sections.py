@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rmmjax.config import apply_overrides, encoder_stage, from_json, get_config, get_value
+from rmmjax.config.keys import implied_keys
 from rmmjax.io.workdir import read_config
 from rmmjax.learners import sections
 from rmmjax.learners.cross.config import PRETRAIN_LOSSES, Cross
@@ -137,6 +138,17 @@ def test_a_config_json_without_a_key_is_refused_naming_it(tmp_path):
     (["variant=linear", "learner=reranker"], 20), ([], 20)])
 def test_variant_cross_over_turns_reads_50_candidates_unless_k_is_named(overrides, k):
   assert apply_overrides(get_config("locomo"), [DATA, *overrides]).k == k
+
+
+@pytest.mark.parametrize("overrides, implied", [
+    (["variant=cross"], ["learner=both", "k=50"]),
+    (["variant=cross", "learner=reranker"], ["k=50"]), (["variant=cross", "k=30"], ["learner=both"]),
+    (["variant=mlp"], ["learner=both"]), (["variant=cross", "learner=both", "k=50"], []),
+    (["variant=cross", "units=session"], ["learner=both"]), (["k=30"], [])])
+def test_what_a_named_family_sets_besides_itself_is_said(overrides, implied):
+  named = get_config("locomo")
+  assert implied_keys(named, [DATA, *overrides],
+                      apply_overrides(named, [DATA, *overrides])) == implied
 
 
 def test_variant_cross_s_defaults_are_the_cross_sweep_s_best_arm(monkeypatch):
