@@ -52,6 +52,9 @@ The arms:
   irrelevant candidates alone (`cross.pretrain_loss=weakest`): Recall@5 counts a question
   whose evidence is several turns only when all of them are found, which the softmax over
   every candidate does not ask for (about 30 minutes a run).
+- defaults-weakest: the weakest loss over today's defaults (K = 50, the observations, the
+  flat prior): whether its multi-hop gain at K = 20 holds where the defaults stand (over an
+  hour a run).
 
 The k50-observations-prior0 arm's settings are `variant=cross`'s defaults since (over turns;
 tests/config/test_sections.py holds them together).
@@ -62,7 +65,7 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
                                              candidates16|lambda|k50-observations|
                                              head10|prior0|k50-observations-prior0|
-                                             k50-prior0|weakest]
+                                             k50-prior0|weakest|defaults-weakest]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -114,7 +117,9 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "head10": "cross.head_lr_scale=10.0", "prior0": "cross.prior_scale=0.0",
         "k50-observations-prior0": ("k=50", "cross.observations=true", "cross.prior_scale=0.0"),
         "k50-prior0": ("k=50", "cross.prior_scale=0.0"), "recipe": "k=20",
-        "weakest": "cross.pretrain_loss=weakest"}
+        "weakest": "cross.pretrain_loss=weakest",
+        "defaults-weakest": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
+                             "cross.pretrain_loss=weakest")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -124,7 +129,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "head10": "sweep_cross_head10.md", "prior0": "sweep_cross_prior0.md",
                 "k50-observations-prior0": "sweep_cross_k50-observations-prior0.md",
                 "k50-prior0": "sweep_cross_k50-prior0.md", "recipe": "sweep_cross_recipe.md",
-                "weakest": "sweep_cross_weakest.md"}
+                "weakest": "sweep_cross_weakest.md",
+                "defaults-weakest": "sweep_cross_defaults-weakest.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -141,7 +147,9 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
                                      "starting prior",
           "k50-prior0": "The cross reranker reading K = 50 candidates without the starting prior",
           "recipe": "The recipe itself, trained again as the arms are trained",
-          "weakest": "The cross reranker pretrained on each question's hardest evidence turn"}
+          "weakest": "The cross reranker pretrained on each question's hardest evidence turn",
+          "defaults-weakest": "The cross reranker's defaults pretrained on each question's "
+                              "hardest evidence turn"}
 FOLDS, SEEDS = 2, 1
 
 
