@@ -127,6 +127,10 @@ def main() -> None:
   readings: dict = {}
   for f in range(sweep_cross.FOLDS):
     run = workdir / "runs" / "000" / f"fold_{f}"
+    if not (run / "heldout.json").is_file():
+      raise SystemExit(f"{run} holds no finished run: `python experiments/sweep_cross.py --arm "
+                       f"{args.arm}{' --workdir ' + str(workdir) if args.workdir else ''}` "
+                       "trains and measures it first")
     saved = run / "second_reading.json"  # (a fold read before is not read again)
     if not saved.exists():
       saved.write_text(json.dumps(fold_readings(run, Path(args.data), encoder)))
