@@ -87,9 +87,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   pooler = load_pooler(encoder.model_dir)
   if pooler is not None:
     weights["pooler"] = pooler
-  params = init_cross_params(weights, SCORE_K, 1.0)
-  # A head away from zero, so both sides compute every layer of the score.
-  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  params = _params(weights, cfg, SCORE_K)
   repeats = 2 if quick else 5
   batches = 2 if quick else 4
   score_sets = _pairs(data, batches, SCORE_K)
@@ -156,10 +154,8 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
     print("sentence-transformers is not installed: pip install -e '.[parity]' for the reference")
   else:
     rows.append(_reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets,
-                           repeats, score_pairs, train_pairs, export_cross)
-                | {"served_ms_per_question": {k: _served_reference_ms(
-                    CrossEncoder, params, cfg, encoder, export_cross, sets)
-                    for k, (_, sets) in served.items()}})
+                           repeats, score_pairs, train_pairs, export_cross,
+                           {k: sets for k, (_, sets) in served.items()}))
   result = {"machine": machine_info(), "max_length": MAX_LENGTH, "repeats": repeats,
             "score_batch": f"{QUESTIONS} x {SCORE_K}", "train_batch": f"{QUESTIONS} x {TRAIN_K}",
             "rows": rows}
@@ -194,13 +190,20 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   return result
 
 
+def _params(weights, cfg, k: int) -> dict:
+  """Cross parameters over K candidates with a head away from zero, so both sides compute
+  every layer of the score."""
+  params = init_cross_params(weights, k, 1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  return params
+
+
 def _served_ms(encoder, weights, cfg, data: Path, k: int, questions: int):
   """Median milliseconds per question from texts to scores, as a trained reranker serves
   (tokenised to its reader's length, packed, scored), and the (question, texts) it read."""
   from rmmjax.learners.cross.reader import CrossReader
   reader = CrossReader(encoder.tokenizer, MAX_LENGTH, "bench")
-  params = init_cross_params(weights, k, 1.0)
-  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  params = _params(weights, cfg, k)
   score = jax.jit(lambda p, pairs: cross_scores(p, pairs, cfg),
                   compiler_options=reader.compiler_options())
   sets = [(qs[0], texts[0]) for qs, texts in _pairs(data, questions, k)]
@@ -218,12 +221,8 @@ def _served_ms(encoder, weights, cfg, data: Path, k: int, questions: int):
   return 1e3 * float(np.median([median_time(lambda q=q, t=t: serve(q, t), 1) for q, t in sets])), sets
 
 
-def _served_reference_ms(CrossEncoder, params, cfg, encoder, export_cross, sets) -> float:
+def _served_reference_ms(model, sets) -> float:
   """The same questions' pairs through the CrossEncoder, one question's K pairs a batch."""
-  with tempfile.TemporaryDirectory() as tmp:
-    served = export_cross(jax.device_get(params), cfg, encoder.model_dir, Path(tmp) / "cross",
-                          {}, MAX_LENGTH)
-    model = CrossEncoder(str(served), device="cpu", max_length=MAX_LENGTH)
   predict = lambda q, texts: model.predict([(q, t) for t in texts], batch_size=len(texts),  # noqa: E731
                                            show_progress_bar=False)
   predict(*sets[0])
@@ -231,13 +230,15 @@ def _served_reference_ms(CrossEncoder, params, cfg, encoder, export_cross, sets)
 
 
 def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets, repeats,
-               score_pairs, train_pairs, export_cross) -> dict:
-  """The same pairs through sentence-transformers' CrossEncoder of the same weights."""
+               score_pairs, train_pairs, export_cross, served_sets: dict) -> dict:
+  """The same pairs through sentence-transformers' CrossEncoder of the same weights, and the
+  same questions served (`served_sets`: K -> (question, texts))."""
   with tempfile.TemporaryDirectory() as tmp:
     served = export_cross(jax.device_get(params), cfg, encoder.model_dir, Path(tmp) / "cross",
                           {}, MAX_LENGTH)
     model = CrossEncoder(str(served), device="cpu", max_length=MAX_LENGTH)
   flat = [[(q, t) for q, row in zip(qs, texts) for t in row] for qs, texts in score_sets]
+  served = {k: _served_reference_ms(model, sets) for k, sets in served_sets.items()}
 
   def theirs_score():
     for pairs in flat:
@@ -269,4 +270,5 @@ def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets
           "real_positions": real,
           "score_pairs_per_s": score_pairs / median_time(theirs_score, repeats),
           "train_pairs_per_s": train_pairs / median_time(theirs_train, repeats),
-          "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+          "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+          "served_ms_per_question": served}

@@ -125,8 +125,10 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
   ceiling_Q = (np.concatenate([fold.ceiling for fold in folds])
                if all(fold.ceiling is not None for fold in folds) else None)
   rows = _rows(configs, keys, pooled, m)
-  by_category = lambda v_Q: {c: float(np.mean(np.asarray(v_Q)[..., np.array(categories) == c]))  # noqa: E731
-                             for c in sorted(set(categories))}
+
+  def by_category(values_Q) -> dict[str, float]:  # (over a row's seeds too)
+    cats_Q = np.array(categories)
+    return {c: float(np.mean(np.asarray(values_Q)[..., cats_Q == c])) for c in sorted(set(categories))}
   best = max(rows, key=lambda r: r["recall"])
   for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
     row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
