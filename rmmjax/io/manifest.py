@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 RUN_FILE = "rmmjax.json"  # the manifest
+RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
 FORMAT = 1  # of the files a workdir or an export holds; a folder of another format is refused
 KINDS = ("train", "sweep", "export")
 # Files only a workdir holds (a Hugging Face export has a config.json of its own): beside them

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from rmmjax.io.workdir import atomic_write_text
 
 
@@ -44,3 +46,31 @@ def append_rows(path: Path, rows: list[dict]) -> None:
   with open(path, "a") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
+
+
+def window_means(metrics_T: dict, start_step: int, log_every: int) -> list[dict]:
+  """Per-step metrics -> one row per window of log_every steps, labelled by its last step."""
+  num = len(next(iter(metrics_T.values())))
+  rows = []
+  for lo in range(0, num, log_every):
+    hi = min(lo + log_every, num)
+    row = {"step": start_step + hi}
+    row.update({k: float(np.mean(v[lo:hi])) for k, v in sorted(metrics_T.items())})
+    rows.append(row)
+  return rows
+
+
+def check_finite(metrics_T: dict, start_step: int) -> None:
+  for name, values in metrics_T.items():
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+      raise FloatingPointError(f"{name} became {values[bad[0]]} at step {start_step + bad[0] + 1}")
+
+
+def kept_rows(log_path: Path, logged: list[dict], step: int, log_every: int) -> list[dict]:
+  """The logged rows up to the checkpoint's step, which must be one every log_every steps."""
+  rows = [r for r in logged if r["step"] <= step]
+  if [r["step"] for r in rows] != list(range(log_every, step + 1, log_every)):
+    raise ValueError(f"{log_path} does not hold one row every {log_every} steps up to the "
+                     f"checkpoint at step {step}; use a fresh workdir")
+  return rows

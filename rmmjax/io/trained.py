@@ -10,11 +10,9 @@ import jax
 
 from rmmjax import core
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.manifest import read_run_record
+from rmmjax.io.manifest import RECORD_FILE, read_run_record
 from rmmjax.io.workdir import read_config
 from rmmjax.learners import sections
-
-RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
 
 
 def read_record(workdir: Path) -> dict:

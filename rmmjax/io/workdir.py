@@ -21,7 +21,9 @@ from pathlib import Path
 
 from rmmjax.config import Config, from_json, qualified
 from rmmjax.learners import sections
-from rmmjax.io.manifest import FORMAT, RUN_FILE, read_run_record, stopped_in_first_stage
+from rmmjax.io.manifest import (FORMAT, RECORD_FILE, RUN_FILE, read_run_record,
+                                 stopped_in_first_stage)
+from rmmjax.io.record import file_sha256
 
 LOCK_FILE = ".lock"  # names the one process that holds the workdir (the lock is on the folder)
 
@@ -263,11 +265,22 @@ def _shown(diff: dict) -> str:
   return ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
 
 
-def check_resumable(workdir: Path, cfg: Config, same_data: bool = False,
-                    stage: bool = False) -> None:
+def _same_data(workdir: Path, data: str) -> bool:
+  """Whether a run's data file, wherever it is now, has the content the run started on."""
+  path = Path(workdir) / RECORD_FILE
+  if not data or not path.is_file():
+    return False
+  try:
+    old = json.loads(path.read_text()).get("data_sha256")
+  except (OSError, ValueError, AttributeError):
+    return False  # (a damaged record is refused where it is read)
+  return old is not None and Path(data).is_file() and old == file_sha256(Path(data))
+
+
+def check_resumable(workdir: Path, cfg: Config, stage: bool = False) -> None:
   """Refuses a sweep's workdir, one that holds a run of another config, or (unless `stage`: the
   run trains it as its own first stage) a learner=both run's first stage trained alone; before
-  anything is written. `same_data`: the data file's content is the run's, moved or copied."""
+  anything is written. The data file may have moved or been copied: its content is compared."""
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
@@ -285,6 +298,7 @@ def check_resumable(workdir: Path, cfg: Config, same_data: bool = False,
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
+  same_data = _same_data(workdir, cfg.data)
   diff = _config_diff(path, cfg, extendable_keys(cfg) + (("data",) if same_data else ()))
   if diff:
     raise ValueError(f"{workdir} holds a run of another config ({_shown(diff)}); use a fresh "

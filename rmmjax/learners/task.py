@@ -41,7 +41,7 @@ class Task(abc.ABC):
   model = None
 
   @classmethod
-  def preflight(cls, cfg, encoder, workdir) -> None:
+  def check_run(cls, cfg, encoder, workdir) -> None:
     """The checks of a run of this task that its config cannot make alone (the encoder, the
     data, the device's memory), made before anything of the run is written, on every process
     (before a learner=both run tunes its query encoder); none by default. Raises ValueError."""

@@ -26,8 +26,7 @@ from tqdm import tqdm
 from rmmjax.config import Config, apply_precision
 from rmmjax.io import metrics_log, plots, tensorboard
 from rmmjax.io.checkpoint import Checkpointer, saved_steps
-from rmmjax.io.trained import RECORD_FILE
-from rmmjax.io.record import file_sha256
+from rmmjax.io.manifest import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
@@ -37,30 +36,11 @@ STAGE_DIR = "query_encoder"  # the first stage's workdir, inside the run's
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
 
 
-def window_means(metrics_T: dict, start_step: int, log_every: int) -> list[dict]:
-  """Per-step metrics -> one row per window of log_every steps, labelled by its last step."""
-  num = len(next(iter(metrics_T.values())))
-  rows = []
-  for lo in range(0, num, log_every):
-    hi = min(lo + log_every, num)
-    row = {"step": start_step + hi}
-    row.update({k: float(np.mean(v[lo:hi])) for k, v in sorted(metrics_T.items())})
-    rows.append(row)
-  return rows
-
-
 def first_last(rows: list[dict], metric: str) -> tuple[float, float]:
   """Means of a metric over the first and last tenth of the logged rows."""
   n = max(1, math.ceil(len(rows) * FIRST_LAST_FRACTION))
   values = np.array([r[metric] for r in rows])
   return float(values[:n].mean()), float(values[-n:].mean())
-
-
-def _check_finite(metrics_T: dict, start_step: int) -> None:
-  for name, values in metrics_T.items():
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-      raise FloatingPointError(f"{name} became {values[bad[0]]} at step {start_step + bad[0] + 1}")
 
 
 def _check_extendable(cfg: Config, workdir: Path, done: int) -> None:
@@ -72,27 +52,6 @@ def _check_extendable(cfg: Config, workdir: Path, done: int) -> None:
     raise ValueError(f"{workdir} has already trained {done} steps and steps={cfg.steps} asks for "
                      f"fewer; a run cannot be shortened: use a fresh workdir, or steps >= {done} "
                      "to resume or extend it")
-
-
-def _kept_rows(log_path: Path, logged: list[dict], step: int, log_every: int) -> list[dict]:
-  """The logged rows up to the checkpoint's step, which must be one every log_every steps."""
-  rows = [r for r in logged if r["step"] <= step]
-  if [r["step"] for r in rows] != list(range(log_every, step + 1, log_every)):
-    raise ValueError(f"{log_path} does not hold one row every {log_every} steps up to the "
-                     f"checkpoint at step {step}; use a fresh workdir")
-  return rows
-
-
-def _same_data(workdir: Path, cfg: Config) -> bool:
-  """Whether a run's data file, wherever it is now, has the content the run started on."""
-  path = Path(workdir) / RECORD_FILE
-  if not cfg.data or not path.is_file():
-    return False
-  try:
-    old = json.loads(path.read_text()).get("data_sha256")
-  except (OSError, ValueError, AttributeError):
-    return False  # (a damaged record is refused where it is read)
-  return old is not None and Path(cfg.data).is_file() and old == file_sha256(Path(cfg.data))
 
 
 def _check_record(workdir: Path, record: dict | None) -> None:
@@ -114,8 +73,8 @@ def check_run(cfg: Config, encoder, workdir: Path) -> None:
   """The task's own checks of a run (and of a learner=both run's query encoder stage), which
   its config cannot make alone; before anything is written."""
   if (first := cfg.first_stage) is not None:
-    training_task(first).preflight(first, encoder, Path(workdir) / STAGE_DIR)
-  training_task(cfg).preflight(cfg, encoder, workdir)
+    training_task(first).check_run(first, encoder, Path(workdir) / STAGE_DIR)
+  training_task(cfg).check_run(cfg, encoder, workdir)
 
 
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
@@ -135,12 +94,12 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
       if distributed.is_writer():  # one process at a time: the second is refused, naming it
         locks[workdir] = holding.enter_context(held(workdir, "train"))
       # before anything is created or compiled
-      check_resumable(workdir, cfg, _same_data(workdir, cfg))
+      check_resumable(workdir, cfg)
       stage, first = workdir.resolve() / STAGE_DIR, cfg.first_stage
       if first is not None:
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           locks[stage] = holding.enter_context(held(stage, "train"))
-        check_resumable(stage, first, _same_data(stage, cfg), stage=True)
+        check_resumable(stage, first, stage=True)
       # The tasks' own checks, before a learner=both run tunes its encoder.
       check_run(cfg, encoder, workdir)
     try:
@@ -169,6 +128,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   check = lock.check if lock is not None else (lambda: None)
   task_cfg = task_cfg or cfg
   log_path = workdir / "metrics.jsonl"
+  config_json = cfg.to_json()
+  run_record = {"kind": "train", "learner": cfg.learner, "stages": list(cfg.section_names())}
   with distributed.preflight("configs, data or workdirs") as found:
     saved = saved_steps(workdir / "checkpoints")
     _check_extendable(cfg, workdir, saved[-1] if saved else 0)
@@ -178,8 +139,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     # Over several processes every one computes; process 0 writes the files (checkpoints go
     # through Orbax, which every process takes part in). They must agree on the run and on
     # where it resumes, before any of them restores (a collective).
-    found.digest = distributed.digest(cfg.to_json(), json.dumps(task.record, sort_keys=True,
-                                                                default=str),
+    found.digest = distributed.digest(config_json, json.dumps(task.record, sort_keys=True,
+                                                              default=str),
                                       str(workdir.resolve()))
     found.step = saved[-1] if saved else 0
   reader = Checkpointer(workdir / "checkpoints", read_only=True)
@@ -187,7 +148,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     step, state, unreadable = reader.restore_latest(task.template)
   finally:
     reader.close()
-  rows = _kept_rows(log_path, logged, step, cfg.log_every)
+  rows = metrics_log.kept_rows(log_path, logged, step, cfg.log_every)
   writes = distributed.is_writer()
   progress = progress and writes
 
@@ -196,9 +157,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     print(f"resuming {workdir} from step {step} of {cfg.steps}", file=sys.stderr)
   if writes:
     check()
-    write_run_record(workdir, {"kind": "train", "learner": cfg.learner,
-                               "stages": list(cfg.section_names())})
-    atomic_write_text(workdir / "config.json", cfg.to_json() + "\n")
+    write_run_record(workdir, run_record)
+    atomic_write_text(workdir / "config.json", config_json + "\n")
     atomic_write_json(workdir / RECORD_FILE, task.record)  # what it trains on, for eval
   eval_first = task.evaluate_first() if measure_heldout else {}
   pretrained = state is None
@@ -210,7 +170,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   if writes:
     metrics_log.rewind(log_path, step, rows)
     # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
-    tensorboard.rewrite(workdir / "tb", {"": rows}, "train", cfg.to_json())
+    tensorboard.rewrite(workdir / "tb", {"": rows}, "train", config_json)
   checkpointer = Checkpointer(workdir / "checkpoints")
   writer = None
   try:
@@ -230,8 +190,8 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
         state, metrics_T = task.advance(state, n, **(
             {"on_step": bar.update} if task.steps_from_host else {}))
         metrics_T = distributed.gather(metrics_T)
-        _check_finite(metrics_T, step)
-        new_rows = window_means(metrics_T, step, cfg.log_every)
+        metrics_log.check_finite(metrics_T, step)
+        new_rows = metrics_log.window_means(metrics_T, step, cfg.log_every)
         if writes:  # rows first: a checkpoint implies its rows
           check()
           metrics_log.append_rows(log_path, new_rows)

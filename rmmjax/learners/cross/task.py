@@ -47,8 +47,8 @@ class CrossRerankerTask(ReplayTask):
   model = None  # (its encoder's configuration fixes it: cross_spec)
 
   @classmethod
-  def preflight(cls, cfg, encoder, workdir) -> None:
-    preflight_cross(cfg, encoder, workdir)
+  def check_run(cls, cfg, encoder, workdir) -> None:
+    check_cross_workdir(cfg, encoder, workdir)
 
   def __init__(self, cfg, encoder=None, progress: bool = False, workdir=None):
     self._progress = progress
@@ -196,7 +196,7 @@ def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
   return [jax.tree.map(lambda x: np.asarray(x)[c], streams_CxSxB) for c in range(num)]  # noqa
 
 
-def preflight_cross(cfg, encoder, workdir) -> None:
+def check_cross_workdir(cfg, encoder, workdir) -> None:
   """A cross reranker's checks before its run writes anything (a resume skips the kinds of
   step it has taken; see check_cross_run)."""
   _, conversations, _, encoder = replay_inputs(cfg, encoder)

@@ -59,7 +59,7 @@ class ReplayTask(Task):
     return None
 
   @classmethod
-  def preflight(cls, cfg, encoder, workdir) -> None:
+  def check_run(cls, cfg, encoder, workdir) -> None:
     """The training questions fill one batch (a larger batch would be padded until it ran out
     of memory), before anything is embedded or written."""
     num = training_questions(cfg)

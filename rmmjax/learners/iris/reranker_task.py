@@ -34,7 +34,7 @@ from rmmjax.io.record import replay_record
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
-from rmmjax.learners.cross.task import cross_initial_params, preflight_cross, pretrain_cross
+from rmmjax.learners.cross.task import cross_initial_params, check_cross_workdir, pretrain_cross
 from rmmjax.learners.embedding.model import EMBEDDING, batch_scores
 from rmmjax.replay.inputs import replay_inputs
 from rmmjax.learners.task import Task
@@ -51,9 +51,9 @@ class IrisTask(Task):
   """The training loop's task (see task.py) for units `lace`."""
 
   @classmethod
-  def preflight(cls, cfg, encoder, workdir) -> None:
+  def check_run(cls, cfg, encoder, workdir) -> None:
     if isinstance(cfg.learning, Cross):  # the cross reranker's checks, as on turns
-      preflight_cross(cfg, encoder, workdir)
+      check_cross_workdir(cfg, encoder, workdir)
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp, self._progress = cfg, cfg.hparams(), progress

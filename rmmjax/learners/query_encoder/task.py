@@ -66,7 +66,7 @@ class QueryEncoderTask(Task):
     self._online = Online(online_step(encoder.module))
 
   @classmethod
-  def preflight(cls, cfg, encoder, workdir) -> None:
+  def check_run(cls, cfg, encoder, workdir) -> None:
     """The training questions fill a batch of online steps and one of pretraining (a larger
     pretraining batch would be padded until it ran out of memory), before anything is embedded
     or written."""

@@ -14,7 +14,8 @@ from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.io.workdir import check_sweepable, held, sweep_record
 from rmmjax.learners.registry import with_model
-from rmmjax.train.loop import first_last, window_means
+from rmmjax.io.metrics_log import window_means
+from rmmjax.train.loop import first_last
 from rmmjax.train.sweep.chunks import chunk_size, run_chunks
 from rmmjax.train.sweep.grid import label, settings, sweep_configs
 from rmmjax.train.sweep.table import start, write

@@ -26,7 +26,8 @@ from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questi
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
     train_reranker
-from rmmjax.train.loop import train, window_means
+from rmmjax.io.metrics_log import window_means
+from rmmjax.train.loop import train
 from rmmjax.learners.embedding.task import build_replays
 from rmmjax.learners.registry import with_model
 from rmmjax.train.sweep import runs

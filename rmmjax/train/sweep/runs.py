@@ -17,7 +17,7 @@ import numpy as np
 from rmmjax.config import Config, with_values
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
-from rmmjax.io.trained import RECORD_FILE
+from rmmjax.io.manifest import RECORD_FILE
 from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import unit_pools
