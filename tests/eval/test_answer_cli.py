@@ -84,7 +84,8 @@ def test_a_reranker_over_a_tuned_query_encoder_brings_it(three, server, tmp_path
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *sets(f"data={three}", "learner=both", "units=topic", "k=4", "m=2",
                      "holdout=1", "steps=20", "log_every=10", "checkpoint_every=20",
-                     "pretrain_epochs=1", "encoder_tuning.pretrain_epochs=1")]) == 0
+                     "pretrain_epochs=1", "encoder_tuning.pretrain_epochs=1",
+                     "encoder_tuning.steps=10")]) == 0
   assert main(["ingest", "--data", str(three), "--db", str(tmp_path / "bank.sqlite"),
                "--user-per-conversation", "--quiet"]) == 0
   out = tmp_path / "report.json"

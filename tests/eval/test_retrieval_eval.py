@@ -165,6 +165,7 @@ def test_eval_checks_its_output_path_before_the_work(three, tmp_path, capsys, ma
   assert message in err and str(out) in err and "R@5" not in err
 
 
+@pytest.mark.slow
 def test_dense_and_hybrid_retrieval_rank_the_evidence(long_conversation, tmp_path):
   """One conversation end to end with the real encoder: dense and the BM25 fusion find evidence
   far above chance, and fusion is at least as good as the weaker of its two inputs."""

@@ -113,6 +113,7 @@ def test_a_file_without_observations_is_refused_before_anything_is_written(three
   assert not wd.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_encoder")
 def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path, capsys):
   path, _ = _with_observations(three, tmp_path)

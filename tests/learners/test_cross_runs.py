@@ -336,7 +336,8 @@ def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(t
 def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_path):
   wd = tmp_path / "both"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_args(three, "learner=both", "steps=0")]) == 0
+               *_args(three, "learner=both", "steps=0", "encoder_tuning.steps=10",
+                      "encoder_tuning.pretrain_epochs=1")]) == 0
   record = json.loads((wd / "record.json").read_text())
   stage = json.loads((wd / "query_encoder" / "record.json").read_text())
   assert record["query_encoder"].startswith(stage["encoder"] + "+tuned:")

@@ -342,7 +342,7 @@ def _refused_after_the_lock(monkeypatch):
   from rmmjax.train import loop  # noqa: PLC0415
   held = []
 
-  def refuse(workdir, cfg, same_data=False):
+  def refuse(workdir, cfg):
     held.append((workdir / ".lock").exists())
     raise ValueError("refused after the lock")
 
