@@ -85,16 +85,12 @@ class Checkpointer:
     return sorted(self._manager.all_steps()) if self._manager is not None else []
 
   def save(self, step: int, state: TrainState) -> None:
-    if self._read_only:
-      raise ValueError(f"{self._directory} was opened read-only; cannot save step {step}")
     if self._manager is None:
       self._manager = self._open()
     self._manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
     self._manager.wait_until_finished()
 
   def delete(self, step: int) -> None:
-    if self._read_only:
-      raise ValueError(f"{self._directory} was opened read-only; cannot delete step {step}")
     self._manager.delete(step)
 
   def restore(self, step: int, template: TrainState) -> TrainState:

@@ -44,10 +44,8 @@ def first_last(rows: list[dict], metric: str) -> tuple[float, float]:
 
 
 def _check_extendable(cfg: Config, workdir: Path, done: int) -> None:
-  """Refuses steps that an extended run could not continue exactly, or fewer than were done."""
-  if cfg.steps % cfg.log_every:
-    raise ValueError(f"steps={cfg.steps} is not a multiple of log_every={cfg.log_every}: a run "
-                     "extended from it would average other windows than an uninterrupted one")
+  """Refuses fewer steps than were done (steps is a multiple of log_every, as the config's
+  check requires: an extended run averages the same windows as an uninterrupted one)."""
   if done > cfg.steps:
     raise ValueError(f"{workdir} has already trained {done} steps and steps={cfg.steps} asks for "
                      f"fewer; a run cannot be shortened: use a fresh workdir, or steps >= {done} "

@@ -127,6 +127,7 @@ def test_eval_takes_the_retriever_from_the_run_and_refuses_another_tokenizer(
     assert "record.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_export_scores_as_rmmjax_does(cross_run, tmp_path, capsys):
   st = pytest.importorskip("sentence_transformers",
                            reason="the comparison needs sentence-transformers and torch: "
@@ -411,6 +412,7 @@ def test_killed_runs_resume_to_the_uninterrupted_summary(cross_run, three, tmp_p
   assert (killed / "metrics.jsonl").read_text() == (cross_run / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_steps_0_pretrains_alone_and_more_steps_continue_from_it(cross_run, three, tmp_path,
                                                                  capsys):
   wd = tmp_path / "run"

@@ -118,6 +118,7 @@ def test_a_killed_sweep_reruns_only_its_unfinished_folds(three, swept, tmp_path,
   assert np.array_equal(fold_file(wd, 0)["scores"], before["scores"])
 
 
+@pytest.mark.slow
 def test_the_same_sweep_with_its_values_listed_in_another_order_resumes(three, swept, tmp_path,
                                                                        capsys):
   wd = tmp_path / "again"
@@ -132,6 +133,7 @@ def test_the_same_sweep_with_its_values_listed_in_another_order_resumes(three, s
       (swept / "sweep.json").read_text())["rows"]
 
 
+@pytest.mark.slow
 def test_a_sweep_over_two_keys_resumes_with_either_order_of_its_keys(three, tmp_path, capsys):
   """(the manifest keeps the grid with its keys sorted: a sweep whose keys were given in another
   order was refused its own rerun.)"""
@@ -463,6 +465,7 @@ def test_an_unreadable_fold_file_is_named_with_what_to_do(three, swept, tmp_path
   assert "fold_1.npz is not a fold of a sweep" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_no_best_leaves_best_out_of_the_plan_and_the_workdir(three, tmp_path, capsys):
   wd = tmp_path / "nobest"
   assert _sweep(three, wd, "--no-best") == 0

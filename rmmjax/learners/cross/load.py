@@ -108,10 +108,7 @@ def load_cross_export(path: Path) -> LoadedReranker:
   for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
     encoder[flax_name] = {"kernel": jnp.asarray(weights[f"{hf_name}.weight"].T, jnp.float32),
                           "bias": jnp.asarray(weights[f"{hf_name}.bias"], jnp.float32)}
-  rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)
-  if rank_bias.shape != (cfg.k,):
-    raise ValueError(f"{path / RUN_FILE}: {rank_bias.shape[0]} rank_bias values for "
-                     f"k={cfg.k}")
+  rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)  # (its length is k: checked above)
   return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
                         cross_spec(cfg, bert), cfg.hparams(), header["record"],
                         header["record"].get("step"), cfg.steps)

@@ -119,9 +119,7 @@ def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):
   listwise loss over these n costs n/K of one over all K: what makes pretraining a cross
   reranker on every labelled question affordable."""
   mask, relevant = np.asarray(questions_N.mask_BxK), np.asarray(questions_N.relevant_BxK)
-  num, k = mask.shape
-  if not 2 <= n <= k:
-    raise ValueError(f"cross_pretrain_candidates={n}: expected 2 to k={k}")
+  num, k = mask.shape  # (2 <= n <= k: the cross section's check)
   rng = np.random.default_rng(seed)
   keys = rng.random((num, k))
   # Sort key per candidate: relevant ones (up to n // 2 of them) first, then the irrelevant
