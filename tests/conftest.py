@@ -40,6 +40,20 @@ import synthetic_locomo  # noqa: E402
 DATA_DIR = Path(os.environ.get("RMMJAX_DATA",
                                Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
+# The files that take longest, longest first. A file runs in one process (--dist loadfile), in
+# the order collected; one of these started last, while the other cores sit idle, would set the
+# suite's time, so they start first and the many short files fill in around them.
+LONGEST_FIRST = [f"tests/{name}.py" for name in (
+    "learners/test_cross_runs", "train/test_distributed", "train/test_replay_sweep",
+    "learners/test_iris_models_runs", "llm/test_llm_server", "train/test_ray_sweep", "test_pinned",
+    "eval/test_answer_cli", "learners/test_query_encoder_runs", "train/test_sweep_grid",
+    "learners/test_iris_cross", "cli/test_chat_cli", "cli/test_cli", "train/test_workdir")]
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # (stable)
+
 
 def _shared_file(relative: str, source: str) -> Path:
   path = DATA_DIR / relative
