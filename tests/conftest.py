@@ -7,7 +7,9 @@ saying where to get it (in CI they fail instead).
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite compiles hundreds of small programs and runs each a few times, so LLVM's optimisation
@@ -26,6 +28,13 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on every platform, so the parity tests (fast = naive scorer, export =
 # JAX, encoder = sentence-transformers) mean the same on an accelerator as on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
+# The suite trains many tiny runs of the same shapes, and each run compiles its programs anew:
+# a process of the suite keeps what it compiled in a cache of its own, removed when it ends. Not
+# shared between processes (set here, not in the environment the processes a test starts
+# inherit): two processes writing one entry at once could leave it torn.
+COMPILED = tempfile.mkdtemp(prefix="rmmjax-tests-compiled-")
+jax.config.update("jax_compilation_cache_dir", COMPILED)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 from pathlib import Path  # noqa: E402
 
@@ -48,6 +57,10 @@ LONGEST_FIRST = [f"tests/{name}.py" for name in (
     "learners/test_iris_models_runs", "llm/test_llm_server", "train/test_ray_sweep", "test_pinned",
     "eval/test_answer_cli", "learners/test_query_encoder_runs", "train/test_sweep_grid",
     "learners/test_iris_cross", "cli/test_chat_cli", "cli/test_cli", "train/test_workdir")]
+
+
+def pytest_unconfigure(config):
+  shutil.rmtree(COMPILED, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
