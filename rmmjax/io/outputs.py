@@ -27,27 +27,23 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output_file(path: str | Path, flag: str) -> Path:
   """A file path that can be written: not a directory, under a writable directory."""
-  path = Path(path)
-  if path.is_dir():
-    raise ValueError(f"{flag} {path} is a directory; expected a file name")
-  base = _nearest_existing(path.parent)
+  return _check_output(Path(path), flag, directory=False)
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+  """A directory path that can be written: not an existing file, under a writable directory."""
+  return _check_output(Path(path), flag, directory=True)
+
+
+def _check_output(path: Path, flag: str, directory: bool) -> Path:
+  if path.exists() and path.is_dir() != directory:
+    raise ValueError(f"{flag} {path} is a {'file' if directory else 'directory'}; expected a "
+                     f"{'directory' if directory else 'file name'}")
+  base = _nearest_existing(path if directory else path.parent)
   if not base.is_dir():
     raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
   if not os.access(base, os.W_OK | os.X_OK) or not can_create_in(base):
     raise ValueError(f"{flag} {path}: {base} is not writable")
   if path.exists() and not os.access(path, os.W_OK):
     raise ValueError(f"{flag} {path} exists and is not writable")
-  return path
-
-
-def check_output_dir(path: str | Path, flag: str) -> Path:
-  """A directory path that can be written: not an existing file, under a writable directory."""
-  path = Path(path)
-  if path.exists() and not path.is_dir():
-    raise ValueError(f"{flag} {path} is a file; expected a directory")
-  base = _nearest_existing(path)
-  if not base.is_dir():
-    raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
-  if not os.access(base, os.W_OK | os.X_OK) or not can_create_in(base):
-    raise ValueError(f"{flag} {path}: {base} is not writable")
   return path

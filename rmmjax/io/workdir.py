@@ -168,19 +168,26 @@ def default_mode(directory: bool = False) -> int:
   return (0o777 if directory else 0o666) & ~_umask()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-  """Writes text to path through a temporary file and a rename, so readers never see half."""
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+  """Yields a temporary file name beside path; what the block writes there replaces path when
+  it ends, so readers never see half a file (and a failed block leaves path as it was)."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  os.close(fd)
   try:
-    os.fchmod(fd, default_mode())  # mkstemp makes 0600; the file should be like any other output
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
+    yield Path(tmp)
+    os.chmod(tmp, default_mode())  # mkstemp makes 0600; the file should be like any other output
     os.replace(tmp, path)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+  with atomic_path(path) as tmp:
+    tmp.write_text(text)
 
 
 def atomic_write_json(path: Path, data) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from rmmjax import core
 
@@ -26,11 +27,4 @@ class LoadedReranker:
 
 def nest(flat: dict[str, np.ndarray]) -> dict:
   """{"q_mlp/w1": x} -> {"q_mlp": {"w1": x}} (the inverse of export.flatten_params)."""
-  out: dict = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = jnp.asarray(value)
-  return out
+  return traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()}, sep="/")

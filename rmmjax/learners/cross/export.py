@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,8 @@ from rmmjax.io.trained import export_manifest, load_trained_params
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.manifest import RUN_FILE
-from rmmjax.io.workdir import atomic_write_json, read_config, write_run_record
+from rmmjax.io.workdir import (atomic_path, atomic_write_json, read_config, replace_dir,
+                               write_run_record)
 from rmmjax.learners.cross.spec import restore
 
 IDENTITY = "torch.nn.modules.linear.Identity"
@@ -83,9 +83,8 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
   if tokenizer_config.exists():  # the pair length rmmjax scored with
     data = json.loads(tokenizer_config.read_text())
     atomic_write_json(tokenizer_config, data | {"model_max_length": max_length})
-  tmp = out / ".model.safetensors.partial"
-  save_file(cross_tensors(params, cfg), str(tmp), metadata={"format": "pt"})
-  tmp.replace(out / "model.safetensors")
+  with atomic_path(out / "model.safetensors") as tmp:
+    save_file(cross_tensors(params, cfg), str(tmp), metadata={"format": "pt"})
   write_run_record(out, manifest | {
       "how_to_score": HOW_TO_SCORE, "max_length": max_length,
       "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(),
@@ -113,23 +112,11 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
                      "give a directory name")
   if out.exists() and any(out.iterdir()):
     raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-  try:
+  with replace_dir(out) as staging:
     # (a folder holding the reranker alone: learner=reranker, in a learner=both export too)
     export_cross(params, spec.model.bert, encoder.model_dir, staging,
                  manifest | {"learner": "reranker", "record": record | {"step": step}},
                  record["cross"]["max_length"])
-    # mkdtemp and safetensors leave owner-only modes: a serving account must read the files.
-    staging.chmod(0o755)
-    for path in staging.iterdir():
-      path.chmod(0o644)
-    if out.exists():
-      out.rmdir()
-    staging.rename(out)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
   return out
 
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
+from flax import traverse_util
 from safetensors.numpy import save_file
 
 from rmmjax import core
 from rmmjax.config import SWEEPABLE, get_value
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.trained import load_trained_params, read_record
-from rmmjax.io.workdir import atomic_write_json, read_config
+from rmmjax.io.workdir import atomic_path, atomic_write_json, read_config
 from rmmjax.learners.embedding.format import (FORMAT_VERSION, HEADER_KEY, RANK_PRIOR_FORMULA,
                                               SCORE_FORMULAS, check_weights)
 from rmmjax.learners.embedding.model import EMBEDDING
@@ -35,15 +34,10 @@ def export_run(workdir: Path, out: Path) -> str:
           "copy)\n" + json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
 
 
-def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+def flatten_params(params: dict) -> dict[str, np.ndarray]:
   """{"q_mlp": {"w1": x}} -> {"q_mlp/w1": x} (names as a serving system sees them)."""
-  flat = {}
-  for name, value in params.items():
-    if isinstance(value, dict):
-      flat.update(flatten_params(value, f"{prefix}{name}/"))
-    else:
-      flat[f"{prefix}{name}"] = np.ascontiguousarray(np.asarray(value, np.float32))
-  return flat
+  return {name: np.ascontiguousarray(np.asarray(value, np.float32))
+          for name, value in traverse_util.flatten_dict(params, sep="/").items()}
 
 
 def describe(cfg, record: dict, step: int) -> dict:
@@ -66,8 +60,6 @@ def _check_out(out: Path) -> Path:
   out = Path(out)
   if out.suffix != ".safetensors":
     raise ValueError(f"--out {out}: expected a file name ending in .safetensors")
-  if out.is_dir():
-    raise ValueError(f"--out {out} is a directory; expected a file name ending in .safetensors")
   return out
 
 
@@ -106,16 +98,6 @@ def export_state(state: core.TrainState, out: str | Path, record: dict | None = 
 def _write(params: dict, meta: dict, out: Path, where: str) -> None:
   flat = flatten_params(params)
   check_weights(flat, meta, where)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-  os.close(fd)
-  try:
-    save_file(flat, tmp, metadata={HEADER_KEY: json.dumps(meta, sort_keys=True)})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, out)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
+  with atomic_path(out) as tmp:
+    save_file(flat, str(tmp), metadata={HEADER_KEY: json.dumps(meta, sort_keys=True)})
   atomic_write_json(out.with_suffix(".json"), meta)
