@@ -73,10 +73,10 @@ def turn_text(turn: BankTurn, date: str) -> str:
   return f"[{date}] {turn.speaker}: {turn.text}"
 
 
-def segment(vectors: np.ndarray, *, split_below: float, min_turns: int, max_turns: int,
-            against: str = "centroid") -> list[range]:
+def segment(vectors: np.ndarray, *, split_below: float, min_turns: int,
+            max_turns: int) -> list[range]:
   """Consecutive ranges of rows covering every row once: a new range starts at a row whose
-  cosine to the current range's centroid (or to the row before, `against="previous"`) is below
+  cosine to the current range's centroid (so one off-topic reply does not end it) is below
   `split_below` once the range has min_turns rows, and always when it has max_turns."""
   vectors = np.asarray(vectors, np.float32)
   n = len(vectors)
@@ -85,9 +85,8 @@ def segment(vectors: np.ndarray, *, split_below: float, min_turns: int, max_turn
   ranges, start, total = [], 0, vectors[0].astype(np.float64)
   for i in range(1, n):
     length = i - start
-    other = total if against == "centroid" else vectors[i - 1]
-    cosine = float(vectors[i] @ other) / max(
-        float(np.linalg.norm(vectors[i]) * np.linalg.norm(other)), 1e-12)
+    cosine = float(vectors[i] @ total) / max(
+        float(np.linalg.norm(vectors[i]) * np.linalg.norm(total)), 1e-12)
     if length >= max_turns or (length >= min_turns and cosine < split_below):
       ranges.append(range(start, i))
       start, total = i, np.zeros_like(total)
@@ -98,15 +97,6 @@ def segment(vectors: np.ndarray, *, split_below: float, min_turns: int, max_turn
       len(ranges[-2]) + len(ranges[-1]) <= max_turns):
     ranges[-2:] = [range(ranges[-2].start, n)]
   return ranges
-
-
-def central(vectors: np.ndarray, keep: int) -> list[int]:
-  """Positions (in order) of the `keep` rows closest to the rows' mean direction."""
-  if keep >= len(vectors):
-    return list(range(len(vectors)))
-  mean = np.asarray(vectors, np.float64).mean(axis=0)
-  scores = np.asarray(vectors, np.float64) @ mean
-  return sorted(np.argsort(-scores, kind="stable")[:keep].tolist())
 
 
 def extractive_summary(turns: Sequence[BankTurn], date: str) -> str:
@@ -125,24 +115,17 @@ class OfflineReflector(Reflector):
       all-MiniLM-L6-v2, whose cosines between dated turns of one session are mostly 0.5-0.8.
     min_turns: no topic ends before it has this many turns (the session's last may be shorter).
     max_turns: a topic ends when it has this many turns, whatever the similarity.
-    against: "centroid" compares a turn with the mean of the topic's turns so far (one off-topic
-      reply does not end it); "previous" compares it with the turn just before.
     merge_at: a topic merges into the most similar memory when the cosine of their summaries'
       embeddings is at least this; otherwise it is added.
     max_merged_turns: no merge makes a memory hold more turns than this (the topic merges into
       the next similar enough memory, or is added), so summaries stay readable.
-    summary_turns: keep only this many turns (the most central ones, in order) in a topic's
-      summary; None keeps all. The memory keeps all its snippets either way; note that unit text
-      then covers fewer turns than the unit's turn ids.
   """
 
   def __init__(self, encoder: Encoder, *, split_below: float = 0.6, min_turns: int = 2,
-               max_turns: int = 12, against: str = "centroid", merge_at: float = 0.85,
-               max_merged_turns: int = 36, summary_turns: int | None = None):
+               max_turns: int = 12, merge_at: float = 0.85, max_merged_turns: int = 36):
     self.encoder = encoder
     self.split_below, self.min_turns, self.max_turns = split_below, min_turns, max_turns
-    self.against, self.merge_at, self.max_merged_turns = against, merge_at, max_merged_turns
-    self.summary_turns = summary_turns
+    self.merge_at, self.max_merged_turns = merge_at, max_merged_turns
 
   def with_encoder(self, encoder: Encoder) -> OfflineReflector:
     """The same reflector embedding turns with another encoder (a memo of the same one)."""
@@ -157,11 +140,8 @@ class OfflineReflector(Reflector):
     vectors = np.asarray(self.encoder.encode([turn_text(t, date) for t in turns]), np.float32)
     topics = []
     for part in segment(vectors, split_below=self.split_below, min_turns=self.min_turns,
-                        max_turns=self.max_turns, against=self.against):
-      chosen = list(part)
-      if self.summary_turns is not None:
-        chosen = [part[i] for i in central(vectors[part.start:part.stop], self.summary_turns)]
-      summary = extractive_summary([turns[i] for i in chosen], date)
+                        max_turns=self.max_turns):
+      summary = extractive_summary([turns[i] for i in part], date)
       topics.append(Topic(summary, tuple(turns[i].turn_id for i in part)))
     return Extraction(tuple(topics))
 
