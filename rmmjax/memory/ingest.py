@@ -39,7 +39,7 @@ COUNTS = ("users", "sessions", "sessions_skipped", "turns", "topics", "memories_
 
 
 def bank_text(turn: Turn) -> str:
-  """A turn's text as the bank stores it: an image turn keeps its caption (as turn units do)."""
+  """A turn's text as the bank and LaceMem store it: an image turn keeps its caption."""
   return f"{turn.text} [shares an image: {turn.caption}]" if turn.caption else turn.text
 
 
@@ -121,8 +121,7 @@ def _ahead(reflector: Reflector, encoder: Encoder,
 
 def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation],
                          reflector: Reflector, encoder: Encoder, *, user: str | None = None,
-                         user_per_conversation: bool = False, top_k: int = 5,
-                         progress: bool = False) -> dict:
+                         user_per_conversation: bool = False, progress: bool = False) -> dict:
   """Replays each conversation's sessions in order: store the session with its turns, then
   reflect; returns counts (of this run: skipped sessions add nothing) and the time taken.
 
@@ -152,8 +151,7 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
     run_reflector, run_encoder = _ahead(reflector, encoder, todo)
     for session in todo:
       try:
-        report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder,
-                                 top_k=top_k)
+        report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder)
       except SessionEnded:
         counts["sessions_skipped"] += 1
         bar.update(1)

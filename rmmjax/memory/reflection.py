@@ -40,6 +40,7 @@ EXTRACTION_MAX_TOKENS = 2048
 MAX_SUMMARY_CHARS = 8000
 # Reads and recomputations of one reflection when other writers keep changing the user.
 REFLECTION_ATTEMPTS = 5
+CANDIDATES = 5  # the memories most similar to a topic, shown to its add-or-merge decision
 
 
 @final
@@ -199,8 +200,7 @@ def _check_decision(decision: Decision, n_candidates: int, reflector: Reflector)
 
 
 def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Reflector,
-                    encoder: Encoder, *, top_k: int = 5,
-                    attempts: int = REFLECTION_ATTEMPTS) -> ReflectionReport:
+                    encoder: Encoder, *, attempts: int = REFLECTION_ATTEMPTS) -> ReflectionReport:
   """Extracts the session's topics, adds or merges each one, and ends the session atomically.
 
   Similar memories are found by cosine between the topic summary's embedding and the memories'
@@ -209,14 +209,12 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
   (another process merged into the user's memories, or appended a turn to the session);
   otherwise it is read and computed again, up to `attempts` times.
   """
-  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-    raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
   for _ in range(attempts):
     snapshot = bank.reflection_input(user, session_id, encoder.identity)
     if snapshot.session.ended:
       raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
                          f"is already applied")
-    plan = _plan(snapshot, reflector, encoder, top_k)
+    plan = _plan(snapshot, reflector, encoder)
     try:
       written = bank.apply_reflection(user, session_id, plan.adds, plan.merges,
                                       encoder.identity, expect=snapshot)
@@ -234,8 +232,7 @@ class _Plan:
   report: ReflectionReport
 
 
-def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
-          top_k: int) -> _Plan:
+def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder) -> _Plan:
   """The adds and merges that reflecting the snapshot's session gives."""
   turns, info = snapshot.turns, snapshot.session
   extraction = reflector.extract(turns, info.date) if turns else Extraction(())
@@ -250,7 +247,7 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder,
   merged = fallbacks = 0
   for topic, vector in zip(topics, vectors, strict=True):
     _refresh(entries, encoder)  # later topics compare with a merged memory's new text
-    near = _nearest(entries, vector, top_k)
+    near = _nearest(entries, vector, CANDIDATES)
     candidates = [Candidate(entries[i].summary, s, entries[i].turns) for i, s in near]
     decision = reflector.decide(topic, candidates) if candidates else ADD
     decision = _check_decision(decision, len(candidates), reflector)

@@ -15,12 +15,10 @@ import dataclasses
 import re
 from typing import final
 
-from rmmjax.data.schema import Turn
 from rmmjax.llm.base import LLM, LLMError
 from rmmjax.llm.parse import LLMOutputError, extract_json
 
 MIN_SIDE_WORDS = 3  # a connector splits a clause only when both sides have this many words
-IMAGE_MARK = "[shares an image: {}]"
 _IMAGE = re.compile(r"\[shares an image:\s*([^\]]*)\]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _CONNECTOR = re.compile(r"\s+(and|but|because)\s+", re.IGNORECASE)
@@ -56,11 +54,6 @@ class Draft:
   predicate: str
   object: str
   clause: str
-
-
-def turn_text(turn: Turn) -> str:
-  """A turn's text as LaceMem ingests it: an image turn keeps its caption inline."""
-  return f"{turn.text} {IMAGE_MARK.format(turn.caption)}" if turn.caption else turn.text
 
 
 def _split_connectors(text: str, min_words: int) -> list[str]:

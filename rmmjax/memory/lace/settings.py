@@ -48,8 +48,3 @@ _RANGES = {"same_turn": ("a weight in (0, 1]", lambda v: 0 < v <= 1),
 def fact_text(date: str, speaker: str, clause: str) -> str:
   """A fact as indexed: "[date] Speaker: clause" (questions name people and times)."""
   return f"[{date}] {speaker}: {clause}" if date else f"{speaker}: {clause}"
-
-
-def check_k(k: object) -> None:
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"k must be a positive integer, got {k!r}")

@@ -29,10 +29,11 @@ import numpy as np
 from rmmjax.data.schema import Conversation
 from rmmjax.encode.protocol import Encoder
 from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.ingest import bank_text
 from rmmjax.memory.lace.facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
-                                      turn_drafts, turn_text)
+                                      turn_drafts)
 from rmmjax.memory.lace.links import SemanticGraph, snap
-from rmmjax.memory.lace.settings import LaceSettings, check_k, fact_text
+from rmmjax.memory.lace.settings import LaceSettings, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.fusion import rrf_scores
@@ -144,7 +145,7 @@ class LaceMem:
                         extractor: FactExtractor | None = None) -> LaceMem:
     """All turns at once (`add_turns`): one encoder call, one blocked linking pass."""
     lace = cls(encoder, settings=settings, extractor=extractor)
-    lace.add_turns([(t.turn_id, s.session_id, s.date, t.speaker, turn_text(t))
+    lace.add_turns([(t.turn_id, s.session_id, s.date, t.speaker, bank_text(t))
                     for s in conversation.sessions for t in s.turns])
     return lace
 
@@ -195,7 +196,6 @@ class LaceMem:
             or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
-    check_k(k)
     if not self._facts:
       return []
     dense = (self._graph.vectors @ self.query_vector(query)
@@ -205,13 +205,9 @@ class LaceMem:
   def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
     """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
     `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
-    check_k(k)
     if not self._facts:
       return []
     vector = np.asarray(vector, np.float32)
-    if vector.shape != (self._graph.dim,):
-      raise ValueError(f"the query vector has shape {vector.shape}; expected "
-                       f"({self._graph.dim},) to match the facts' embeddings")
     dense = self._graph.vectors @ vector if self.settings.retrieval != "bm25" else None
     return self._ranked(bm25_query, dense, k)
 
