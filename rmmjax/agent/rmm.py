@@ -229,12 +229,13 @@ class Agent(ChatAgent):
                        inputs=inputs)
     return self._reader.pack(batch)
 
-  def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray,
-              tokens=None) -> tuple:
+  def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray, tokens,
+              sample: bool) -> tuple:
+    """(the candidates' scores, the M positions selected: Gumbel-sampled or the top M)."""
     spec = self.state.spec
     scores_K = np.asarray(self._scores(self.state.params,
                                        self._batch(q_D, mem_KxD, mask_K, tokens), spec))[0]
-    if self.learning:
+    if sample:
       key = jax.random.fold_in(jax.random.PRNGKey(self.settings.seed), self.stats["queries"])
       selected = core.gumbel_top_m(key, jnp.asarray(scores_K), spec.m, self.state.hparams.tau,
                                    jnp.asarray(mask_K))
@@ -263,11 +264,8 @@ class Agent(ChatAgent):
     """The M memories that would be handed to the LLM and their scores (top M, no learning)."""
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
-    scores_K = np.asarray(self._scores(self.state.params,
-                                       self._batch(q_D, mem_KxD, mask_K, tokens),
-                                       self.state.spec))[0]
-    top = [int(s) for s in np.asarray(core.top_m(jnp.asarray(scores_K), self.state.spec.m,
-                                                 jnp.asarray(mask_K))) if s >= 0]
+    scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=False)
+    top = [int(s) for s in selected_M if s >= 0]
     return [candidates[s] for s in top], [float(scores_K[s]) for s in top]
 
   def ask(self, user: str, query: str) -> Response:
@@ -291,7 +289,7 @@ class Agent(ChatAgent):
   def _exchange(self, user: str, query: str, record: bool) -> Response:
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
-    scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens)
+    scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=self.learning)
     taken = [int(s) for s in selected_M if s >= 0]
     shown = tuple(candidates[s] for s in taken)
     self.stats["queries"] += 1

@@ -171,10 +171,10 @@ def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
   return array
 
 
-def reflection_items(adds: Sequence, merges: Sequence) -> tuple[list[NewMemory], list[Merge]]:
-  """A reflection's adds and merges (dataclasses or tuples of their fields), checked."""
-  adds = [a if isinstance(a, NewMemory) else NewMemory(*a) for a in adds]
-  merges = [m if isinstance(m, Merge) else Merge(*m) for m in merges]
+def reflection_items(adds: Sequence[NewMemory],
+                     merges: Sequence[Merge]) -> tuple[list[NewMemory], list[Merge]]:
+  """A reflection's adds and merges, checked."""
+  adds, merges = list(adds), list(merges)
   for i, item in enumerate([*adds, *merges]):
     what = f"adds[{i}]" if i < len(adds) else f"merges[{i - len(adds)}]"
     vector_arg(item.embedding, f"{what} embedding")

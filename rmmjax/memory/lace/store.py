@@ -49,8 +49,9 @@ class LaceMem:
   """Index, Edge and Raw layers of one conversation; an EvidenceStore for iterative retrieval."""
 
   def __init__(self, encoder: Encoder | None, *, settings: LaceSettings | None = None,
-               extractor: FactExtractor | None = None, query_encoder: Encoder | None = None):
-    self.encoder, self.query_encoder = encoder, query_encoder
+               extractor: FactExtractor | None = None):
+    self.encoder = encoder
+    self.query_encoder: Encoder | None = None  # embeds queries in place of `encoder` when set
     self.settings = LaceSettings() if settings is None else settings
     self.extractor = OfflineExtractor() if extractor is None else extractor
     self._facts: list[Fact] = []
@@ -151,11 +152,10 @@ class LaceMem:
 
   @classmethod
   def from_facts(cls, turns: list[RawTurn], facts: list[Fact], vectors: np.ndarray, *,
-                 encoder: Encoder | None = None,
                  settings: LaceSettings | None = None) -> LaceMem:
     """Layers from facts made elsewhere (ids 0..N-1, each naming one of the turns) and their
-    embeddings (N x D), linked in one batch."""
-    lace = cls(encoder, settings=settings)
+    embeddings (N x D), linked in one batch (no encoder: it cannot add turns)."""
+    lace = cls(None, settings=settings)
     lace._fill(turns, facts)
     if facts:
       lace._graph = lace._new_graph(vectors)
