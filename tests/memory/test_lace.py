@@ -11,11 +11,9 @@ from hash_encoder import HashEncoder
 
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.schema import Conversation, Session, Turn
-from rmmjax.llm.base import LLMError
-from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import EncoderMismatch, MemoryBank, UnknownRecord, generate_key
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.memory.lace.facts import LLMExtractor, parse_clause, split_clauses, turn_drafts
+from rmmjax.memory.lace.facts import parse_clause, split_clauses, turn_drafts
 from rmmjax.memory.lace.links import SemanticGraph, snap
 from rmmjax.memory.lace import synthetic_lace
 from rmmjax.retrieve.evidence import Fact, RawTurn
@@ -65,8 +63,7 @@ def test_clause_subject_predicate_object():
   assert (keen.subject, keen.predicate, keen.object) == ("Caroline", "am", "keen on counseling")
   assert parse_clause("Wow, you're great", "Ben").subject == "Ben"
   assert parse_clause("Anything new?", "Ben").predicate == "says"
-  drafts = turn_drafts(LaceMem(None).extractor, "Ana", "Look at this! "
-                       "[shares an image: a photo of a lake]", DATE)
+  drafts = turn_drafts("Ana", "Look at this! [shares an image: a photo of a lake]")
   assert [d.clause for d in drafts] == ["Look at this!", "shares an image: a photo of a lake"]
   assert (drafts[1].predicate, drafts[1].object) == ("shares", "an image: a photo of a lake")
 
@@ -252,21 +249,6 @@ def test_failed_add_turn_leaves_nothing_behind():
   assert len(lace) == n and lace.edges() == edges and len(lace.turns) == 2
   lace.encoder = HashEncoder()
   assert lace.add_turn("D7", "S4", "10 May 2023", "Ana", "hello there") == [n]
-
-
-def test_llm_extractor_falls_back_to_offline_clauses():
-  good = {"facts": [{"subject": "Ana", "predicate": "adopted", "object": "a puppy"}]}
-  llm = ScriptedLLM([good, "no json here", LLMError("server down"),
-                     {"facts": [{"subject": "", "predicate": "x", "object": "y"}]}])
-  lace = LaceMem(HashEncoder(), extractor=LLMExtractor(llm))
-  lace.add_turn("D1", "S1", DATE, "Ana", "I adopted a puppy!")
-  lace.add_turn("D2", "S1", DATE, "Ana", "It is small; it sleeps a lot.")
-  lace.add_turn("D3", "S1", DATE, "Ben", "Cute.")
-  lace.add_turn("D4", "S1", DATE, "Ben", "Really cute.")
-  assert [f.text for f in lace.facts] == [
-      f"[{DATE}] Ana: Ana adopted a puppy", f"[{DATE}] Ana: It is small",
-      f"[{DATE}] Ana: it sleeps a lot.", f"[{DATE}] Ben: Cute.", f"[{DATE}] Ben: Really cute."]
-  assert lace.fallbacks == 3 and lace.extractor.dropped == 1
 
 
 @pytest.mark.parametrize("key", [None, generate_key()], ids=["plain", "encrypted"])

@@ -4,19 +4,15 @@ Offline extraction is deterministic and cheap: sentences, then semicolons, then 
 "and", "but" and "because" where both sides are long enough to stand alone. The subject is the
 speaker unless the clause opens with a name followed by a verb; the predicate is the clause's
 first verb-like word; the object is what follows it. An image a turn shares becomes a statement
-of its own. The LLM extractor asks a model for the statements and falls back to the offline
-clauses (counted) whenever its reply cannot be used.
+of its own.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import re
 from typing import final
 
-from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import LLMOutputError, extract_json
 
 MIN_SIDE_WORDS = 3  # a connector splits a clause only when both sides have this many words
 _IMAGE = re.compile(r"\[shares an image:\s*([^\]]*)\]")
@@ -115,91 +111,9 @@ def take_images(text: str) -> tuple[str, list[str]]:
   return " ".join(_IMAGE.sub(" ", text).split()), [c for c in captions if c]
 
 
-class FactExtractor(abc.ABC):
-  """Cuts the words of one turn (images already taken out) into statements."""
-
-  @abc.abstractmethod
-  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
-    """The turn's statements in the order it makes them."""
-
-
-@final
-class OfflineExtractor(FactExtractor):
-  """Clause splitting and the subject/verb heuristics above; no model."""
-
-  def __init__(self, min_words: int = MIN_SIDE_WORDS):
-    self.min_words = min_words
-
-  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
-    return [parse_clause(c, speaker) for c in split_clauses(text, self.min_words)]
-
-
-_FACTS_SYSTEM = """\
-You index a conversation for later recall. Rewrite one line of it as short statements of fact, \
-each able to stand alone. For each statement give its subject (who or what it is about; write \
-the speaker's name, never I or me), its predicate (the verb phrase) and its object (everything \
-else it says). Keep names, places, numbers and times as they were said. Greetings and small \
-talk still get one statement saying what the speaker expressed.
-Reply in JSON: {"facts": [{"subject": "...", "predicate": "...", "object": "..."}]}."""
-
-
-def fact_prompt(speaker: str, text: str, date: str, max_facts: int) -> tuple[list[dict], dict]:
-  """Messages asking for one turn's statements, and the JSON Schema of the reply."""
-  item = {"type": "object", "additionalProperties": False,
-          "required": ["subject", "predicate", "object"],
-          "properties": {k: {"type": "string"} for k in ("subject", "predicate", "object")}}
-  schema = {"title": "facts", "type": "object", "additionalProperties": False,
-            "required": ["facts"], "properties": {"facts": {
-                "type": "array", "minItems": 1, "maxItems": max_facts, "items": item}}}
-  user = f"Date: {date or 'unknown'}\nSpeaker: {speaker}\nLine: {' '.join(text.split())}"
-  return [{"role": "system", "content": _FACTS_SYSTEM},
-          {"role": "user", "content": user}], schema
-
-
-@final
-class LLMExtractor(FactExtractor):
-  """Statements written by a model; a failed call or an unusable reply uses the offline ones."""
-
-  def __init__(self, llm: LLM, *, max_facts: int = 8, max_tokens: int = 512):
-    self.llm, self.max_facts, self.max_tokens = llm, max_facts, max_tokens
-    self.offline = OfflineExtractor()
-    self.fallbacks = 0  # turns whose statements came from the offline extractor instead
-    self.dropped = 0  # statements the model wrote without a subject, predicate or object
-
-  def extract(self, speaker: str, text: str, date: str) -> list[Draft]:
-    if not text.strip():
-      return []
-    messages, schema = fact_prompt(speaker, text, date, self.max_facts)
-    try:
-      reply = extract_json(self.llm.chat_structured(messages, schema,
-                                                    max_tokens=self.max_tokens))
-    except (LLMError, LLMOutputError):
-      reply = None
-    drafts = self._drafts(reply)
-    if not drafts:
-      self.fallbacks += 1
-      return self.offline.extract(speaker, text, date)
-    return drafts
-
-  def _drafts(self, reply: object) -> list[Draft]:
-    items = reply.get("facts") if isinstance(reply, dict) else None
-    if not isinstance(items, list):
-      return []
-    drafts = []
-    for item in items[:self.max_facts]:
-      parts = [item.get(k) if isinstance(item, dict) else None
-               for k in ("subject", "predicate", "object")]
-      if not all(isinstance(p, str) and p.strip() for p in parts):
-        self.dropped += 1
-        continue
-      subject, predicate, obj = (" ".join(p.split()) for p in parts)
-      drafts.append(Draft(subject, predicate, obj, f"{subject} {predicate} {obj}"))
-    return drafts
-
-
-def turn_drafts(extractor: FactExtractor, speaker: str, text: str, date: str) -> list[Draft]:
-  """A turn's statements: its words through the extractor, then one per image it shares."""
+def turn_drafts(speaker: str, text: str) -> list[Draft]:
+  """A turn's statements: its words' clauses, then one per image it shares."""
   words, captions = take_images(text)
-  drafts = extractor.extract(speaker, words, date) if words else []
+  drafts = [parse_clause(c, speaker) for c in split_clauses(words)] if words else []
   return drafts + [Draft(speaker, "shares", f"an image: {c}", f"shares an image: {c}")
                    for c in captions]

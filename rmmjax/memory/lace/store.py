@@ -30,8 +30,7 @@ from rmmjax.data.schema import Conversation
 from rmmjax.encode.protocol import Encoder
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.ingest import bank_text
-from rmmjax.memory.lace.facts import (Draft, FactExtractor, LLMExtractor, OfflineExtractor,
-                                      turn_drafts)
+from rmmjax.memory.lace.facts import Draft, turn_drafts
 from rmmjax.memory.lace.links import SemanticGraph, snap
 from rmmjax.memory.lace.settings import LaceSettings, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
@@ -48,12 +47,10 @@ RECENT_QUERIES = 4  # query embeddings a LaceMem remembers (an IRIS call asks up
 class LaceMem:
   """Index, Edge and Raw layers of one conversation; an EvidenceStore for iterative retrieval."""
 
-  def __init__(self, encoder: Encoder | None, *, settings: LaceSettings | None = None,
-               extractor: FactExtractor | None = None):
+  def __init__(self, encoder: Encoder | None, *, settings: LaceSettings | None = None):
     self.encoder = encoder
     self.query_encoder: Encoder | None = None  # embeds queries in place of `encoder` when set
     self.settings = LaceSettings() if settings is None else settings
-    self.extractor = OfflineExtractor() if extractor is None else extractor
     self._facts: list[Fact] = []
     self._raw: dict[str, RawTurn] = {}
     self._session_dates: dict[str, str] = {}
@@ -62,7 +59,7 @@ class LaceMem:
     self._graph: SemanticGraph | None = None  # created with the first vectors (their size)
     self._bm25: bm25s.BM25 | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
-    self._saved_fallbacks = 0
+    self.fallbacks = 0  # turns an LLM extractor handed to the offline one, as saved
     self._saved: LaceSaved | None = None  # what the bank holds of it, if it came from one
     # The last few queries embedded, text -> vector, with the encoder that embedded them: IRIS
     # asks again for the question between searches of refined queries (its reranker does).
@@ -125,8 +122,7 @@ class LaceMem:
         raise ValueError(f"turn {raw.turn_id!r} repeats a turn id, or gives session "
                          f"{raw.session_id!r} another date, among the turns added together")
       raws[raw.turn_id] = raw
-      facts += self._new_facts(raw, turn_drafts(self.extractor, raw.speaker, raw.text, raw.date),
-                               len(facts))
+      facts += self._new_facts(raw, turn_drafts(raw.speaker, raw.text), len(facts))
     vectors = self.encoder.encode([f.text for f in facts]) if facts else None
     if vectors is not None:  # checked (snapped to the grid) before anything changes
       vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
@@ -142,10 +138,9 @@ class LaceMem:
 
   @classmethod
   def from_conversation(cls, conversation: Conversation, encoder: Encoder, *,
-                        settings: LaceSettings | None = None,
-                        extractor: FactExtractor | None = None) -> LaceMem:
+                        settings: LaceSettings | None = None) -> LaceMem:
     """All turns at once (`add_turns`): one encoder call, one blocked linking pass."""
-    lace = cls(encoder, settings=settings, extractor=extractor)
+    lace = cls(encoder, settings=settings)
     lace.add_turns([(t.turn_id, s.session_id, s.date, t.speaker, bank_text(t))
                     for s in conversation.sessions for t in s.turns])
     return lace
@@ -269,12 +264,6 @@ class LaceMem:
   def turn_ids(self) -> set[str]:
     return set(self._raw)
 
-  @property
-  def fallbacks(self) -> int:
-    """Turns the LLM extractor handed to the offline one (saved ones included)."""
-    own = self.extractor.fallbacks if isinstance(self.extractor, LLMExtractor) else 0
-    return self._saved_fallbacks + own
-
   def edges(self) -> dict[tuple[int, int], float]:
     """Every edge once, as {(smaller id, larger id): weight}."""
     return {(i, j): w for i in range(len(self._facts))
@@ -301,8 +290,7 @@ class LaceMem:
       graph.changed.clear()
 
   @classmethod
-  def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None, *,
-           extractor: FactExtractor | None = None) -> LaceMem:
+  def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None) -> LaceMem:
     """The user's saved LaceMem; `encoder` must be the one its facts were embedded with."""
     snap = bank.load_lace(user)
     if snap is None:
@@ -311,8 +299,8 @@ class LaceMem:
       raise EncoderMismatch(f"the LaceMem of user {user!r} was embedded with encoder "
                             f"{snap.encoder!r}, not {encoder.identity!r}; load it with that "
                             f"encoder or rebuild it")
-    lace = cls(encoder, settings=LaceSettings(**snap.settings), extractor=extractor)
-    lace._saved_fallbacks = snap.fallbacks
+    lace = cls(encoder, settings=LaceSettings(**snap.settings))
+    lace.fallbacks = snap.fallbacks
     lace._fill(snap.turns, snap.facts)
     if snap.facts:
       s = lace.settings
