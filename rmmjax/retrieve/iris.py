@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import final
 
-from rmmjax.retrieve.metrics import MRR_DEPTH
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
+from rmmjax.retrieve.fusion import RRF_C
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict, verdict_reward
+from rmmjax.retrieve.metrics import MRR_DEPTH
 from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, VectorRefiner,
                                     entity_context, feedback_terms, is_temporal, named_entities)
 
@@ -234,9 +235,6 @@ def _rank(question: str, facts: list[Fact], reranker: Reranker | None) -> list[F
   return [facts[i] for i in order]
 
 
-FUSION_C = 60.0  # the reciprocal-rank fusion constant
-
-
 def fused_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fact]:
   """The accumulated facts by reciprocal-rank fusion of the searches that found them (the last
   anchor search, every refinement search); the rest after them, in entry order."""
@@ -256,13 +254,11 @@ def last_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fac
 
 def _fuse(facts: list[Fact], anchor: Sequence[int],
           refinements: Sequence[Sequence[int]]) -> list[Fact]:
-  lists = [anchor, *refinements]
   score: dict[int, float] = {}
-  for hits in lists:
+  for hits in [anchor, *refinements]:
     for rank, fact_id in enumerate(hits):
-      score[fact_id] = score.get(fact_id, 0.0) + 1.0 / (FUSION_C + 1.0 + rank)
-  entry = {f.fact_id: i for i, f in enumerate(facts)}
-  return sorted(facts, key=lambda f: (-score.get(f.fact_id, 0.0), entry[f.fact_id]))
+      score[fact_id] = score.get(fact_id, 0.0) + 1.0 / (RRF_C + 1.0 + rank)
+  return sorted(facts, key=lambda f: -score.get(f.fact_id, 0.0))  # stable: ties in entry order
 
 
 def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None = None,
