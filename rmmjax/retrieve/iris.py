@@ -27,7 +27,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import final
+from typing import Literal, final
 
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.fusion import RRF_C
@@ -37,7 +37,6 @@ from rmmjax.retrieve.refine import (QueryRefiner, RefineRequest, RuleRefiner, Ve
                                     entity_context, feedback_terms, is_temporal, named_entities)
 
 Reranker = Callable[[str, Sequence[Fact]], Sequence[float]]
-FINAL_ORDERS = ("entry", "fused", "last")
 SINGLE_PASS_DEPTH = MRR_DEPTH  # facts retrieved by one search, to rank turns beyond k
 
 
@@ -76,34 +75,14 @@ class IrisSettings:
   # found can rise above iteration 1's neighbours; facts reached only along edges or by entity
   # buffers rank after every searched fact; "last" puts the last search first (a refinement
   # search by vector, which ranks the facts knowing the first hop's), the rest fused after it.
-  final_order: str = "fused"
+  final_order: Literal["entry", "fused", "last"] = "fused"
   # Pseudo-relevance feedback: the refined query gains the feedback_terms most frequent terms
   # of the best feedback_facts facts so far that the question lacks (0: off).
   feedback_terms: int = 8
   feedback_facts: int = 5
 
-  def __post_init__(self):
-    if self.final_order not in FINAL_ORDERS:
-      raise ValueError(f"IrisSettings.final_order must be one of {', '.join(FINAL_ORDERS)}, "
-                       f"got {self.final_order!r}")
-    for name in ("max_iterations", "base_budget", "min_facts_per_entity", "entity_search_k"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"IrisSettings.{name} must be at least 1, got {getattr(self, name)}")
-    for name in ("budget_step", "expand_hops", "max_expand_per_seed", "entity_buffer_size"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"IrisSettings.{name} must be 0 or more, got {getattr(self, name)}")
-    for name in ("edge_min_weight", "stop_confidence", "temporal_stop_confidence",
-                 "abstain_below", "exact_floor", "inferrable_cap", "partial_cap"):
-      if not 0.0 <= getattr(self, name) <= 1.0:
-        raise ValueError(f"IrisSettings.{name} must lie in [0, 1], got {getattr(self, name)}")
-    if self.max_judged is not None and self.max_judged < 1:
-      raise ValueError(f"IrisSettings.max_judged must be None or at least 1, "
-                       f"got {self.max_judged}")
-
   def budget(self, iteration: int) -> int:
     """Facts each path retrieves at iteration (1-based): base + step * (iteration - 1)."""
-    if not 1 <= iteration <= self.max_iterations:
-      raise ValueError(f"iteration must lie in 1..{self.max_iterations}, got {iteration}")
     return self.base_budget + self.budget_step * (iteration - 1)
 
   def calibrate(self, verdict: Verdict) -> float:
