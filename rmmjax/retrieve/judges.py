@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, final
 
 from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import SUFFICIENCY_LABELS, parse_sufficiency
+from rmmjax.llm.parse import parse_sufficiency
 from rmmjax.llm.prompts import sufficiency_judge
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.refine import (content_terms, has_time_expression, is_temporal,
@@ -42,9 +42,6 @@ def verdict_reward(label: str, confidence: float) -> float:
   inferred); insufficient evidence earns a negative one, -1 when nothing was found, nearer 0 as
   more of it was. A malformed verdict carries no information: callers give it 0, not this.
   """
-  if label not in SUFFICIENCY_LABELS or not 0.0 <= confidence <= 1.0:
-    raise ValueError(f"label must be one of {SUFFICIENCY_LABELS} and confidence lie in [0, 1], "
-                     f"got {label!r} and {confidence}")
   if label == "EXACT":
     return float(confidence)
   if label == "INFERRABLE":
@@ -121,9 +118,6 @@ class OracleJudge(SufficiencyJudge):
 
   def __init__(self, evidence_turn_ids: Iterable[str], store: EvidenceStore | None = None,
                note: bool = True):
-    if isinstance(evidence_turn_ids, str):
-      raise ValueError(f"evidence_turn_ids must be a collection of ids, got the string "
-                       f"{evidence_turn_ids!r:.80}")
     self.evidence = tuple(dict.fromkeys(evidence_turn_ids))
     self.store, self.note = store, note
 

@@ -285,8 +285,6 @@ def test_a_reranker_reorders_the_evidence_the_judge_sees():
                          reranker=lambda q, facts: [f.fact_id for f in facts])
   assert list(result.fact_ids) == sorted(result.fact_ids, reverse=True)
   assert judge.shown[0] == list(result.fact_ids) == list(result.trace[0].shown)
-  with pytest.raises(ValueError, match="scores"):
-    iris_retrieve(FakeStore(), "support group", judge=judge, reranker=lambda q, facts: [1.0])
 
 
 @final
@@ -333,8 +331,6 @@ def test_verdict_reward_orders_the_labels():
   assert verdict_reward("EXACT", 1.0) == 1.0
   assert verdict_reward("INFERRABLE", 0.8) == pytest.approx(0.4)
   assert verdict_reward("PARTIAL", 0.0) == -1.0 and verdict_reward("PARTIAL", 0.5) == -0.5
-  with pytest.raises(ValueError, match="label"):
-    verdict_reward("MAYBE", 0.5)
 
 
 def test_heuristic_judge_scores_coverage():
@@ -375,8 +371,6 @@ def test_oracle_judge_labels_by_the_evidence_turns_covered():
   assert partial.missing == ("Caroline: My grandmother gave me a necklace from Sweden. "
                              "Caroline: The adoption interview is in August.")
   assert OracleJudge(evidence).judge("q", [store.fact(0)], {}).missing == "D2:2; D3:1"
-  with pytest.raises(ValueError, match="collection"):
-    OracleJudge("D1:1")
 
 
 def test_fused_order_lets_a_refined_search_hit_rise_above_first_neighbours():
