@@ -84,12 +84,8 @@ nothing is worth remembering."""
 
 def topic_extraction(turns: Sequence[TurnLike], date: str, max_topics: int = MAX_TOPICS, *,
                      max_chars: int | None = None) -> Prompt:
-  """Prompt to extract topic memories from one session's turns, held on `date`."""
-  if not turns:
-    raise ValueError("topic_extraction needs at least one turn, got none")
+  """Prompt to extract topic memories from one session's turns (some, ids unique), on `date`."""
   turn_ids = [turn.turn_id for turn in turns]
-  if len(set(turn_ids)) != len(turn_ids):
-    raise ValueError(f"turn ids must be unique within a session, got {turn_ids!r:.200}")
   topic = _object(None, {"summary": {"type": "string"},
                          "turn_ids": {"type": "array", "minItems": 1,
                                       "items": {"type": "string", "enum": turn_ids}}})
@@ -115,9 +111,7 @@ If it is a different topic, reply in JSON: {"action": "add", "index": null, "sum
 
 def add_or_merge(new_summary: str, existing: Sequence[str], *,
                  max_chars: int | None = None) -> Prompt:
-  """Prompt to add a new topic memory or merge it into one of the `existing` similar ones."""
-  if not existing:
-    raise ValueError("add_or_merge needs at least one existing memory; with none, add directly")
+  """Prompt to add a new topic memory or merge it into one of the `existing` (some) similar ones."""
   texts, cut = _fitted([new_summary, *existing], max_chars, len(_MERGE_SYSTEM) + 60, 6)
   user = f"Existing notes:\n{_numbered(texts[1:])}\n\nNew note: {texts[0]}"
   schema = _object("memory_update", {

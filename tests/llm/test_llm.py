@@ -311,10 +311,6 @@ def test_topic_prompt_shows_ids_speakers_and_dates():
   topic = prompt.schema["properties"]["topics"]["items"]
   assert topic["properties"]["turn_ids"]["items"]["enum"] == ["D1:1", "D1:2", "D1:3"]
   _strict_shape(prompt.schema)
-  with pytest.raises(ValueError, match="unique"):
-    topic_extraction([TURNS[0], TURNS[0]], "today")
-  with pytest.raises(ValueError, match="at least one turn"):
-    topic_extraction([], "today")
 
 
 def test_parse_topics_keeps_only_shown_turn_ids():
@@ -344,8 +340,6 @@ def test_merge_prompt_and_parser():
   assert "[1] Ana likes bread.\n[2] Ben runs.\n[3] x" in prompt.messages[-1]["content"]
   assert prompt.schema["properties"]["index"]["anyOf"][0]["enum"] == [1, 2, 3]
   _strict_shape(prompt.schema)
-  with pytest.raises(ValueError, match="add directly"):
-    add_or_merge("new", [])
   merged = parse_merge('{"action": "merge", "index": 2, "summary": "Both."}', 3)
   assert (merged.action, merged.position, merged.summary, merged.fell_back) == (
       "merge", 1, "Both.", False)
