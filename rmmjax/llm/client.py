@@ -46,15 +46,14 @@ class LLMSettings:
   context_tokens: int = 8192
 
   def __post_init__(self):
+    # The flags that reach here unchecked (--model and --structured-output are checked where
+    # they are parsed; the retries and backoff have no flag).
     for name, expected, ok in (
         ("base_url", "a URL starting with http:// or https:// and a host",
          lambda v: re.match(r"https?://[^/\s]+", v or "")),
-        ("model", "the served model's name", bool),
-        ("structured_output", f"one of {STRUCTURED_OUTPUTS}", lambda v: v in STRUCTURED_OUTPUTS),
         ("context_tokens", f"an integer of at least {2 * MIN_PROMPT_TOKENS}",
          lambda v: type(v) is int and v >= 2 * MIN_PROMPT_TOKENS),
-        ("timeout_s", "> 0", lambda v: v > 0), ("retries", ">= 0", lambda v: v >= 0),
-        ("backoff_s", ">= 0", lambda v: v >= 0), ("backoff_max_s", ">= 0", lambda v: v >= 0)):
+        ("timeout_s", "> 0", lambda v: v > 0)):
       if not ok(getattr(self, name)):
         raise ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
