@@ -71,7 +71,7 @@ class _Retryable(Exception):
 
 @final
 class OpenAICompatibleLLM(LLM):
-  """Chat completions over HTTP with retries; counts calls, retries and failures."""
+  """Chat completions over HTTP with retries."""
 
   def __init__(self, settings: LLMSettings, *, sleep: Callable[[float], None] = time.sleep,
                transport: httpx.BaseTransport | None = None):
@@ -81,10 +81,6 @@ class OpenAICompatibleLLM(LLM):
     self._key = os.environ.get(settings.api_key_env) or ""
     headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
     self._http = httpx.Client(headers=headers, timeout=settings.timeout_s, transport=transport)
-    self.calls = 0  # chat requests made (one per chat/chat_structured call)
-    self.requests = 0  # HTTP attempts, retries included
-    self.retries = 0
-    self.failures = 0  # calls that ended in LLMError
 
   def __repr__(self) -> str:
     key = "set" if self._key else "unset"
@@ -128,13 +124,7 @@ class OpenAICompatibleLLM(LLM):
                "temperature": temperature}
     if response_format is not None:
       payload["response_format"] = response_format
-    self.calls += 1
-    try:
-      reply = self._post_with_retries(payload)
-    except LLMError:
-      self.failures += 1
-      raise
-    return self._content(reply)
+    return self._content(self._post_with_retries(payload))
 
   def _post_with_retries(self, payload: dict) -> dict:
     url, attempts = self.settings.url, self.settings.retries + 1
@@ -147,13 +137,11 @@ class OpenAICompatibleLLM(LLM):
         delay = min(self.settings.backoff_s * 2 ** attempt, self.settings.backoff_max_s)
         log.warning("LLM request to %s failed (%s); retry %d of %d in %.2f s", url, last,
                     attempt + 1, self.settings.retries, delay)
-        self.retries += 1
         self._sleep(delay)
     raise LLMError(f"POST {url} failed after {attempts} attempt(s); last error: {last}")
 
   def _post_once(self, url: str, payload: dict) -> dict:
     """The decoded reply of one attempt; _Retryable for faults that may pass, LLMError if not."""
-    self.requests += 1
     try:
       response = self._http.post(url, json=payload)
     except httpx.TimeoutException as err:
