@@ -77,30 +77,24 @@ def evidence_texts(facts: Sequence[Fact], raws: Mapping[str, RawTurn],
 
 @final
 class LLMJudge(SufficiencyJudge):
-  """The sufficiency prompt over the numbered evidence; unusable replies count, never raise."""
+  """The sufficiency prompt over the numbered evidence; unusable replies never raise."""
 
   def __init__(self, llm: LLM, max_tokens: int = 256, max_raw_chars: int = 400):
     self.llm = llm
     self.max_tokens = max_tokens
     self.max_raw_chars = max_raw_chars
-    self.calls = 0
-    self.malformed = 0  # replies without a usable label and confidence
-    self.failures = 0  # calls that failed (LLMError); judged PARTIAL at 0 as well
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
     """Ask the model; PARTIAL at confidence 0 when its reply or the call is unusable."""
-    self.calls += 1
     prompt = sufficiency_judge(question, evidence_texts(facts, raws, self.max_raw_chars))
     try:
       reply = self.llm.chat_structured(prompt.messages, prompt.schema,
                                        max_tokens=self.max_tokens)
     except LLMError:
-      self.failures += 1
       return Verdict("PARTIAL", 0.0, "", malformed=True)
     parsed = parse_sufficiency(reply)
     if parsed.malformed:
-      self.malformed += 1
       return Verdict("PARTIAL", 0.0, parsed.missing, malformed=True)
     return Verdict(parsed.label, parsed.confidence, parsed.missing)
 

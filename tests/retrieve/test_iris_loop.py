@@ -235,7 +235,7 @@ def test_entity_buffers_add_facts_of_a_thinly_covered_entity():
                        settings=covered).fact_ids == (4,)
 
 
-def test_llm_judge_reads_valid_and_counts_malformed_replies():
+def test_llm_judge_reads_valid_and_marks_malformed_replies():
   store = FakeStore()
   llm = ScriptedLLM([{"label": "EXACT", "confidence": 0.9, "missing": ""}, "no json here",
                      LLMError("down")])
@@ -249,7 +249,6 @@ def test_llm_judge_reads_valid_and_counts_malformed_replies():
   bad = judge.judge("Where did Caroline go?", facts, raws)
   assert (bad.label, bad.confidence, bad.malformed) == ("PARTIAL", 0.0, True)
   assert judge.judge("Where did Caroline go?", facts, raws).malformed
-  assert (judge.calls, judge.malformed, judge.failures) == (3, 1, 1)
   loop_llm = ScriptedLLM([{"label": "PARTIAL", "confidence": 0.3, "missing": "the necklace"},
                           {"label": "EXACT", "confidence": 0.95, "missing": ""}])
   result = iris_retrieve(store, "Where did Caroline go to the support group?",
