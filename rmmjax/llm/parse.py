@@ -157,30 +157,24 @@ class MergeDecision:
   position: int | None  # merge: 0-based position of the existing memory in the list shown
   summary: str | None  # merge: the merged summary
   fell_back: bool  # the reply was unusable and "add" was chosen for it
-  reason: str = ""  # why it fell back
 
 
-def _add(reason: str) -> MergeDecision:
-  return MergeDecision("add", None, None, fell_back=True, reason=reason)
+_FELL_BACK = MergeDecision("add", None, None, fell_back=True)
 
 
 def parse_merge(reply: Reply, n_shown: int) -> MergeDecision:
   """Add, or merge into one of the `n_shown` memories; anything unusable falls back to add."""
   data = _load(reply)
   if not isinstance(data, dict):
-    return _add("no JSON object")
+    return _FELL_BACK
   action = data.get("action")
   action = action.strip().lower() if isinstance(action, str) else action
   if action == "add":
     return MergeDecision("add", None, None, fell_back=False)
-  if action != "merge":
-    return _add(f"action {data.get('action')!r:.40} is neither 'add' nor 'merge'")
   position = _position(data.get("index"), n_shown)
-  if position is None:
-    return _add(f"index {data.get('index')!r:.40} is not a number from 1 to {n_shown}")
   summary = data.get("summary")
-  if not isinstance(summary, str) or not summary.strip():
-    return _add("merge without a merged summary")
+  if action != "merge" or position is None or not isinstance(summary, str) or not summary.strip():
+    return _FELL_BACK
   return MergeDecision("merge", position, summary.strip(), fell_back=False)
 
 
@@ -237,7 +231,6 @@ class Sufficiency:
   confidence: float  # in [0, 1]
   missing: str
   malformed: bool  # label or confidence unusable: PARTIAL at confidence 0 keeps the search going
-  clipped: bool = False  # the confidence was outside [0, 1]
 
 
 def parse_sufficiency(reply: Reply) -> Sufficiency:
@@ -259,5 +252,4 @@ def parse_sufficiency(reply: Reply) -> Sufficiency:
             and math.isfinite(confidence))
   if label not in SUFFICIENCY_LABELS or not usable:
     return Sufficiency("PARTIAL", 0.0, missing, malformed=True)
-  clipped = min(max(float(confidence), 0.0), 1.0)
-  return Sufficiency(label, clipped, missing, malformed=False, clipped=clipped != confidence)
+  return Sufficiency(label, min(max(float(confidence), 0.0), 1.0), missing, malformed=False)
