@@ -22,6 +22,7 @@ from rmmjax.retrieve.refine import (content_terms, has_time_expression, is_tempo
                                     named_entities, stem, words)
 
 Label = Literal["EXACT", "INFERRABLE", "PARTIAL"]
+JUDGE_TOKENS = 256  # the LLM judge's reply: a label, a confidence and a short note
 _DATE_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*")  # a fact's "[8 May 2023] " session-date prefix
 
 
@@ -79,18 +80,15 @@ def evidence_texts(facts: Sequence[Fact], raws: Mapping[str, RawTurn],
 class LLMJudge(SufficiencyJudge):
   """The sufficiency prompt over the numbered evidence; unusable replies never raise."""
 
-  def __init__(self, llm: LLM, max_tokens: int = 256, max_raw_chars: int = 400):
+  def __init__(self, llm: LLM):
     self.llm = llm
-    self.max_tokens = max_tokens
-    self.max_raw_chars = max_raw_chars
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
     """Ask the model; PARTIAL at confidence 0 when its reply or the call is unusable."""
-    prompt = sufficiency_judge(question, evidence_texts(facts, raws, self.max_raw_chars))
+    prompt = sufficiency_judge(question, evidence_texts(facts, raws))
     try:
-      reply = self.llm.chat_structured(prompt.messages, prompt.schema,
-                                       max_tokens=self.max_tokens)
+      reply = self.llm.chat_structured(prompt.messages, prompt.schema, max_tokens=JUDGE_TOKENS)
     except LLMError:
       return Verdict("PARTIAL", 0.0, "", malformed=True)
     parsed = parse_sufficiency(reply)
@@ -143,8 +141,7 @@ class HeuristicJudge(SufficiencyJudge):
   lists what is uncovered. No evidence at all is PARTIAL at 0.
   """
 
-  def __init__(self, most: float = 0.6, entity_weight: float = 2.0, time_weight: float = 2.0):
-    self.most, self.entity_weight, self.time_weight = most, entity_weight, time_weight
+  most, entity_weight, time_weight = 0.6, 2.0, 2.0
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:

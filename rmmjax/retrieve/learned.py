@@ -29,25 +29,25 @@ class VectorStore(Protocol):
   def fact_vectors(self, fact_ids: list[int]) -> np.ndarray: ...
 
 
-def refinement_text(question: str, evidence: Sequence[str], facts: int = REFINE_FACTS) -> str:
+def refinement_text(question: str, evidence: Sequence[str]) -> str:
   """The refinement query: the question, then the best gathered facts' clauses."""
-  return " ".join([question.strip(), *(e.strip() for e in evidence[:facts])])
+  return " ".join([question.strip(), *(e.strip() for e in evidence[:REFINE_FACTS])])
 
 
 @final
 class EmbeddingRefiner(VectorRefiner):
-  """Refinement by vector: question vector + mix x the refinement encoder's embedding of
+  """Refinement by vector: question vector + REFINE_MIX x the refinement encoder's embedding of
   `refinement_text` (the store fuses that ranking with BM25 over the question)."""
 
-  def __init__(self, encoder: Encoder, facts: int = REFINE_FACTS, mix: float = REFINE_MIX):
-    self.encoder, self.facts, self.mix = encoder, facts, mix
+  def __init__(self, encoder: Encoder):
+    self.encoder = encoder
 
   def refine(self, request: RefineRequest) -> str:
-    return refinement_text(request.question, request.evidence, self.facts)
+    return refinement_text(request.question, request.evidence)
 
   def query_vector(self, text: str, question_vector: np.ndarray) -> np.ndarray:
     vector = np.asarray(self.encoder.encode([text]), np.float32)[0]
-    return np.asarray(question_vector, np.float32) + self.mix * vector
+    return np.asarray(question_vector, np.float32) + REFINE_MIX * vector
 
 
 def verdict_of(probability: float) -> Verdict:

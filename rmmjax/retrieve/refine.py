@@ -137,12 +137,6 @@ GENERAL_SCHEDULE = (
 )
 
 
-def stage_for(temporal: bool, index: int) -> Stage:
-  """Stage `index` (0-based) of the temporal or the general schedule; the last one repeats."""
-  schedule = TEMPORAL_SCHEDULE if temporal else GENERAL_SCHEDULE
-  return schedule[min(index, len(schedule) - 1)]
-
-
 @final
 @dataclasses.dataclass(frozen=True)
 class RefineRequest:
@@ -170,12 +164,12 @@ class QueryRefiner(abc.ABC):
 class RuleRefiner(QueryRefiner):
   """The rule of this module's docstring; needs no model."""
 
-  def __init__(self, max_missing_terms: int = 12):
-    self.max_missing_terms = max_missing_terms  # a long note (a whole turn) would drown the cues
+  max_missing_terms = 12  # a long note (a whole turn) would drown the cues
 
   def refine(self, request: RefineRequest) -> str:
     """Question terms + missing-note terms + the stage's cues (entities first at that stage)."""
-    stage = stage_for(request.temporal, request.stage_index)
+    schedule = TEMPORAL_SCHEDULE if request.temporal else GENERAL_SCHEDULE
+    stage = schedule[min(request.stage_index, len(schedule) - 1)]  # the last stage repeats
     entities = [e.lower() for e in request.entities] if stage.entity_first else []
     terms = [*entities, *content_terms(request.question),
              *content_terms(request.missing)[:self.max_missing_terms], *request.feedback,
