@@ -170,9 +170,7 @@ def expand(store: EvidenceStore, seeds: Sequence[int], settings: IrisSettings) -
   for _ in range(settings.expand_hops if settings.use_edges else 0):
     reached = []
     for seed in frontier:
-      links = store.neighbours(seed, settings.edge_min_weight)
-      # The store's threshold is trusted as a filter, rechecked so a loose store cannot leak.
-      links = sorted((lw for lw in links if lw[1] >= settings.edge_min_weight),
+      links = sorted(store.neighbours(seed, settings.edge_min_weight),
                      key=lambda lw: (-lw[1], lw[0]))
       for fact_id, _ in links[:settings.max_expand_per_seed]:
         if fact_id not in known:

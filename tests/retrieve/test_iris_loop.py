@@ -132,9 +132,6 @@ def test_one_hop_expansion_respects_weight_threshold_and_switch():
   assert expand(FakeStore(), [4], low) == [7, 9]
   assert expand(FakeStore(), [0], IrisSettings(max_expand_per_seed=1)) == [1]
   assert expand(FakeStore(), [0], IrisSettings(expand_hops=2)) == [1, 3, 8]
-  loose = FakeStore()
-  loose.neighbours = lambda fact_id, min_weight: EDGES.get(fact_id, [])  # ignores the threshold
-  assert expand(loose, [4], IrisSettings()) == [7]
 
 
 def test_oracle_verdicts_and_stops_follow_the_evidence_labels():
