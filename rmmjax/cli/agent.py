@@ -11,7 +11,7 @@ from rmmjax.agent import Agent, AgentSettings, IrisAgent
 from rmmjax.cli.chat_loop import chat_loop
 from rmmjax.cli.common import bank, encoder_for
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
-from rmmjax.eval.answering import agent_answerer, evaluate_answers, iris_answerer
+from rmmjax.eval.answering import BankAnswerer, IrisAnswerer, evaluate_answers
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.eval.retrieval import recorded_query_encoder
 from rmmjax.learners.iris.files import load_iris_model
@@ -210,7 +210,7 @@ def cmd_answer(args) -> None:
     raise ValueError("rmmjax answer needs an LLM: --llm-url URL --model NAME")
   if args.iris:
     report = evaluate_answers(args.dataset, Path(args.data),
-                              iris_answerer(encoder_for(None), llm, args.m), llm,
+                              IrisAnswerer(encoder_for(None), llm, args.m), llm,
                               limit=args.limit, progress=not args.quiet,
                               config={"memory": "lace", "iris": True, "m": args.m})
   else:
@@ -219,7 +219,7 @@ def cmd_answer(args) -> None:
       used = args.used
       models = [(used[key], used[f"{key}_record"]) for key in ("reranker", "query_encoder")
                 if used[f"{key}_record"] is not None]
-      report = evaluate_answers(args.dataset, Path(args.data), agent_answerer(agent), llm,
+      report = evaluate_answers(args.dataset, Path(args.data), BankAnswerer(agent), llm,
                                 limit=args.limit, progress=not args.quiet,
                                 config={"memory": "bank", "retriever": args.retriever,
                                         "k": agent.settings.k, "m": args.m,

@@ -11,9 +11,9 @@ from rmmjax.cli.common import plural
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
-from rmmjax.eval.retrieval import evaluate_retrieval, format_table, write_report
+from rmmjax.eval.retrieval import evaluate_retrieval, format_table
 from rmmjax.io.outputs import check_output_file
-from rmmjax.io.workdir import refuse_if_training
+from rmmjax.io.workdir import atomic_write_json, refuse_if_training
 from rmmjax.io.kinds import model_kind
 from rmmjax.learners.loading import RERANKER_KINDS, reranker_record
 from rmmjax.learners.iris.episodes import RERANK_MODES
@@ -148,7 +148,7 @@ def cmd_eval(args) -> None:
     print("\nrepairs and drops while loading: " + "; ".join(f"{k}: {v}" for k, v in
                                                           sorted(counts.items())))
   if args.out:
-    write_report(result, Path(args.out))
+    atomic_write_json(Path(args.out), result)
     print(f"\nwrote {args.out}")
 
 

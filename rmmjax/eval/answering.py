@@ -30,7 +30,7 @@ from rmmjax.llm.exchange import ask_cited
 from rmmjax.llm.parse import LLMOutputError
 from rmmjax.retrieve.evidence import turn_prompt_text
 from rmmjax.memory.lace import LaceMem
-from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.iris import iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 
 LOADERS = {"locomo": load_locomo}
@@ -88,9 +88,8 @@ class IrisAnswerer(Answerer):
   """Answers from IRIS's final evidence on a LaceMem built per conversation: the first m
   distinct turns, verbatim with their dates, numbered for citation (heuristic judge)."""
 
-  def __init__(self, encoder, llm: LLM, m: int, settings: IrisSettings | None = None):
+  def __init__(self, encoder, llm: LLM, m: int):
     self.encoder, self.llm, self.m = encoder, llm, m
-    self.settings = settings or IrisSettings()
     self._stores: dict[str, LaceMem] = {}
 
   def __call__(self, conv, question) -> Answered:
@@ -98,7 +97,7 @@ class IrisAnswerer(Answerer):
       self._stores[conv.conversation_id] = LaceMem.from_conversation(conv, self.encoder)
     store = self._stores[conv.conversation_id]
     result = iris_retrieve(store, question.question, category=question.category,
-                           judge=HeuristicJudge(), settings=self.settings)
+                           judge=HeuristicJudge())
     turns = list(result.top_turns(self.m))
     raws = [store.raw(t) for t in turns]
     # An abstention (the evidence judged absent) asks for a refusal, not a guess.
@@ -106,14 +105,6 @@ class IrisAnswerer(Answerer):
                     evidence_missing=result.abstained)
     return Answered(got.answer, [{t} for t in turns], got.cited, turns, got.failure, got.error,
                     got.cut)
-
-
-def agent_answerer(agent) -> BankAnswerer:
-  return BankAnswerer(agent)
-
-
-def iris_answerer(encoder, llm: LLM, m: int, settings=None) -> IrisAnswerer:
-  return IrisAnswerer(encoder, llm, m, settings)
 
 
 def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,

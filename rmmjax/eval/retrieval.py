@@ -16,7 +16,6 @@ from rmmjax.eval.iris_eval import lace_rows, summarise
 from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loading import load_reranker
-from rmmjax.io.workdir import atomic_write_json
 from rmmjax.replay.candidates import build_replay, ceiling_recall
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.learners.query_encoder.fit import retrieval_encoders
@@ -209,10 +208,6 @@ def _base_rows(conversations, pools, retriever, encoder, ks, budget_words, progr
     order = ranker.rank([q.question for q in conv.questions], len(pool) if budget_words else depth)
     rows += _rows_from_orders(conv, pool, order, ks, budget_words)
   return rows
-
-
-def write_report(result: dict, out: Path) -> None:
-  atomic_write_json(out, result)
 
 
 def format_table(result: dict, ks: tuple[int, ...]) -> str:
