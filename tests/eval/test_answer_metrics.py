@@ -34,13 +34,6 @@ def test_token_f1_matches_hand_computed_values(prediction, gold, expected):
   assert token_f1(prediction, gold) == pytest.approx(expected)
 
 
-def test_answers_that_are_not_text_are_rejected_clearly():
-  with pytest.raises(TypeError, match="prediction"):
-    token_f1(None, "x")
-  with pytest.raises(TypeError, match="gold"):
-    rouge_l("x", True)
-
-
 def test_rouge_l_is_the_lcs_f_measure():
   # cat sat on mat (4) vs the cat was on the mat (6): LCS cat on mat = 3, P = 3/4, R = 1/2,
   # F = 2 * 3/8 / (5/4) = 0.6; ROUGE keeps the articles that token F1 drops.
@@ -103,17 +96,6 @@ def test_citation_recall_is_undefined_without_a_useful_memory_shown():
       "citation_precision": None, "citation_recall": None, "citation_rate": None}
 
 
-def test_citation_agreement_rejects_inputs_that_would_silently_mislead():
-  with pytest.raises(ValueError, match="positions"):
-    citation_agreement(SHOWN, [3], EVIDENCE)
-  with pytest.raises(ValueError, match="evidence"):
-    citation_agreement(SHOWN, [], set())
-  with pytest.raises(ValueError, match="evidence"):
-    citation_agreement(SHOWN, [], "D1:3")
-  with pytest.raises(ValueError, match=r"shown_turns\[1\]"):
-    citation_agreement([{"D1:1"}, "D1:3"], [], EVIDENCE)
-
-
 def test_answer_row_combines_one_questions_numbers():
   citation = citation_agreement(SHOWN, [0, 2], EVIDENCE)
   row = answer_row("Boston", "Boston", verdict=JudgeVerdict(True, False), citation=citation)
@@ -125,12 +107,8 @@ def test_answer_row_combines_one_questions_numbers():
   # No answer at all is wrong, and never judged.
   failed = answer_row("", "Boston", answer_failed=True)
   assert failed["judge"] == 0.0 and failed["answer_failed"] and failed["f1"] == 0.0
-  with pytest.raises(ValueError, match="never judged"):
-    answer_row("", "Boston", verdict=JudgeVerdict(True, False), answer_failed=True)
   flagged = answer_row("x", "y", verdict=JudgeVerdict(False, True))
   assert flagged["judge"] is None and flagged["judge_malformed"]  # no verdict: unjudged
-  with pytest.raises(ValueError, match="citation"):
-    answer_row("x", "y", citation={"precision": 1.0})
 
 
 def _row(f1, judge=None, precision=None, recall=None, rate=None, bad_verdict=False,
@@ -165,11 +143,9 @@ def test_aggregation_skips_undefined_values_per_key_and_counts_them():
   assert list(out["by_category"]) == ["multi-hop", "temporal"]
 
 
-def test_aggregation_refuses_empty_or_foreign_rows():
+def test_aggregation_refuses_empty_rows():
   with pytest.raises(ValueError, match="no questions"):
     aggregate_answers([])
-  with pytest.raises(ValueError, match=r"rows\[0\] lacks"):
-    aggregate_answers([("temporal", {"f1": 1.0})])
 
 
 def _locomo_file(tmp_path, questions: int) -> Path:
