@@ -54,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             "its end: a rerun starts over)", file=sys.stderr)
       # Its compiled chunk in flight would hold the exit until it ends (minutes), for a result
       # nothing keeps: leave without waiting for it.
-      with contextlib.suppress(OSError):
-        sys.stdout.flush()
-        sys.stderr.flush()
-      os._exit(code)
+      _leave_now(code)
     left = NOTHING if "--dry-run" in argv else INTERRUPTED.get(command, NOTHING)
     print(f"\nrmmjax {command}: {stopped}; {left}", file=sys.stderr)
     global _stopped
@@ -76,11 +73,16 @@ def command() -> None:
   scheduler would read as a crash."""
   code = main()
   if _stopped:
-    with contextlib.suppress(OSError):
-      sys.stdout.flush()
-      sys.stderr.flush()
-    os._exit(code)
+    _leave_now(code)
   sys.exit(code)
+
+
+def _leave_now(code: int) -> None:
+  """Ends the process at once, its output flushed, without the interpreter's teardown."""
+  with contextlib.suppress(OSError):
+    sys.stdout.flush()
+    sys.stderr.flush()
+  os._exit(code)
 
 
 def _main(argv: list[str]) -> int:
