@@ -8,15 +8,10 @@ import numpy as np
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
   """1-based ranks of values, ties sharing the mean of the ranks they span."""
-  values = np.asarray(values, float)
-  order = np.argsort(values, kind="stable")
-  sorted_values = values[order]
-  starts = np.r_[0, np.flatnonzero(np.diff(sorted_values)) + 1]
-  ends = np.r_[starts[1:], len(values)]
-  ranks = np.empty(len(values))
-  for lo, hi in zip(starts, ends):
-    ranks[order[lo:hi]] = (lo + 1 + hi) / 2  # the mean of ranks lo + 1 .. hi
-  return ranks
+  _, tie_N, counts = np.unique(np.asarray(values, float), return_inverse=True,
+                               return_counts=True)
+  last = np.cumsum(counts)  # each distinct value spans ranks last - count + 1 .. last
+  return ((last - counts + 1 + last) / 2)[tie_N.reshape(-1)]
 
 
 def roc_auc(scores, labels) -> float:
