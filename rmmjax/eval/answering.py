@@ -22,9 +22,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.answers import aggregate_answers, answer_row, citation_agreement, judge_answer
 from rmmjax.eval.leakage import unseen
+from rmmjax.eval.retrieval import DATASETS
 from rmmjax.llm.base import LLM, LLMError
 from rmmjax.llm.exchange import ask_cited
 from rmmjax.llm.parse import LLMOutputError
@@ -33,7 +33,6 @@ from rmmjax.memory.lace import LaceMem
 from rmmjax.retrieve.iris import iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 
-LOADERS = {"locomo": load_locomo}
 MAX_FAILURES_IN_A_ROW = 5
 
 
@@ -114,7 +113,7 @@ def evaluate_answers(dataset: str, data: Path, answerer: Answerer, llm: LLM,
   """Answers, judges and scores up to `limit` questions in file order; returns the report.
   Conversations that one of the trained `models` (source, record) or their ancestors trained
   on are left out, as `eval` leaves them out, unless `in_sample`."""
-  conversations, report = LOADERS[dataset](data)
+  conversations, report = DATASETS[dataset](data)
   conversations = [c for c in conversations if c.questions]
   config = dict(config or {})
   if models:
