@@ -110,34 +110,33 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   tune = config.get("query_encoder_record", {}).get("tune", "query")
   memory_encoder, query_side = retrieval_encoders(encoder, tuned, tune)
   config["tune"] = tune if tuned else None
+  beside, ceiling = {}, None
   if units == "lace":
     rows = lace_rows(conversations, encoder, ks, iris is not None, judge,
                      settings=IRIS_PRESETS[iris] if iris else None, llm=llm, reranker=loaded,
                      rerank_mode=rerank_mode, retriever=retriever, progress=progress,
                      query_encoder=tuned, iris_model=model if iris_model is not None else None)
     config |= {"iris": iris, "judge": judge if iris else None,
-               "rerank_mode": rerank_mode if loaded else None,
-               "conversations": [c.conversation_id for c in conversations]}
-    out = {"config": config,
-           "load_report": {"counts": dict(report.counts), "examples": report.examples},
-           "metrics": summarise(aggregate(rows), rows)}
-    return out | (_per_question(conversations, rows) if per_question else {})
-  # Units once per conversation (topics replay the conversation through reflection).
-  pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
-  beside, ceiling = {}, None
-  if loaded:
-    rows, base, ceiling = _reranked_rows(conversations, pools, units, retriever, memory_encoder,
-                                         loaded, online, ks, budget_words, progress, query_side,
-                                         encoder)
-    # What the reranker is measured against: the order it reranks, and all K it reads.
-    beside = {"base_order": aggregate(base), "ceiling": aggregate(ceiling) | {"k": loaded.spec.k}}
+               "rerank_mode": rerank_mode if loaded else None}
+    metrics = summarise(aggregate(rows), rows)
   else:
-    rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
-                      progress, query_side)
+    # Units once per conversation (topics replay the conversation through reflection).
+    pools = {c.conversation_id: conversation_units(c, units, encoder) for c in conversations}
+    if loaded:
+      rows, base, ceiling = _reranked_rows(conversations, pools, units, retriever,
+                                           memory_encoder, loaded, online, ks, budget_words,
+                                           progress, query_side, encoder)
+      # What the reranker is measured against: the order it reranks, and all K it reads.
+      beside = {"base_order": aggregate(base),
+                "ceiling": aggregate(ceiling) | {"k": loaded.spec.k}}
+    else:
+      rows = _base_rows(conversations, pools, retriever, memory_encoder, ks, budget_words,
+                        progress, query_side)
+    metrics = aggregate(rows)
   config["conversations"] = [c.conversation_id for c in conversations]
   out = {"config": config,
          "load_report": {"counts": dict(report.counts), "examples": report.examples},
-         "metrics": aggregate(rows)} | beside
+         "metrics": metrics} | beside
   if ceiling:  # (each question's, in its rows of per_question)
     rows = [(c, m | r) for (c, m), (_, r) in zip(rows, ceiling)]
   return out | (_per_question(conversations, rows) if per_question else {})
@@ -158,9 +157,7 @@ def recorded_query_encoder(reranker: Path, record: dict) -> Path:
   beside = reranker.parent / "query_encoder" if model_kind(reranker) in (
       "reranker export", "reranker file") else None
   for candidate in (reranker / "query_encoder", beside, recorded):
-    if candidate is None:
-      continue
-    if candidate.is_dir() and candidate.resolve() != reranker.resolve():
+    if candidate is not None and candidate.is_dir() and candidate.resolve() != reranker.resolve():
       return candidate
   raise ValueError(f"the reranker {reranker} ranks the candidates of the query encoder "
                    f"{recorded}, which is not there (moved?): pass it as --encoder DIR")
