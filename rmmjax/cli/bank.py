@@ -9,6 +9,7 @@ of every text the bank held of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -117,11 +118,8 @@ def _cmd_delete(args) -> None:
     # The cache first: a kill between the two leaves the user in the bank, so the same command
     # can run again; the other way round their vectors would stay in the cache for good.
     if not memory_bank.cipher.encrypted and Path(cache_path()).is_file():
-      cache = EmbeddingCache(cache_path())
-      try:
+      with contextlib.closing(EmbeddingCache(cache_path())) as cache:
         gone = cache.forget(texts)
-      finally:
-        cache.close()
       print(f"removed {gone} embeddings of their texts from the cache {cache_path()}")
     memory_bank.delete_user(args.user)
   print(f"deleted user {args.user!r} from {args.db}")
