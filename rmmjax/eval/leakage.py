@@ -4,9 +4,7 @@ trained on, and refuses a model on data it does not fit, saying so in the report
 from __future__ import annotations
 
 from rmmjax.replay.candidates import conversation_fingerprint
-from rmmjax.io.record import check_fit, trained_on
-
-__all__ = ["check_fit", "unseen"]
+from rmmjax.io.record import trained_on
 
 
 def unseen(conversations: list, models: list[tuple[str, dict]],

@@ -11,7 +11,8 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.data.longmemeval import load_longmemeval
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.eval.leakage import check_fit, unseen
+from rmmjax.eval.leakage import unseen
+from rmmjax.io.record import check_fit
 from rmmjax.eval.iris_eval import lace_rows, summarise
 from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
