@@ -44,31 +44,28 @@ def make_judge(name: str, question, store, llm=None):
   return LLMJudge(llm) if name == "llm" else HeuristicJudge()
 
 
-def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: bool, judge: str = "heuristic",
-              settings: IrisSettings | None = None, llm=None, reranker=None,
-              rerank_mode: str = "fused", retriever: str = "hybrid", progress: bool = False,
-              query_encoder=None, iris_model=None) -> list[tuple[str, dict]]:
+def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: IrisSettings | None,
+              judge: str = "heuristic", llm=None, reranker=None, rerank_mode: str = "fused",
+              retriever: str = "hybrid", progress: bool = False, query_encoder=None,
+              iris_model=None) -> list[tuple[str, dict]]:
   """(category, metrics) of every question, each conversation's LaceMem built from its turns
-  and searched by `retriever`; `reranker` (a LoadedReranker) orders IRIS's evidence;
-  `query_encoder` embeds the questions (the anchor of `iris_model`, an IrisModel, when given,
-  whose judge and refiner IRIS then uses). Latency counts the refiner's and the judge's time
-  too, but for an LLM judge's."""
-  settings = settings or IrisSettings()
-  if iris_model is not None:
-    query_encoder = iris_model.anchor
+  and searched by `retriever`, by IRIS under its settings `iris` (None: in a single pass);
+  `reranker` (a LoadedReranker) orders IRIS's evidence; `query_encoder` embeds the questions
+  (the anchor of `iris_model`, an IrisModel, when given, whose judge and refiner IRIS then
+  uses). Latency counts the refiner's and the judge's time too, but for an LLM judge's."""
   rows = []
-  for conv in tqdm(conversations, desc="lace" + (" + IRIS" if iris else ""),
+  for conv in tqdm(conversations, desc="lace" + (" + IRIS" if iris is not None else ""),
                    unit="conversation", disable=not progress):
     store = LaceMem.from_conversation(conv, encoder, settings=LaceSettings(retrieval=retriever))
     store.query_encoder = query_encoder
     ranker = fact_reranker(reranker, store, encoder, rerank_mode) if reranker else None
     refiner = EmbeddingRefiner(iris_model.refine) if iris_model is not None else None
     for question in conv.questions:
-      if iris:
+      if iris is not None:
         chosen = (LearnedJudge(iris_model.judge, store) if iris_model is not None
                   else make_judge(judge, question, store, llm))
         result = iris_retrieve(store, question.question, category=question.category,
-                               judge=chosen, settings=settings, reranker=ranker,
+                               judge=chosen, settings=iris, reranker=ranker,
                                refiner=refiner)
         turns, seconds = list(result.turn_ids), result.retrieval_s + result.refine_s
         seconds += result.judge_s if judge != "llm" else 0.0

@@ -113,10 +113,10 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   config["tune"] = tune if tuned else None
   beside, ceiling = {}, None
   if units == "lace":
-    rows = lace_rows(conversations, encoder, ks, iris is not None, judge,
-                     settings=IRIS_PRESETS[iris] if iris else None, llm=llm, reranker=loaded,
-                     rerank_mode=rerank_mode, retriever=retriever, progress=progress,
-                     query_encoder=tuned, iris_model=model if iris_model is not None else None)
+    rows = lace_rows(conversations, encoder, ks, IRIS_PRESETS[iris] if iris else None, judge,
+                     llm=llm, reranker=loaded, rerank_mode=rerank_mode, retriever=retriever,
+                     progress=progress, query_encoder=tuned,
+                     iris_model=model if iris_model is not None else None)
     config |= {"iris": iris, "judge": judge if iris else None,
                "rerank_mode": rerank_mode if loaded else None}
     metrics = summarise(aggregate(rows), rows)
