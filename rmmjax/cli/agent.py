@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rmmjax.agent import Agent, AgentSettings, IrisAgent
 from rmmjax.cli.chat_loop import chat_loop
-from rmmjax.cli.common import bank, encoder_for
+from rmmjax.cli.common import bank, encoder_for, plural
 from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.eval.answering import BankAnswerer, IrisAnswerer, evaluate_answers
 from rmmjax.encode.protocol import encoder_identity
@@ -230,8 +230,8 @@ def cmd_answer(args) -> None:
       report["agent"] = dict(agent.stats)
       left_out = report["config"].get("excluded_conversations")
       if left_out:
-        print(f"left out {len(left_out)} conversation{'s' if len(left_out) > 1 else ''} the "
-              f"models trained on: {', '.join(left_out)}")
+        print(f"left out {plural(len(left_out), 'conversation')} the models trained on: "
+              f"{', '.join(left_out)}")
       elif report["config"].get("trained_conversations_in_file"):
         print("IN-SAMPLE: " + ", ".join(report["config"]["trained_conversations_in_file"])
               + " were trained on")
