@@ -1,12 +1,7 @@
 """Answer-level evaluation (the papers' headline metric): every question of a labelled dataset
-answered by the agent from the asker's memory bank, then judged by the LLM, scored by token F1
-and ROUGE-L, and its citations compared with the evidence labels.
-
-The agent is used as a server (no learning) through its `ask`, which records nothing in the
-bank; a bank built with `rmmjax ingest --user-per-conversation` holds one user per
-conversation, named by the conversation's id, and one that lacks any of the file's
-conversations is refused before the first question. With IRIS the answer comes from the final
-evidence of iterative retrieval over a LaceMem built per conversation instead.
+answered by the agent from the asker's memory bank (as a server, through its `ask`, which
+records nothing in the bank) or by IRIS, then judged by the LLM, scored by token F1 and ROUGE-L,
+and its citations compared with the evidence labels.
 
 A question without an answer (the LLM failed, or gave no text) is wrong, counted apart, and
 never sent to the judge; a judge that fails leaves its question unjudged. When the LLM fails
