@@ -17,11 +17,11 @@ from rmmjax.io.workdir import atomic_write_json, refuse_if_training
 from rmmjax.io.kinds import model_kind
 from rmmjax.learners.loading import RERANKER_KINDS, reranker_record
 from rmmjax.learners.iris.episodes import RERANK_MODES
+from rmmjax.learners.iris.files import is_iris_model
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.rankers import RETRIEVERS
 
 MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measures nothing
-IRIS_KINDS = ("iris", "iris export")  # model_kind of learned IRIS models
 
 
 def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
@@ -34,7 +34,7 @@ def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
   # takes them for their anchor encoder).
   misplaced = next((f"{flag} {path}" for flag, path in (
       ("--reranker", args.reranker), ("--encoder", None if lace else args.encoder))
-                    if path and model_kind(Path(path)) in IRIS_KINDS), None)
+                    if path and is_iris_model(Path(path))), None)
   rules = (
       (min(ks) < 1 or max(ks) > MAX_CUTOFF or len(set(ks)) != len(ks),
        f"--k {','.join(map(str, ks))}: expected distinct cut-offs from 1 to {MAX_CUTOFF:,} such "
