@@ -17,10 +17,6 @@ from rmmjax.llm.base import LLM
 from rmmjax.llm.parse import Verdict, parse_verdict
 from rmmjax.llm.prompts import answer_judge
 
-# The judge's verdict: `correct` is False whenever `malformed` is True; a malformed verdict is
-# no verdict (the question is unjudged, and counted among malformed_verdicts).
-JudgeVerdict = Verdict
-
 Gold = str | int | float  # LoCoMo writes some answers as bare numbers
 METRIC_KEYS = ("f1", "rouge_l", "judge", "citation_precision", "citation_recall",
                "citation_rate")
@@ -61,7 +57,7 @@ def rouge_l(prediction: str, gold: Gold) -> float:
   return float(_rouge_scorer().score(str(gold), prediction)["rougeL"].fmeasure)
 
 
-def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> JudgeVerdict:
+def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> Verdict:
   """The LLM judge's verdict on one answer; a malformed reply is flagged (and left out of the
   judge's mean by answer_row).
 
@@ -95,7 +91,7 @@ def citation_agreement(shown_turns: list[set[str]], cited: list[int],
           "citation_rate": _ratio(len(chosen), len(shown_turns))}
 
 
-def answer_row(prediction: str, gold: Gold, *, verdict: JudgeVerdict | None = None,
+def answer_row(prediction: str, gold: Gold, *, verdict: Verdict | None = None,
                citation: dict[str, float | None] | None = None,
                answer_malformed: bool = False, answer_failed: bool = False) -> dict:
   """One question's answer metrics; without a verdict or citation their keys are None.

@@ -11,9 +11,8 @@ from rouge_score import rouge_scorer
 
 from rmmjax.eval.answering import Answered, Answerer, BankAnswerer, evaluate_answers
 from rmmjax.eval.answers import (
-    JudgeVerdict, aggregate_answers, answer_row, citation_agreement, judge_answer, rouge_l,
-    token_f1)
-from rmmjax.llm import LLMError, ScriptedLLM, answer_judge
+    aggregate_answers, answer_row, citation_agreement, judge_answer, rouge_l, token_f1)
+from rmmjax.llm import LLMError, ScriptedLLM, Verdict, answer_judge
 
 
 @pytest.mark.parametrize("prediction, gold, expected", [
@@ -55,8 +54,8 @@ def test_rouge_l_agrees_with_the_library(prediction, gold):
 
 def test_judge_reads_correct_and_incorrect_verdicts_from_the_judge_prompt():
   llm = ScriptedLLM([{"correct": True}, '```json\n{"correct": false}\n```'])
-  assert judge_answer(llm, "When?", "7 May 2023", "May 7, 2023") == JudgeVerdict(True, False)
-  assert judge_answer(llm, "How many?", 3, "two") == JudgeVerdict(False, False)
+  assert judge_answer(llm, "When?", "7 May 2023", "May 7, 2023") == Verdict(True, False)
+  assert judge_answer(llm, "How many?", 3, "two") == Verdict(False, False)
   expected = answer_judge("How many?", "3", "two")
   assert llm.requests[1].messages == expected.messages
   assert llm.requests[1].schema == expected.schema
@@ -64,7 +63,7 @@ def test_judge_reads_correct_and_incorrect_verdicts_from_the_judge_prompt():
 
 @pytest.mark.parametrize("reply", ["I think it is right", {"correct": "maybe"}, {"verdict": 1}])
 def test_a_malformed_verdict_is_flagged_and_not_correct(reply):
-  assert judge_answer(ScriptedLLM([reply]), "Q?", "a", "a") == JudgeVerdict(False, True)
+  assert judge_answer(ScriptedLLM([reply]), "Q?", "a", "a") == Verdict(False, True)
 
 
 def test_judge_lets_transport_errors_through():
@@ -98,7 +97,7 @@ def test_citation_recall_is_undefined_without_a_useful_memory_shown():
 
 def test_answer_row_combines_one_questions_numbers():
   citation = citation_agreement(SHOWN, [0, 2], EVIDENCE)
-  row = answer_row("Boston", "Boston", verdict=JudgeVerdict(True, False), citation=citation)
+  row = answer_row("Boston", "Boston", verdict=Verdict(True, False), citation=citation)
   assert row == {"f1": 1.0, "rouge_l": 1.0, "judge": 1.0, "citation_precision": 0.5,
                  "citation_recall": 0.5, "citation_rate": 2 / 3, "judge_malformed": False,
                  "answer_malformed": False, "answer_failed": False}
@@ -107,7 +106,7 @@ def test_answer_row_combines_one_questions_numbers():
   # No answer at all is wrong, and never judged.
   failed = answer_row("", "Boston", answer_failed=True)
   assert failed["judge"] == 0.0 and failed["answer_failed"] and failed["f1"] == 0.0
-  flagged = answer_row("x", "y", verdict=JudgeVerdict(False, True))
+  flagged = answer_row("x", "y", verdict=Verdict(False, True))
   assert flagged["judge"] is None and flagged["judge_malformed"]  # no verdict: unjudged
 
 
