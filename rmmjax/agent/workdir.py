@@ -15,18 +15,16 @@ exclusive lock); a restart with other settings is refused with the differences.
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.manifest import another_version
-from rmmjax.io.workdir import atomic_write_json, take_lock
+from rmmjax.io.manifest import another_version, read_json
+from rmmjax.io.workdir import atomic_path, atomic_write_json, take_lock
 from rmmjax.memory.crypto import Cipher, PlainCipher
 
 # The settings a workdir's reranker learnt with: a restart that learns must keep them; one that
@@ -69,11 +67,8 @@ class AgentWorkdir:
     file = self.path / "agent.json"
     if not file.is_file():
       return None
-    try:
-      return json.loads(file.read_text())
-    except ValueError as err:
-      raise ValueError(f"{file} is not readable JSON ({err}); it is not an agent workdir, or "
-                       f"it was damaged: use another --workdir") from None
+    return read_json(file, "it is not an agent workdir, or it was damaged: use another "
+                     "--workdir")
 
   def _check_settings(self, saved: dict) -> None:
     keys = FIXED_SETTINGS if self.learning else SERVING_SETTINGS
@@ -95,7 +90,7 @@ class AgentWorkdir:
       raise ValueError(f"--workdir {self.path} is in use by another learning agent (pid "
                        f"{holder or 'unknown'}); give each process its own workdir, or --serve")
     # Files a killed writer left half-written (the lock says no one else writes here).
-    for stale in [*self.path.glob(".pending.*.npz"), *self.path.glob(".agent.json.*.tmp")]:
+    for stale in [*self.path.glob(".pending.npz.*.tmp"), *self.path.glob(".agent.json.*.tmp")]:
       stale.unlink(missing_ok=True)
 
   def restore(self, template: TrainState) -> tuple[TrainState, list[tuple], dict]:
@@ -141,14 +136,8 @@ class AgentWorkdir:
               for i, name in enumerate(names)}
     buffer = io.BytesIO()
     np.savez(buffer, base_step=np.int64(step), **arrays)
-    fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pending.", suffix=".npz")
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(self.cipher.seal_bytes(buffer.getvalue()))
-      os.replace(tmp, self.path / "pending.npz")
-    except BaseException:
-      Path(tmp).unlink(missing_ok=True)
-      raise
+    with atomic_path(self.path / "pending.npz") as tmp:
+      tmp.write_bytes(self.cipher.seal_bytes(buffer.getvalue()))
 
   def save_checkpoint(self, state: TrainState) -> None:
     if self._checkpointer is None:

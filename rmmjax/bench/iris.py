@@ -25,6 +25,7 @@ import numpy as np
 
 from rmmjax.bench.core import percentile_ms, write_result
 
+from rmmjax.memory.ingest import bank_text
 from rmmjax.memory.lace import LaceMem
 from rmmjax.memory.lace import synthetic_lace
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
@@ -84,7 +85,7 @@ def bench_conversation(data: Path) -> dict:
   t0 = time.perf_counter()
   for turn, session in turns:
     store.add_turn(turn.turn_id, session.session_id, session.date, turn.speaker,
-                   turn.text + (f" [shares an image: {turn.caption}]" if turn.caption else ""))
+                   bank_text(turn))
   seconds = time.perf_counter() - t0
   out = {"facts": len(store), "turns": len(turns), "stream_s": seconds,
          "turns_per_s": len(turns) / seconds, "edges": len(store.edges())}

@@ -19,6 +19,7 @@ from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.msc import load_msc
 from rmmjax.encode.cache import EmbeddingCache, cache_path
+from rmmjax.io.manifest import read_json
 from rmmjax.io.outputs import check_output_file
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
@@ -92,11 +93,7 @@ def _cmd_import(args) -> None:
   path = Path(getattr(args, "in"))
   if not path.is_file():
     raise FileNotFoundError(f"--in {path} does not exist (write one with rmmjax memory export)")
-  try:
-    data = json.loads(path.read_text())
-  except (UnicodeDecodeError, ValueError) as err:
-    raise ValueError(f"--in {path} is not JSON ({err}); expected what rmmjax memory export "
-                     f"writes") from None
+  data = read_json(path, "expected what rmmjax memory export writes", where=f"--in {path}")
   db = Path(args.db)
   new = not db.exists()
   try:

@@ -17,6 +17,15 @@ KINDS = ("train", "sweep", "export")
 EARLIER = ("run.json", "checkpoints", "sweep.json", "record.json")
 
 
+def read_json(path: Path, expected: str, where: str | None = None):
+  """The JSON value in path, or one line naming the file (as `where`), why it is not JSON and
+  what was `expected` of it."""
+  try:
+    return json.loads(Path(path).read_text())
+  except (UnicodeDecodeError, ValueError) as err:
+    raise ValueError(f"{where or path} is not JSON ({err}); {expected}") from None
+
+
 def read_run_record(folder: Path) -> dict | None:
   """The manifest of a workdir or an export ({"format": ..., "kind": ..., ...}); None for a
   folder without one (a fresh workdir). A folder that holds a run's files without one (written
@@ -31,10 +40,7 @@ def read_run_record(folder: Path) -> dict | None:
       raise another_format(f"{folder} holds a run's files ({earlier[0]}) but", 0,
                            "train or sweep into a fresh workdir")
     return None
-  try:
-    record = json.loads(path.read_text())
-  except ValueError as err:
-    raise ValueError(f"{path} is not valid JSON ({err}); expected the folder's manifest") from None
+  record = read_json(path, "expected the folder's manifest")
   if not isinstance(record, dict) or (record.get("format") == FORMAT
                                       and record.get("kind") not in KINDS):
     raise ValueError(f"{path}: expected a \"kind\" of {', '.join(KINDS)}")

@@ -10,7 +10,7 @@ import jax
 
 from rmmjax import core
 from rmmjax.io.checkpoint import Checkpointer
-from rmmjax.io.manifest import RECORD_FILE, read_run_record
+from rmmjax.io.manifest import RECORD_FILE, read_json, read_run_record
 from rmmjax.io.workdir import read_config
 from rmmjax.learners import sections
 
@@ -20,11 +20,7 @@ def read_record(workdir: Path) -> dict:
   if not path.exists():  # (a run writes it beside its manifest and config.json)
     raise FileNotFoundError(f"{workdir} holds no {RECORD_FILE} (what its model trained on): "
                             "expected a training workdir or an export")
-  try:
-    record = json.loads(path.read_text())
-  except ValueError as err:
-    raise ValueError(f"{path} is not valid JSON ({err}); the workdir is damaged: train it "
-                     "again") from None
+  record = read_json(path, "the workdir is damaged: train it again")
   if not isinstance(record, dict):
     raise ValueError(f"{path} holds a {type(record).__name__}, not a record of what the run "
                      "trained on; the workdir is damaged: train it again")

@@ -166,9 +166,7 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
   b = state.spec.batch
   questions = jax.tree.map(np.asarray, questions)
   num = questions.mask_BxK.shape[0]
-  per_epoch = num // b
-  if per_epoch < 1:
-    raise ValueError(f"{num} training questions cannot fill one batch of {b}")
+  per_epoch = num // b  # at least 1: check_cross_run refused a batch the questions cannot fill
   positions = {"real": 0, "computed": 0}
 
   def epoch_batches(epoch: int) -> list[core.Batch]:

@@ -19,11 +19,9 @@ cache removes even that).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from typing import final
 
-import bm25s
 import numpy as np
 
 from rmmjax.data.schema import Conversation
@@ -34,11 +32,9 @@ from rmmjax.memory.lace.facts import Draft, turn_drafts
 from rmmjax.memory.lace.links import SemanticGraph, snap
 from rmmjax.memory.lace.settings import LaceSettings, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
+from rmmjax.retrieve.bm25 import BM25Retriever
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.fusion import rrf_scores
-
-logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
-
 
 RECENT_QUERIES = 4  # query embeddings a LaceMem remembers (an IRIS call asks up to 3 texts)
 
@@ -57,7 +53,7 @@ class LaceMem:
     self._session_facts: dict[str, list[int]] = {}  # fact ids of each session, in order
     self._session_pos: list[int] = []  # each fact's place in its session's list
     self._graph: SemanticGraph | None = None  # created with the first vectors (their size)
-    self._bm25: bm25s.BM25 | None = None
+    self._bm25: BM25Retriever | None = None
     self._bm25_size = 0  # facts the BM25 index covers; rebuilt when the Index layer grows
     self.fallbacks = 0  # turns an LLM extractor handed to the offline one, as saved
     self._saved: LaceSaved | None = None  # what the bank holds of it, if it came from one
@@ -247,14 +243,9 @@ class LaceMem:
   def _bm25_scores(self, query: str) -> np.ndarray:
     if self._bm25 is None or self._bm25_size != len(self._facts):
       # Rebuilt from scratch: BM25's document frequencies change with every new fact.
-      self._bm25 = bm25s.BM25()  # Lucene BM25 (k1 1.5, b 0.75), as retrieve.bm25 ranks turns
-      self._bm25.index(bm25s.tokenize([f.text for f in self._facts], stopwords="en",
-                                      show_progress=False), show_progress=False)
+      self._bm25 = BM25Retriever([f.text for f in self._facts])
       self._bm25_size = len(self._facts)
-    tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)[0]
-    if not tokens:  # a query of stopwords only matches nothing
-      return np.zeros(len(self._facts))
-    return np.asarray(self._bm25.get_scores(tokens), np.float64)
+    return np.asarray(self._bm25.scores([query])[0], np.float64)
 
   # -- inspection and persistence -------------------------------------------------------
 
