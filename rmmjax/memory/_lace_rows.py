@@ -20,6 +20,7 @@ import sqlite3
 import numpy as np
 
 from rmmjax.memory._embedding_rows import open_vector
+from rmmjax.memory._schema import next_write
 from rmmjax.memory.crypto import Cipher
 from rmmjax.memory.records import BankFileError, LaceSaved, LaceSnapshot
 from rmmjax.retrieve.evidence import Fact, RawTurn
@@ -36,17 +37,11 @@ def _open_cosine(cipher: Cipher, stored: float | bytes) -> float:
   return float(np.float32(stored))
 
 
-def _next_revision(db: sqlite3.Connection) -> int:
-  """The bank-wide write counter, advanced (it never repeats, not even after a deletion)."""
-  db.execute("UPDATE bank_writes SET n = n + 1")
-  return db.execute("SELECT n FROM bank_writes").fetchone()[0]
-
-
 def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot) -> int:
   """Replaces the user's layered memory with snap, inside the caller's write transaction;
   returns its revision."""
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
-  revision = _next_revision(db)
+  revision = next_write(db)
   db.execute("DELETE FROM lace_meta WHERE user_id = ?", (user,))  # cascades to the layers
   db.execute("INSERT INTO lace_meta (user_id, settings, encoder, dim, fallbacks, revision) "
              "VALUES (?, ?, ?, ?, ?, ?)",
@@ -68,7 +63,7 @@ def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSna
   row = db.execute("SELECT revision, dim FROM lace_meta WHERE user_id = ?", (user,)).fetchone()
   if row is None or row[0] != since.revision or (row[1] == 0 and len(snap.facts)):
     return None  # (a LaceMem saved before it had facts has no dimension yet: write it whole)
-  revision = _next_revision(db)
+  revision = next_write(db)
   db.execute("UPDATE lace_meta SET fallbacks = ?, revision = ? WHERE user_id = ?",
              (snap.fallbacks, revision, user))
   old = [i for i in lists if i < since.facts]

@@ -109,6 +109,12 @@ SCHEMA: tuple[str, ...] = (
 )
 
 
+def next_write(db: sqlite3.Connection) -> int:
+  """The bank-wide write counter, advanced (it never repeats, not even after a deletion)."""
+  db.execute("UPDATE bank_writes SET n = n + 1")
+  return db.execute("SELECT n FROM bank_writes").fetchone()[0]
+
+
 def open_schema(db: sqlite3.Connection, cipher: Cipher, where: str) -> None:
   """Creates the schema in a new file, refuses a bank of another version, and checks the key;
   inside the caller's write transaction, so a refused key leaves the file as it was."""

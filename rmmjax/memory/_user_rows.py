@@ -23,11 +23,16 @@ from rmmjax.memory.records import (
 CHAT_PREFIX = "chat-"  # chat sessions are chat-1, chat-2, ...; datasets name their own
 
 
+def sessions(db: sqlite3.Connection, user: str, where: str = "",
+             params: tuple = ()) -> list[SessionInfo]:
+  """The user's sessions (those that the SQL condition `where` keeps), oldest first."""
+  return [SessionInfo(s, d, o, bool(e), origin) for s, d, o, e, origin in db.execute(
+      f"SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE user_id = ? {where} "
+      f"ORDER BY ordinal", (user, *params))]
+
+
 def session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo | None:
-  row = db.execute("SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE "
-                   "user_id = ? AND session_id = ?",
-                   (user, session_id)).fetchone()
-  return None if row is None else SessionInfo(row[0], row[1], row[2], bool(row[3]), row[4])
+  return next(iter(sessions(db, user, "AND session_id = ?", (session_id,))), None)
 
 
 def require_session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo:
@@ -37,17 +42,18 @@ def require_session(db: sqlite3.Connection, user: str, session_id: str) -> Sessi
   return found
 
 
-def sessions(db: sqlite3.Connection, user: str) -> list[SessionInfo]:
-  return [SessionInfo(s, d, o, bool(e), origin) for s, d, o, e, origin in db.execute(
-      "SELECT session_id, date, ordinal, ended, origin FROM sessions WHERE user_id = ? "
-      "ORDER BY ordinal", (user,))]
+def require_unended(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo:
+  """The session, refused once its reflection is applied (by this process or another one)."""
+  found = require_session(db, user, session_id)
+  if found.ended:
+    raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
+                       f"is already applied")
+  return found
 
 
 def newest_open(db: sqlite3.Connection, user: str, origin: str) -> SessionInfo | None:
   """The user's most recent session of this origin that has not ended."""
-  row = db.execute("SELECT session_id FROM sessions WHERE user_id = ? AND origin = ? AND "
-                   "ended = 0 ORDER BY ordinal DESC LIMIT 1", (user, origin)).fetchone()
-  return None if row is None else session(db, user, row[0])
+  return ([None] + sessions(db, user, "AND origin = ? AND ended = 0", (origin,)))[-1]
 
 
 def insert_session(db: sqlite3.Connection, user: str, session_id: str, date: str,
@@ -157,10 +163,10 @@ def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
 
 
 def check_unchanged(db: sqlite3.Connection, user: str, session_id: str,
-                    expect: ReflectionInput) -> None:
-  """StaleRead when the user's memories or the session's turns changed since `expect` was
-  read (inside the write transaction that would apply what was computed from it)."""
-  version = db.execute("SELECT version FROM users WHERE user_id = ?", (user,)).fetchone()[0]
+                    expect: ReflectionInput, version: int) -> None:
+  """StaleRead when the user's memories (now at `version`) or the session's turns changed
+  since `expect` was read (inside the write transaction that would apply what was computed
+  from it)."""
   held = turn_count(db, user, session_id)
   if version != expect.version or held != len(expect.turns):
     raise StaleRead(f"user {user!r} changed while session {session_id!r} was being reflected "

@@ -32,7 +32,7 @@ from rmmjax.memory._connection import connect, transaction
 from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
 from rmmjax.memory.records import (
     BankFileError, BankTurn, LaceSaved, LaceSnapshot, Memory, Merge, NewMemory, ReflectionInput,
-    SessionEnded, SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, select_in,
+    SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, select_in,
     text_arg, turn_rows, vector_arg)
 
 # Long enough to outlast another process's largest write (one reflection, one import).
@@ -107,9 +107,7 @@ class MemoryBank:
   @staticmethod
   def _bump(db: sqlite3.Connection, user: str) -> None:
     """Gives the user's memories a new version, in the transaction that changes them."""
-    db.execute("UPDATE bank_writes SET n = n + 1")
-    db.execute("UPDATE users SET version = (SELECT n FROM bank_writes) WHERE user_id = ?",
-               (user,))
+    db.execute("UPDATE users SET version = ? WHERE user_id = ?", (schema_sql.next_write(db), user))
 
   def add_user(self, user: str, *, exist_ok: bool = False) -> None:
     with self._writing() as db:
@@ -239,13 +237,9 @@ class MemoryBank:
     from one snapshot: what a search index is built from (three reads could mix two writes)."""
     with self._reading() as db:
       version = self._version(db, user)
-      memories = rows.memories(db, self.cipher, user)
-      if not memories:
-        return version, memories, np.zeros((0, 0), np.float32)
-      # Refuses a bank embedded by another encoder (the bank names both).
-      ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
-    row = {memory_id: i for i, memory_id in enumerate(ids)}
-    return version, memories, vectors[[row[m.id] for m in memories]]
+      # Both in memory id order: the matrix refuses unless every memory has encoder's embedding.
+      _, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
+      return version, rows.memories(db, self.cipher, user), vectors
 
   def put_embeddings(self, user: str, encoder: str, memory_ids: Sequence[int],
                      vectors: np.ndarray) -> None:
@@ -269,11 +263,11 @@ class MemoryBank:
   # Prospective Reflection -------------------------------------------------------------------
 
   def reflection_input(self, user: str, session_id: str, encoder: str) -> ReflectionInput:
-    """The session, its turns and the user's memories with encoder's embeddings, read from one
-    snapshot (pass its version to apply_reflection)."""
+    """The session (refused once it has ended), its turns and the user's memories with
+    encoder's embeddings, read from one snapshot (pass it to apply_reflection)."""
     with self._reading() as db:
       version = self._version(db, user)
-      info = rows.require_session(db, user, session_id)
+      info = rows.require_unended(db, user, session_id)
       ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
       return ReflectionInput(info, rows.turns(db, self.cipher, user, session_id),
                              {m.id: m for m in rows.memories(db, self.cipher, user)}, ids,
@@ -292,12 +286,10 @@ class MemoryBank:
     now = time.time() if now is None else float(now)
     turn_ids = list(dict.fromkeys(t for item in [*adds, *merges] for t in item.turn_ids))
     with self._writing() as db:
-      info = rows.require_session(db, self._require_user(db, user), session_id)
-      if info.ended:
-        raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
-                           f"is already applied")
+      version = self._version(db, user)
+      rows.require_unended(db, user, session_id)
       if expect is not None:
-        rows.check_unchanged(db, user, session_id, expect)
+        rows.check_unchanged(db, user, session_id, expect, version)
       self._own_memories(db, user, [m.memory_id for m in merges])
       emb.require_encoder(db, user, encoder, "this reflection")
       turns = {r[0]: r[1:] for r in select_in(
@@ -368,7 +360,7 @@ class MemoryBank:
       for table in [*tables, "users"]:
         if "user_id" in {c[1] for c in db.execute(f'PRAGMA table_info("{table}")')}:
           db.execute(f'DELETE FROM "{table}" WHERE user_id = ?', (user,))
-      db.execute("UPDATE bank_writes SET n = n + 1")  # a user of that name starts anew
+      schema_sql.next_write(db)  # a user of that name starts anew
     # secure_delete zeroed the rows in the pages; the log still holds their old copies until a
     # checkpoint (a reader of another process may keep it from finishing: best effort).
     with contextlib.suppress(sqlite3.Error):

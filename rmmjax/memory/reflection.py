@@ -21,8 +21,7 @@ from rmmjax.llm.context import fit_texts
 from rmmjax.llm.parse import LLMOutputError, Topic, parse_merge, parse_topics
 from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import (BankTurn, Merge, NewMemory, ReflectionInput, SessionEnded,
-                                   StaleRead)
+from rmmjax.memory.records import BankTurn, Merge, NewMemory, ReflectionInput, StaleRead
 # The reflector interface and the offline reflector live beside the topic segmentation; they are
 # importable from here with the rest of Prospective Reflection.
 from rmmjax.memory.topics import (ADD, Candidate, Decision, Encoder, Extraction, OfflineReflector,
@@ -210,10 +209,7 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
   otherwise it is read and computed again, up to `attempts` times.
   """
   for _ in range(attempts):
-    snapshot = bank.reflection_input(user, session_id, encoder.identity)
-    if snapshot.session.ended:
-      raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
-                         f"is already applied")
+    snapshot = bank.reflection_input(user, session_id, encoder.identity)  # or SessionEnded
     plan = _plan(snapshot, reflector, encoder)
     try:
       written = bank.apply_reflection(user, session_id, plan.adds, plan.merges,
