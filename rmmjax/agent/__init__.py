@@ -4,9 +4,9 @@ abstract chat agent; the RMM agent's workdir keeps what it learns."""
 
 from __future__ import annotations
 
-from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
+from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.agent.iris import IrisAgent, IrisResponse
 from rmmjax.agent.rmm import Agent, AgentSettings, Response
 
 __all__ = ["STATS", "Agent", "AgentSettings", "ChatAgent", "IrisAgent", "IrisResponse", "Reply",
-           "Response", "end_chat_session"]
+           "Response"]

@@ -15,7 +15,7 @@ import datetime
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.reflection import Reflector, reflect_session
+from rmmjax.memory.reflection import Encoder, ReflectionReport, Reflector, reflect_session
 
 # Every agent's counters: questions asked, reranker updates, the cited-answer exchange's
 # (rmmjax.llm.exchange.COUNTERS), turns it wrote to the bank.
@@ -47,6 +47,8 @@ class ChatAgent(abc.ABC):
 
   bank: MemoryBank
   llm: LLM | None
+  reflector: Reflector
+  encoder: Encoder
   stats: dict  # STATS and the agent's own counters
 
   @abc.abstractmethod
@@ -57,9 +59,13 @@ class ChatAgent(abc.ABC):
   def tell(self, user: str, text: str) -> str:
     """Records a statement of the user's (nothing retrieved or answered); its session's id."""
 
-  @abc.abstractmethod
-  def end_session(self, user: str):
+  def end_session(self, user: str) -> ReflectionReport:
     """Prospective Reflection over the user's open chat session; returns its report."""
+    info = self.bank.open_session(user, "chat")
+    if info is None:
+      raise ValueError(f"user {user!r} has no open chat session to end")
+    # A session another process reflected meanwhile is refused by the bank (SessionEnded).
+    return reflect_session(self.bank, user, info.session_id, self.reflector, self.encoder)
 
   @abc.abstractmethod
   def kept(self) -> str:
@@ -86,12 +92,3 @@ class ChatAgent(abc.ABC):
     got = ask_cited(self.llm, query, texts, evidence_missing=missing)
     got.count(self.stats)
     return got.answer, got.cited, got.failure, got.error
-
-
-def end_chat_session(bank: MemoryBank, user: str, reflector: Reflector, encoder):
-  """Prospective Reflection over the user's open chat session; returns its report."""
-  info = bank.open_session(user, "chat")
-  if info is None:
-    raise ValueError(f"user {user!r} has no open chat session to end")
-  # A session another process reflected meanwhile is refused by the bank (SessionEnded).
-  return reflect_session(bank, user, info.session_id, reflector, encoder)

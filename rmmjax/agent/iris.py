@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
+from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem
@@ -109,9 +109,6 @@ class IrisAgent(ChatAgent):
     session_id = self._record(user, [("user", text, "statement")])
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)
     return session_id
-
-  def end_session(self, user: str):
-    return end_chat_session(self.bank, user, self.reflector, self.encoder)
 
   def kept(self) -> str:
     return "IRIS serves: its models learn offline (rmmjax train --set learner=iris)"

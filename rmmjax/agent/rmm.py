@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.agent.base import STATS, ChatAgent, Reply, end_chat_session
+from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.agent.workdir import AgentWorkdir
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.base import LLM
@@ -32,7 +32,6 @@ from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.memory.search import BankSearch
-from rmmjax.retrieve.rankers import RETRIEVERS
 from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.registry import reader, with_model
@@ -64,13 +63,9 @@ class AgentSettings:
   seed: int = 0
 
   def __post_init__(self):
+    # The command line refuses a retriever, K, M or batch size first; --tau and --lr come as
+    # given (or from a reranker's run).
     for name, expected, ok in (
-        ("retriever", f"one of {', '.join(RETRIEVERS)}", lambda v: v in RETRIEVERS),
-        ("k", "an integer >= 1", lambda v: type(v) is int and v >= 1),
-        ("m", f"an integer from 1 to k={self.k}",
-         lambda v: type(v) is int and 1 <= v <= self.k),
-        ("batch", "an integer >= 1", lambda v: type(v) is int and v >= 1),
-        ("seed", "an integer", lambda v: type(v) is int),
         ("tau", "a positive finite number", lambda v: math.isfinite(v) and v > 0),
         ("prior_scale", "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0),
         ("lr", "a positive finite number", lambda v: math.isfinite(v) and v > 0)):
@@ -331,6 +326,6 @@ class Agent(ChatAgent):
 
   def end_session(self, user: str):
     self._require_user(user)
-    report = end_chat_session(self.bank, user, self.reflector, self.encoder)
+    report = super().end_session(user)
     self.save()
     return report
