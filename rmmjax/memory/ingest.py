@@ -9,10 +9,8 @@ bulk where the reflector allows it: one encoder call per session pads each to a 
 from __future__ import annotations
 
 import collections
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import final
 
 import numpy as np
@@ -21,7 +19,7 @@ from tqdm import tqdm
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.llm.base import LLMError
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.records import BankTurn, Memory, SessionEnded
+from rmmjax.memory.records import BankTurn, SessionEnded
 from rmmjax.memory.reflection import Encoder, Reflector, reflect_session
 from rmmjax.memory.topics import OfflineReflector, turn_text
 
@@ -178,14 +176,3 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
   return {**counts, "seconds": round(seconds, 3),
           "turns_per_s": round(counts["turns"] / seconds, 2) if seconds > 0 else 0.0}
 
-
-def replay_topics(conversation: Conversation, encoder: Encoder,
-                  reflector: Reflector | None = None) -> list[Memory]:
-  """The memories that replaying the conversation through a fresh bank leaves, oldest first;
-  the offline reflector unless one is given."""
-  reflector = OfflineReflector(encoder) if reflector is None else reflector
-  with tempfile.TemporaryDirectory(prefix="rmmjax-topics-") as folder:
-    with MemoryBank(Path(folder) / "memory.sqlite") as bank:
-      ingest_conversations(bank, [conversation], reflector, encoder,
-                           user=conversation.conversation_id)
-      return bank.memories(conversation.conversation_id)

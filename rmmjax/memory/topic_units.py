@@ -4,9 +4,14 @@ segments and compares topics (the per-session granularities are in rmmjax.retrie
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from rmmjax.data.schema import Conversation
-from rmmjax.memory.ingest import replay_topics
+from rmmjax.memory.bank import MemoryBank
+from rmmjax.memory.ingest import ingest_conversations
 from rmmjax.memory.records import Memory
+from rmmjax.memory.topics import OfflineReflector
 from rmmjax.retrieve.units import Unit, build_units
 
 
@@ -17,20 +22,20 @@ def topic_text(memory: Memory) -> str:
   return memory.summary
 
 
-def topic_units(conversation: Conversation, encoder, reflector=None) -> list[Unit]:
-  """Each memory left by replaying the conversation's sessions through a fresh bank (the
-  offline reflector by default) as a unit of its text covering all its snippets' turns."""
-  return [Unit(f"topic{i}", topic_text(m), tuple(s.turn_id for s in m.snippets),
-               len(topic_text(m).split()))
-          for i, m in enumerate(replay_topics(conversation, encoder, reflector), start=1)]
-
-
 def conversation_units(conversation: Conversation, granularity: str,
                        encoder=None) -> list[Unit]:
-  """All units of one conversation at a granularity of UNITS, in conversation order."""
+  """All units of one conversation at a granularity of UNITS, in conversation order: a topic
+  unit is a memory that replaying the sessions through a fresh bank with the offline reflector
+  leaves, as its text covering all its snippets' turns."""
   if granularity != "topic":
     return build_units(conversation, granularity)
   if encoder is None:
     raise ValueError("units 'topic' need an encoder (topics are found and merged by embedding "
                      "similarity)")
-  return topic_units(conversation, encoder)
+  user = conversation.conversation_id
+  with tempfile.TemporaryDirectory(prefix="rmmjax-topics-") as folder:
+    with MemoryBank(Path(folder) / "memory.sqlite") as bank:
+      ingest_conversations(bank, [conversation], OfflineReflector(encoder), encoder, user=user)
+      memories = bank.memories(user)
+  return [Unit(f"topic{i}", topic_text(m), tuple(s.turn_id for s in m.snippets),
+               len(topic_text(m).split())) for i, m in enumerate(memories, start=1)]
