@@ -109,14 +109,19 @@ class MemoryBank:
     """Gives the user's memories a new version, in the transaction that changes them."""
     db.execute("UPDATE users SET version = ? WHERE user_id = ?", (schema_sql.next_write(db), user))
 
+  def _insert_user(self, db: sqlite3.Connection, user: str, exist_ok: bool = False,
+                   remedy: str = "") -> bool:
+    """Whether the user was inserted; one the bank has is refused, or left with exist_ok."""
+    if db.execute("INSERT OR IGNORE INTO users (user_id) VALUES (?)", (user,)).rowcount:
+      return True
+    if exist_ok:
+      return False
+    raise ValueError(f"user {user!r} is already in {self.where}{remedy}")
+
   def add_user(self, user: str, *, exist_ok: bool = False) -> None:
     with self._writing() as db:
-      if db.execute("SELECT 1 FROM users WHERE user_id = ?", (text_arg(user, "user"),)).fetchone():
-        if exist_ok:
-          return
-        raise ValueError(f"user {user!r} is already in {self.where}")
-      db.execute("INSERT INTO users (user_id) VALUES (?)", (user,))
-      self._bump(db, user)
+      if self._insert_user(db, text_arg(user, "user"), exist_ok):
+        self._bump(db, user)
 
   def users(self) -> list[str]:
     with self._reading() as db:
@@ -268,10 +273,9 @@ class MemoryBank:
     with self._reading() as db:
       version = self._version(db, user)
       info = rows.require_unended(db, user, session_id)
-      ids, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)
+      _, vectors = emb.matrix(db, self.cipher, user, encoder, self.where)  # by memory id
       return ReflectionInput(info, rows.turns(db, self.cipher, user, session_id),
-                             {m.id: m for m in rows.memories(db, self.cipher, user)}, ids,
-                             vectors, version)
+                             rows.memories(db, self.cipher, user), vectors, version)
 
   def apply_reflection(self, user: str, session_id: str, adds: Sequence[NewMemory],
                        merges: Sequence[Merge], encoder: str, *, now: float | None = None,
@@ -342,9 +346,8 @@ class MemoryBank:
     parsed = portable.parse(data)
     user = text_arg(parsed.user if user is None else user, "user")
     with self._writing() as db:
-      if db.execute("SELECT 1 FROM users WHERE user_id = ?", (user,)).fetchone():
-        raise ValueError(f"user {user!r} is already in {self.where}; import_user "
-                         f"only fills a new user (delete_user first to replace one)")
+      self._insert_user(db, user, remedy="; import_user only fills a new user (delete_user "
+                        "first to replace one)")
       portable.write(db, self.cipher, parsed, user)
       self._bump(db, user)
     return user

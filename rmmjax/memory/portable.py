@@ -83,9 +83,9 @@ def _lace_doc(snap: LaceSnapshot | None) -> dict | None:
 
 
 def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> None:
-  """Writes a parsed document as the (new) user, inside the caller's write transaction."""
+  """Writes a parsed document as the user (new, inserted), inside the caller's write
+  transaction."""
   seal = cipher.seal_text
-  db.execute("INSERT INTO users (user_id) VALUES (?)", (user,))
   db.executemany("INSERT INTO sessions (user_id, session_id, date, ordinal, ended, origin) "
                  "VALUES (?, ?, ?, ?, ?, ?)",
                  [(user, s, d, o, int(e), origin)

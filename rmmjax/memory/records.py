@@ -100,13 +100,12 @@ class Memory:
 @dataclasses.dataclass(frozen=True)
 class ReflectionInput:
   """What one reflection reads, all from one snapshot of the bank: the session, its turns, the
-  user's memories with their embeddings (row i of vectors embeds the memory memory_ids[i]),
-  and the user's memory version, which apply_reflection checks before it writes."""
+  user's memories with their embeddings (row i of vectors embeds memories[i]), and the user's
+  memory version, which apply_reflection checks before it writes."""
 
   session: SessionInfo
   turns: list[BankTurn]
-  memories: dict[int, Memory]
-  memory_ids: list[int]
+  memories: list[Memory]
   vectors: np.ndarray
   version: int
 

@@ -236,9 +236,8 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder) -> 
   capped = [cap_summary(t.summary) for t in topics]
   topics = [Topic(summary, t.turn_ids) for (summary, _), t in zip(capped, topics, strict=True)]
   cut = sum(was_cut for _, was_cut in capped)
-  stored = snapshot.memories
-  entries = [_Entry(m, stored[m].summary, len(stored[m].snippets), v, [])
-             for m, v in zip(snapshot.memory_ids, snapshot.vectors, strict=True)]
+  entries = [_Entry(m.id, m.summary, len(m.snippets), v, [])
+             for m, v in zip(snapshot.memories, snapshot.vectors, strict=True)]
   vectors = encoder.encode([t.summary for t in topics]) if topics else []
   merged = fallbacks = 0
   for topic, vector in zip(topics, vectors, strict=True):
