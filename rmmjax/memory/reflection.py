@@ -210,26 +210,20 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
   """
   for _ in range(attempts):
     snapshot = bank.reflection_input(user, session_id, encoder.identity)  # or SessionEnded
-    plan = _plan(snapshot, reflector, encoder)
+    adds, merges, report = _plan(snapshot, reflector, encoder)
     try:
-      written = bank.apply_reflection(user, session_id, plan.adds, plan.merges,
-                                      encoder.identity, expect=snapshot)
+      written = bank.apply_reflection(user, session_id, adds, merges, encoder.identity,
+                                      expect=snapshot)
     except StaleRead:
       continue
-    return dataclasses.replace(plan.report, memory_ids=tuple(written))
+    return dataclasses.replace(report, memory_ids=tuple(written))
   raise StaleRead(f"session {session_id!r} of user {user!r} could not be reflected: the user's "
                   f"memories or the session changed during each of {attempts} attempts")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-  adds: list[NewMemory]
-  merges: list[Merge]
-  report: ReflectionReport
-
-
-def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder) -> _Plan:
-  """The adds and merges that reflecting the snapshot's session gives."""
+def _plan(snapshot: ReflectionInput, reflector: Reflector,
+          encoder: Encoder) -> tuple[list[NewMemory], list[Merge], ReflectionReport]:
+  """The adds and merges that reflecting the snapshot's session gives, and its report."""
   turns, info = snapshot.turns, snapshot.session
   extraction = reflector.extract(turns, info.date) if turns else Extraction(())
   topics, dropped_ids, dropped_topics = _restrict(extraction.topics, [t.turn_id for t in turns])
@@ -264,14 +258,14 @@ def _plan(snapshot: ReflectionInput, reflector: Reflector, encoder: Encoder) -> 
   merges = [Merge(e.memory_id, e.summary, e.new_turn_ids, e.vector)
             for e in entries if e.memory_id is not None and e.changed]
   covered = {t for topic in topics for t in topic.turn_ids}
-  return _Plan(adds, merges, ReflectionReport(
+  return adds, merges, ReflectionReport(
       session_id=info.session_id, turns=len(turns), topics=len(topics), added=len(adds),
       merged=merged, updated=len(merges),
       dropped_turn_ids=extraction.dropped_turn_ids + dropped_ids,
       dropped_topics=extraction.dropped_topics + dropped_topics,
       fallbacks=extraction.fallbacks + fallbacks,
       uncovered_turns=sum(t.turn_id not in covered for t in turns), cut_summaries=cut,
-      memory_ids=()))
+      memory_ids=())
 
 
 def cap_summary(summary: str) -> tuple[str, bool]:
