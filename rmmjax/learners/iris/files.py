@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
@@ -22,7 +23,7 @@ from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.trained import export_manifest
 from rmmjax.io.kinds import model_kind, refuse_unless
 from rmmjax.io.manifest import another_version, read_run_record
-from rmmjax.io.workdir import read_config, write_run_record
+from rmmjax.io.workdir import atomic_path, read_config, write_run_record
 from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.learners.query_encoder.files import latest_encoder_params
 from rmmjax.encode.protocol import encoder_identity
@@ -46,17 +47,11 @@ class IrisModel:
 
 
 def save_judge(params: dict, path: Path, metadata: dict) -> None:
-  flat = {}
-  for name, value in params.items():
-    if isinstance(value, dict):
-      flat |= {f"{name}.{k}": np.asarray(v) for k, v in value.items()}
-    else:
-      flat[name] = np.asarray(value)
-  path = Path(path)
-  tmp = path.with_name(f".{path.name}.partial")
-  save_file(flat, str(tmp), metadata={"rmmjax_format": JUDGE_FORMAT, "how_to_score": HOW_TO_SCORE,
-                                      **{k: json.dumps(v) for k, v in metadata.items()}})
-  tmp.replace(path)
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(params, sep=".").items()}
+  with atomic_path(path) as tmp:
+    save_file(flat, str(tmp), metadata={"rmmjax_format": JUDGE_FORMAT,
+                                        "how_to_score": HOW_TO_SCORE,
+                                        **{k: json.dumps(v) for k, v in metadata.items()}})
 
 
 def load_judge(path: Path) -> tuple[dict, dict]:
@@ -67,13 +62,7 @@ def load_judge(path: Path) -> tuple[dict, dict]:
   if header.get("rmmjax_format") != JUDGE_FORMAT:
     raise another_version(str(path), f"judge format {header.get('rmmjax_format')!r}",
                           f"judge format {JUDGE_FORMAT!r}", "export its training workdir again")
-  params: dict = {}
-  for name, value in load_file(str(path)).items():
-    head, _, leaf = name.partition(".")
-    if leaf:
-      params.setdefault(head, {})[leaf] = value
-    else:
-      params[head] = value
+  params = traverse_util.unflatten_dict(load_file(str(path)), sep=".")
   meta = {k: json.loads(v) for k, v in header.items() if k not in ("rmmjax_format",
                                                                    "how_to_score")}
   return params, meta
