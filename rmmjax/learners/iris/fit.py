@@ -28,6 +28,7 @@ from rmmjax.fit import Fit, fit
 from rmmjax.core.judge import judge_init, judge_loss
 from rmmjax.core.losses import grouped_listwise_loss
 from rmmjax.encode.tuned import TunedQueryEncoder
+from rmmjax.learners.query_encoder.fit import pad_tokens
 from rmmjax.retrieve.iris import IRIS_PRESETS, IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict
 from rmmjax.retrieve.learned import EmbeddingRefiner, refinement_text
@@ -133,21 +134,22 @@ def refinement_examples(stores, conversations, k: int, e: int, seed: int,
   return _stack(rows)
 
 
-def pad_tokens(encoder, texts: Sequence[str], max_tokens: int):
-  ids = [x[:max_tokens] for x in encoder.tokenize(list(texts))]
-  length = encoder.bucket_length(max(len(x) for x in ids))
-  ids_NxT = np.zeros((len(ids), length), np.int32)
-  mask_NxT = np.zeros((len(ids), length), bool)
-  for i, x in enumerate(ids):
-    ids_NxT[i, :len(x)], mask_NxT[i, :len(x)] = x, True
-  return ids_NxT, mask_NxT
+def _adam_fit(loss_fn, params, lr: float, epoch_batches, plan: Fit, mesh):
+  """`params` fitted by Adam at `lr` on loss_fn(params, *batch) over the fit loop's batches:
+  the parameters (gathered to the host) and every step's loss."""
+  adam = optax.adam(lr)
 
+  def step(state, xs):
+    params, opt = state
+    loss, grads = jax.value_and_grad(loss_fn)(params, *xs)
+    # optax's bias correction raises the float decay to the integer step count, which JAX's
+    # strict dtype promotion (the test suite's) refuses; standard promotion gives float32.
+    with jax.numpy_dtype_promotion("standard"):
+      updates, opt = adam.update(grads, opt, params)
+    return (optax.apply_updates(params, updates), opt), {"loss": loss}
 
-def _adam_update(adam: optax.GradientTransformation, grads, opt, params):
-  # optax's bias correction raises the float decay to the integer step count, which JAX's
-  # strict dtype promotion (the test suite's) refuses; standard promotion gives float32.
-  with jax.numpy_dtype_promotion("standard"):
-    return adam.update(grads, opt, params)
+  state, losses = fit((params, adam.init(params)), step, epoch_batches, plan, mesh)
+  return distributed.gather(state[0]), losses
 
 
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
@@ -160,20 +162,12 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
-  params = jax.tree.map(jnp.copy, params)
-  module, adam = encoder.module, optax.adam(lr)
+  module = encoder.module
 
-  def step(state, xs):
-    (params, opt), (ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE) = state, xs
-
-    def loss_fn(p):
-      q_BxD = module.apply({"params": p}, ids_BxT, mask_BxT)
-      scores_BxK = jnp.einsum("bkd,bd->bk", mem_BxKxD, q_BxD)
-      return grouped_listwise_loss(scores_BxK, covers_BxKxE, jnp.any(mem_BxKxD != 0, -1), tau)
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt = _adam_update(adam, grads, opt, params)
-    return (optax.apply_updates(params, updates), opt), {"loss": loss}
+  def loss_fn(p, ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE):
+    q_BxD = module.apply({"params": p}, ids_BxT, mask_BxT)
+    scores_BxK = jnp.einsum("bkd,bd->bk", mem_BxKxD, q_BxD)
+    return grouped_listwise_loss(scores_BxK, covers_BxKxE, jnp.any(mem_BxKxD != 0, -1), tau)
 
   rng = np.random.default_rng(seed)
   usable = len(examples) // batch * batch
@@ -189,9 +183,8 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
                       examples.mem_NxKxD[rows], examples.covers_NxKxE[rows]))
     return batches
 
-  state, losses = fit((params, adam.init(params)), step, epoch_batches,
-                      Fit(epochs, desc="ranking encoder"), mesh)
-  return distributed.gather(state[0]), losses
+  return _adam_fit(loss_fn, jax.tree.map(jnp.copy, params), lr, epoch_batches,
+                   Fit(epochs, desc="ranking encoder"), mesh)
 
 
 @final
@@ -245,13 +238,6 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
   """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss
   (each batch split over the mesh's devices, when given several)."""
   n, dim = examples.q_NxD.shape
-  params, adam = judge_init(jax.random.PRNGKey(seed), dim, hidden), optax.adam(lr)
-
-  def step(state, xs):
-    loss, grads = jax.value_and_grad(judge_loss)(state[0], *xs)
-    updates, opt = _adam_update(adam, grads, state[1], state[0])
-    return (optax.apply_updates(state[0], updates), opt), {"loss": loss}
-
   rng = np.random.default_rng(seed)
 
   def epoch_batches(epoch: int) -> list:
@@ -265,9 +251,8 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
                       examples.mask_NxF[rows_p], examples.label_N[rows_p], weight))
     return batches
 
-  state, losses = fit((params, adam.init(params)), step, epoch_batches,
-                      Fit(epochs, desc="judge"), mesh)
-  return distributed.gather(state[0]), losses
+  return _adam_fit(judge_loss, judge_init(jax.random.PRNGKey(seed), dim, hidden), lr,
+                   epoch_batches, Fit(epochs, desc="judge"), mesh)
 
 
 @final
