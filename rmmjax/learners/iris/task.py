@@ -33,11 +33,11 @@ from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.learners.iris.files import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.learners.iris.fit import (IrisFit, fit_iris_encoders, fit_iris_judge, pad_tokens,
+from rmmjax.learners.iris.fit import (IrisFit, fit_iris_encoders, fit_iris_judge,
                                        refinement_examples)
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.fit import Online
-from rmmjax.learners.query_encoder.fit import encoder_spec, online_step
+from rmmjax.learners.query_encoder.fit import encoder_spec, online_step, pad_tokens
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.io.record import replay_record, with_ancestors
 from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
@@ -89,7 +89,8 @@ class IrisLearnedTask(Task):
     self.fit = IrisFit(k=cfg.iris_models.k, hard_share=cfg.iris_models.hard_share,
                        epochs=tuning.pretrain_epochs, batch=tuning.pretrain_batch,
                        lr=tuning.pretrain_lr, tau=tuning.pretrain_tau, seed=cfg.seed)
-    self.spec = iris_spec(cfg)
+    # The refinement encoder's online phase: iris_models.k candidates per example.
+    self.spec = dataclasses.replace(encoder_spec(cfg), k=cfg.iris_models.k)
     self.hp = cfg.hparams(tuning)
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_data)
@@ -232,8 +233,3 @@ class IrisLearnedTask(Task):
     metrics = turn_metrics(store, turns, q.evidence, cut, len(set(q.evidence)))
     return metrics[f"recall_all@{cut[0]}"], metrics[f"recall_all@{cut[1]}"]
 
-
-def iris_spec(cfg: Config) -> core.CoreSpec:
-  """The core spec of the refinement encoder's online phase: iris_models.k candidates per
-  example."""
-  return dataclasses.replace(encoder_spec(cfg), k=cfg.iris_models.k)

@@ -4,7 +4,6 @@ writes, what it was trained on, and writing that directory."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from rmmjax.io.trained import export_manifest, read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.manifest import read_run_record
 from rmmjax.io.workdir import read_config, write_run_record
+from rmmjax.learners.query_encoder.fit import encoder_spec
 
 
 def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQueryEncoder:
@@ -61,9 +61,7 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
 def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
   """The encoder parameters of a workdir's newest readable checkpoint (`what` names them in
   the error when there is none)."""
-  # The state of query-encoder learning: scores are plain dot products (no rank prior).
-  spec = dataclasses.replace(cfg.core_spec(), rank_prior=False)
-  template = encoder_state(encoder, spec, cfg.hparams())
+  template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
   checkpointer = Checkpointer(path / "checkpoints", read_only=True)
   try:
     _, state, _ = checkpointer.restore_latest(template)

@@ -11,7 +11,7 @@ retrieval is dense search (or its fusion with BM25) with the tuned query encoder
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,19 +41,24 @@ def encoder_scorer(module, ids_BxT: jax.Array, mask_BxT: jax.Array):
   return scorer
 
 
+def pad_tokens(encoder, texts: Sequence[str], max_tokens: int | None = None):
+  """Token ids and masks of the texts (each cut to max_tokens), ids_NxT padded to one bucket."""
+  ids = [x[:max_tokens] for x in encoder.tokenize(list(texts))]
+  length = encoder.bucket_length(max(len(x) for x in ids))
+  ids_NxT = np.zeros((len(ids), length), np.int32)
+  mask_NxT = np.zeros((len(ids), length), bool)
+  for i, x in enumerate(ids):
+    ids_NxT[i, :len(x)], mask_NxT[i, :len(x)] = x, True
+  return ids_NxT, mask_NxT
+
+
 def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
   """Token ids and masks of the questions in `to_sequence` layout, ids_SxBxT (absent: empty)."""
   texts = []
   for conv in convs:
     texts += list(conv.questions) + [""] * (stream_steps(conv, batch) * batch - len(conv.questions))
-  ids = encoder.tokenize(texts)
-  length = encoder.bucket_length(max(len(x) for x in ids))
-  ids_NxT = np.zeros((len(texts), length), np.int32)
-  mask_NxT = np.zeros((len(texts), length), bool)
-  for i, x in enumerate(ids):
-    ids_NxT[i, :len(x)] = x
-    mask_NxT[i, :len(x)] = True
-  shape = (-1, batch, length)
+  ids_NxT, mask_NxT = pad_tokens(encoder, texts)
+  shape = (-1, batch, ids_NxT.shape[1])
   return ids_NxT.reshape(shape), mask_NxT.reshape(shape)
 
 
