@@ -44,12 +44,10 @@ class NumpyReranker:
     self.variant = meta["variant"]
     self.dim = int(meta["dim"])
     self.weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
-    if self.variant == "linear":
+    if self.variant == "linear":  # (read_reranker refused any variant but linear and mlp)
       # Precompute (I + wq)(I + wm)^T: one D x D matrix, so a query costs one product.
       eye = np.eye(self.dim, dtype=np.float32)
       self._query_map = (eye + self.weights["wq"]) @ (eye + self.weights["wm"]).T
-    elif self.variant != "mlp":
-      raise ValueError(f"unknown reranker variant {self.variant!r} in the export metadata")
 
   @classmethod
   def load(cls, path: str | Path) -> "NumpyReranker":

@@ -99,8 +99,6 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
 def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   """The episodes in the core's Batch layout (one query each); relevant = from an evidence
   turn, and recall counts evidence turns found. Episodes with pair tokens bring them along."""
-  if not episodes:
-    raise ValueError("no episodes to batch")
   mask = np.zeros((len(episodes), episodes[0].mem_KxD.shape[0]), bool)
   for i, episode in enumerate(episodes):
     mask[i, :len(episode.facts)] = True
