@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
@@ -15,7 +14,6 @@ from safetensors.numpy import load_file, save_file
 
 from cli_args import sets as _sets
 from rmmjax import core
-from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
 from rmmjax.cli import main
 from rmmjax.encode.encoder import SentenceEncoder
@@ -100,13 +98,6 @@ def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
     n = len(e.facts)
     np.testing.assert_allclose(row[:n], _core_scores(params, spec, encoder.tokenizer, QUESTION,
                                                      e.facts), atol=1e-4)
-
-
-def test_an_embedding_reranker_is_not_served_as_a_cross_one(encoder):
-  spec = core.CoreSpec(model=EMBEDDING, dim=encoder.dim, k=K, m=2, batch=2)
-  with pytest.raises(ValueError, match="not variant=linear"):
-    CrossFactReranker(EMBEDDING.init_params(jax.random.PRNGKey(0), spec), spec,
-                      encoder.tokenizer, 48)
 
 
 SMALL = ("variant=cross", "units=lace", "dim=32", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core
-from rmmjax.learners.cross import CrossModel, PackedPairs, pair_logits
+from rmmjax.learners.cross import PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.learners.cross.pairs import PAIR_BUCKETS, CandidateTokens, pack_batch, pair_tokens
 from rmmjax.learners.iris.episodes import IrisEpisode, episodes_batch, fuse_with_order
@@ -83,8 +83,6 @@ class CrossFactReranker:
 
   def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
                mode: str = "fused", fusion_c: float = 60.0):
-    if not isinstance(spec.model, CrossModel):
-      raise ValueError(f"CrossFactReranker serves a cross reranker, not variant={spec.variant}")
     self.params, self.spec, self.tokenizer = params, spec, tokenizer
     self.max_length, self.mode, self.fusion_c = max_length, mode, fusion_c
     self._prior = np.asarray(params["rank_bias"], np.float64)
