@@ -68,14 +68,6 @@ def load_judge(path: Path) -> tuple[dict, dict]:
   return params, meta
 
 
-def _tuned(path: Path, encoder) -> TunedQueryEncoder:
-  loaded = SentenceEncoder(path)
-  if loaded.dim != encoder.dim:
-    raise ValueError(f"{path} embeds in {loaded.dim} dimensions; the facts are embedded in "
-                     f"{encoder.dim}")
-  return TunedQueryEncoder(encoder, loaded.params)
-
-
 def is_iris_model(path: Path) -> bool:
   """Whether `path` is a learner=iris workdir or its export."""
   return model_kind(path) in ("iris", "iris export")
@@ -96,25 +88,23 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
               "its training has not got past fitting the models; run it again to finish"))
   judge, meta = load_judge(path / JUDGE_FILE)
   record = meta.get("record", {})
+  # The identity names the weights, so the encoders and the judge read this one's dimension.
   if record.get("encoder") != encoder_identity(encoder):
     raise ValueError(f"--iris-model {path} was trained on facts embedded by "
                      f"{record.get('encoder')!r}; these are embedded by "
                      f"{encoder_identity(encoder)!r}")
-  dim = (judge["fact"]["w"].shape[0] - 1) // 2
-  if dim != encoder.dim:
-    raise ValueError(f"--iris-model {path}: its judge reads {dim}-dimensional embeddings, the "
-                     f"store's are {encoder.dim}-dimensional")
-  anchor = _tuned(path / ANCHOR_DIR, encoder)
-  if exported:
-    refine = _tuned(path / REFINE_DIR, encoder)
-  else:
-    refine = TunedQueryEncoder(encoder, latest_encoder_params(
-        path, read_config(path), encoder, "refinement encoder yet"))
+  anchor = TunedQueryEncoder(encoder, SentenceEncoder(path / ANCHOR_DIR).params)
+  refine = TunedQueryEncoder(encoder, SentenceEncoder(path / REFINE_DIR).params if exported else
+                             latest_encoder_params(path, read_config(path), encoder,
+                                                   "refinement encoder yet"))
   return IrisModel(anchor, refine, judge, record, str(path))
 
 
-def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
-  """Writes a learner=iris workdir's models as files (see the module docstring)."""
+def export_run(workdir: Path, out: Path) -> str:
+  """`rmmjax export` of a learner=iris workdir: its models as files in the directory `out`
+  (see the module docstring); says what was written."""
+  check_output_dir(Path(out), "--out")
+  encoder = SentenceEncoder()
   model = load_iris_model(workdir, encoder)
   out = Path(out)
   if out.suffix == ".safetensors":
@@ -134,13 +124,6 @@ def export_iris_model(workdir: Path, out: Path, encoder) -> Path:
                  metadata={"identity": tuned.identity, "role": role})
   save_judge(model.judge, out / JUDGE_FILE, {"record": manifest["record"]})
   write_run_record(out, manifest)  # last: a folder without it is no export
-  return out
-
-
-def export_run(workdir: Path, out: Path) -> str:
-  """`rmmjax export` of a learner=iris workdir: the directory `out`; says what was written."""
-  check_output_dir(Path(out), "--out")
-  export_iris_model(workdir, out, SentenceEncoder())
   return (f"wrote {out}: anchor_encoder/ and refine_encoder/ (Hugging Face-format encoders of "
           "the questions) and judge.safetensors (its header says how to score it); use it as "
           "--iris-model")

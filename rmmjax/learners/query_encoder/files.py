@@ -79,9 +79,14 @@ def query_encoder_record(path: Path) -> dict:
   return run["record"] if run is not None and run["kind"] == "export" else read_record(path)
 
 
-def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
-  """Writes a query_encoder workdir's tuned encoder as a Hugging Face-format directory (loads
-  in sentence-transformers unchanged), with the export's manifest."""
+def export_run(workdir: Path, out: Path) -> str:
+  """`rmmjax export` of a query_encoder workdir (or a learner=both run's first stage): the
+  tuned encoder as the Hugging Face-format directory `out` (sentence-transformers loads it
+  unchanged), with the export's manifest; says what was written."""
+  if Path(out).suffix == ".safetensors":
+    raise ValueError(f"--out {out}: {workdir} holds a query encoder; it exports as a directory")
+  check_output_dir(Path(out), "--out")
+  encoder = SentenceEncoder()
   tuned = load_query_encoder(workdir, encoder)
   manifest = export_manifest(workdir)
   role = ("embed questions and memories with this model (tune=both: re-embed the bank)"
@@ -90,15 +95,5 @@ def export_query_encoder(workdir: Path, out: Path, encoder) -> Path:
           "manifest's record.encoder names")
   save_encoder(encoder, tuned.params, out, metadata={"identity": tuned.identity, "role": role})
   write_run_record(out, manifest)  # last: a folder without it is no export
-  return Path(out)
-
-
-def export_run(workdir: Path, out: Path) -> str:
-  """`rmmjax export` of a query_encoder workdir (or a learner=both run's first stage): the
-  directory `out`; says what was written."""
-  if Path(out).suffix == ".safetensors":
-    raise ValueError(f"--out {out}: {workdir} holds a query encoder; it exports as a directory")
-  check_output_dir(Path(out), "--out")
-  export_query_encoder(workdir, out, SentenceEncoder())
   return (f"wrote {out}: a Hugging Face-format encoder for the questions (sentence-transformers "
           "loads it); the memories keep the base encoder's embeddings")
