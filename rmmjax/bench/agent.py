@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings, IrisAgent
-from rmmjax.bench.core import percentile_ms, write_result
+from rmmjax.bench.core import percentile_ms, percentiles_ms, timed, write_result
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.lace import synthetic_lace
 from rmmjax.memory.search import FUSION_DEPTH
@@ -67,7 +67,7 @@ def _synthetic_bank(path: Path, n: int, encoder) -> MemoryBank:
   return bank
 
 
-def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None) -> list[dict]:
+def bench_respond(sizes, queries: int, query_encoder) -> list[dict]:
   """Per bank size: the respond path's p50/p95 with the query embedded by `query_encoder` (as
   chat does) and with a random query vector, beside its floor, the dense top-200 over the same
   embeddings timed on the same queries, all interleaved (this machine is shared: a slow spell
@@ -81,8 +81,7 @@ def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None
       built = time.perf_counter() - started
       settings = AgentSettings(k=20, m=5, learn=False)
       agent = Agent(bank, encoder, settings)
-      embedding = (Agent(bank, encoder, settings, query_encoder=query_encoder)
-                   if query_encoder is not None else None)
+      embedding = Agent(bank, encoder, settings, query_encoder=query_encoder)
       started = time.perf_counter()
       index = agent.search.index("u")
       indexed = time.perf_counter() - started
@@ -91,31 +90,23 @@ def bench_respond(sizes=(10_000, 100_000), queries: int = 50, query_encoder=None
       vectors = encoder.encode(texts)
       paths = {"respond": lambda text, q: agent.recall("u", text),
                "dense": lambda text, q: index._dense(q, FUSION_DEPTH),
-               "bm25": lambda text, q: index.bm25.matched([text], FUSION_DEPTH)}
-      if embedding is not None:
-        paths["respond_embedded"] = lambda text, q: embedding.recall("u", text)
+               "bm25": lambda text, q: index.bm25.matched([text], FUSION_DEPTH),
+               "respond_embedded": lambda text, q: embedding.recall("u", text)}
       for text, q in zip(texts, vectors):  # every path compiled and warm (each query's shape)
         for run in paths.values():
           run(text, q)
       times = {name: [] for name in paths}
       for text, q in zip(texts, vectors):
         for name, run in paths.items():
-          t0 = time.perf_counter()
-          run(text, q)
-          times[name].append(time.perf_counter() - t0)
+          times[name].append(timed(lambda run=run, text=text, q=q: run(text, q)))
       bank.close()
-    row = {"memories": n, "bank_build_s": built, "index_build_s": indexed, "queries": queries,
-           "respond_p50_ms": percentile_ms(times["respond"], 50),
-           "respond_p95_ms": percentile_ms(times["respond"], 95),
-           "dense_top200_p50_ms": percentile_ms(times["dense"], 50),
-           "dense_top200_p95_ms": percentile_ms(times["dense"], 95),
-           "bm25_p50_ms": percentile_ms(times["bm25"], 50),
-           "respond_over_dense_p50": float(np.median(times["respond"])
-                                           / np.median(times["dense"]))}
-    if embedding is not None:
-      row |= {"respond_embedded_p50_ms": percentile_ms(times["respond_embedded"], 50),
-              "respond_embedded_p95_ms": percentile_ms(times["respond_embedded"], 95)}
-    rows.append(row)
+    rows.append({"memories": n, "bank_build_s": built, "index_build_s": indexed,
+                 "queries": queries}
+                | percentiles_ms({"respond": times["respond"], "dense_top200": times["dense"]})
+                | {"bm25_p50_ms": percentile_ms(times["bm25"], 50),
+                   "respond_over_dense_p50": float(np.median(times["respond"])
+                                                   / np.median(times["dense"]))}
+                | percentiles_ms({"respond_embedded": times["respond_embedded"]}))
   return rows
 
 
@@ -144,17 +135,11 @@ def bench_statements(encoder, num_facts: int = 10_000, statements: int = 30) -> 
       agent.recall("u", question)
     tell, respond = [], []
     for text, question in zip(told[statements:], asked[statements:]):
-      for times, run in ((tell, lambda: agent.tell("u", text)),
-                         (respond, lambda: agent.recall("u", question))):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
+      tell.append(timed(lambda text=text: agent.tell("u", text)))
+      respond.append(timed(lambda question=question: agent.recall("u", question)))
     facts = len(agent.store("u"))
-  return {"facts": facts, "statements": statements,
-          "statement_p50_ms": percentile_ms(tell, 50),
-          "statement_p95_ms": percentile_ms(tell, 95),
-          "iris_respond_p50_ms": percentile_ms(respond, 50),
-          "iris_respond_p95_ms": percentile_ms(respond, 95)}
+  return {"facts": facts, "statements": statements} | percentiles_ms(
+      {"statement": tell, "iris_respond": respond})
 
 
 def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
@@ -210,13 +195,9 @@ def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> di
     times = {name: [] for name in agents}
     for text in texts:
       for name, agent in agents.items():
-        t0 = time.perf_counter()
-        agent.recall("u", text)
-        times[name].append(time.perf_counter() - t0)
+        times[name].append(timed(lambda agent=agent, text=text: agent.recall("u", text)))
     bank.close()
-  return {"memories": memories, "queries": queries, "pair_length": 128,
-          **{f"{name}_p{p}_ms": percentile_ms(times[name], p)
-             for name in times for p in (50, 95)}}
+  return {"memories": memories, "queries": queries, "pair_length": 128} | percentiles_ms(times)
 
 
 def bench_agent(out: Path | None, data: Path | None = None, quick: bool = False,

@@ -29,19 +29,27 @@ SWEEP_CONFIGS, SWEEP_STEPS, SWEEP_BATCH = 64, 200, 4
 BYTES_F32 = 4
 
 
+def timed(fn) -> float:
+  """Wall time of one call of fn, in seconds."""
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
 def median_time(fn, repeats: int) -> float:
   """Median wall time of fn over repeats calls."""
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+  return float(np.median([timed(fn) for _ in range(repeats)]))
 
 
 def percentile_ms(seconds, q: float) -> float:
   """The q-th percentile of durations in seconds, in milliseconds."""
   return 1e3 * float(np.percentile(seconds, q))
+
+
+def percentiles_ms(times: dict[str, list[float]], qs=(50, 95)) -> dict[str, float]:
+  """{"<name>_p<q>_ms": percentile_ms(times[name], q)} for every name, then every q."""
+  return {f"{name}_p{q}_ms": percentile_ms(seconds, q) for name, seconds in times.items()
+          for q in qs}
 
 
 def write_result(result: dict, out: Path | None) -> None:
@@ -102,16 +110,12 @@ def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
         box["state"] = jax.block_until_ready(state)
 
       run(3)  # compile and warm up
-      t0 = time.perf_counter()
-      run(3)
-      per_step = max((time.perf_counter() - t0) / 3, 1e-6)
+      per_step = max(timed(lambda run=run: run(3)) / 3, 1e-6)
       runners[formulation] = (run, max(3, int(min_seconds / per_step)))
     times = {f: [] for f in runners}
     for _ in range(repeats):  # alternate so both formulations see the same machine state
       for f, (run, n) in runners.items():
-        t0 = time.perf_counter()
-        run(n)
-        times[f].append((time.perf_counter() - t0) / n)
+        times[f].append(timed(lambda run=run, n=n: run(n)) / n)
     for f in runners:
       results.append({"batch": batch, "formulation": f,
                       "steps_per_s": float(1.0 / np.median(times[f]))})

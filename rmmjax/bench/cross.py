@@ -32,7 +32,7 @@ import numpy as np
 
 from rmmjax import core
 from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
-from rmmjax.bench.core import median_time, write_result
+from rmmjax.bench.core import median_time, timed, write_result
 from rmmjax.bench.machine import describe, machine_info
 
 MAX_LENGTH, QUESTIONS = 128, 4
@@ -218,7 +218,12 @@ def _served_ms(encoder, weights, cfg, data: Path, k: int, questions: int):
 
   for question, texts in sets:  # compile every packed shape first
     serve(question, texts)
-  return 1e3 * float(np.median([median_time(lambda q=q, t=t: serve(q, t), 1) for q, t in sets])), sets
+  return _median_ms(serve, sets), sets
+
+
+def _median_ms(fn, sets) -> float:
+  """Median milliseconds of fn(question, texts) over the (question, texts) of `sets`."""
+  return 1e3 * float(np.median([timed(lambda q=q, t=t: fn(q, t)) for q, t in sets]))
 
 
 def _served_reference_ms(model, sets) -> float:
@@ -226,7 +231,7 @@ def _served_reference_ms(model, sets) -> float:
   predict = lambda q, texts: model.predict([(q, t) for t in texts], batch_size=len(texts),  # noqa: E731
                                            show_progress_bar=False)
   predict(*sets[0])
-  return 1e3 * float(np.median([median_time(lambda q=q, t=t: predict(q, t), 1) for q, t in sets]))
+  return _median_ms(predict, sets)
 
 
 def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets, repeats,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmmjax.bench.core import percentile_ms, write_result
+from rmmjax.bench.core import percentiles_ms, timed, write_result
 
 from rmmjax.memory.ingest import bank_text
 from rmmjax.memory.lace import LaceMem
@@ -60,16 +60,13 @@ def _latencies(store, questions, categories) -> dict:
     warmed.append([t.query for t in run_iris(question, category).trace])
   single, iris, asked = [], [], []
   for question, category in zip(questions, categories):
-    t0 = time.perf_counter()
-    store.search(question, 100)
-    single.append(time.perf_counter() - t0)
+    single.append(timed(lambda question=question: store.search(question, 100)))
     result = run_iris(question, category)
     iris.append(result.retrieval_s)
     asked.append([t.query for t in result.trace])
   if asked != warmed:  # a query the warm-up missed could have paid a compile inside the timing
     raise RuntimeError("IRIS asked other refined queries when timed than in its warm-up run")
-  return {f"{name}_p{q}_ms": percentile_ms(times, q)
-          for name, times in (("single", single), ("iris", iris)) for q in (50, 95)}
+  return percentiles_ms({"single": single, "iris": iris})
 
 
 def bench_conversation(data: Path) -> dict:

@@ -109,21 +109,15 @@ def bench_encode(out: Path | None, data: Path, quick: bool = False) -> dict:
 def bench_encoder_training(encoder, texts: list[str], repeats: int) -> list[dict]:
   """Questions/s of the query encoder's supervised step (batch 16) and REINFORCE step (batch 4)
   on LoCoMo turns as questions, K random candidate embeddings each."""
-  import jax  # noqa: PLC0415
-
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.learners.query_encoder.fit import encoder_scorer  # noqa: PLC0415
   from rmmjax.encode.tuned import encoder_state
+  from rmmjax.learners.iris.fit import pad_tokens  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   rows = []
   for name, batch in (("supervised step", 16), ("REINFORCE step", 4)):
-    ids = encoder.tokenize(texts[:batch])
-    length = encoder.bucket_length(max(len(x) for x in ids))
-    ids_BxT = np.zeros((batch, length), np.int32)
-    mask_BxT = np.zeros((batch, length), bool)
-    for i, x in enumerate(ids):
-      ids_BxT[i, :len(x)], mask_BxT[i, :len(x)] = x, True
+    ids_BxT, mask_BxT = pad_tokens(encoder, texts[:batch], encoder.max_length)
     mem = rng.standard_normal((batch, K, encoder.dim)).astype(np.float32)
     data = core.Batch(q_BxD=np.zeros((batch, encoder.dim), np.float32),
                       mem_BxKxD=mem / np.linalg.norm(mem, axis=-1, keepdims=True),
@@ -144,6 +138,6 @@ def bench_encoder_training(encoder, texts: list[str], repeats: int) -> list[dict
 
     run()  # compile
     seconds = median_time(run, repeats)
-    rows.append({"method": f"{name}, batch {batch} ({length} tokens)", "seconds": seconds,
+    rows.append({"method": f"{name}, batch {batch} ({ids_BxT.shape[1]} tokens)", "seconds": seconds,
                  "questions_per_s": batch / seconds, "repeats": repeats})
   return rows
