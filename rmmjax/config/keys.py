@@ -112,20 +112,15 @@ def get_value(cfg, key: str) -> Any:
 def with_values(cfg, changes: dict[str, Any]) -> Any:
   """cfg with keys (as `--set` names them) set to parsed values. The shared keys go first,
   since they decide which sections the run has."""
-  shared = {k: v for k, v in changes.items() if is_shared(cfg, k)}
+  shared = {k: v for k, v in changes.items() if k in shared_keys(cfg)}
   cfg = dataclasses.replace(cfg, **shared)
   by_section: dict[str, dict] = {}
   for key, value in changes.items():
-    if not is_shared(cfg, key):
+    if key not in shared_keys(cfg):
       section, name = _locate(cfg, key)
       by_section.setdefault(section, {})[name] = value
   return dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **v)
                                      for s, v in by_section.items()})
-
-
-def is_shared(cfg, key: str) -> bool:
-  """Whether `key` is a shared key of cfg (not a section's)."""
-  return key in shared_keys(cfg)
 
 
 def apply_overrides(cfg, overrides: list[str]) -> Any:
@@ -143,7 +138,7 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
     if key.strip() == "config":
       raise ValueError(f"override {item!r}: the named config is chosen by --config")
     texts[key.strip()] = text.strip()  # a later --set of the same key wins
-  shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if is_shared(cfg, k)}
+  shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if k in shared_keys(cfg)}
   with_a_reranker = sections.WITH_A_RERANKER.get(cfg.learner)
   if "variant" in shared and "learner" not in shared and with_a_reranker:
     over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")
@@ -154,7 +149,7 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
     shared["k"] = family.CANDIDATES_OVER_TURNS
   cfg = dataclasses.replace(cfg, **shared)
   return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
-                           if not is_shared(cfg, k)})
+                           if k not in shared_keys(cfg)})
 
 
 def implied_keys(before, overrides: list[str], after) -> list[str]:
