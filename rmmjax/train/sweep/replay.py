@@ -21,7 +21,7 @@ from rmmjax.config import Config, apply_precision, with_values
 from rmmjax.data.locomo import load_locomo
 from rmmjax.learners.query_encoder.files import query_encoder_record
 from rmmjax.io.record import file_sha256, trained_on
-from rmmjax.io.workdir import check_sweepable, held, read_run_record, sweep_record
+from rmmjax.io.workdir import atomic_path, check_sweepable, held, read_run_record, sweep_record
 from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
                                      to_sequence, to_streams)
 from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
@@ -274,10 +274,8 @@ def _save_fold(path: Path, out: dict, test, configs) -> None:
     arrays[f"online_{name}"] = values
   if "pretrain_loss" in out:
     arrays["pretrain_loss"] = out["pretrain_loss"]
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp.npz")
-  np.savez(tmp, **arrays)
-  tmp.replace(path)  # whole or absent: a killed sweep never leaves half a fold
+  with atomic_path(path) as tmp, open(tmp, "wb") as file:  # a killed sweep leaves no half fold
+    np.savez(file, **arrays)
 
 
 def _per_question(values_CxNxSxB, test) -> np.ndarray:

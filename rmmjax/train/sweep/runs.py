@@ -18,7 +18,7 @@ from rmmjax.config import Config, with_values
 from rmmjax.encode.encoder import model_identity
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.io.manifest import RECORD_FILE
-from rmmjax.io.workdir import LOCK_FILE, atomic_write_json
+from rmmjax.io.workdir import LOCK_FILE, atomic_write_json, replace_dir
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.replay.candidates import unit_pools
 from rmmjax.replay.inputs import base_encoder
@@ -170,8 +170,7 @@ def _share_stage(cfg: Config, where: Path, others: list[Path]) -> None:
     except (OSError, ValueError):  # (a stage being written, or unreadable: trained here)
       same = False
     if same:
-      partial = where / ".query_encoder.partial"  # (a copy killed midway is made again)
-      shutil.rmtree(partial, ignore_errors=True)
-      shutil.copytree(source, partial, ignore=shutil.ignore_patterns(LOCK_FILE))
-      partial.rename(stage)
+      with replace_dir(stage) as partial:  # (a copy killed midway is made again)
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(LOCK_FILE),
+                        dirs_exist_ok=True)
       return
