@@ -171,18 +171,16 @@ def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> di
   does not depend on them), over a bank embedded by `encoder` (MiniLM), beside the same path
   with the linear reranker; the query embedded by MiniLM in both, as chat does."""
   from rmmjax import core  # noqa: PLC0415
-  from rmmjax.encode.bert import load_pooler  # noqa: PLC0415
   from rmmjax.encode.protocol import tokenizer_identity  # noqa: PLC0415
   from rmmjax.learners.loaded import LoadedReranker  # noqa: PLC0415
-  from rmmjax.learners.cross import CrossModel, init_cross_params  # noqa: PLC0415
+  from rmmjax.learners.cross.model import CrossModel, cross_initial_params  # noqa: PLC0415
   settings = AgentSettings(k=20, m=5, learn=False)
-  weights = dict(encoder.params) | {"pooler": load_pooler(encoder.model_dir)}
   spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=20, m=5, batch=4,
                        model=CrossModel(encoder.cfg))
   record = {"units": "topic", "retriever": settings.retriever, "encoder": encoder.identity,
             "dim": encoder.dim, "k": 20, "query_encoder": None,
             "cross": {"tokenizer": tokenizer_identity(encoder), "max_length": 128}}
-  cross = LoadedReranker("bench", init_cross_params(weights, 20, 1.0), spec,
+  cross = LoadedReranker("bench", cross_initial_params(encoder, 20, 1.0), spec,
                          core.HParams.create(), record)
   with tempfile.TemporaryDirectory() as folder:
     bank = _synthetic_bank(Path(folder) / "bank.sqlite", memories, encoder)

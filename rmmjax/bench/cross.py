@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmmjax import core
-from rmmjax.learners.cross import CrossModel, cross_scores, init_cross_params
+from rmmjax.learners.cross import CrossModel, cross_scores
+from rmmjax.learners.cross.model import cross_initial_params
 from rmmjax.bench.core import median_time, timed, write_result
 from rmmjax.bench.machine import describe, machine_info
 
@@ -76,18 +77,13 @@ def matmul_rate(dtype=jnp.float32, repeats: int = 5) -> float:
 
 
 def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
-  from rmmjax.encode.bert import load_pooler
   from rmmjax.encode.encoder import SentenceEncoder, compiler_options
   from rmmjax.learners.cross.export import export_cross
   from rmmjax.learners.cross.pairs import pack_batch, pair_tokens
 
   encoder = SentenceEncoder()
   cfg = encoder.cfg
-  weights = dict(encoder.params)
-  pooler = load_pooler(encoder.model_dir)
-  if pooler is not None:
-    weights["pooler"] = pooler
-  params = _params(weights, cfg, SCORE_K)
+  params = _params(encoder, SCORE_K)
   repeats = 2 if quick else 5
   batches = 2 if quick else 4
   score_sets = _pairs(data, batches, SCORE_K)
@@ -127,7 +123,7 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
     for batch in train_batches:
       box[0] = jax.block_until_ready(step(box[0], batch)[0])
 
-  served = {k: _served_ms(encoder, weights, cfg, data, k, 4 if quick else 8) for k in SERVED_K}
+  served = {k: _served_ms(encoder, data, k, 4 if quick else 8) for k in SERVED_K}
   ours_score(), ours_train()  # compile every length first
   score_pairs = batches * QUESTIONS * SCORE_K
   train_pairs = batches * QUESTIONS * TRAIN_K
@@ -190,20 +186,21 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   return result
 
 
-def _params(weights, cfg, k: int) -> dict:
+def _params(encoder, k: int) -> dict:
   """Cross parameters over K candidates with a head away from zero, so both sides compute
   every layer of the score."""
-  params = init_cross_params(weights, k, 1.0)
-  params["encoder"]["classifier"]["kernel"] = jnp.full((cfg.hidden_size, 1), 0.01, jnp.float32)
+  params = cross_initial_params(encoder, k, 1.0)
+  params["encoder"]["classifier"]["kernel"] = jnp.full((encoder.dim, 1), 0.01, jnp.float32)
   return params
 
 
-def _served_ms(encoder, weights, cfg, data: Path, k: int, questions: int):
+def _served_ms(encoder, data: Path, k: int, questions: int):
   """Median milliseconds per question from texts to scores, as a trained reranker serves
   (tokenised to its reader's length, packed, scored), and the (question, texts) it read."""
   from rmmjax.learners.cross.reader import CrossReader
   reader = CrossReader(encoder.tokenizer, MAX_LENGTH, "bench")
-  params = _params(weights, cfg, k)
+  params = _params(encoder, k)
+  cfg = encoder.cfg
   score = jax.jit(lambda p, pairs: cross_scores(p, pairs, cfg),
                   compiler_options=reader.compiler_options())
   sets = [(qs[0], texts[0]) for qs, texts in _pairs(data, questions, k)]
