@@ -21,24 +21,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
+
+from rmmjax import core, distributed
+from rmmjax.bench.core import median_time, write_result
+from rmmjax.config import get_config
+from rmmjax.encode.encoder import SentenceEncoder
+from rmmjax.encode.tuned import encoder_state
+from rmmjax.learners.query_encoder.fit import encoder_replay_steps
+from rmmjax.learners.registry import with_model
+from rmmjax.train.sweep.chunks import run_chunks
 
 COUNTS = (1, 2, 4)
 CONFIGS, BATCH, K, TOKENS = 8, 16, 20, 32
 
 
 def _child(devices: int, quick: bool) -> dict:
-  import jax  # noqa: PLC0415
-
-  from rmmjax import core, distributed  # noqa: PLC0415
-  from rmmjax.bench.core import median_time  # noqa: PLC0415
-  from rmmjax.config import get_config  # noqa: PLC0415
-  from rmmjax.encode.encoder import SentenceEncoder  # noqa: PLC0415
-  from rmmjax.learners.query_encoder.fit import encoder_replay_steps  # noqa: PLC0415
-  from rmmjax.learners.registry import with_model  # noqa: PLC0415
-  from rmmjax.encode.tuned import encoder_state
-  from rmmjax.train.sweep.chunks import run_chunks  # noqa: PLC0415
-
   if len(jax.devices()) < devices:
     return {"devices": devices, "skipped": f"only {len(jax.devices())} devices"}
   repeats, steps = (2, 20) if quick else (3, 100)
@@ -87,9 +86,6 @@ def _child(devices: int, quick: bool) -> dict:
 
 
 def bench_scaling(out: Path | None, quick: bool = False) -> dict:
-  import jax  # noqa: PLC0415
-
-  from rmmjax.bench.core import write_result  # noqa: PLC0415
   fake = jax.default_backend() == "cpu"
   rows = []
   for n in COUNTS:
