@@ -112,7 +112,7 @@ def bench_encoder_training(encoder, texts: list[str], repeats: int) -> list[dict
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.learners.query_encoder.fit import encoder_scorer  # noqa: PLC0415
   from rmmjax.encode.tuned import encoder_state
-  from rmmjax.learners.iris.fit import pad_tokens  # noqa: PLC0415
+  from rmmjax.learners.query_encoder.fit import pad_tokens  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   rows = []
