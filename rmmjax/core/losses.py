@@ -74,9 +74,6 @@ def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: 
   Returns:
     (loss, aux) with aux holding the mean advantage and the mean log-probability.
   """
-  if scores_BxK.ndim != 2 or selected_BxM.shape != rewards_BxM.shape:
-    raise ValueError(f"expected scores (B, K) and selection/rewards (B, M), got "
-                     f"{scores_BxK.shape}, {selected_BxM.shape}, {rewards_BxM.shape}")
   terms_BxM = jax.vmap(selection_log_prob_terms, in_axes=(0, 0, None, 0, None))(
       scores_BxK, selected_BxM, tau, mask_BxK, surrogate)
   taken_BxM = selected_BxM >= 0

@@ -17,18 +17,8 @@ _NEG = -1e30
 
 
 def _default_mask(scores_K: jax.Array, mask_K: jax.Array | None) -> jax.Array:
-  if scores_K.ndim != 1:
-    raise ValueError(f"expected scores of shape (K,), got {scores_K.shape}; vmap over batches")
-  if mask_K is None:
-    return jnp.ones(scores_K.shape, bool)
-  if mask_K.shape != scores_K.shape:
-    raise ValueError(f"mask shape {mask_K.shape} != scores shape {scores_K.shape}")
-  return mask_K.astype(bool)
-
-
-def _check_m(m: int, k: int) -> None:
-  if not isinstance(m, int) or m < 1 or m > k:
-    raise ValueError(f"m={m!r}: expected an integer in [1, K={k}]")
+  # (the shapes and m are the library's own: CoreSpec checked m against K)
+  return jnp.ones(scores_K.shape, bool) if mask_K is None else mask_K.astype(bool)
 
 
 def gumbel_top_m(key: jax.Array, scores_K: jax.Array, m: int, tau: jax.Array | float,
@@ -56,7 +46,6 @@ def perturbed_top_m(scores_K: jax.Array, gumbel_K: jax.Array, m: int, tau: jax.A
   """`gumbel_top_m` with the Gumbel noise given (a caller that draws all of a step's noise at
   once saves a random-number kernel per draw)."""
   mask_K = _default_mask(scores_K, mask_K)
-  _check_m(m, scores_K.shape[0])
   logits_K = scores_K if paper else scores_K / tau
   return top_m(logits_K + gumbel_K, m, mask_K)
 
@@ -64,7 +53,6 @@ def perturbed_top_m(scores_K: jax.Array, gumbel_K: jax.Array, m: int, tau: jax.A
 def top_m(scores_K: jax.Array, m: int, mask_K: jax.Array | None = None) -> jax.Array:
   """Deterministic top-M of the valid candidates (evaluation), -1 where none is left."""
   mask_K = _default_mask(scores_K, mask_K)
-  _check_m(m, scores_K.shape[0])
   _, idx_M = jax.lax.top_k(jnp.where(mask_K, scores_K, -jnp.inf), m)
   taken_M = jnp.arange(m) < jnp.sum(mask_K)
   return jnp.where(taken_M, idx_M, -1).astype(jnp.int32)
