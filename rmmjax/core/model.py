@@ -44,11 +44,3 @@ def rank_prior_init(k: int, scale: float) -> jax.Array:
   scores follow the base order; in units of the temperature, `scale` sets how concentrated the
   first samples are."""
   return -jnp.float32(scale) * jnp.log1p(jnp.arange(k, dtype=jnp.float32))
-
-
-def model_of(spec):
-  """The spec's model, refused in one line when it has none."""
-  if spec.model is None:
-    raise ValueError(f"variant={spec.variant!r}: the spec has no scoring model; its learner "
-                     "supplies one (rmmjax.learners.registry.with_model)")
-  return spec.model

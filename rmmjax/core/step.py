@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 
 from rmmjax.core import losses, optim, selection
-from rmmjax.core.model import model_of
 from rmmjax.core.simulate import simulate_citations
 from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
 
@@ -18,7 +17,7 @@ def init_state(spec: CoreSpec, hparams: HParams, params=None) -> TrainState:
   from a pretrained encoder), Adam state, root key from hparams.seed."""
   key = jax.random.PRNGKey(hparams.seed)
   if params is None:
-    params = model_of(spec).init_params(jax.random.fold_in(key, 0), spec)
+    params = spec.model.init_params(jax.random.fold_in(key, 0), spec)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optim.adam_init(params), hparams=hparams,
                     reward_mean=jnp.zeros((), jnp.float32), key=key, spec=spec)
@@ -27,12 +26,12 @@ def init_state(spec: CoreSpec, hparams: HParams, params=None) -> TrainState:
 def scores_and_pullback(params, batch: Batch, spec: CoreSpec) -> tuple[jax.Array, Callable]:
   """scores_BxK, and a function taking d(loss)/d(scores) to parameter gradients, as the spec's
   model computes them (`Model.scores_and_pullback`)."""
-  return model_of(spec).scores_and_pullback(params, batch, spec)
+  return spec.model.scores_and_pullback(params, batch, spec)
 
 
 def scores(params, batch: Batch, spec: CoreSpec) -> jax.Array:
   """The spec's model's scores of a batch's candidates, scores_BxK."""
-  return model_of(spec).scores(params, batch, spec)
+  return spec.model.scores(params, batch, spec)
 
 
 def sample_selection(scores_BxK: jax.Array, mask_BxK: jax.Array, gumbel_BxK: jax.Array,

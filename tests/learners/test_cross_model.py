@@ -244,7 +244,7 @@ def test_attention_matches_the_naive_formula_in_every_dtype(dtype, atol):
 
 
 def test_a_cross_spec_is_refused_where_it_cannot_score():
-  with pytest.raises(ValueError, match="CrossModel.init"):
+  with pytest.raises(ValueError, match="its parameters come from its learner"):
     core.init_state(_spec(), core.HParams.create())
 
 

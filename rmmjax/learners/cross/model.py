@@ -77,16 +77,6 @@ class CrossModel(Model):
     scales["encoder"]["classifier"] = {"kernel": self.head_lr_scale, "bias": 0.0}
     return scales
 
-  def init_params(self, key: jax.Array, spec) -> dict:
-    raise ValueError("a cross reranker's parameters come from a pretrained encoder's weights "
-                     "(CrossModel.init); pass them to init_state")
-
-  def init(self, encoder_params: dict, k: int) -> dict:
-    return init_cross_params(encoder_params, k, self.prior_scale)
-
-  def template(self, k: int) -> dict:
-    return cross_params_template(self.bert, k)
-
 
 def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
   """The cross reranker's parameters from a pretrained encoder's (its embeddings and layers, and
