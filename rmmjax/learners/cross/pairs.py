@@ -53,7 +53,7 @@ class PairTokens:
 
   def packed(self, serving: bool = False) -> PackedPairs:
     """These pairs packed into rows for the encoder (`pack`)."""
-    return pack(self.ids_NxKxL, self.segments_NxKxL, row_length(self.ids_NxKxL.shape[-1]),
+    return pack(self.ids_NxKxL, self.segments_NxKxL, self.ids_NxKxL.shape[-1],
                 serving=serving)[0]
 
 
@@ -151,24 +151,20 @@ def row_steps() -> int:
   return 16 if jax.default_backend() == "cpu" else 4
 
 
-def row_length(max_length: int) -> int:
-  """The length of a packed row for pairs of at most max_length tokens: the longest alone, two
-  or three of the usual ones (LoCoMo's pairs average about half of 128). Longer rows pack
-  tighter, but attention's cost grows with the square of a row's length: on a CPU, rows of 256
-  scored MiniLM's pairs 20% slower than rows of 128, at 90% real positions against 87%."""
-  return max_length
-
-
 def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
-         slots: int = SLOTS_PER_ROW, multiple_of: int = 1, rows: int | None = None,
-         serving: bool = False):
+         slots: int = SLOTS_PER_ROW, multiple_of: int = 1, serving: bool = False):
   """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
   `PackedPairs`): longest first, each into the first row with room for it and a free slot
   (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
   (`row_steps`: a quarter on an accelerator; and to `multiple_of`, the devices a batch is split
-  over), so a run compiles for a few row counts only (`rows` gives the count instead, when it holds them; `serving` rounds it up to
-  a power of two, for one query's candidates: two or three compiled shapes in all). Returns the
-  packed pairs and the share of their positions that are real."""
+  over), so a run compiles for a few row counts only (`serving` rounds it up to a power of two,
+  for one query's candidates: two or three compiled shapes in all). Returns the packed pairs and
+  the share of their positions that are real.
+
+  The package packs rows as long as the pairs' own padded length: the longest alone, two or
+  three of the usual ones (LoCoMo's pairs average about half of 128). Longer rows pack tighter,
+  but attention's cost grows with the square of a row's length: on a CPU, rows of 256 scored
+  MiniLM's pairs 20% slower than rows of 128, at 90% real positions against 87%."""
   lengths = (np.asarray(segments_NxKxL) > 0).sum(-1)
   n, k = lengths.shape
   present = np.flatnonzero(lengths.reshape(-1))
@@ -187,7 +183,7 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
     count[row] += 1
   if serving:
     rows = 1 << max(0, len(used) - 1).bit_length()
-  elif rows is None or rows < len(used):
+  else:
     step = max(1, -(-n * k // row_steps()))
     rows = max(1, -(-len(used) // step) * step)
   rows = -(-rows // multiple_of) * multiple_of
@@ -213,10 +209,9 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
 
 def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
   """A host `core.Batch` with pair tokens (B, K, L) -> the same batch with its pairs packed
-  into rows of `row_length(L)` (`pack`) and the unpacked tokens dropped: what the core
-  scores."""
+  into rows of L positions (`pack`) and the unpacked tokens dropped: what the core scores."""
   tokens = np.asarray(batch.inputs.ids_BxKxL)
-  pairs, _ = pack(tokens, np.asarray(batch.inputs.segments_BxKxL), row_length(tokens.shape[-1]),
+  pairs, _ = pack(tokens, np.asarray(batch.inputs.segments_BxKxL), tokens.shape[-1],
                   multiple_of=multiple_of, serving=serving)
   return batch.replace(inputs=pairs)
 
@@ -229,7 +224,7 @@ def pack_streams(batch):
   segments = np.asarray(batch.inputs.segments_BxKxL)
   lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]
   flat_t, flat_s = tokens.reshape(-1, b, k, width), segments.reshape(-1, b, k, width)
-  first = [pack(t, g, row_length(width))[0] for t, g in zip(flat_t, flat_s)]
+  first = [pack(t, g, width)[0] for t, g in zip(flat_t, flat_s)]
   rows = max(p.ids_RxL.shape[0] for p in first)
   # Empty rows added at the end: every slot keeps its index (where_BxK stays as it is).
   grow = lambda x: np.pad(x, ((0, rows - len(x)), (0, 0)))  # noqa: E731
@@ -280,7 +275,7 @@ def step_bound(bert, k: int, batch: int, candidates: int, max_length: int) -> in
   the compiled measurement): every activation a BERT layer keeps for its backward pass,
   float32, each counted twice (the backward pass's own of the same size), and the
   parameters, their gradients and Adam's two moments."""
-  rows, length = _most_rows(batch * candidates), row_length(max_length)
+  rows, length = _most_rows(batch * candidates), max_length
   h, heads, inner = bert.hidden_size, bert.num_attention_heads, bert.intermediate_size
   tokens = rows * length
   # per layer: input, query, key, value, context, attention out, two norms and the
@@ -296,7 +291,7 @@ def step_bound(bert, k: int, batch: int, candidates: int, max_length: int) -> in
 @functools.lru_cache(maxsize=32)  # a sweep checks each of its runs' steps before the first
 def _step_need(bert, k: int, batch: int, candidates: int, max_length: int, dtype: str) -> int:
   # Every pair alone in a row, and the rows rounded up as `pack` rounds them.
-  rows, length = _most_rows(batch * candidates), row_length(max_length)
+  rows, length = _most_rows(batch * candidates), max_length
   params = jax.eval_shape(lambda: cross_params_template(bert, k))
   shaped = jax.ShapeDtypeStruct
   pairs = PackedPairs(
