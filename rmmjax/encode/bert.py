@@ -14,10 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file
 
-from rmmjax.core.bert import BertConfig, BertCrossEncoder, BertEncoder
-
-__all__ = ["BertConfig", "BertCrossEncoder", "BertEncoder", "check_params", "config_from_dir",
-           "load_params", "load_pooler", "param_at", "weight_names"]
+from rmmjax.core.bert import BertConfig
 
 
 def config_from_dir(model_dir: Path) -> BertConfig:

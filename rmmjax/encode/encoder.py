@@ -18,7 +18,8 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from rmmjax.encode.bert import BertEncoder, check_params, config_from_dir, load_params
+from rmmjax.core.bert import BertEncoder
+from rmmjax.encode.bert import check_params, config_from_dir, load_params
 from rmmjax.encode.cache import EmbeddingCache
 
 # Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-import numpy as np
-from flax import traverse_util
-
 from rmmjax import core
 
 
@@ -23,8 +19,3 @@ class LoadedReranker:
   record: dict
   step: int | None = None  # the training step of these weights
   planned_steps: int | None = None  # the steps its workdir's run was set to reach
-
-
-def nest(flat: dict[str, np.ndarray]) -> dict:
-  """{"q_mlp/w1": x} -> {"q_mlp": {"w1": x}} (the inverse of export.flatten_params)."""
-  return traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()}, sep="/")

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax.numpy as jnp
+from flax import traverse_util
+
 from rmmjax import core
 from rmmjax.io.trained import load_trained_params, read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.learners.embedding.format import read_reranker
 from rmmjax.io.workdir import read_config
 from rmmjax.learners.cross.load import cross_export_header, load_cross_export
-from rmmjax.learners.loaded import LoadedReranker, nest
+from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.learners.registry import learner
 
 
@@ -49,5 +52,7 @@ def load_reranker(path: Path) -> LoadedReranker:
                        m=int(meta["m"]), batch=int(meta["batch"]),
                        hidden=int(meta.get("hidden") or 256), rank_prior=bool(meta["rank_prior"]),
                        model=learner(meta["variant"]).task.model)
-  return LoadedReranker(str(path), nest(weights), spec, core.HParams.create(**meta["hparams"]),
+  # ({"q_mlp/w1": x} -> {"q_mlp": {"w1": x}}: the export's flattening undone)
+  params = traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in weights.items()}, sep="/")
+  return LoadedReranker(str(path), params, spec, core.HParams.create(**meta["hparams"]),
                         meta["record"], meta.get("step"))
