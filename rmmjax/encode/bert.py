@@ -23,10 +23,11 @@ def config_from_dir(model_dir: Path) -> BertConfig:
   return BertConfig.from_dict(json.loads(path.read_text()), where=str(path))
 
 
-def weight_names(cfg: BertConfig) -> list[tuple[tuple[str, str], str, bool]]:
-  """(Flax path, Hugging Face name, transposed) of every weight the encoder uses.
+def weight_names(cfg: BertConfig, head: bool = False) -> list[tuple[tuple[str, str], str, bool]]:
+  """(Flax path, Hugging Face name, transposed) of every weight the encoder uses; with `head`,
+  also BERT's pooler and a one-label classifier above it (a cross reranker's).
 
-  The one table both `load_params` and the exporter read, so that they stay exact inverses.
+  The one table both `load_params` and the exporters read, so that they stay exact inverses.
   PyTorch Linear stores (out, in); a Flax Dense kernel is (in, out): those are transposed.
   """
   def dense(flax: str, hf: str):
@@ -49,7 +50,8 @@ def weight_names(cfg: BertConfig) -> list[tuple[tuple[str, str], str, bool]]:
               *dense(layer + "intermediate", p + "intermediate.dense"),
               *dense(layer + "output", p + "output.dense"),
               *norm(layer + "output_norm", p + "output.LayerNorm")]
-  return names
+  return names + (dense("pooler", "pooler.dense") + dense("classifier", "classifier") if head
+                   else [])
 
 
 def param_at(params: dict, path: tuple[str, str]):
@@ -61,13 +63,13 @@ def param_at(params: dict, path: tuple[str, str]):
   return node
 
 
-def load_params(model_dir: Path, cfg: BertConfig) -> dict:
+def load_params(model_dir: Path, cfg: BertConfig, head: bool = False) -> dict:
   """Flax parameters from a Hugging Face BERT safetensors file (with or without 'bert.'),
-  which the caller checked exists."""
+  which the caller checked exists (with `head`, as `weight_names`)."""
   path = Path(model_dir) / "model.safetensors"
   w = {k.removeprefix("bert."): v for k, v in load_file(str(path)).items()}
   params: dict = {}
-  for (module, leaf), name, transposed in weight_names(cfg):
+  for (module, leaf), name, transposed in weight_names(cfg, head):
     if name not in w:
       raise ValueError(f"{path}: missing weight {name!r} for a BERT encoder")
     node = params

@@ -45,17 +45,17 @@ def served_files(out: Path) -> dict[str, str]:
           for name in ("config.json", *TOKENIZER_FILES) if (out / name).is_file()}
 
 
+def hf_name(name: str) -> str:
+  """A `weight_names(cfg, head=True)` name as BertForSequenceClassification's file holds it."""
+  return name if name.startswith("classifier.") else "bert." + name
+
+
 def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
   """The Hugging Face tensors of a cross reranker's encoder parameters."""
-  encoder = params["encoder"]
   tensors = {}
-  for path, name, transposed in weight_names(cfg):
-    value = np.asarray(param_at(encoder, path), np.float32)
-    tensors["bert." + name] = np.ascontiguousarray(value.T if transposed else value)
-  for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
-    tensors[f"{hf_name}.weight"] = np.ascontiguousarray(
-        np.asarray(encoder[flax_name]["kernel"], np.float32).T)
-    tensors[f"{hf_name}.bias"] = np.asarray(encoder[flax_name]["bias"], np.float32)
+  for path, name, transposed in weight_names(cfg, head=True):
+    value = np.asarray(param_at(params["encoder"], path), np.float32)
+    tensors[hf_name(name)] = np.ascontiguousarray(value.T if transposed else value)
   bad = [k for k, v in tensors.items() if not np.all(np.isfinite(v))]
   if bad:
     raise ValueError(f"the cross reranker's {bad[0]} holds non-finite values; refusing to export")

@@ -17,7 +17,7 @@ from rmmjax import core
 from rmmjax.config import from_json
 from rmmjax.encode.bert import load_params, param_at, weight_names
 from rmmjax.io.manifest import RUN_FILE, read_run_record
-from rmmjax.learners.cross.export import served_files
+from rmmjax.learners.cross.export import hf_name, served_files
 from rmmjax.learners.cross.model import cross_params_template
 from rmmjax.learners.cross.spec import cross_record, cross_spec
 from rmmjax.learners.loaded import LoadedReranker
@@ -66,12 +66,9 @@ def _check_served_files(path: Path, header: dict) -> None:
 def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
   """Refuses a weights file that lacks a tensor of the encoder, pooler or scoring layer, holds
   one of another shape, or holds a value that is not finite."""
-  h = bert.hidden_size
   shapes = jax.eval_shape(lambda: cross_params_template(bert, 1))["encoder"]
-  wanted = {"bert." + name: tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
-            for at, name, transposed in weight_names(bert)} | {
-      "bert.pooler.dense.weight": (h, h), "bert.pooler.dense.bias": (h,),
-      "classifier.weight": (1, h), "classifier.bias": (1,)}
+  wanted = {hf_name(name): tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
+            for at, name, transposed in weight_names(bert, head=True)}
   for name, shape in wanted.items():
     value = weights.get(name)
     if value is None:
@@ -104,10 +101,7 @@ def load_cross_export(path: Path) -> LoadedReranker:
     raise ValueError(f"{path / 'model.safetensors'} cannot be read ({err}): the export is "
                      "damaged; export the training workdir again") from None
   _check_tensors(path, weights, bert)
-  encoder = load_params(path, bert)
-  for flax_name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
-    encoder[flax_name] = {"kernel": jnp.asarray(weights[f"{hf_name}.weight"].T, jnp.float32),
-                          "bias": jnp.asarray(weights[f"{hf_name}.bias"], jnp.float32)}
+  encoder = load_params(path, bert, head=True)
   rank_bias = jnp.asarray(header["rank_bias"], jnp.float32)  # (its length is k: checked above)
   return LoadedReranker(str(path), {"encoder": encoder, "rank_bias": rank_bias},
                         cross_spec(cfg, bert), cfg.hparams(), header["record"],
