@@ -139,14 +139,3 @@ def cross_params_template(cfg: BertConfig, k: int) -> dict:
       jax.random.PRNGKey(0), ids, ids, ids, ids, ids[:, :1]))["params"]
   encoder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   return {"encoder": encoder, "rank_bias": jnp.zeros((k,), jnp.float32)}
-
-
-def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
-  """A fresh cross reranker's parameters beside a loaded encoder: its weights (with BERT's
-  pooler where its checkpoint has one), the scoring layer at zero, the rank prior decreasing."""
-  from rmmjax.encode.bert import load_pooler  # noqa: PLC0415  (the model reads no files itself)
-  params = dict(encoder.params)
-  pooler = load_pooler(encoder.model_dir)
-  if pooler is not None:
-    params["pooler"] = pooler
-  return init_cross_params(params, k, prior_scale)

@@ -30,7 +30,8 @@ from rmmjax.config import effective_dtype
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import require_bert, tokenizer_identity
-from rmmjax.learners.cross.model import cross_initial_params
+from rmmjax.encode.bert import load_pooler
+from rmmjax.learners.cross.model import init_cross_params
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
 from rmmjax.replay.candidates import base_recall, ceiling_recall
@@ -154,6 +155,14 @@ class CrossRerankerTask(ReplayTask):
     recall_all = np.concatenate(jax.device_get(recall))
     return self._base_metrics() | {
         "recall_at_m": float(recall_all[np.concatenate(present)].mean())}
+
+
+def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
+  """A fresh cross reranker's parameters beside a loaded encoder: its weights (with BERT's
+  pooler where its checkpoint has one), the scoring layer at zero, the rank prior decreasing."""
+  pooler = load_pooler(encoder.model_dir)
+  return init_cross_params(dict(encoder.params) | ({"pooler": pooler} if pooler is not None else {}), k,
+                           prior_scale)
 
 
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
