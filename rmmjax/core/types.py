@@ -26,7 +26,7 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name}={value!r}: expected a positive integer")
 
@@ -64,11 +64,9 @@ class CoreSpec:
     _check_choice("log_prob", self.log_prob, LOG_PROBS)
     _check_choice("sampling", self.sampling, SAMPLINGS)
     for name in ("dim", "hidden", "k", "m", "batch"):
-      _check_positive_int(name, getattr(self, name))
+      check_positive_int(name, getattr(self, name))
     if self.m > self.k:
       raise ValueError(f"m={self.m} > k={self.k}: cannot select more memories than candidates")
-    if not 0.0 <= self.prior_scale:
-      raise ValueError(f"prior_scale={self.prior_scale!r}: expected a value >= 0")
     if not 0.0 <= self.running_decay < 1.0:
       raise ValueError(f"running_decay={self.running_decay!r}: expected a value in [0, 1)")
 

@@ -94,9 +94,8 @@ class Checkpointer:
     self._manager.delete(step)
 
   def restore(self, step: int, template: TrainState) -> TrainState:
-    """The state saved at `step`, in the structure (and static spec) of `template`."""
-    if step not in self.all_steps():
-      raise FileNotFoundError(f"{self._directory} holds no checkpoint of step {step}")
+    """The state saved at `step` (one of `all_steps`), in the structure (and static spec) of
+    `template`."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                           serialization.to_state_dict(template))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(target))

@@ -12,7 +12,6 @@ from rmmjax import core
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.manifest import RECORD_FILE, read_json, read_run_record
 from rmmjax.io.workdir import read_config
-from rmmjax.learners import sections
 
 
 def read_record(workdir: Path) -> dict:
@@ -41,9 +40,7 @@ def load_trained_params(workdir: Path, spec: core.CoreSpec,
   """The newest checkpointed parameters of a training workdir, with its config and step.
   `spec` and `template` (parameters in the checkpoint's structure; None: the spec's model's
   initial ones have it) are the run's learner's."""
-  cfg = read_config(workdir)
-  if not sections.trains_a_reranker(cfg.learner):
-    raise ValueError(f"{workdir} trained learner={cfg.learner}, not a reranker")
+  cfg = read_config(workdir)  # (a reranker's: its learner's export or loader reached here)
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
   try:
