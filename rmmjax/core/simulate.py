@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rmmjax.core.types import Batch, CoreSpec
+from rmmjax.core.types import Batch, CoreSpec, check_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +36,7 @@ class SimSpec:
 
   def __post_init__(self):
     for name in ("num_users", "bank_size", "min_bank", "max_relevant"):
-      v = getattr(self, name)
-      if not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}={v!r}: expected a positive integer")
+      check_positive_int(name, getattr(self, name))
     if self.min_bank > self.bank_size:
       raise ValueError(f"min_bank={self.min_bank} > bank_size={self.bank_size}")
     if self.max_relevant > self.min_bank:
