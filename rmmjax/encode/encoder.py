@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -21,6 +20,7 @@ from tokenizers import Tokenizer
 from rmmjax.core.bert import BertEncoder
 from rmmjax.encode.bert import check_params, config_from_dir, load_params
 from rmmjax.encode.cache import EmbeddingCache
+from rmmjax.encode.protocol import file_sha256
 
 # Token lengths are padded up to the next of these: multiples of 8 (little padding, one compile
 # each) up to 128, coarser beyond where few texts reach.
@@ -75,12 +75,9 @@ def model_identity(model_dir: Path | None = None) -> str:
   """A model directory's name and weights hash (default: `default_model_dir()`), as an encoder
   loaded from it names itself in every record."""
   model_dir = default_model_dir() if model_dir is None else Path(model_dir)
-  digest = hashlib.sha256()
-  with open(model_dir / "model.safetensors", "rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
   resolved = model_dir.resolve()
-  return f"{resolved.parent.name}/{resolved.name}:{digest.hexdigest()[:16]}"
+  return (f"{resolved.parent.name}/{resolved.name}:"
+          f"{file_sha256(model_dir / 'model.safetensors')[:16]}")
 
 
 class SentenceEncoder:

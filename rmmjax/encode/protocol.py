@@ -27,10 +27,19 @@ def encoder_identity(encoder: Encoder) -> str:
   return encoder.identity
 
 
+def file_sha256(path: Path) -> str:
+  """The sha256 of a file, read in blocks (a model's weights may be large)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
 def tokenizer_identity(encoder) -> str:
   """The sha256 of a BERT encoder's tokenizer file (what text pairs are cut by: a cross
   reranker records it and is refused beside another)."""
-  return hashlib.sha256((Path(encoder.model_dir) / "tokenizer.json").read_bytes()).hexdigest()
+  return file_sha256(Path(encoder.model_dir) / "tokenizer.json")
 
 
 def require_bert(encoder, what: str) -> None:

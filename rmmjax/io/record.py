@@ -7,22 +7,13 @@ or by the fingerprint of its turns, whatever the file it comes in.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from pathlib import Path
 
-from rmmjax.encode.protocol import encoder_identity
+from rmmjax.encode.protocol import encoder_identity, file_sha256
 
 # The settings a reranker's candidates were made with; evaluation must use the same.
 FIT_KEYS = ("dataset", "units", "retriever", "encoder", "k", "dim", "query_encoder", "iris")
-
-
-def file_sha256(path: Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def code_commit() -> str:
