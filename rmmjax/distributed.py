@@ -1,19 +1,7 @@
 """More than one device, more than one host, on JAX's own runtime (`jax.distributed`,
-`jax.sharding`): nothing here reduces a gradient or moves a shard by hand.
-
-- `initialize` starts the multi-controller runtime from `--coordinator HOST:PORT --num-processes
-  N --process-id I`, or, with no flags, lets `jax.distributed.initialize()` detect SLURM, Open
-  MPI or a Cloud TPU slice when the environment says it runs in one; on a single machine
-  nothing changes. On CPUs the collectives go through gloo.
-- `data_mesh` is a one-axis mesh ("data") over the devices of every process.
-- `shard_leading` places arrays with their batch axis split over the mesh (each process giving
-  the rows its own devices hold) and `replicate` places parameters whole on every device; a
-  jitted step fed both is partitioned by the compiler, which inserts the gradient all-reduce.
-- `gather` brings a (possibly multi-process) result back to every process as numpy.
-- `preflight` wraps what a run checks before it writes anything: a refusal on any process
-  reaches every process (instead of leaving the others waiting in a collective), and the
-  processes must agree on a digest of what they were started with (config, data, workdir) and
-  on the step each resumes from.
+`jax.sharding`): nothing here reduces a gradient or moves a shard by hand. A jitted step fed
+arrays split over the one-axis "data" mesh and replicated parameters is partitioned by the
+compiler, which inserts the gradient all-reduce.
 """
 
 from __future__ import annotations
