@@ -173,7 +173,8 @@ def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> di
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.encode.protocol import tokenizer_identity  # noqa: PLC0415
   from rmmjax.learners.loaded import LoadedReranker  # noqa: PLC0415
-  from rmmjax.learners.cross.model import CrossModel, cross_initial_params  # noqa: PLC0415
+  from rmmjax.learners.cross.model import CrossModel  # noqa: PLC0415
+  from rmmjax.learners.cross.task import cross_initial_params  # noqa: PLC0415
   settings = AgentSettings(k=20, m=5, learn=False)
   spec = core.CoreSpec(variant="cross", dim=encoder.dim, k=20, m=5, batch=4,
                        model=CrossModel(encoder.cfg))

@@ -32,7 +32,7 @@ import numpy as np
 
 from rmmjax import core
 from rmmjax.learners.cross import CrossModel, cross_scores
-from rmmjax.learners.cross.model import cross_initial_params
+from rmmjax.learners.cross.task import cross_initial_params
 from rmmjax.bench.core import median_time, timed, write_result
 from rmmjax.bench.machine import describe, machine_info
 
