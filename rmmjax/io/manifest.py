@@ -51,11 +51,12 @@ def read_run_record(folder: Path) -> dict | None:
   return record
 
 
-def another_version(where: str, written: str, reads: str, again: str) -> ValueError:
+def another_version(where: str, written: str, reads: str, again: str,
+                    error: type[ValueError] = ValueError) -> ValueError:
   """The one-line refusal of a file or folder written in another format than this rmmjax reads
   (there is no reader of older formats), naming both ("format 2", "schema version 3"); `again`
   says what to do."""
-  return ValueError(f"{where} was written in rmmjax's {written}; this rmmjax reads {reads}; {again}")
+  return error(f"{where} was written in rmmjax's {written}; this rmmjax reads {reads}; {again}")
 
 
 def another_format(where: str, written, again: str) -> ValueError:
