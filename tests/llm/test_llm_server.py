@@ -225,11 +225,11 @@ def test_rmmjax_answer_smoke_run(server, small_bank, tmp_path):
   data, db, _ = small_bank
   out = tmp_path / "answers.json"
   assert main(["answer", "--data", str(data), "--db", str(db), "--llm-url", server,
-               "--model", MODEL_ALIAS, "--structured-output", "json_object", "--limit", "3",
+               "--model", MODEL_ALIAS, "--structured-output", "json_object", "--limit", "2",
                "--m", "3", "--candidates", "5", "--quiet", "--out", str(out)]) == 0
   report = json.loads(out.read_text())
   overall = report["metrics"]["overall"]
-  assert overall["questions"] == 3 and len(report["answers"]) == 3
+  assert overall["questions"] == 2 and len(report["answers"]) == 2
   for key in ("f1", "rouge_l", "judge", "citation_rate"):
     assert overall[key] is None or 0.0 <= overall[key] <= 1.0
   assert all(set(a["cited"]) <= {0, 1, 2} for a in report["answers"])
@@ -238,8 +238,7 @@ def test_rmmjax_answer_smoke_run(server, small_bank, tmp_path):
 def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_bank, tmp_path,
                                                                   monkeypatch, capsys):
   _, db, user = small_bank
-  questions = ["What did Caroline go to?", "What does Melanie paint?",
-               "Where is Caroline from?", "What is Melanie's family like?"]
+  questions = ["What did Caroline go to?", "What does Melanie paint?"]
   monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n/quit\n"))
   workdir = tmp_path / "agent"
   assert main(["chat", "--db", str(db), "--user", user, "--llm-url", server, "--model",
@@ -248,7 +247,7 @@ def test_a_scripted_chat_updates_the_reranker_from_real_citations(server, small_
   out = capsys.readouterr().out
   stats = json.loads((workdir / "agent.json").read_text())["stats"]
   assert f"reranker updates: {stats['updates']}" in out
-  assert stats["queries"] == 4 and stats["updates"] >= 1, stats  # batch 1: any rewarded answer
+  assert stats["queries"] == 2 and stats["updates"] >= 1, stats  # batch 1: any rewarded answer
   steps = Checkpointer(workdir / "checkpoints", read_only=True).all_steps()
   assert steps and steps[-1] == stats["updates"]
   with MemoryBank(db) as bank:
