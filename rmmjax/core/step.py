@@ -15,11 +15,11 @@ from rmmjax.core.types import Batch, CoreSpec, HParams, TrainState
 def init_state(spec: CoreSpec, hparams: HParams, params=None) -> TrainState:
   """A fresh run: the model's initial parameters (or the given ones: a cross reranker's come
   from a pretrained encoder), Adam state, root key from hparams.seed."""
-  if spec.model is None:  # a spec built by hand, not through its learner's registry entry
-    raise ValueError(f"variant={spec.variant!r}: the spec has no scoring model; its learner "
-                     "supplies one (rmmjax.learners.registry.with_model)")
   key = jax.random.PRNGKey(hparams.seed)
   if params is None:
+    if spec.model is None:  # a spec built by hand, not through its learner's registry entry
+      raise ValueError(f"variant={spec.variant!r}: the spec has no scoring model; its learner "
+                       "supplies one (rmmjax.learners.registry.with_model)")
     params = spec.model.init_params(jax.random.fold_in(key, 0), spec)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optim.adam_init(params), hparams=hparams,
