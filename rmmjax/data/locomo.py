@@ -156,6 +156,9 @@ def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:
       if not evidence:
         report.note("question without valid evidence (skipped)", f"{conv_id} qa[{j}]")
         continue
+      if not text.strip():  # nothing to retrieve for: no evaluation could score it
+        report.note("empty question (skipped)", f"{conv_id} qa[{j}]")
+        continue
       questions.append(Question(question=text, answer=str(answer),
                                 evidence=tuple(dict.fromkeys(evidence)), category=category))
     conversations.append(Conversation(conv_id, tuple(sessions), tuple(questions)))

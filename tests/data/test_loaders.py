@@ -97,3 +97,15 @@ def test_longmemeval_refuses_malformed_instances(tmp_path):
   path.write_text(json.dumps([bad]))
   with pytest.raises(MalformedData, match=r"differ in length \(2, 1, 2\)"):
     load_longmemeval(path)
+
+
+def test_an_empty_question_is_skipped_and_counted(tmp_path):
+  import synthetic_locomo  # noqa: PLC0415
+  path = synthetic_locomo.write(tmp_path / "one.json", 1)
+  records = json.loads(path.read_text())
+  asked = len(records[0]["qa"])
+  records[0]["qa"][0]["question"] = "  "
+  path.write_text(json.dumps(records))
+  [conversation], report = load_locomo(path)
+  assert len(conversation.questions) == asked - 1
+  assert report.counts == {"empty question (skipped)": 1}
