@@ -161,8 +161,8 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
   """A fresh cross reranker's parameters beside a loaded encoder: its weights (with BERT's
   pooler where its checkpoint has one), the scoring layer at zero, the rank prior decreasing."""
   pooler = load_pooler(encoder.model_dir)
-  return init_cross_params(dict(encoder.params) | ({"pooler": pooler} if pooler is not None else {}), k,
-                           prior_scale)
+  weights = dict(encoder.params) | ({"pooler": pooler} if pooler is not None else {})
+  return init_cross_params(weights, k, prior_scale)
 
 
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
