@@ -75,21 +75,21 @@ METRIC = "recall_all@5"
 ONLINE_STEPS = 60
 
 # Every setting of every run, pinned (the values of the recipe when the rows were first measured).
-CROSS = ["variant=cross", "retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
+CROSS = ["retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
          "mode=pretrain+rl", "max_length=128", "pretrain_candidates=8",
          "pretrain_lr=2e-5", "pretrain_tau=1.0", "head_lr_scale=50.0", "prior_scale=1.0",
          "observations=false",
          "compute_dtype=float32", "lr=1e-5", "tau=1.0", "checkpoint_every=20", "log_every=5",
          "seed=0"]
 RUNS = {
-    "linear": ["variant=linear", "learner=reranker", "retriever=hybrid", "units=turn", "k=20",
+    "linear": ["learner=linear", "retriever=hybrid", "units=turn", "k=20",
                "m=5", "batch=4", "rank_prior=true", "mode=pretrain+rl", "pretrain_epochs=10",
                "pretrain_lr=1e-4", "pretrain_tau=0.05", "tau=0.05", "lr=1e-4",
                "baseline=0.0", "baseline_kind=running", "steps=600", "seed=0"],
-    "cross": CROSS + ["learner=reranker", "pretrain_epochs=1", "steps=0"],
-    "cross_online": CROSS + ["learner=reranker", "pretrain_epochs=1", f"steps={ONLINE_STEPS}"],
-    "both": CROSS + ["learner=both", "pretrain_epochs=2", "steps=0"],
-    "tuned1": CROSS + ["learner=reranker", "pretrain_epochs=1", "steps=0"],  # + query_encoder
+    "cross": CROSS + ["learner=cross", "pretrain_epochs=1", "steps=0"],
+    "cross_online": CROSS + ["learner=cross", "pretrain_epochs=1", f"steps={ONLINE_STEPS}"],
+    "both": CROSS + ["learner=query_encoder,cross", "pretrain_epochs=2", "steps=0"],
+    "tuned1": CROSS + ["learner=cross", "pretrain_epochs=1", "steps=0"],  # + query_encoder
 }
 # learner=both trains its query encoder as the locomo config's learner=query_encoder run; the
 # stage's settings are read back from its config.json and must be these.

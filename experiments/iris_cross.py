@@ -64,10 +64,10 @@ ROWS = ("single-pass", "wide IRIS", KEPT, "wide IRIS + linear reranker (fused)",
 LACE = ["units=lace", "iris_evidence.preset=wide", "holdout=0", "retriever=hybrid", "k=20", "m=5",
         "batch=4", "mode=pretrain+rl", "citation_reward=1.0", "verdict_reward=0.0", "seed=0"]
 # Every setting of each run, pinned.
-RUNS = {"linear": ["variant=linear", "learner=reranker", "rank_prior=true",
+RUNS = {"linear": ["learner=linear", "rank_prior=true",
                    "pretrain_epochs=10", "pretrain_lr=1e-4", "pretrain_tau=0.05", "tau=0.05",
                    "lr=1e-4", "baseline=0.0", "baseline_kind=running", "steps=600"],
-        "cross": ["variant=cross", "learner=reranker", "pretrain_epochs=1", "steps=0",
+        "cross": ["learner=cross", "pretrain_epochs=1", "steps=0",
                   "pretrain_lr=2e-5", "pretrain_tau=1.0", "tau=1.0", "lr=1e-5",
                   "checkpoint_every=20", "log_every=5", "max_length=128",
                   "pretrain_candidates=8", "head_lr_scale=50.0", "prior_scale=1.0",

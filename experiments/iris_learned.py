@@ -104,7 +104,7 @@ def reranker_config(data: Path, holdout: int):
   learner=iris run). Its episodes are logged by the loop of that run's models, which no key
   names."""
   return with_values(locomo_config(), {"data": str(data), "holdout": holdout, "units": "lace",
-                                       "learner": "reranker", "k": RERANK_K, "mode": "pretrain",
+                                       "learner": "linear", "k": RERANK_K, "mode": "pretrain",
                                        "iris_evidence.preset": "learned"})
 
 

@@ -104,7 +104,7 @@ def reranker_config(cfg, pretrain: bool, mix: RewardMix | None, seed: int):
   step: the untrained reranker), at `seed`. Its online phase is PASSES passes over the training
   episodes, the script's own (reranker.steps is not read)."""
   mode = ("pretrain+rl" if mix else "pretrain") if pretrain else "rl"
-  changes = {"units": "lace", "learner": "reranker", "k": K, "iris_evidence.preset": "wide",
+  changes = {"units": "lace", "learner": "linear", "k": K, "iris_evidence.preset": "wide",
              "mode": mode, "seed": seed}
   if mix is not None:
     changes |= {"iris_evidence.citation_reward": mix.citation,

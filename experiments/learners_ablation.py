@@ -57,11 +57,11 @@ def run_configs(cfg, k: int, m: int) -> dict:
   encoder stage is that same encoder, which a Config cannot say (one M for both stages: the
   reranker's)."""
   encoder = {"learner": "query_encoder", "retriever": "hybrid", "k": k}
-  return {RERANKER: with_values(cfg, {"learner": "reranker", "retriever": "hybrid", "k": k,
+  return {RERANKER: with_values(cfg, {"learner": "linear", "retriever": "hybrid", "k": k,
                                       "m": m}),
           **{ENCODER.format(tune): with_values(cfg, encoder | {"encoder_tuning.tune": tune})
              for tune in ("query", "both")},
-          BOTH: with_values(cfg, {"learner": "both", "retriever": "hybrid", "k": k, "m": m,
+          BOTH: with_values(cfg, {"learner": "query_encoder,linear", "retriever": "hybrid", "k": k, "m": m,
                                   "encoder_tuning.tune": "query"})}
 
 

@@ -98,10 +98,10 @@ COMMANDS_RECORD = "published_commands.config.json"
 COMMANDS = {
     "README: make demo": "rmmjax train --config latent --workdir checkpoints/latent",
     "docs/command-line.md: the linear reranker on the dev file (0.566)":
-        "rmmjax train --config locomo --set data=DATA --set learner=reranker "
+        "rmmjax train --config locomo --set data=DATA --set learner=linear "
         "--set retriever=bm25 --workdir W",
-    "README: variant=cross's defaults (the k50-observations-prior0 arm's 0.711)":
-        "rmmjax train --config locomo --set data=DATA --set variant=cross --workdir W",
+    "README: the locomo_cross config (the k50-observations-prior0 arm's 0.711)":
+        "rmmjax train --config locomo_cross --set data=DATA --workdir W",
 }
 
 

@@ -64,7 +64,7 @@ def reranker_config(cfg, retriever: str, protocol: Protocol, lr: float, seed: in
   the rank prior over BM25's and the hybrid's orders (dense's is the embeddings' own). Its
   online phase is the protocol's passes over the training conversations (reranker.steps is not
   read); its pretraining the protocol's epochs, reranker.pretrain_epochs'."""
-  return with_values(cfg, {"learner": "reranker", "retriever": retriever,
+  return with_values(cfg, {"learner": "linear", "retriever": retriever,
                            "reranker.rank_prior": retriever != "dense", "reranker.lr": lr,
                            "mode": protocol.mode, "seed": seed})
 

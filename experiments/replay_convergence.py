@@ -44,7 +44,7 @@ SEGMENT = 25  # replay steps between measurements
 def base_config(data: str):
   """What every run shares: the locomo config's reranker at the temperature it was measured at,
   over BM25's candidates of `data`, its split (the last `holdout` conversations held out)."""
-  return with_values(locomo_config(tau=0.5), {"data": data, "learner": "reranker",
+  return with_values(locomo_config(tau=0.5), {"data": data, "learner": "linear",
                                               "retriever": "bm25"})
 
 

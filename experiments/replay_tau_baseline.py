@@ -39,7 +39,7 @@ def grid_configs(data: str, seeds: int) -> dict:
   """{cell, seed S: its run} in the grid's order: the locomo config's reranker over BM25's
   candidates of `data`, online RL alone (PROTOCOL's passes: reranker.steps is not read) at lr
   1e-4."""
-  cfg = with_values(locomo_config(), {"data": data, "learner": "reranker", "retriever": "bm25",
+  cfg = with_values(locomo_config(), {"data": data, "learner": "linear", "retriever": "bm25",
                                       "mode": PROTOCOL.mode})
   return {f"tau={tau}, {name}, seed {seed}": with_values(
               cfg, {"tau": tau, "baseline": b, "baseline_kind": kind, "lr": 1e-4, "seed": seed})

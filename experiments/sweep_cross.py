@@ -93,7 +93,7 @@ from rmmjax.eval.intervals import paired_interval
 K20_ROW = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
 RECIPE_FILE = "sweep_cross_recipe.json"
 
-RECIPE = ("variant=cross", "learner=both", "retriever=hybrid", "units=turn", "k=20", "m=5",
+RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20", "m=5",
           "batch=4",
           "mode=pretrain+rl", "seed=0", "log_every=5", "checkpoint_every=20",
           "cross.max_length=128", "cross.pretrain_candidates=8", "cross.negatives_from_rank=1",

@@ -23,9 +23,9 @@ from published import relative_data, sweep_command_runs, write_record
 from replay_common import RESULTS, write_markdown
 from rmmjax.cli import main as rmmjax_main
 
-# The linear reranker's settings as `train --config locomo --set learner=reranker` has them,
+# The linear reranker's settings as `train --config locomo --set learner=linear` has them,
 # pinned so that a default changing later cannot change what a row means.
-PINNED = ("learner=reranker", "retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
+PINNED = ("retriever=hybrid", "units=turn", "k=20", "m=5", "batch=4",
           "dim=384", "baseline=0.0", "baseline_kind=running", "mode=pretrain+rl", "seed=0",
           "reranker.rank_prior=true", "reranker.pretrain_epochs=10",
           "reranker.pretrain_lr=1e-4", "reranker.pretrain_tau=0.05", "reranker.steps=600",
@@ -51,7 +51,7 @@ TITLES = {"linear": "Sweep of the linear reranker's online rates (4-fold cross-v
 
 def sweep_args(data: Path, workdir: Path, name: str) -> list[str]:
   extra, grid = SWEEPS[name]
-  sets = [f"data={data}", *PINNED, f"variant={name.partition('_')[0]}", *extra]
+  sets = [f"data={data}", *PINNED, f"learner={name.partition('_')[0]}", *extra]
   return (["sweep", "--config", "locomo", "--workdir", str(workdir), "--quiet", "--folds",
            str(FOLDS), "--seeds", str(SEEDS)] + [a for g in grid for a in ("--grid", g)]
           + [a for s in sets for a in ("--set", s)])

@@ -175,11 +175,11 @@ def names_compared(source: str, names: set[str]) -> list[str]:
 
 
 def learner_names() -> set[str]:
-  """Every name a learner goes by: the registry's, the `learner` key's and its sections'."""
-  from rmmjax.config import LEARNERS  # noqa: PLC0415  (the rest of this file imports nothing)
-  from rmmjax.learners.registry import LEARNERS as REGISTERED  # noqa: PLC0415
+  """Every name a learner goes by: the registry's (the `learner` key's) and its sections'."""
+  # (the rest of this file imports nothing)
+  from rmmjax.learners.registry import LEARNERS  # noqa: PLC0415
   from rmmjax.learners.sections import SECTIONS  # noqa: PLC0415
-  return set(REGISTERED) | set(LEARNERS) | set(SECTIONS)
+  return set(LEARNERS) | set(SECTIONS)
 
 
 def test_names_compared_finds_a_planted_comparison():

@@ -66,7 +66,7 @@ def test_the_sweep_command_a_table_prints_runs_what_it_recorded(table, command):
 
 def test_the_commands_whose_figures_the_docs_print_run_what_they_recorded():
   """The README's and docs' commands beside no results table (make demo, the locomo linear
-  reranker, variant=cross's defaults): resolved now, against results/published_commands."""
+  reranker, the locomo_cross config): resolved now, against results/published_commands."""
   published = _published()
   recorded = json.loads((RESULTS / published.COMMANDS_RECORD).read_text())
   now = published.commands_record()

@@ -179,7 +179,7 @@ def add_parser(sub) -> None:
   p.add_argument("--reranker", default=None,
                  help="a training workdir, an exported .safetensors or an exported cross "
                       "reranker's directory: rerank the K candidates (conversations it trained "
-                      "on are left out; a learner=both run brings its query encoder)")
+                      "on are left out; a two-stage run brings its query encoder)")
   anchor = p.add_mutually_exclusive_group()  # learned IRIS models bring their anchor encoder
   anchor.add_argument("--iris-model", default=None,
                       help="with --units lace --iris: a learner=iris workdir or its export "

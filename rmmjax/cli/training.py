@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from rmmjax import distributed
 from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
                            get_value, qualified, with_values)
-from rmmjax.config.keys import implied_keys
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
 from rmmjax.io.outputs import check_output_dir
 from rmmjax.io.record import code_commit
@@ -28,26 +26,26 @@ from rmmjax.train.sweep.grid import label, parse_grid, sweep_configs
 from rmmjax.train.sweep.latent import sweep
 from rmmjax.train.sweep.replay import replay_sweep
 
-TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed) and locomo (replay of a
-LoCoMo file: --set data=PATH). The shared keys are in rmmjax/config/__init__.py (class Config and
+TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed), locomo (replay of a
+LoCoMo file: --set data=PATH) and locomo_cross (the same, training the query encoder then the
+cross reranker over K = 50). The shared keys are in rmmjax/config/__init__.py (class Config and
 CONFIGS); each learner's keys and defaults are its section, rmmjax/learners/NAME/config.py, set as
 --set section.key=VALUE or by the key's name alone (the run's own learner first: under
-learner=both, lr is the reranker's and encoder_tuning.lr the encoder's). docs/command-line.md
-describes the outputs. What learns: learner=query_encoder (locomo's default), reranker, both or
-iris; the reranker's variant=linear, mlp or cross (a cross-encoder reading each question beside
-a memory's text; naming it on locomo trains it over a query encoder tuned first, learner=both,
-or directly with units=lace or query_encoder=W; by default its pretraining alone, steps=0,
-which any replayed reranker or query encoder can also ask for).
-Running the same command again resumes the workdir."""
+learner=query_encoder,cross, lr is the reranker's and encoder_tuning.lr the encoder's).
+docs/command-line.md describes the outputs. What learns, the learner key: query_encoder (locomo's
+default), a reranker family (linear, mlp, or cross: a cross-encoder reading each question beside
+a memory's text, by default its pretraining alone, steps=0, which any replayed reranker or query
+encoder can also ask for), iris, or query_encoder,FAMILY (the reranker over the candidates of a
+query encoder tuned first). Running the same command again resumes the workdir."""
 
 
 SWEEP_HELP = """A grid of sweepable keys x seeds. On the latent simulator: one vmapped program.
 On a replayed dataset (--config locomo): cross-validated over --folds contiguous folds of the
-conversations. The embedding rerankers (learner=reranker, variant=linear or mlp) with a grid
+conversations. The embedding rerankers (learner=linear or mlp) with a grid
 over rates run every configuration of a fold as one compiled program, with the time left
 printed after each fold; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configuration trained
 on every conversation), and a killed sweep run again reruns only the folds it had not
-finished. Everything else (the query encoder, the cross reranker, learner=both, or a grid over
+finished. Everything else (the query encoder, the cross reranker, two stages, or a grid over
 keys that change shapes: k, epochs, steps, candidates) trains one `train --set folds=N --set
 fold=I` run per configuration x fold in runs/, one after another, with the time left printed
 after each;
@@ -55,17 +53,9 @@ writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only 
 runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
 
 
-def _say_implied(args, cfg: Config) -> None:
-  implied = implied_keys(get_config(args.config), args.set or [], cfg)
-  if implied and not args.quiet:
-    print(f"variant={cfg.variant} on the {cfg.config} config also sets {', '.join(implied)} "
-          "(name them to choose otherwise)", file=sys.stderr)
-
-
 def _config(args) -> Config:
   """The config --config and --set name, checked."""
   cfg = apply_overrides(get_config(args.config), args.set or []).validate()
-  _say_implied(args, cfg)
   training_task(cfg)  # a learner the registry does not hold is refused here
   check_output_dir(args.workdir, "--workdir")
   apply_precision(cfg.precision)
@@ -142,7 +132,7 @@ def cmd_train(args) -> None:
 
 def eval_hint(cfg, workdir: str) -> str:
   """The `rmmjax eval` command that evaluates what a training run of `cfg` wrote to workdir (a
-  learner=both run's reranker names its query encoder in its record, which eval loads)."""
+  two-stage run's reranker names its query encoder in its record, which eval loads)."""
   iris = f" --iris {cfg.iris_evidence.preset}" if cfg.iris_evidence is not None else ""
   return (f"rmmjax eval --data FILE --units {cfg.units}{iris} --retriever {cfg.retriever} "
           f"{learner_of(cfg.family).eval_flag} {workdir}")
@@ -188,7 +178,6 @@ def sweep_runs(args) -> dict[str, Config]:
 def cmd_sweep(args) -> None:
   with distributed.preflight("configs"):  # a refusal on one process reaches them all
     cfg, grid = _sweep_config(args)
-    _say_implied(args, cfg)
     check_output_dir(args.workdir, "--workdir")
     grid = in_recorded_order(Path(args.workdir), cfg, grid)
     apply_precision(cfg.precision)
@@ -323,5 +312,5 @@ def add_parsers(sub) -> None:
   p.add_argument("--workdir", required=True)
   p.add_argument("--out", required=True,
                  help="reranker: FILE.safetensors (FILE.json goes beside it); a cross "
-                      "reranker, query encoder, IRIS's models or learner=both: DIR")
+                      "reranker, query encoder, IRIS's models or two stages: DIR")
   p.set_defaults(func=cmd_export)

@@ -27,11 +27,11 @@ from rmmjax.learners.section import Learning, key
 from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
                                 with_values)
 from rmmjax.retrieve.rankers import RETRIEVERS
-from rmmjax.config.choices import (EVALUABLE_DATASETS, LEARNERS, MODES, P_IRR_DEFAULT,
+from rmmjax.config.choices import (EVALUABLE_DATASETS, MODES, P_IRR_DEFAULT,
                                    P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
                                    UNITS)
 
-__all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "LEARNERS", "MODES", "PRECISIONS",
+__all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "MODES", "PRECISIONS",
            "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "UNITS", "apply_overrides",
            "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
            "parse_value", "qualified", "sections", "with_values"]
@@ -43,11 +43,14 @@ class Config:
   latent simulator with the paper's reranker and objective."""
 
   config: str = key("latent", choices=lambda: tuple(CONFIGS))
-  # The reranker's family (variant) and its selection.
-  # (a name in rmmjax.learners.registry, which checks it: a family registered there trains too)
-  variant: str = "linear"
+  # What learns (rmmjax.learners.sections): a learner of rmmjax.learners.registry (a reranker
+  # family, which orders the base retriever's K candidates; the query encoder; IRIS's models),
+  # or query_encoder,FAMILY (the query encoder tuned first, then the reranker over the
+  # candidates it retrieves). A family registered there trains too.
+  learner: str = "linear"
+  # The reranker's selection.
   dim: int = 64
-  k: int = 20  # (a family's own over turns where --set names it: see keys.apply_overrides)
+  k: int = 20
   m: int = 5
   # Objective of the online steps, whatever learns.
   batch: int = 4
@@ -102,10 +105,6 @@ class Config:
   fold: int = 0
   # rl or pretrain+rl (see MODES; pretraining alone is steps=0: training runs learn online).
   mode: str = key("pretrain+rl", choices=tuple(m for m in MODES if m != "pretrain"))
-  # What learns (see LEARNERS): the reranker over the base retriever's K candidates, the
-  # retriever's query encoder itself, both (the query encoder first; then the reranker on the
-  # candidates the tuned encoder retrieves), or IRIS's own models.
-  learner: str = key("reranker", choices=LEARNERS)
   # The reranker's candidates come from this tuned query encoder (a query_encoder workdir).
   query_encoder: str = ""
   # The learners' sections: those of the run's learners hold a section, the others None.
@@ -118,7 +117,7 @@ class Config:
   def __post_init__(self):
     # Each section the run trains is filled in (the named config's, else the section's own
     # defaults); the others are dropped, so a config derived for another learner (a stage of
-    # learner=both) never carries keys it does not use.
+    # learner=query_encoder,FAMILY) never carries keys it does not use.
     named = NAMED_SECTIONS.get(self.config, {})
     present = self.section_names()
     for name, kind in sections.SECTIONS.items():
@@ -132,20 +131,24 @@ class Config:
   def section_names(self) -> tuple[str, ...]:
     """The sections of this run, in the order it trains them (the last is the learner whose
     online steps the training loop runs)."""
-    return sections.section_names(self.learner, self.variant, self.units,
-                                  self.config == "latent")
+    return sections.section_names(self.learner, self.units, self.config == "latent")
 
   @property
   def family(self) -> str:
-    """The registry's name of what this run's last stage trains: the reranker's family, or the
-    learner itself where it is not a reranker (rmmjax.learners.registry)."""
-    return self.variant if sections.trains_a_reranker(self.learner) else self.learner
+    """The registry's name of what this run's last stage trains."""
+    return sections.stages(self.learner)[-1]
+
+  @property
+  def variant(self) -> str:
+    """The reranker family this run trains (its core spec's model), linear where it trains
+    none."""
+    return sections.reranker_family(self.learner) or "linear"
 
   @property
   def first_stage(self) -> "Config | None":
-    """The config of the stage trained before this run's learner, in a workdir of its own
-    (learner=both's query encoder), or None."""
-    return encoder_stage(self).validate() if self.learner in sections.FIRST_STAGES else None
+    """The config of the stage trained before this run's last, in a workdir of its own (the
+    query encoder of learner=query_encoder,FAMILY), or None."""
+    return encoder_stage(self).validate() if len(sections.stages(self.learner)) > 1 else None
 
   @property
   def learning(self) -> Learning:
@@ -195,6 +198,7 @@ class Config:
   def validate(self) -> "Config":
     """Checks every value (raises ValueError naming it); returns self."""
     declared.check(self)
+    sections.check_learner(self.learner)
     for name in self.section_names():  # (before the core's checks, which name no section)
       declared.check(getattr(self, name), f"{name}.")
       getattr(self, name).check(self)
@@ -214,6 +218,9 @@ class Config:
       if changed:
         raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
                          "(--config locomo); the latent simulator does not use them")
+      if sections.reranker_family(self.learner) != self.learner:
+        raise ValueError(f"learner={self.learner}: trains on a replayed dataset (--config "
+                         "locomo); the latent simulator trains a reranker family alone")
       if spec.k > sim.bank_size:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")
@@ -254,6 +261,7 @@ class Config:
 NAMED_SECTIONS = {
     "locomo": {"reranker": Reranker(rank_prior=True, tau=1.0, lr=3e-5, steps=600)},
 }
+NAMED_SECTIONS["locomo_cross"] = NAMED_SECTIONS["locomo"]
 
 
 CONFIGS = {
@@ -266,19 +274,21 @@ CONFIGS = {
     # numbers of these settings are optimistic and conversations outside the dev file are the
     # unbiased test. The default learner is the best measured one: the query encoder, over
     # hybrid candidates (experiments/learners_ablation.py: +0.10 over the hybrid order at K=20,
-    # the reranker +0.02). learner=reranker with retriever=bm25 is the paper's reranker setting.
+    # the reranker +0.02). learner=linear with retriever=bm25 is the paper's reranker setting.
     "locomo": Config(config="locomo", dim=384, k=20, m=5, batch=4, learner="query_encoder",
                      retriever="hybrid", baseline=0.0, baseline_kind="running",
                      checkpoint_every=100, log_every=10, eval_sessions=1,
                      encoder="all-MiniLM-L6-v2"),
 }
+# The best measured recipe: the query encoder tuned first, then the cross reranker reading K = 50
+# of its candidates (rmmjax.learners.cross.config says how its defaults were chosen).
+CONFIGS["locomo_cross"] = dataclasses.replace(CONFIGS["locomo"], config="locomo_cross",
+                                              learner="query_encoder,cross", k=50)
 
 def encoder_stage(cfg: Config) -> Config:
-  """The first stage of learner=both: the query encoder, trained as learner=query_encoder
-  trains it (its section is the run's own encoder_tuning; the reranker's family goes back to
-  the named config's, as it configures nothing in the encoder)."""
-  return dataclasses.replace(cfg, learner=sections.FIRST_STAGES[cfg.learner],
-                             variant=get_config(cfg.config).variant)
+  """The first stage of learner=query_encoder,FAMILY: the query encoder, trained as
+  learner=query_encoder trains it (its section is the run's own encoder_tuning)."""
+  return dataclasses.replace(cfg, learner=sections.FIRST_STAGE)
 
 
 def effective_dtype(compute_dtype: str) -> str:

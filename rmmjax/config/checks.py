@@ -31,7 +31,7 @@ def check_replay(cfg) -> None:
     raise ValueError(f"query_encoder={cfg.query_encoder!r}: expected a query_encoder "
                      "training workdir")
   if cfg.steps == 0 and (cfg.mode == "rl" or cfg.learning.pretrain_epochs == 0):
-    name = cfg.learning.NAME  # (under learner=both, the stage's own section)
+    name = cfg.learning.NAME  # (under learner=query_encoder,cross, the stage's own section)
     why = "mode=rl" if cfg.mode == "rl" else f"{name}.pretrain_epochs=0"
     raise ValueError(f"{name}.steps=0 with {why}: nothing would learn (no pretraining and no "
                      f"online step); give {name}.steps > 0 or {name}.pretrain_epochs > 0 with "

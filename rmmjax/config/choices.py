@@ -7,7 +7,6 @@ from rmmjax.retrieve.units import GRANULARITIES
 # Training protocols on replayed conversations: online REINFORCE only, supervised pretraining on
 # labelled evidence only, or pretraining then online REINFORCE (see rmmjax.replay.protocols).
 MODES = ("rl", "pretrain", "pretrain+rl")
-LEARNERS = ("reranker", "query_encoder", "both", "iris")
 
 PRECISIONS = ("highest", "high", "default")
 # Datasets whose questions carry evidence labels, so retrieval can be evaluated on them (MSC has
@@ -23,7 +22,7 @@ TRAIN_UNITS = UNITS + ("lace",)
 # learner's section's).
 SWEEPABLE = ("tau", "baseline", "baseline_kind", "lr", "seed", "p_rel", "p_irr")
 # Shared keys of the replay of a labelled dataset, which the latent config has no use for.
-REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "folds", "fold", "mode", "learner",
+REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "folds", "fold", "mode",
                "query_encoder")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites

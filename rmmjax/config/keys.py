@@ -24,7 +24,7 @@ def shared_keys(cfg) -> set[str]:
 def _locate(cfg, key: str) -> tuple[str | None, str]:
   """(section or None, field) of a key as `--set` names it: `section.key`, a shared key, or a
   key of the run's sections by its name alone (the run's own learner first, so under
-  learner=both `lr` is the reranker's and `encoder_tuning.lr` the encoder's)."""
+  learner=query_encoder,cross `lr` is the reranker's and `encoder_tuning.lr` the encoder's)."""
   section, dot, name = key.partition(".") if "." in key else ("", "", key)
   if dot:
     if not section or not name or "." in name:
@@ -68,7 +68,7 @@ def qualified(cfg, key: str) -> str:
 
 
 def trains(cfg) -> str:
-  return f"config={cfg.config}, learner={cfg.learner}, variant={cfg.variant}" + (
+  return f"config={cfg.config}, learner={cfg.learner}" + (
       f", units={cfg.units}" if cfg.units == "lace" else "")
 
 
@@ -124,12 +124,7 @@ def with_values(cfg, changes: dict[str, Any]) -> Any:
 
 
 def apply_overrides(cfg, overrides: list[str]) -> Any:
-  """Applies `key=value` strings to cfg. Naming a reranker family on a config whose learner
-  trains none (locomo's default, the query encoder) makes the run the reranker over a query
-  encoder tuned first (learner=both), or directly over IRIS's evidence or a given tuned
-  encoder's candidates (learner=reranker), unless the learner is named too. A family named with
-  a K of its own over turns (the cross reranker's 50: its section's CANDIDATES_OVER_TURNS) reads
-  that many candidates unless k is named."""
+  """Applies `key=value` strings to cfg (a later one of the same key wins)."""
   texts = {}
   for item in overrides:
     if "=" not in item:
@@ -137,25 +132,8 @@ def apply_overrides(cfg, overrides: list[str]) -> Any:
     key, text = item.split("=", 1)
     if key.strip() == "config":
       raise ValueError(f"override {item!r}: the named config is chosen by --config")
-    texts[key.strip()] = text.strip()  # a later --set of the same key wins
+    texts[key.strip()] = text.strip()
   shared = {k: parse_value(k, t, cfg) for k, t in texts.items() if k in shared_keys(cfg)}
-  with_a_reranker = sections.WITH_A_RERANKER.get(cfg.learner)
-  if "variant" in shared and "learner" not in shared and with_a_reranker:
-    over_given = shared.get("units", cfg.units) == "lace" or shared.get("query_encoder")
-    shared["learner"] = "reranker" if over_given else with_a_reranker
-  family = sections.FAMILY_SECTIONS.get(shared.get("variant"), sections.Reranker)
-  if (family.CANDIDATES_OVER_TURNS and "k" not in shared and cfg.config != "latent"
-      and shared.get("units", cfg.units) == "turn"):
-    shared["k"] = family.CANDIDATES_OVER_TURNS
   cfg = dataclasses.replace(cfg, **shared)
   return with_values(cfg, {k: parse_value(k, t, cfg) for k, t in texts.items()
                            if k not in shared_keys(cfg)})
-
-
-def implied_keys(before, overrides: list[str], after) -> list[str]:
-  """`key=value` of the keys `apply_overrides(before, overrides)` set without `overrides`
-  naming them (a reranker family named alone sets learner, and over turns k): what a command
-  says it runs beside what it was told."""
-  named = {item.partition("=")[0].strip() for item in overrides}
-  return [f"{k}={getattr(after, k)}" for k in ("learner", "k")
-          if k not in named and getattr(after, k) != getattr(before, k)]

@@ -151,9 +151,9 @@ def _per_question(conversations, rows) -> dict:
 
 
 def recorded_query_encoder(reranker: Path, record: dict) -> Path:
-  """The tuned query encoder whose candidates a reranker trained on: a learner=both workdir's
-  own query_encoder/, else (an export of learner=both) the query_encoder/ beside it, else the
-  one its record names. Which one it is, is checked against the record's identity."""
+  """The tuned query encoder whose candidates a reranker trained on: a two-stage workdir's
+  own query_encoder/, else (a two-stage export) the query_encoder/ beside it, else the one its
+  record names. Which one it is, is checked against the record's identity."""
   recorded = Path(record["query_encoder_path"])
   beside = reranker.parent / "query_encoder" if model_kind(reranker) in (
       "reranker export", "reranker file") else None

@@ -8,16 +8,17 @@ from pathlib import Path
 
 from rmmjax.io.manifest import another_format, read_run_record, stopped_in_first_stage
 
-# kind: (what it is, how it is used). A folder's kind is its manifest's learner (the name of a
-# training workdir's kind), followed by " export" in an export's.
+# kind: (what it is, how it is used). A folder's kind is its manifest's learner (a reranker
+# family's is a reranker's, a list of stages' is "both"), followed by " export" in an export's.
 KINDS = {
     "reranker": ("a reranker's training workdir", "--reranker"),
     "reranker file": ("an exported reranker", "--reranker"),
     "reranker export": ("an exported cross reranker (a sentence-transformers CrossEncoder "
                         "directory)", "--reranker, or sentence_transformers.CrossEncoder"),
-    "both": ("a learner=both workdir (a tuned query encoder and a reranker over its "
-             "candidates)", "--reranker (which brings its query encoder)"),
-    "both export": ("an export of learner=both (its query_encoder/ and its reranker)",
+    "both": ("a learner=query_encoder,FAMILY workdir (a tuned query encoder and a reranker "
+             "over its candidates)", "--reranker (which brings its query encoder)"),
+    "both export": ("an export of learner=query_encoder,FAMILY (its query_encoder/ and its "
+                    "reranker)",
                     "--reranker DIR/reranker.safetensors or DIR/reranker (whichever it holds), "
                     "which brings DIR/query_encoder beside it"),
     "query encoder": ("a tuned query encoder's training workdir (learner=query_encoder)",
@@ -50,8 +51,10 @@ def model_kind(path: Path) -> str | None:
     return "no manifest" if any(path.iterdir()) else "empty"
   if run["kind"] == "sweep":
     return "sweep"
-  kind = str(run.get("learner")).replace("_", " ") + (" export" if run["kind"] == "export" else "")
-  return kind if kind in KINDS else None
+  learner = str(run.get("learner"))
+  kind = (learner.replace("_", " ") if learner.replace("_", " ") in KINDS
+          else "both" if "," in learner else "reranker")
+  return kind + (" export" if run["kind"] == "export" else "")
 
 
 def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],

@@ -69,12 +69,13 @@ def another_format(where: str, written, again: str) -> ValueError:
 
 
 def stopped_in_first_stage(workdir: Path) -> FileNotFoundError | None:
-  """The refusal of a learner=both run that stopped in its first stage (its query encoder, a
+  """The refusal of a two-stage run that stopped in its first stage (its query encoder, a
   workdir of its own inside it, holds the only files yet), for a caller that found none of the
   run's own; None for any other folder."""
   stage = Path(workdir) / "query_encoder"
   if not (stage / "config.json").exists():
     return None
-  return FileNotFoundError(f"{workdir} is a learner=both run that stopped in its first stage "
+  return FileNotFoundError(f"{workdir} is a two-stage run that stopped in its "
+                           "first stage "
                            f"(its query encoder, in {stage}): run the same train command again "
                            "to finish it")

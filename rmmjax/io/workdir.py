@@ -286,13 +286,13 @@ def _same_data(workdir: Path, data: str) -> bool:
 
 def check_resumable(workdir: Path, cfg: Config, stage: bool = False) -> None:
   """Refuses a sweep's workdir, one that holds a run of another config, or (unless `stage`: the
-  run trains it as its own first stage) a learner=both run's first stage trained alone; before
+  run trains it as its own first stage) the first stage of a two-stage run trained alone; before
   anything is written. The data file may have moved or been copied: its content is compared."""
   record = read_run_record(workdir)
   if record is not None and record["kind"] == "sweep":
     raise ValueError(f"{workdir} holds a sweep, not a training run; train into a fresh workdir")
   # (a first stage trains in the folder named by its learner, inside its run's workdir)
-  first = (not stage and cfg.learner in sections.FIRST_STAGES.values()
+  first = (not stage and cfg.learner == sections.FIRST_STAGE
            and Path(workdir).name == cfg.learner)
   parent = read_run_record(Path(workdir).resolve().parent) if first else None
   if parent is not None and parent["kind"] == "train":

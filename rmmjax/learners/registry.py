@@ -42,7 +42,7 @@ class Learner:
   # task's model (ReplayTask.model and init_params).
   restore: Callable | None = None
   # (a training workdir, out) -> a sentence saying what was written: the export a serving
-  # system reads (a reranker's is named export_name inside a learner=both export).
+  # system reads (a reranker's is named export_name inside the export of two stages).
   export: Callable = embedding_export.export_run
   export_name: str = embedding_export.EXPORT_NAME
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
@@ -81,22 +81,18 @@ LEARNERS = {
 
 
 def learner(name: str) -> Learner:
-  """The learner of a name (a reranker's family, a run's `variant`, or `learner`)."""
+  """The learner of a name (a stage of a run's `learner`, or a reranker's family)."""
   if name not in LEARNERS:
-    _refuse_variant(name)
+    raise ValueError(f"learner={name!r}: expected one of {', '.join(LEARNERS)}, or "
+                     "query_encoder,FAMILY")
   return LEARNERS[name]
 
 
-def _refuse_variant(name: str):
-  rerankers = [n for n, found in LEARNERS.items() if found.reader is not None]
-  raise ValueError(f"variant={name!r} is not one of {', '.join(rerankers)}")
-
-
 def with_model(spec):
-  """`spec` with the scoring model of the learner its variant names (a fresh reranker's)."""
+  """`spec` with the scoring model of the family its variant names (a fresh reranker's)."""
   model = learner(spec.variant).task.model
   if model is None:
-    raise ValueError(f"variant={spec.variant!r}: its model is not fixed by the config alone")
+    raise ValueError(f"learner={spec.variant!r}: its model is not fixed by the config alone")
   return dataclasses.replace(spec, model=model)
 
 
@@ -110,8 +106,6 @@ def training_task(cfg) -> type[Task]:
   """The task that trains `cfg`'s last stage: the latent simulator's sessions, IRIS's episodes
   over LaceMem's facts (units=lace), or the learner's own replay."""
   found = learner(cfg.family)  # (refuses a name the registry does not hold)
-  if cfg.family == cfg.variant and found.reader is None:  # a learner that ranks nothing
-    _refuse_variant(cfg.variant)
   if cfg.config == "latent":
     return LatentTask
   return found.iris_task if cfg.units == "lace" and found.iris_task else found.task

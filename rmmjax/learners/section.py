@@ -88,9 +88,6 @@ class Section:
   of its values against the rest of the run, which rmmjax.config.Config.validate calls."""
 
   NAME = ""
-  # The k this family reads over turns on a replayed dataset unless k is named (None: the
-  # named config's).
-  CANDIDATES_OVER_TURNS: int | None = None
 
   def check(self, cfg) -> None:
     """Refuses a value that does not fit the rest of the run `cfg` (each key's own limits are

@@ -1,5 +1,10 @@
 """Which sections of the config a run trains, in order, by its learner: the one table of them
-(rmmjax.config reads it; each section's keys, defaults and checks are in its learner's folder)."""
+(rmmjax.config reads it; each section's keys, defaults and checks are in its learner's folder).
+
+`learner` is the one key that names what trains: a learner of the registry (a reranker family
+such as linear, mlp or cross, the query encoder, or IRIS's models), or a list of stages, the
+query encoder then a reranker family (`query_encoder,cross`: the reranker learns over the
+candidates of the encoder tuned first)."""
 
 from __future__ import annotations
 
@@ -13,51 +18,50 @@ SECTIONS = {s.NAME: s for s in (Reranker, Cross, EncoderTuning, IrisEvidence, Ir
 # A reranker family with a section of its own; any other (linear, mlp, a family registered
 # without one) trains with the embedding rerankers' keys.
 FAMILY_SECTIONS = {"cross": Cross}
-# What each value of the `learner` key trains, in order; the last is the one whose online steps
-# the training loop runs. RERANKER stands for the reranker family's section.
-RERANKER = "the reranker"
-LEARNER_SECTIONS = {
-    "reranker": (RERANKER,),
-    "query_encoder": (EncoderTuning,),
-    "both": (EncoderTuning, RERANKER),
-    "iris": (IrisModels, EncoderTuning),
-}
-# Where a learner=both run's first stage is trained (as the learner it names, in a workdir of
-# that name inside the run's); the variant a learner that trains no reranker takes a named family
-# to mean (over a tuned encoder: apply_overrides).
-FIRST_STAGES = {"both": "query_encoder"}
-WITH_A_RERANKER = {"query_encoder": "both"}
+# The learners that rank nothing, and the sections each trains, in order; the last is the one
+# whose online steps the training loop runs.
+NOT_RERANKERS = {"query_encoder": (EncoderTuning,), "iris": (IrisModels, EncoderTuning)}
+# The stage a list may start with: it trains in a workdir of its name inside the run's.
+FIRST_STAGE = "query_encoder"
 # The sections units trains before the reranker (IRIS gathers its evidence from LaceMem's facts).
 BEFORE_RERANKER = {"lace": (IrisEvidence,)}
 
 
-def section_names(learner: str, variant: str, units: str, latent: bool) -> tuple[str, ...]:
-  """The sections of a run that trains `learner` (the reranker's family `variant`), in the order
-  it trains them; the last is the one whose online steps the training loop runs (the latent
-  simulator trains the family alone)."""
-  family = FAMILY_SECTIONS.get(variant, Reranker)
-  kinds = (RERANKER,) if latent else LEARNER_SECTIONS.get(learner, (RERANKER,))  # (validated later)
-  stages = []
-  for kind in kinds:
-    if kind is RERANKER:
-      stages += () if latent else BEFORE_RERANKER.get(units, ())
-      stages.append(family)
+def stages(learner: str) -> list[str]:
+  """The learners a run trains, in order."""
+  return learner.split(",")
+
+
+def check_learner(learner: str) -> None:
+  """Refuses a list of stages other than the query encoder then a reranker family (each name
+  is the registry's to refuse)."""
+  *first, last = stages(learner)
+  if first and (first != [FIRST_STAGE] or last in NOT_RERANKERS):
+    raise ValueError(f"learner={learner!r}: expected one learner, or {FIRST_STAGE},FAMILY (a "
+                     "query encoder tuned first, then a reranker family over its candidates, "
+                     f"as {FIRST_STAGE},cross)")
+
+
+def section_names(learner: str, units: str, latent: bool) -> tuple[str, ...]:
+  """The sections of a run that trains `learner`, in the order it trains them; the last is the
+  one whose online steps the training loop runs (the latent simulator trains a family alone)."""
+  names = []
+  for stage in stages(learner):
+    if stage in NOT_RERANKERS:
+      names += NOT_RERANKERS[stage]
     else:
-      stages.append(kind)
-  return tuple(s.NAME for s in stages)
+      names += (() if latent else BEFORE_RERANKER.get(units, ())) + (
+          FAMILY_SECTIONS.get(stage, Reranker),)
+  return tuple(s.NAME for s in names)
 
 
-def trains_a_reranker(learner: str) -> bool:
-  """Whether a run of `learner` ends with a reranker (its family is then the run's `variant`)."""
-  return RERANKER in LEARNER_SECTIONS.get(learner, (RERANKER,))
+def reranker_family(learner: str) -> str | None:
+  """The reranker family a run of `learner` ends with, or None where it ranks nothing."""
+  last = stages(learner)[-1]
+  return None if last in NOT_RERANKERS else last
 
 
 def check_replay(cfg) -> None:
-  """Each section's checks of the shared keys of a replay (the run's own learner first), then
-  a family with keys of its own named where the learner trains no reranker."""
+  """Each section's checks of the shared keys of a replay (the run's own learner first)."""
   for name in reversed(cfg.section_names()):
     getattr(cfg, name).check_replay(cfg)
-  if cfg.variant in FAMILY_SECTIONS and not trains_a_reranker(cfg.learner):
-    raise ValueError(f"variant={cfg.variant} is a reranker: set learner=reranker (or both, to "
-                     "rerank a query encoder it tunes first), not "
-                     f"learner={cfg.learner}")

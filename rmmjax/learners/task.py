@@ -44,7 +44,7 @@ class Task(abc.ABC):
   def check_run(cls, cfg, encoder, workdir) -> None:
     """The checks of a run of this task that its config cannot make alone (the encoder, the
     data, the device's memory), made before anything of the run is written, on every process
-    (before a learner=both run tunes its query encoder); none by default. Raises ValueError."""
+    (before a two-stage run tunes its query encoder); none by default. Raises ValueError."""
 
   def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
     """The mesh every batch of this task is split over; each named batch size must divide

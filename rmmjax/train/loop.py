@@ -68,7 +68,7 @@ def _check_record(workdir: Path, record: dict | None) -> None:
 
 
 def check_run(cfg: Config, encoder, workdir: Path) -> None:
-  """The task's own checks of a run (and of a learner=both run's query encoder stage), which
+  """The task's own checks of a run (and of a two-stage run's query encoder stage), which
   its config cannot make alone; before anything is written."""
   if (first := cfg.first_stage) is not None:
     training_task(first).check_run(first, encoder, Path(workdir) / STAGE_DIR)
@@ -98,7 +98,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
         if distributed.is_writer():  # the stage is a workdir of its own: held with this one
           locks[stage] = holding.enter_context(held(stage, "train"))
         check_resumable(stage, first, stage=True)
-      # The tasks' own checks, before a learner=both run tunes its encoder.
+      # The tasks' own checks, before a two-stage run tunes its encoder.
       check_run(cfg, encoder, workdir)
     try:
       if first is not None:
@@ -120,7 +120,7 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
 def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None,
            measure_heldout: bool = True, lock=None) -> dict:
   """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records
-  (a learner=both run's query-encoder stage is a workdir inside its own, held with it). `lock`,
+  (a two-stage run's query-encoder stage is a workdir inside its own, held with it). `lock`,
   this process's on workdir, is checked before each write: a folder removed under the run
   stops it rather than letting it write into the one another process made there."""
   check = lock.check if lock is not None else (lambda: None)

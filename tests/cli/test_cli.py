@@ -51,8 +51,8 @@ def test_train_writes_every_output(tmp_path, capsys):
     ("tua=0.5", "unknown config key 'tua' (did you mean 'tau'?)"),
     ("tau=nan", "expected a finite number"),
     ("nonsense=1", "unknown config key 'nonsense'"),
-    ("variant=cubic", "variant='cubic' is not one of linear, mlp"),
-    ("variant=query_encoder", "variant='query_encoder' is not one of linear, mlp, cross"),
+    ("learner=query_encoder,cubic", "variant='cubic' is not one of linear, mlp"),
+    ("learner=query_encoder,query_encoder", "variant='query_encoder' is not one of linear, mlp, cross"),
     ("k=40", "k=40 > bank_size=32"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
@@ -65,7 +65,7 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, over
 def test_what_a_named_family_also_sets_is_said_before_any_work(tmp_path, capsys, locomo_path):
   (tmp_path / "file").write_text("")
   assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "file" / "run"),
-               "--set", f"data={locomo_path}", "--set", "variant=cross"]) == 2
+               "--set", f"data={locomo_path}", "--set", "learner=query_encoder,cross"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("variant=cross on the locomo config also sets learner=both, k=50 "
                         "(name them to choose otherwise)\n"), err
@@ -303,8 +303,8 @@ def test_the_evaluation_hint_of_a_run_names_the_flag_its_model_takes():
   assert eval_hint(cfg("learner=iris", "units=lace"), "W").endswith(
       "--units lace --retriever hybrid --iris learned --iris-model W")
   assert eval_hint(cfg(), "W").endswith("--units turn --retriever hybrid --encoder W")
-  assert eval_hint(cfg("learner=reranker", "retriever=bm25"), "W").endswith(
+  assert eval_hint(cfg("learner=linear", "retriever=bm25"), "W").endswith(
       "--retriever bm25 --reranker W")
-  assert eval_hint(cfg("learner=reranker", "units=lace", "iris_evidence.preset=wide"), "W").endswith(
+  assert eval_hint(cfg("learner=linear", "units=lace", "iris_evidence.preset=wide"), "W").endswith(
       "--units lace --iris wide --retriever hybrid --reranker W")
-  assert eval_hint(cfg("learner=both"), "W").endswith("--reranker W")
+  assert eval_hint(cfg("learner=query_encoder,linear"), "W").endswith("--reranker W")

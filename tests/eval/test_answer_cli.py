@@ -28,7 +28,7 @@ def trained(three, tmp_path_factory):
   """A topic reranker trained on syn-1 and syn-2 (syn-3 held out), and a bank of all three."""
   root = tmp_path_factory.mktemp("answer")
   assert main(["train", "--config", "locomo", "--workdir", str(root / "w"), "--quiet",
-               *sets(f"data={three}", "learner=reranker", "units=topic", "retriever=hybrid", "k=4", "m=2",
+               *sets(f"data={three}", "learner=linear", "units=topic", "retriever=hybrid", "k=4", "m=2",
                      "holdout=1", "steps=20", "log_every=10", "checkpoint_every=20",
                      "pretrain_epochs=1")]) == 0
   assert main(["ingest", "--data", str(three), "--db", str(root / "bank.sqlite"),
@@ -82,7 +82,7 @@ def test_a_reranker_over_a_tuned_query_encoder_brings_it(three, server, tmp_path
   # answer (as recall and chat) loads it from the workdir, as eval does, and says so.
   wd = tmp_path / "both"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *sets(f"data={three}", "learner=both", "units=topic", "k=4", "m=2",
+               *sets(f"data={three}", "learner=query_encoder,linear", "units=topic", "k=4", "m=2",
                      "holdout=1", "steps=20", "log_every=10", "checkpoint_every=20",
                      "pretrain_epochs=1", "encoder_tuning.pretrain_epochs=1",
                      "encoder_tuning.steps=10")]) == 0

@@ -53,7 +53,7 @@ def trained(three, tmp_path_factory):
   root = tmp_path_factory.mktemp("trained")
   data = _write_subset(three, root / "three.json", 3)
   cfg = apply_overrides(get_config("locomo"), [
-      f"data={data}", "learner=reranker", "retriever=bm25", "dim=32", "steps=40",
+      f"data={data}", "learner=linear", "retriever=bm25", "dim=32", "steps=40",
       "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2", "lr=0.01", "tau=0.05"]).validate()
   summary = train(cfg, root / "run", progress=False, encoder=HashEncoder())
@@ -140,7 +140,7 @@ def test_resume_reads_the_same_file_or_is_refused(trained, tmp_path, monkeypatch
   records[0]["qa"] = records[0]["qa"][:-1]
   data.write_text(json.dumps(records))
   try:
-    again = apply_overrides(get_config("locomo"), [f"data={data}", "learner=reranker",
+    again = apply_overrides(get_config("locomo"), [f"data={data}", "learner=linear",
         "retriever=bm25", "dim=32", "steps=60",
         "checkpoint_every=20", "holdout=1", "pretrain_epochs=2", "lr=0.01",
         "tau=0.05"]).validate()

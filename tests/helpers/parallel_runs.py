@@ -24,12 +24,12 @@ SMALL = ["dim=32", "holdout=1", "steps=20", "checkpoint_every=10", "log_every=5"
 PATHS = {
     "latent": ["--config", "latent", "--set", "steps=100", "--set", "checkpoint_every=50"],
     "reranker": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
-                 "--set", "learner=reranker"],
+                 "--set", "learner=linear"],
     "query_encoder": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
                       "--set", "learner=query_encoder", "--set", "encoder_tuning.pretrain_epochs=1",
                       "--set", "k=10"],
     "reranker_in_iris": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],
-                         "--set", "learner=reranker", "--set", "units=lace"],
+                         "--set", "learner=linear", "--set", "units=lace"],
     # learner=iris's online phase (the refinement encoder's REINFORCE) and the judge fitted
     # after it; its encoders' offline fits are compared on their own in _fits.
     "iris_online": ["--config", "locomo", *[x for s in SMALL for x in ("--set", s)],

@@ -257,7 +257,7 @@ def test_template_has_the_structure_of_the_initial_parameters():
 
 
 def test_auto_computes_in_bfloat16_on_an_accelerator_and_float32_on_a_cpu(monkeypatch):
-  cfg = dataclasses.replace(get_config("locomo"), variant="cross", learner="reranker")
+  cfg = dataclasses.replace(get_config("locomo"), learner="cross")
   assert cfg.cross.compute_dtype == "auto"
   here = "float32" if jax.default_backend() == "cpu" else "bfloat16"
   assert cross_spec(cfg, TINY).model.compute_dtype == here

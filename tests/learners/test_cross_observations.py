@@ -55,7 +55,7 @@ def test_the_training_conversations_alone_gain_their_observations(three, tmp_pat
   path, _ = _with_observations(three, tmp_path)
   conversations, _ = load_locomo(path)
   found = load_observations(path, conversations)
-  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "folds=3",
+  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "learner=query_encoder,cross", "folds=3",
                                                "fold=1", "cross.observations=true"])
   joined = with_observations(path, conversations, cfg)
   assert joined[1] == conversations[1]  # held out: its questions alone
@@ -68,7 +68,7 @@ def test_the_encoder_stage_of_a_cross_run_reads_the_questions_alone(three, tmp_p
   """learner=both tunes its query encoder on the questions; the observations are the cross
   reranker's."""
   path, _ = _with_observations(three, tmp_path)
-  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "dim=32",
+  cfg = apply_overrides(get_config("locomo"), [f"data={path}", "learner=query_encoder,cross", "dim=32",
                                                "holdout=1", "cross.observations=true"]).validate()
   questions = lambda c: [len(x.questions) for x in replay_inputs(c, HashEncoder())[1]]  # noqa: E731
   plain = [len(c.questions) for c in load_locomo(path)[0]]
@@ -79,7 +79,7 @@ def test_the_encoder_stage_of_a_cross_run_reads_the_questions_alone(three, tmp_p
 def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path):
   path, records = _with_observations(three, tmp_path)
   with pytest.raises(ValueError, match="expected units=turn, not session"):
-    apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "units=session",
+    apply_overrides(get_config("locomo"), [f"data={path}", "learner=query_encoder,cross", "units=session",
                                            "cross.observations=true"]).validate()
   records[2]["sample_id"] = records[0]["sample_id"]
   path.write_text(json.dumps(records))
@@ -88,7 +88,7 @@ def test_observations_need_turns_and_one_record_per_conversation(three, tmp_path
   # Refused by true; under auto (the default) the run goes without them.
   conversations = load_locomo(path)[0]
   for value, plain in (("true", False), ("auto", True)):
-    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "holdout=1",
+    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "learner=query_encoder,cross", "holdout=1",
                                                  f"cross.observations={value}"])
     if plain:
       assert with_observations(path, conversations, cfg) == conversations
@@ -106,7 +106,7 @@ def test_a_file_without_observations_is_refused_before_anything_is_written(three
                                                                            capsys, split, which):
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_sets(f"data={three}", "variant=cross", "learner=reranker", *split,
+               *_sets(f"data={three}", "learner=cross", *split,
                       "cross.observations=true")]) != 0
   err = capsys.readouterr().err
   assert which in err and "hold no observations" in err
@@ -121,7 +121,7 @@ def test_a_cross_run_pretrains_on_its_observations_too(three, tmp_path, capsys):
   for on, data in (("false", path), ("true", path), ("auto", path), ("auto-none", three)):
     wd = tmp_path / on
     assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *_sets(
-        f"data={data}", "variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5",
+        f"data={data}", "learner=cross", "dim=32", "holdout=1", "k=5",
         "m=2", "batch=2", "steps=0", "max_length=48", "pretrain_candidates=4",
         "pretrain_epochs=1", f"cross.observations={on.split('-')[0]}")]) == 0
     summaries[on] = json.loads((wd / "summary.json").read_text())
@@ -151,7 +151,7 @@ def test_auto_trains_without_observations_where_there_are_none_to_read(three, tm
   is refused."""
   observed, _ = _with_observations(three, tmp_path)
   for path in (three, observed) if overrides else (three,):
-    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "variant=cross", "dim=32",
+    cfg = apply_overrides(get_config("locomo"), [f"data={path}", "learner=query_encoder,cross", "dim=32",
                                                  "holdout=1", *overrides]).validate()
     assert cfg.cross.observations == ("false" if "cross.observations=false" in overrides
                                       else "auto")
@@ -159,7 +159,7 @@ def test_auto_trains_without_observations_where_there_are_none_to_read(three, tm
     assert [len(x.questions) for x in replay_inputs(cfg, HashEncoder())[1]] == plain
   with pytest.raises(ValueError, match="cross.observations='yes' is not one of auto, true, "
                                        "false"):
-    apply_overrides(get_config("locomo"), [f"data={three}", "variant=cross",
+    apply_overrides(get_config("locomo"), [f"data={three}", "learner=query_encoder,cross",
                                            "cross.observations=yes"]).validate()
 
 
@@ -170,11 +170,11 @@ def test_the_dev_file_observations_join_each_fold_s_training_side(locomo_path):
   assert sum(len(v) for v in found.values()) == sum(
       len(items) for record in json.loads(locomo_path.read_text())
       for by_speaker in record["observation"].values() for items in by_speaker.values())
-  cfg = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "variant=cross",
+  cfg = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "learner=query_encoder,cross",
                                                "folds=2", "fold=0", "cross.observations=true"])
   joined = with_observations(locomo_path, conversations, cfg)
   # The default, auto, reads them as true does.
-  auto = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "variant=cross",
+  auto = apply_overrides(get_config("locomo"), [f"data={locomo_path}", "learner=query_encoder,cross",
                                                 "folds=2", "fold=0"])
   assert auto.cross.observations == "auto" and auto.cross.reads_observations(auto)
   assert with_observations(locomo_path, conversations, auto) == joined
@@ -190,7 +190,7 @@ def test_a_grid_over_observations_sweeps_and_one_that_nothing_trains_on_is_refus
   wd = tmp_path / "sweep"
   args = ["sweep", "--config", "locomo", "--workdir", str(wd), "--dry-run", "--folds", "3",
           "--grid", "cross.observations=false,true", *_sets(
-              f"data={path}", "variant=cross", "learner=reranker", "dim=32", "k=5", "m=2",
+              f"data={path}", "learner=cross", "dim=32", "k=5", "m=2",
               "batch=2", "max_length=48", "pretrain_candidates=4")]
   assert main([*args, "--set", "pretrain_epochs=0", "--set", "steps=0"]) != 0
   assert "nothing would learn" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`rmmjax train --set variant=cross` as a user runs it, then `eval --reranker` and `export`:
+"""`rmmjax train --set learner=cross` as a user runs it, then `eval --reranker` and `export`:
 the run's record and report, SIGKILL in pretraining and between checkpoints, a tokenizer that
 differs refused naming both, the export scored by sentence-transformers' CrossEncoder as rmmjax
 scores it, a step too large for the device refused before the run starts."""
@@ -31,7 +31,7 @@ from rmmjax.learners.cross import task as cross_task
 # Every run here uses the tiny encoder (tests/helpers/tiny_bert.py): the logic is the point.
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
-SMALL = ("variant=cross", "learner=reranker", "dim=32", "holdout=1", "k=5", "m=2", "batch=2",
+SMALL = ("learner=cross", "dim=32", "holdout=1", "k=5", "m=2", "batch=2",
          "steps=4",
          "log_every=2", "checkpoint_every=2", "max_length=48",
          "pretrain_candidates=4", "pretrain_epochs=1")
@@ -215,8 +215,8 @@ def test_the_export_serves_as_the_workdir_does(cross_run, three, tmp_path, capsy
 @pytest.mark.parametrize("extra, message", [
     ((), "a pretraining step of the cross reranker needs"),
     (("mode=rl",), "an online step of the cross reranker needs"),
-    # learner=both: refused before its query-encoder stage trains or writes anything.
-    (("learner=both",), "a pretraining step of the cross reranker needs"),
+    # Two stages: refused before its query-encoder stage trains or writes anything.
+    (("learner=query_encoder,cross",), "a pretraining step of the cross reranker needs"),
 ])
 def test_a_step_too_large_for_the_device_is_refused_before_the_run(three, tmp_path, extra,
                                                                    message, monkeypatch, capsys):
@@ -243,7 +243,7 @@ def test_a_learner_both_run_holds_its_encoder_stage_too(three, tmp_path, capsys)
   wd = tmp_path / "both"
   with held(wd / "query_encoder", "train"):  # another process training into the stage alone
     assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-                 *_args(three, "learner=both")]) == 2
+                 *_args(three, "learner=query_encoder,cross")]) == 2
   assert f"{wd / 'query_encoder'} is in use by rmmjax train (pid" in capsys.readouterr().err
 
 
@@ -258,7 +258,7 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["units=lace", "learner=both"], "units=lace trains a model of IRIS"),
+    (["units=lace", "learner=query_encoder,cross"], "units=lace trains a model of IRIS"),
     (["learner=query_encoder"], "max_length' for this run .* belongs to the cross section"),
     (["pretrain_candidates=9"], "expected 2 to k=5"),
     (["negatives_from_rank=6"], "negatives_from_rank=6: expected 1 to k=5"),
@@ -286,50 +286,49 @@ def test_cross_keys_belong_to_the_cross_variant_and_zero_steps_to_replayed_learn
   with pytest.raises(ValueError, match="'prior_scale' .* belongs to the reranker and cross"):
     apply_overrides(get_config("locomo"), [data, "prior_scale=2.0"])
   with pytest.raises(ValueError, match="unknown config key 'cross_max_length'"):
-    apply_overrides(get_config("locomo"), [data, "variant=cross", "cross_max_length=64"])
+    apply_overrides(get_config("locomo"), [data, "learner=query_encoder,cross",
+                                           "cross_max_length=64"])
   with pytest.raises(ValueError, match="has no cross section"):
-    apply_overrides(get_config("locomo"), [data, "learner=reranker", "cross.lr=1e-5"])
+    apply_overrides(get_config("locomo"), [data, "learner=linear", "cross.lr=1e-5"])
   # steps=0 (pretraining alone) is for the replayed rerankers and query encoder, not IRIS.
   apply_overrides(get_config("locomo"), [data, "steps=0"]).validate()
-  with pytest.raises(ValueError, match="0, pretraining alone, is for learner=reranker, query"):
+  with pytest.raises(ValueError, match="0, pretraining alone, is for a reranker family or the"):
     apply_overrides(get_config("locomo"), [data, "learner=iris", "units=lace",
                                            "steps=0"]).validate()
   with pytest.raises(ValueError, match="positive integer .the simulator's runs have no pre"):
     apply_overrides(get_config("latent"), ["steps=0"]).validate()
-  apply_overrides(get_config("locomo"), [data, "variant=cross", "steps=0"]).validate()
+  apply_overrides(get_config("locomo"), [data, "learner=query_encoder,cross",
+                                         "steps=0"]).validate()
   with pytest.raises(ValueError, match="latent"):
-    apply_overrides(get_config("latent"), ["variant=cross"]).validate()
+    apply_overrides(get_config("latent"), ["learner=cross"]).validate()
 
 
-def test_the_cross_variant_tunes_a_query_encoder_first_unless_it_has_one(three, tmp_path):
+def test_a_cross_run_over_a_given_encoder_is_refused_where_it_cannot_use_it(three, tmp_path):
   locomo, data = get_config("locomo"), f"data={three}"
-  assert apply_overrides(locomo, [data, "variant=cross"]).learner == "both"
-  assert apply_overrides(locomo, [data, "variant=cross", "units=lace"]).learner == "reranker"
   tuned = tmp_path / "tuned"
   tuned.mkdir()
-  assert apply_overrides(locomo, [data, "variant=cross", f"query_encoder={tuned}"]
-                         ).learner == "reranker"
+  apply_overrides(locomo, [data, "learner=cross", f"query_encoder={tuned}"]).validate()
   with pytest.raises(ValueError, match="which retriever=bm25 does not use"):
-    apply_overrides(locomo, [data, "variant=cross", f"query_encoder={tuned}",
+    apply_overrides(locomo, [data, "learner=cross", f"query_encoder={tuned}",
                              "retriever=bm25"]).validate()
-  with pytest.raises(ValueError, match="learner=both tunes its own first"):
-    apply_overrides(locomo, [data, "variant=cross", "learner=both",
+  with pytest.raises(ValueError, match="learner=query_encoder,cross tunes its own first"):
+    apply_overrides(locomo, [data, "learner=query_encoder,cross",
                              f"query_encoder={tuned}"]).validate()
 
 
 def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(three):
-  """learner=both with variant=cross: the query encoder first, with the named config's own
-  rates, temperature and steps (not the cross reranker's), and no cross keys; the run's K
-  (50, variant=cross's over turns) is the stage's too."""
-  locomo = get_config("locomo")
-  cfg = apply_overrides(locomo, [f"data={three}", "variant=cross", "learner=both",
-                                 "max_length=64"]).validate()
+  """The query encoder first, with the named config's own rates, temperature and steps (not
+  the cross reranker's), and no cross keys; the run's K (the locomo_cross config's 50) is the
+  stage's too."""
+  cfg = apply_overrides(get_config("locomo_cross"), [f"data={three}", "max_length=64"]).validate()
   assert (cfg.steps, cfg.learning.tau, cfg.learning.lr) == (0, 1.0, 1e-5)  # the reranker's
   assert cfg.encoder_tuning == get_config("locomo").encoder_tuning
   stage = encoder_stage(cfg).validate()
-  alone = apply_overrides(locomo, [f"data={three}", "learner=query_encoder", "k=50"]).validate()
-  assert stage == alone
-  linear = apply_overrides(locomo, [f"data={three}", "learner=both", "steps=40"]).validate()
+  alone = apply_overrides(get_config("locomo_cross"), [f"data={three}",
+                                                       "learner=query_encoder"]).validate()
+  assert stage == alone and stage.k == 50
+  linear = apply_overrides(get_config("locomo"), [f"data={three}", "learner=query_encoder,linear",
+                                                  "steps=40"]).validate()
   assert encoder_stage(linear) == dataclasses.replace(linear, learner="query_encoder")
 
 
@@ -337,7 +336,7 @@ def test_the_encoder_stage_of_a_cross_run_trains_as_learner_query_encoder_does(t
 def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_path):
   wd = tmp_path / "both"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_args(three, "learner=both", "steps=0", "encoder_tuning.steps=10",
+               *_args(three, "learner=query_encoder,cross", "steps=0", "encoder_tuning.steps=10",
                       "encoder_tuning.pretrain_epochs=1")]) == 0
   record = json.loads((wd / "record.json").read_text())
   stage = json.loads((wd / "query_encoder" / "record.json").read_text())
@@ -376,7 +375,7 @@ def test_a_cross_reranker_over_a_query_encoder_the_run_tunes_first(three, tmp_pa
 def test_a_stand_in_encoder_is_refused_before_anything_is_written(three, tmp_path):
   from hash_encoder import HashEncoder
   from rmmjax.train.loop import train
-  for learner in ("reranker", "both"):
+  for learner in ("cross", "query_encoder,cross"):
     cfg = apply_overrides(get_config("locomo"), [f"data={three}", *SMALL,
                                                  f"learner={learner}"])
     with pytest.raises(ValueError, match="has none"):
@@ -428,13 +427,13 @@ def test_steps_0_pretrains_alone_and_more_steps_continue_from_it(cross_run, thre
       (cross_run / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("learner", ["reranker", "both"])
+@pytest.mark.parametrize("learner", ["cross", "query_encoder,cross"])
 def test_a_batch_larger_than_the_training_questions_is_refused_before_anything_is_written(
     three, tmp_path, capsys, learner):
   wd = tmp_path / "run"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_args(three, "batch=500", f"learner={learner}")]) == 2
-  # (learner=both: its query encoder stage, checked first, says so of its own batches)
+  # (two stages: its query encoder stage, checked first, says so of its own batches)
   assert "batch=500: the 93 training questions cannot fill one" in capsys.readouterr().err
   assert not wd.exists()
 
@@ -486,12 +485,12 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
     return capsys.readouterr().err
 
   evaluate = ["eval", "--data", str(three), "--quiet", "--reranker"]
-  # A learner=both export's root: its reranker/ is meant.
+  # A two-stage export's root: its reranker/ is meant.
   root = tmp_path / "both_export"
   shutil.copytree(served, root / "reranker")
   (root / "query_encoder").mkdir()
   (root / "rmmjax.json").write_text(json.dumps({"format": 1, "kind": "export",
-                                                "learner": "both"}))
+                                                "learner": "query_encoder,cross"}))
   assert f"--reranker {root}/reranker" in refused(*evaluate, str(root))
   (tmp_path / "empty").mkdir()
   assert "empty directory" in refused(*evaluate, str(tmp_path / "empty"))
@@ -500,7 +499,7 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
                 *_args(three, f"query_encoder={cross_run}"))
   assert f"query_encoder={cross_run} is a reranker's training workdir; expected a tuned " in err
   assert "--reranker" not in err and "--iris-model" not in err
-  # An export given to export; a learner=both run stopped in its encoder stage.
+  # An export given to export; a two-stage run stopped in its encoder stage.
   assert "it is exported already" in refused("export", "--workdir", str(served), "--out",
                                              str(tmp_path / "again"))
   stopped = tmp_path / "stopped"

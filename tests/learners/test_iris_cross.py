@@ -100,7 +100,7 @@ def test_episodes_carry_their_pairs_and_score_in_batches(encoder, trained):
                                                      e.facts), atol=1e-4)
 
 
-SMALL = ("variant=cross", "units=lace", "dim=32", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
+SMALL = ("learner=cross", "units=lace", "dim=32", "holdout=1", "k=6", "m=2", "batch=2", "steps=2",
          "log_every=1", "checkpoint_every=2", "max_length=48",
          "pretrain_candidates=4", "pretrain_epochs=1")
 

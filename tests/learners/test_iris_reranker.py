@@ -273,7 +273,7 @@ def _first_conversations(source, tmp_path, n):
 def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, tmp_path, capsys):
   data = _first_conversations(three, tmp_path, 3)
   cfg = apply_overrides(get_config("locomo"), [
-      "learner=reranker", "units=lace", f"data={data}", "dim=32", "k=24", "steps=20",
+      "learner=linear", "units=lace", f"data={data}", "dim=32", "k=24", "steps=20",
       "checkpoint_every=10", "holdout=1", "pretrain_epochs=2", "verdict_reward=1.0"]).validate()
   wd = tmp_path / "run"
   summary = train(cfg, wd, progress=False, encoder=HashEncoder())
@@ -359,14 +359,14 @@ def test_train_a_reranker_on_iris_evidence_then_evaluate_it_inside_iris(three, t
 def test_lace_training_settings_are_checked(three):
   base = get_config("locomo")
   for changes, message in (
-      (["units=lace", "learner=query_encoder"], "set learner=reranker"),
-      (["units=lace", "learner=reranker", "iris_evidence.preset=narrow"], "iris_evidence.preset='narrow' is not one of"),
-      (["units=lace", "learner=reranker", "citation_reward=0", "verdict_reward=0"],
+      (["units=lace", "learner=query_encoder"], "set learner to a reranker family"),
+      (["units=lace", "learner=linear", "iris_evidence.preset=narrow"], "iris_evidence.preset='narrow' is not one of"),
+      (["units=lace", "learner=linear", "citation_reward=0", "verdict_reward=0"],
        "not both 0"),
       # Keys of the section of a reranker over IRIS's evidence are unknown to other runs.
-      (["units=turn", "learner=reranker", "verdict_reward=0.5"], "belongs to the iris_evidence"),
-      (["units=turn", "learner=reranker", "iris_evidence.preset=wide"], "no iris_evidence"),
-      (["units=lace", "learner=reranker", "iris=wide"], "unknown config key 'iris'")):
+      (["units=turn", "learner=linear", "verdict_reward=0.5"], "belongs to the iris_evidence"),
+      (["units=turn", "learner=linear", "iris_evidence.preset=wide"], "no iris_evidence"),
+      (["units=lace", "learner=linear", "iris=wide"], "unknown config key 'iris'")):
     with pytest.raises(ValueError, match=message):
       apply_overrides(base, [f"data={three}", *changes]).validate()
   # The latent simulator refuses the replay's keys instead of storing values it never uses.

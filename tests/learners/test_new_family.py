@@ -148,7 +148,7 @@ def test_a_family_defined_in_a_test_trains_evaluates_exports_and_serves_from_the
                                                     EmbeddingReader.for_reranker,
                                                     export=_export_diagonal))
   wd = tmp_path / "diagonal"
-  sets = sets_of(f"data={three}", "holdout=1", "dim=32", "learner=reranker", "variant=diagonal",
+  sets = sets_of(f"data={three}", "holdout=1", "dim=32", "learner=diagonal",
                  "retriever=bm25",
                  "k=5", "steps=8", "log_every=4", "checkpoint_every=8",
                  "reranker.pretrain_epochs=2", "reranker.pretrain_lr=0.03")

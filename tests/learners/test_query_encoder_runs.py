@@ -139,7 +139,7 @@ def test_k_larger_than_a_conversation_is_refused_before_any_work(three, tmp_path
   assert not wd.exists()
 
 
-BOTH = ("learner=both", "pretrain_epochs=1", *SMALL, "encoder_tuning.steps=10")
+BOTH = ("learner=query_encoder,linear", "pretrain_epochs=1", *SMALL, "encoder_tuning.steps=10")
 
 
 def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_path, capsys):
@@ -199,7 +199,7 @@ def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
   """encoder_run trained on syn-1 and syn-2; syn-3 was held out."""
   wd = tmp_path / "reranker"
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
-               *_sets(f"data={three}", "learner=reranker", f"query_encoder={encoder_run}",
+               *_sets(f"data={three}", "learner=linear", f"query_encoder={encoder_run}",
                       "dim=32", "holdout=1", "steps=10", "log_every=5", "checkpoint_every=10",
                       "pretrain_epochs=1", "retriever=hybrid", "k=10")]) == 0
   record = json.loads((wd / "record.json").read_text())

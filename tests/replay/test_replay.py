@@ -108,7 +108,7 @@ def test_pretraining_fits_the_labelled_questions(two_conversations):
 def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
   # 112 turns a conversation: a word budget reaches past the first 100 units.
   data = synthetic_locomo.write(tmp_path / "three.json", 3, sessions=8)
-  cfg = apply_overrides(get_config("locomo"), ["learner=reranker", "retriever=bm25",
+  cfg = apply_overrides(get_config("locomo"), ["learner=linear", "retriever=bm25",
       f"data={data}", "dim=32", "steps=40", "checkpoint_every=20", "holdout=1",
       "pretrain_epochs=2"]).validate()
   wd = tmp_path / "run"
@@ -240,7 +240,7 @@ def test_train_locomo_on_a_malformed_file_fails_naming_it_and_writes_nothing(tmp
 def test_holdout_zero_trains_on_every_conversation(three, tmp_path):
   data = _subset_file(three, tmp_path, 2)
   cfg = apply_overrides(get_config("locomo"), [
-      "learner=reranker", "retriever=bm25", f"data={data}", "dim=32", "steps=20",
+      "learner=linear", "retriever=bm25", f"data={data}", "dim=32", "steps=20",
       "checkpoint_every=10", "holdout=0", "pretrain_epochs=1"]).validate()
   summary = train(cfg, tmp_path / "run", progress=False, encoder=HashEncoder())
   assert summary["trained_conversations"] == ["syn-1", "syn-2"]
@@ -256,7 +256,7 @@ def test_a_batch_the_training_questions_cannot_fill_is_refused_before_anything_i
   dev file was refused only after config.json was written, which then refused the valid rerun.)"""
   from rmmjax.cli import main
   wd = tmp_path / "run"
-  sets = ["--set", f"data={three}", "--set", "learner=reranker", "--set", f"batch={batch}"]
+  sets = ["--set", f"data={three}", "--set", "learner=linear", "--set", f"batch={batch}"]
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet", *sets]) == 2
   assert (f"batch={batch}: the 50 training questions cannot fill one batch; expected "
           "batch <= 50") in capsys.readouterr().err

@@ -132,7 +132,7 @@ def test_a_two_process_replay_train_resumed_by_two_processes_equals_one_process(
   checkpoint is restored by both (Orbax, a collective) and the run ends as one process's."""
   def args(steps: int) -> list[str]:
     return ["train", "--config", "locomo", *[x for s in (
-        f"data={three}", "learner=reranker", "dim=32", "holdout=1", f"steps={steps}",
+        f"data={three}", "learner=linear", "dim=32", "holdout=1", f"steps={steps}",
         "checkpoint_every=20", "log_every=10") for x in ("--set", s)]]
   _one(args(40), tmp_path / "one")
   for steps in (20, 40):

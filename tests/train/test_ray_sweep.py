@@ -18,9 +18,9 @@ from rmmjax.cli import main
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
-SMALL = ("dim=32", "learner=reranker", "retriever=bm25", "k=10", "steps=12",
+SMALL = ("dim=32", "learner=linear", "retriever=bm25", "k=10", "steps=12",
          "pretrain_epochs=2", "log_every=4")
-CROSS = ("variant=cross", "learner=reranker", "dim=32", "k=5", "m=2", "batch=2", "steps=4",
+CROSS = ("learner=cross", "dim=32", "k=5", "m=2", "batch=2", "steps=4",
          "log_every=2", "checkpoint_every=2", "max_length=48", "pretrain_candidates=4",
          "pretrain_epochs=1")
 

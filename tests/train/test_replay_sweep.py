@@ -21,7 +21,7 @@ from rmmjax.train.sweep.table import by_part
 
 pytestmark = pytest.mark.usefixtures("tiny_encoder")
 
-SMALL = ("dim=32", "learner=reranker", "retriever=bm25", "k=10", "steps=12",
+SMALL = ("dim=32", "learner=linear", "retriever=bm25", "k=10", "steps=12",
          "pretrain_epochs=2", "log_every=4")
 GRID = ["--grid", "lr=1e-4,1e-3"]
 
@@ -164,8 +164,8 @@ def test_a_sweep_over_two_keys_resumes_with_either_order_of_its_keys(three, tmp_
     # A key no run reads: every row would be the same run.
     (["--grid", "pretrain_tau=0.05,1.0"], ("mode=rl",),
      "--grid pretrain_tau: no run of this sweep reads it (mode=rl does not pretrain)"),
-    (["--grid", "reranker.hidden=16,32"], (), "(variant=linear has no hidden layer)"),
-    (["--grid", "lr=1e-5,3e-5"], ("variant=cross", "steps=0"), "(cross.steps=0: no online step)"),
+    (["--grid", "reranker.hidden=16,32"], (), "(learner=linear has no hidden layer)"),
+    (["--grid", "lr=1e-5,3e-5"], ("learner=cross", "steps=0"), "(cross.steps=0: no online step)"),
     (["--grid", "encoder_tuning.pretrain_lr=1e-5,2e-5"],
      ("learner=query_encoder", "retriever=hybrid", "encoder_tuning.pretrain_epochs=0"),
      "(encoder_tuning.pretrain_epochs=0)"),
@@ -190,7 +190,7 @@ def test_bad_sweeps_are_refused_before_anything_is_written(three, tmp_path, caps
   assert not wd.exists()
 
 
-@pytest.mark.parametrize("learner", ["query_encoder", "both"])
+@pytest.mark.parametrize("learner", ["query_encoder", "query_encoder,linear"])
 def test_a_batch_the_training_questions_cannot_fill_is_refused_before_writing(
     three, tmp_path, capsys, learner):
   wd = tmp_path / "w"

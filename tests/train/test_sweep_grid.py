@@ -12,7 +12,7 @@ from rmmjax.train.sweep.grid import sweep_configs
 
 
 def _locomo(data, *sets):
-  return apply_overrides(get_config("locomo"), [f"data={data}", "variant=cross", *sets])
+  return apply_overrides(get_config("locomo"), [f"data={data}", "learner=query_encoder,cross", *sets])
 
 
 def test_a_grid_may_lift_the_base_values_refusal(three):
@@ -34,7 +34,7 @@ def test_a_refused_point_is_named_and_a_refusal_of_the_base_alone_is_not(three):
   # another (which the grid lifts); a key of another section is not the grid's
   with pytest.raises(ValueError, match=r"^m=9 > k=6"):
     sweep_configs(_locomo(three, "k=6", "m=9"), {"cross.pretrain_candidates": [2, 4]}, seeds=1)
-  both = apply_overrides(get_config("locomo"), [f"data={three}", "learner=both",
+  both = apply_overrides(get_config("locomo"), [f"data={three}", "learner=query_encoder,linear",
                                                 "reranker.lr=-1"])
   with pytest.raises(ValueError, match=r"^reranker.lr=-1"):
     sweep_configs(both, {"encoder_tuning.lr": [1e-5, 2e-5]}, seeds=1)
@@ -49,7 +49,7 @@ def test_a_refused_point_is_named_and_a_refusal_of_the_base_alone_is_not(three):
 def test_the_command_line_checks_the_base_only_through_the_grid(three, tmp_path, capsys):
   wd = tmp_path / "w"
   args = ["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--folds", "3",
-          "--dry-run", *sets(f"data={three}", "variant=cross", "learner=reranker", "dim=32",
+          "--dry-run", *sets(f"data={three}", "learner=cross", "dim=32",
                              "retriever=bm25", "k=6", "cross.max_length=32")]
   assert main(args + ["--grid", "cross.pretrain_candidates=2,4"]) == 0
   assert "2 configurations x 3 folds = 6 runs" in capsys.readouterr().out
@@ -64,8 +64,7 @@ def test_more_candidates_than_topics_is_refused_before_a_sweep_of_runs_writes(th
                                                                               capsys):
   wd = tmp_path / "w"
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--folds", "3",
-               "--grid", "k=6,8", *sets(f"data={three}", "variant=cross", "learner=reranker",
-                                         "dim=32", "retriever=bm25", "units=topic",
+               "--grid", "k=6,8", *sets(f"data={three}", "learner=cross", "dim=32", "retriever=bm25", "units=topic",
                                          "cross.pretrain_candidates=4")]) == 2
   assert "k=6 candidates, but conversation syn-1 has only 2 topic units" in capsys.readouterr().err
   assert not wd.exists()
@@ -77,7 +76,7 @@ def test_a_grid_over_cross_keys_trains_one_query_encoder_stage_per_fold(three, t
   wd = tmp_path / "w"
   assert main(["sweep", "--config", "locomo", "--workdir", str(wd), "--quiet", "--folds", "2",
                "--no-best", "--grid", "cross.pretrain_lr=1e-5,2e-5",
-               *sets(f"data={three}", "variant=cross", "learner=both", "dim=32", "k=5", "m=2",
+               *sets(f"data={three}", "learner=query_encoder,cross", "dim=32", "k=5", "m=2",
                      "batch=2", "log_every=2", "cross.max_length=48",
                      "cross.pretrain_candidates=4", "cross.pretrain_epochs=1", "cross.steps=0",
                      "encoder_tuning.pretrain_batch=4", "encoder_tuning.steps=4")]) == 0

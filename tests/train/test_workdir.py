@@ -483,7 +483,7 @@ def test_a_workdir_says_what_it_holds_and_one_without_its_manifest_is_refused(tm
   wd = tmp_path / "run"
   assert _train(wd, 30) == 0
   manifest = json.loads((wd / "rmmjax.json").read_text())
-  assert manifest == {"format": 1, "kind": "train", "learner": "reranker",
+  assert manifest == {"format": 1, "kind": "train", "learner": "linear",
                       "stages": ["reranker"]}
   out = tmp_path / "x.safetensors"
   # An earlier rmmjax's workdir (run.json, no manifest): refused in one line, nothing guessed.

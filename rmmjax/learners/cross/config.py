@@ -38,11 +38,10 @@ class Cross(Learning):
   hold some, and trains without them otherwise (the summary counts them); true refuses a file
   without them; false never reads them.
 
-  K over turns: naming variant=cross on the locomo config sets k=50 unless k is named too
-  (`CANDIDATES_OVER_TURNS`; other units keep the config's 20): with the flat prior, 0.694
-  against 0.667 at K = 20 on the same folds (--arm k50-prior0 against --arm prior0): 50
-  candidates hold more of the evidence, for 2.5 times the scoring. Together the defaults are --arm
-  k50-observations-prior0's settings: 0.711 (folds 0.702, 0.718) against the recipe's 0.658,
+  K = 50 over turns, the locomo_cross config's k (the locomo config's is 20): with the flat
+  prior, 0.694 against 0.667 at K = 20 on the same folds (--arm k50-prior0 against --arm
+  prior0): 50 candidates hold more of the evidence, for 2.5 times the scoring. Together the
+  defaults are --arm k50-observations-prior0's settings: 0.711 (folds 0.702, 0.718) against the recipe's 0.658,
   +0.053 [+0.037, +0.067], chosen on those same folds, so optimistic.
 
   Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
@@ -67,7 +66,6 @@ class Cross(Learning):
   """
 
   NAME = "cross"
-  CANDIDATES_OVER_TURNS = 50  # (see above)
   tau: float = 1.0
   lr: float = 1e-5
   steps: int = 0  # its pretraining alone (the checkpoint is step 0)
@@ -86,7 +84,7 @@ class Cross(Learning):
 
   def check(self, cfg) -> None:
     if cfg.config == "latent":
-      raise ValueError(f"variant={cfg.variant} reads the text of questions and memories; the "
+      raise ValueError(f"learner={cfg.learner} reads the text of questions and memories; the "
                        "latent simulator has embeddings only (use --config locomo)")
     if not 2 <= self.pretrain_candidates <= cfg.k:
       raise ValueError(f"cross.pretrain_candidates={self.pretrain_candidates}: expected 2 to "

@@ -113,14 +113,14 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
   if out.exists() and any(out.iterdir()):
     raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
   with replace_dir(out) as staging:
-    # (a folder holding the reranker alone: learner=reranker, in a learner=both export too)
+    # (a folder holding the reranker alone: learner=reranker, in a two-stage export too)
     export_cross(params, spec.model.bert, encoder.model_dir, staging,
                  manifest | {"learner": "reranker", "record": record | {"step": step}},
                  record["cross"]["max_length"])
   return out
 
 
-EXPORT_NAME = "reranker"  # its name in a learner=both export
+EXPORT_NAME = "reranker"  # its name in a two-stage export
 
 
 def export_run(workdir: Path, out: Path) -> str:

@@ -215,7 +215,7 @@ def check_cross_workdir(cfg, encoder, workdir) -> None:
 def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained: bool = False,
                     steps_done: int = 0) -> None:
   """The checks of a cross reranker's run that need no candidates, made before anything of the
-  run is written (before a learner=both run trains its query encoder): the encoder is a BERT
+  run is written (before a two-stage run trains its query encoder): the encoder is a BERT
   with a tokenizer, the training questions fill a pretraining batch, and each kind of step the
   run will take fits the device (pretraining over cross_pretrain_candidates per question,
   online steps over all k); a kind it will not take (or, resumed, has taken: `pretrained`,

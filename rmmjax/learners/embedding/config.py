@@ -28,5 +28,5 @@ class Reranker(Learning):
 
   def unread(self, name: str, cfg) -> str:
     if name == "hidden" and cfg.variant != "mlp":
-      return f"variant={cfg.variant} has no hidden layer"
+      return f"learner={cfg.learner} has no hidden layer"
     return ""

@@ -22,7 +22,7 @@ from rmmjax.learners.embedding.format import (FORMAT_VERSION, HEADER_KEY, RANK_P
                                               SCORE_FORMULAS, check_weights)
 from rmmjax.learners.embedding.model import EMBEDDING
 
-EXPORT_NAME = "reranker.safetensors"  # its name in a learner=both export
+EXPORT_NAME = "reranker.safetensors"  # its name in a two-stage export
 
 
 def export_run(workdir: Path, out: Path) -> str:

@@ -28,7 +28,7 @@ class IrisEvidence(Section):
 
   def check_replay(self, cfg) -> None:
     if cfg.query_encoder and cfg.section_names()[0] == self.NAME:  # (no stage tunes one first)
-      raise ValueError("units=lace with learner=reranker ranks IRIS's evidence by the base "
+      raise ValueError(f"units=lace with learner={cfg.learner} ranks IRIS's evidence by the base "
                        "encoder: leave query_encoder unset (learner=iris takes one as anchor)")
 
 
@@ -59,7 +59,7 @@ class IrisModels(Section):
     # IRIS's fits are not online steps: a run of its pretraining alone has nothing to stand on.
     if cfg.steps == 0:
       raise ValueError(f"{cfg.learning.NAME}.steps=0: expected a positive integer (0, "
-                       "pretraining alone, is for learner=reranker, query_encoder or both)")
+                       "pretraining alone, is for a reranker family or the query encoder)")
 
   def check_replay(self, cfg) -> None:
     if cfg.units != "lace":

@@ -1,5 +1,5 @@
 """The query encoder's section of the config (learner=query_encoder, the first stage of
-learner=both, IRIS's anchor under learner=iris)."""
+learner=query_encoder,FAMILY, IRIS's anchor under learner=iris)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ TUNES = ("query", "both")
 
 @dataclasses.dataclass(frozen=True)
 class EncoderTuning(Learning):
-  """The retriever's query encoder (learner query_encoder, the first stage of learner=both, and
+  """The retriever's query encoder (learner=query_encoder, the first stage of two, and
   IRIS's anchor under learner=iris): supervised listwise pretraining on labelled evidence in
   batches of `pretrain_batch` questions, then online REINFORCE. `tune`: query, the tuned encoder
   embeds the questions and the memories keep the base encoder's embeddings (no re-embedding);
@@ -43,12 +43,12 @@ class EncoderTuning(Learning):
     if cfg.query_encoder and len(stages) > 1:
       raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker the candidates of "
                        f"an encoder trained before, and learner={cfg.learner} tunes its own "
-                       "first: set learner=reranker to use it")
+                       "first: name the reranker family alone (learner=FAMILY) to use it")
     if cfg.query_encoder:
       raise ValueError(f"query_encoder={cfg.query_encoder!r} gives a reranker its candidates; "
                        f"learner={cfg.learner} trains one from the loaded encoder")
     if cfg.units == "lace":
-      raise ValueError(f"units=lace trains a model of IRIS: set learner=reranker (it ranks "
-                       f"IRIS's evidence) or learner=iris (IRIS's own models), not "
-                       f"learner={cfg.learner!r}")
+      raise ValueError(f"units=lace trains a model of IRIS: set learner to a reranker family "
+                       "(learner=linear or cross: it ranks IRIS's evidence) or learner=iris "
+                       f"(IRIS's own models), not learner={cfg.learner!r}")
 

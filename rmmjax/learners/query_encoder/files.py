@@ -32,7 +32,7 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
                             "query_encoder training workdir or an exported encoder directory")
   kind = refuse_unless(path, flag, ("query encoder", "query encoder export", "no manifest"),
                        expected=("a tuned query encoder: a learner=query_encoder workdir, a "
-                                 "learner=both workdir's query_encoder/, or an export of either")
+                                 "two-stage workdir's query_encoder/, or an export of either")
                        if flag.endswith("=") else None)
   if kind != "query encoder":  # a Hugging Face directory: an export, or a plain encoder
     tuned = SentenceEncoder(path)
@@ -80,7 +80,7 @@ def query_encoder_record(path: Path) -> dict:
 
 
 def export_run(workdir: Path, out: Path) -> str:
-  """`rmmjax export` of a query_encoder workdir (or a learner=both run's first stage): the
+  """`rmmjax export` of a query_encoder workdir (or a two-stage run's first stage): the
   tuned encoder as the Hugging Face-format directory `out` (sentence-transformers loads it
   unchanged), with the export's manifest; says what was written."""
   if Path(out).suffix == ".safetensors":

@@ -14,7 +14,7 @@ from rmmjax.learners.embedding.config import Reranker
 REPLAY_SWEEPABLE = ("pretrain_lr", "pretrain_tau")
 # Keys a replay sweep holds fixed: what learns, on which data, how it is held out and measured.
 # (and the latent simulator's keys, which a replay does not read, and the encoder's width).
-FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "variant", "units", "retriever",
+FIXED_IN_A_SWEEP = ("config", "data", "dataset", "learner", "units", "retriever",
                     "holdout", "folds", "fold", "query_encoder", "m", "devices", "precision",
                     "checkpoint_every", "log_every", "sweep_chunk", "dim", "encoder",
                     "num_users", "bank_size", "min_bank", "max_relevant", "signal",

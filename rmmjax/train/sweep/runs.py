@@ -1,5 +1,5 @@
 """A replay sweep whose configurations cannot share one compiled program (the query encoder, the
-cross reranker, learner=both, or a grid over keys that change shapes: k, epochs, candidates):
+cross reranker, two stages, or a grid over keys that change shapes: k, epochs, candidates):
 every configuration x fold is a training run of its own (`train --set folds=N --set fold=I`, in
 `runs/<configuration>/fold_<I>`), measured by `eval` on the conversations its fold holds out,
 one after another. A run killed midway resumes from its checkpoints; a finished run's held-out
@@ -154,7 +154,7 @@ def _evaluate(cfg: Config, model: Path | None) -> list[dict]:
 
 
 def _share_stage(cfg: Config, where: Path, others: list[Path]) -> None:
-  """A run's query encoder stage (learner=both), copied from another configuration's run of the
+  """A run's query encoder stage (two stages), copied from another configuration's run of the
   same fold whose stage is the same run, finished (a grid over the cross reranker's keys then
   trains one stage per fold, not one per configuration); the run resumes it as finished, with
   the outputs it would have trained to (training is deterministic)."""

@@ -141,7 +141,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
       gain_SxQ = row.pop("prequential_per_seed_question") - row["per_seed_question"]
       row["online_vs_frozen"] = paired_interval(gain_SxQ, conversations, folds_Q)
       row["online_vs_frozen_by_part"] = by_part(gain_SxQ, conversations, categories, folds_Q)
-  result = {"config": cfg.config, "learner": cfg.learner, "variant": cfg.variant,
+  result = {"config": cfg.config, "learner": cfg.learner,
             "steps": cfg.steps, "grid": grid, "seeds": seeds, "folds": len(folds),
             "made_by": made_by or {}, "base_config": cfg.resolved().values(),
             "data": str(Path(cfg.data).resolve()), "data_sha256": data_sha256,
@@ -203,11 +203,9 @@ def table(cfg, result, rows, m) -> list[str]:
   online = "online_vs_frozen" in rows[0]
   ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
              if "recall_at_k" in result else "")
-  # (the variant names the reranker's model: a query encoder has none)
-  variant = "" if cfg.learning is cfg.encoder_tuning else f", variant={cfg.variant}"
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
-           f"{cfg.learner}{variant}, {_schedule(cfg, result['grid'])}. "
+           f"{cfg.learner}, {_schedule(cfg, result['grid'])}. "
            f"Recall@{m} of the base order {result['recall_at_m_base']:.3f}{ceiling}. Intervals: "
            f"95% paired bootstrap, {_resampled(rows[0]['vs_base'].over, result)}; the best row "
            "is chosen on these same folds."
