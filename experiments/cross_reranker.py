@@ -5,19 +5,19 @@ On each fold the training conversations are written to a file of their own, and 
 setting a row names pinned below (so that a default changing later cannot change what a row
 means):
 
-- `train --set variant=cross --set learner=reranker --set pretrain_epochs=1 --set steps=0
+- `train --set learner=cross --set pretrain_epochs=1 --set steps=0
   --set holdout=0` pretrains the cross reranker over the base hybrid's 20 candidates;
 - a copy of that workdir extended to 60 steps learns online by REINFORCE from simulated
   citations;
-- `train --set variant=cross --set learner=both --set pretrain_epochs=2` is `variant=cross`'s
+- `train --set learner=query_encoder,cross --set pretrain_epochs=2` is the cross reranker's
   recipe at K = 20 over the questions alone (the defaults of then: K = 50 and the
   observations since, experiments/sweep_cross.py): the locomo config's query encoder tuned
   first (its stage's settings are checked
   below), then the cross reranker pretrained for 2 epochs over the tuned hybrid's candidates;
 - the same cross reranker pretrained for 1 epoch over that run's tuned encoder
-  (`learner=reranker --set query_encoder=W/query_encoder`, what learner=both does with 1 epoch);
-- the paper's linear reranker over the hybrid's candidates (`variant=linear
-  learner=reranker retriever=hybrid`, the locomo config's settings, pinned);
+  (`learner=cross --set query_encoder=W/query_encoder`, what the two stages do with 1 epoch);
+- the paper's linear reranker over the hybrid's candidates (`learner=linear
+  retriever=hybrid`, the locomo config's settings, pinned);
 
 and every model is evaluated as `rmmjax eval --units turn --reranker W` does, on the held-out
 conversations only (the evaluation leaves out what a model trained on). BM25 and hybrid are the
@@ -91,7 +91,7 @@ RUNS = {
     "both": CROSS + ["learner=query_encoder,cross", "pretrain_epochs=2", "steps=0"],
     "tuned1": CROSS + ["learner=cross", "pretrain_epochs=1", "steps=0"],  # + query_encoder
 }
-# learner=both trains its query encoder as the locomo config's learner=query_encoder run; the
+# The two stages train their query encoder as the locomo config's learner=query_encoder run; the
 # stage's settings are read back from its config.json and must be these.
 ENCODER_STAGE = {"learner": "query_encoder", "retriever": "hybrid", "k": 20,
                  "encoder_tuning.tune": "query", "encoder_tuning.pretrain_epochs": 2,
@@ -333,8 +333,8 @@ def write(saved: dict) -> None:
               "- both's query-encoder stage was checked to have trained with "
               + json.dumps(saved["encoder_stage"])]
   if "defaults" in saved:  # (a run made before every row's settings were recorded)
-    lines += ["", f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}; "
-              "the learner=both rows set learner=both over the variant's other defaults then: "
+    lines += ["", f"Defaults of the cross reranker when this ran: {json.dumps(saved['defaults'])}; "
+              "the two-stage rows set two stages over its other defaults then: "
               + json.dumps(saved["tuned_defaults"])]
   lines += ["", "Chosen on these folds: the 2 pretraining epochs (against 1), so that row is "
             "optimistic; the other cross settings were set before them."]

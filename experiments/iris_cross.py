@@ -3,11 +3,11 @@ conversation), each model trained by the command a user runs.
 
 On each fold the training conversations are written to a file of their own, and
 
-- `rmmjax train --config locomo --set variant=cross --set units=lace --set iris=wide
+- `rmmjax train --config locomo --set learner=cross --set units=lace --set iris=wide
   --set holdout=0 --set pretrain_epochs=1 --set steps=0` pretrains the cross reranker for one
   epoch on the logged IRIS episodes of the training conversations (their first K = 20 facts of
   the wide gathering, the question read with each fact's text; pretraining alone);
-- `--set variant=linear --set learner=reranker --set units=lace --set iris=wide --set k=20`
+- `--set learner=linear --set units=lace --set iris=wide --set k=20`
   trains the paper's reranker on the same episodes (10 pretraining epochs, then 600 online
   steps from simulated citations);
 
@@ -179,7 +179,7 @@ def write(saved: dict) -> None:
   lines += ["", "Time per fold: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                saved["timing"].items()),
             ""] + (
-      [f"Defaults of variant=cross when this ran: {json.dumps(saved['defaults'])}"]
+      [f"Defaults of the cross reranker when this ran: {json.dumps(saved['defaults'])}"]
       if "defaults" in saved else
       ["Every run's settings (`--set` overrides of the locomo config, with "
        "data=FOLD/train.json):", ""] + [f"- {name}: {' '.join(overrides)}"

@@ -9,8 +9,8 @@ Per fold the query encoder is pretrained on the training conversations' labelled
 - the reranker over hybrid candidates (pretraining + online RL, the locomo config);
 - the tuned query encoder, tune=query (questions only) and tune=both (the bank re-embedded
   with it), retrieving alone (dense) and fused with BM25 (hybrid);
-- learner=both: the reranker trained on the tuned encoder's hybrid candidates (tune=query),
-  held-out conversations replayed prequentially.
+- learner=query_encoder,linear: the reranker trained on the tuned encoder's hybrid candidates
+  (tune=query), held-out conversations replayed prequentially.
 One seed; results pooled over the held-out questions of all folds. The ceiling (recall of all K
 candidates of the base hybrid retriever, and of the tuned one) is reported beside each K.
 
@@ -52,8 +52,8 @@ ENCODER = "query encoder, tune={}"
 def run_configs(cfg, k: int, m: int) -> dict:
   """{row: the Config of the run it evaluates} at K = k, M = m (every fold's alike): the
   reranker, the query encoder (one training; tune=query and tune=both are two ways to retrieve
-  with it, each its own configuration) and learner=both, all over hybrid candidates. The query
-  encoder is trained at the config's M (5) at either K, as tune_encoder does; learner=both's
+  with it, each its own configuration) and the two stages, all over hybrid candidates. The query
+  encoder is trained at the config's M (5) at either K, as tune_encoder does; the two stages'
   encoder stage is that same encoder, which a Config cannot say (one M for both stages: the
   reranker's)."""
   encoder = {"learner": "query_encoder", "retriever": "hybrid", "k": k}
@@ -61,8 +61,8 @@ def run_configs(cfg, k: int, m: int) -> dict:
                                       "m": m}),
           **{ENCODER.format(tune): with_values(cfg, encoder | {"encoder_tuning.tune": tune})
              for tune in ("query", "both")},
-          BOTH: with_values(cfg, {"learner": "query_encoder,linear", "retriever": "hybrid", "k": k, "m": m,
-                                  "encoder_tuning.tune": "query"})}
+          BOTH: with_values(cfg, {"learner": "query_encoder,linear", "retriever": "hybrid",
+                                  "k": k, "m": m, "encoder_tuning.tune": "query"})}
 
 
 def configs(argv: list[str]) -> dict:

@@ -4,7 +4,7 @@ question by question with that script's row of the same recipe unchanged. Each r
 query encoder stage, pretrains the cross reranker and is measured by `eval` on its held-out
 fold.
 
-Every setting is pinned below (`variant=cross`'s recipe before these arms, at K = 20 over the
+Every setting is pinned below (the cross reranker's recipe before these arms, at K = 20 over the
 questions alone: the locomo config's query encoder
 tuned first, then the cross reranker pretrained for 2 epochs over 8 of each question's K
 candidates, its relevant ones first and the others drawn at random from the rest of the K).
@@ -56,7 +56,7 @@ The arms:
   flat prior): whether its multi-hop gain at K = 20 holds where the defaults stand (over an
   hour a run).
 
-The k50-observations-prior0 arm's settings are `variant=cross`'s defaults since (over turns;
+The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
 
 No best/ (--no-best): no row is chosen. A workdir already holding the same sweep is reused

@@ -4,7 +4,7 @@ run of its own per configuration and fold (the encoder's shapes are not shared),
 by `eval --query-encoder` on its held-out fold.
 
 Every other setting is pinned below (the locomo config's `learner=query_encoder` run, which is
-also the first stage of `variant=cross`). The grid asks two things: whether the 600 online
+also the first stage of `--config locomo_cross`). The grid asks two things: whether the 600 online
 REINFORCE steps from simulated citations after the supervised pretraining add anything
 (`encoder_tuning.steps=0` is pretraining alone), and whether a larger pretraining rate does
 better than the one set by the earlier ablation's exploratory runs. The row of the present
