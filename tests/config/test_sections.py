@@ -64,6 +64,7 @@ def test_no_learner_rewrites_another_s_defaults():
     (["max_length=64"], r"'max_length' for this run \(config=locomo, learner=query_encoder\): "
                         "it belongs to the cross section"),
     (["learner=linear", "cross.lr=1e-5"], "has no cross section; its sections: reranker"),
+    (["variant=cross"], "'variant': name the reranker family as the learner .learner=cross"),
     (["learner=linear", "tune=both"], "belongs to the encoder_tuning section"),
     (["learner=query_encoder,cross", "cross_max_length=64"],
      r"unknown config key 'cross_max_length' \(did you mean 'cross.max_length'\?\)"),
