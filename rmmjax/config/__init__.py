@@ -215,12 +215,12 @@ class Config:
       changed += [f"{self.learning.NAME}.{name}={getattr(self.learning, name)!r}"
                   for name in ("pretrain_epochs", "pretrain_lr", "pretrain_tau")
                   if getattr(self.learning, name) != getattr(reranker, name)]
+      # (the simulator trains a reranker family alone)
+      changed += [f"learner={self.learner!r}"] * (
+          sections.reranker_family(self.learner) != self.learner)
       if changed:
         raise ValueError(f"{', '.join(changed)}: these keys configure the replay of a dataset "
                          "(--config locomo); the latent simulator does not use them")
-      if sections.reranker_family(self.learner) != self.learner:
-        raise ValueError(f"learner={self.learner}: trains on a replayed dataset (--config "
-                         "locomo); the latent simulator trains a reranker family alone")
       if spec.k > sim.bank_size:
         raise ValueError(f"k={spec.k} > bank_size={sim.bank_size}: a bank cannot supply k "
                          "candidates")

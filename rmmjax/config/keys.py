@@ -52,11 +52,11 @@ def _locate(cfg, key: str) -> tuple[str | None, str]:
                      f"the {' and '.join(owners)} section{'s' if len(owners) > 1 else ''}; this "
                      f"run's sections: {', '.join(cfg.section_names())}")
   known = sorted(set(cfg.values()) | {k.split(".")[1] for k in cfg.values() if "." in k})
-  if key == "variant":  # (the key of earlier versions: the one learner key names a family)
-    raise ValueError("unknown config key 'variant': name the reranker family as the learner "
-                     "(learner=cross, or learner=query_encoder,cross over a tuned query encoder)")
-  raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, known)}; known keys: "
-                   f"{', '.join(known)}")
+  # (variant, the key of earlier versions: the one learner key names a family)
+  hint = (": name the reranker family as the learner (learner=cross, or "
+          "learner=query_encoder,cross over a tuned query encoder)" if key == "variant" else
+          f"{_did_you_mean(key, known)}; known keys: {', '.join(known)}")
+  raise ValueError(f"unknown config key {key!r}{hint}")
 
 
 def _did_you_mean(name: str, known, prefix: str = "") -> str:
