@@ -85,14 +85,14 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   assert not np.allclose(ours, SentenceEncoder().encode(texts), atol=1e-3)  # really tuned
 
 
-@pytest.mark.parametrize("learner", ["query_encoder", "reranker"])
+@pytest.mark.parametrize("learner", ["query_encoder", "linear"])
 def test_pretraining_alone_is_a_run_whose_model_is_its_step_0(three, tmp_path, learner,
                                                               request):
   # steps=0: the pretrained model is the run's one checkpoint, which eval reads and measures
   # as the run's own held-out summary did.
   wd = tmp_path / learner
   small = [s if not s.startswith("steps=") else "steps=0" for s in SMALL]
-  small = [s.replace("encoder_tuning.", "reranker." if learner == "reranker" else
+  small = [s.replace("encoder_tuning.", "reranker." if learner == "linear" else
                      "encoder_tuning.") for s in small]
   assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
                *_sets(f"data={three}", f"learner={learner}", *small)]) == 0
@@ -176,7 +176,7 @@ def test_both_trains_the_encoder_then_a_reranker_on_its_candidates(three, tmp_pa
   assert main(["train", "--config", "locomo", "--workdir", str(wd / "query_encoder"), "--quiet",
                *_sets(f"data={three}", "learner=query_encoder", *SMALL,
                       "encoder_tuning.steps=20")]) == 2
-  assert "is the first stage of the learner=both run in" in capsys.readouterr().err
+  assert "is the first stage of the learner=query_encoder,linear run in" in capsys.readouterr().err
   assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
@@ -206,7 +206,7 @@ def test_a_model_built_on_a_tuned_encoder_carries_what_the_encoder_trained_on(
   assert [a["source"] for a in record["ancestors"]] == [str(encoder_run.resolve())]
   assert {e["id"] for e in record["trained_conversations"]} == {"syn-1", "syn-2"}
   # Holding out a conversation the encoder trained on would report in-sample numbers.
-  for learner, units in (("reranker", "turn"), ("iris", "lace")):
+  for learner, units in (("linear", "turn"), ("iris", "lace")):
     bad = tmp_path / f"bad-{learner}"
     assert main(["train", "--config", "locomo", "--workdir", str(bad), "--quiet",
                  *_sets(f"data={three}", f"learner={learner}", f"units={units}", "dim=32",
