@@ -175,12 +175,19 @@ def test_a_coordinator_nothing_listens_at_is_refused_within_the_timeout(tmp_path
 LATENT = ["train", "--config", "latent", "--set", "checkpoint_every=50"]
 
 
+def _here(args: list[str], workdir: Path) -> None:
+  """A run on one device, in this process (which sees one): the two below need no process of
+  their own, and the second runs the programs the first compiled."""
+  from rmmjax.cli import main  # noqa: PLC0415
+  assert main([*args, "--workdir", str(workdir), "--quiet"]) == 0
+
+
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory) -> Path:
   """The latent run of 100 steps on one device, uninterrupted: what the resumed runs below
   must end as."""
   workdir = tmp_path_factory.mktemp("latent") / "one"
-  _one([*LATENT, "--set", "steps=100", "--set", "devices=1"], workdir)
+  _here([*LATENT, "--set", "steps=100", "--set", "devices=1"], workdir)
   return workdir
 
 
@@ -188,7 +195,7 @@ def one_device_run(tmp_path_factory) -> Path:
 def half_run(tmp_path_factory) -> Path:
   """The same run stopped at step 50 (its checkpoint); tests copy it before resuming it."""
   workdir = tmp_path_factory.mktemp("latent") / "half"
-  _one([*LATENT, "--set", "steps=50", "--set", "devices=1"], workdir)
+  _here([*LATENT, "--set", "steps=50", "--set", "devices=1"], workdir)
   return workdir
 
 
