@@ -59,6 +59,13 @@ LONGEST_FIRST = [f"tests/{name}.py" for name in (
     "learners/test_iris_cross", "cli/test_chat_cli", "cli/test_cli", "train/test_workdir")]
 
 
+def pytest_configure(config):
+  # xdist 3.6 and later hand out the files with the most tests first unless told not to, which
+  # would undo the order above.
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
 def pytest_unconfigure(config):
   shutil.rmtree(COMPILED, ignore_errors=True)
 
