@@ -28,11 +28,47 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on every platform, so the parity tests (fast = naive scorer, export =
 # JAX, encoder = sentence-transformers) mean the same on an accelerator as on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def _entries_written_whole() -> bool:
+  """Makes JAX write each entry of its cache of compiled programs under a name of its own and
+  rename it into place, so that another process never reads one half written (JAX writes in
+  place). False where this JAX's cache is not the one this knows: its processes then keep a
+  cache each."""
+  try:
+    from jax._src import lru_cache  # noqa: PLC0415
+    cache, suffix, put = lru_cache.LRUCache, lru_cache._CACHE_SUFFIX, lru_cache.LRUCache.put
+  except (ImportError, AttributeError):
+    return False
+  if getattr(put, "writes_whole", False):
+    return True
+
+  def put_whole(self, key, value):
+    if not key or getattr(self, "eviction_enabled", True):  # (a bounded cache locks its writes)
+      return put(self, key, value)
+    path = self.path / f"{key}{suffix}"
+    if not path.exists():
+      part = self.path / f".{key}.{os.getpid()}.part"
+      part.write_bytes(value)
+      os.replace(part, path)
+
+  put_whole.writes_whole = True
+  cache.put = put_whole
+  return True
+
+
 # The suite trains many tiny runs of the same shapes, and each run compiles its programs anew:
-# a process of the suite keeps what it compiled in a cache of its own, removed when it ends. Not
-# shared between processes (set here, not in the environment the processes a test starts
-# inherit): two processes writing one entry at once could leave it torn.
-COMPILED = tempfile.mkdtemp(prefix="rmmjax-tests-compiled-")
+# the processes of one run of the suite (pytest's, and xdist's workers, which inherit the cache's
+# name from it) share one cache of what they compiled, removed by the process that made it when
+# it ends, so that a file's tests load the programs another worker compiled for another file.
+# Its entries are written whole (above): two processes writing one entry at once cannot leave
+# it torn. Not for the processes a test starts (set here, not in the environment JAX reads):
+# they would write their entries in place.
+COMPILED, OWN_CACHE = os.environ.get("RMMJAX_TESTS_COMPILED", ""), False
+if not (COMPILED and os.path.isdir(COMPILED) and _entries_written_whole()):
+  COMPILED, OWN_CACHE = tempfile.mkdtemp(prefix="rmmjax-tests-compiled-"), True
+  if _entries_written_whole():
+    os.environ["RMMJAX_TESTS_COMPILED"] = COMPILED
 jax.config.update("jax_compilation_cache_dir", COMPILED)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
@@ -67,7 +103,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-  shutil.rmtree(COMPILED, ignore_errors=True)
+  if OWN_CACHE:
+    shutil.rmtree(COMPILED, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
