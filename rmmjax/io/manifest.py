@@ -10,7 +10,9 @@ from pathlib import Path
 
 RUN_FILE = "rmmjax.json"  # the manifest
 RECORD_FILE = "record.json"  # what a training workdir's reranker was trained on
-FORMAT = 1  # of the files a workdir or an export holds; a folder of another format is refused
+# Of the files a workdir or an export holds; a folder of another format is refused. 2: the one
+# learner key (a config.json of format 1 names the reranker's family as `variant`).
+FORMAT = 2
 KINDS = ("train", "sweep", "export")
 # Files only a workdir holds (a Hugging Face export has a config.json of its own): beside them
 # and no manifest, the folder was written by an earlier rmmjax.

@@ -33,9 +33,9 @@ def _export(folder, **manifest):
 
 @pytest.mark.parametrize("learner", sorted(FLAGS))
 def test_an_export_of_another_format_is_refused_naming_it(three, tmp_path, capsys, learner):
-  folder = _export(tmp_path / "exported", format=2, learner=learner)
+  folder = _export(tmp_path / "exported", format=1, learner=learner)
   err = _refused(capsys, "eval", "--data", str(three), "--quiet", *FLAGS[learner], str(folder))
-  assert f"{folder} was written in rmmjax's format 2; this rmmjax reads format 1; export " in err
+  assert f"{folder} was written in rmmjax's format 1; this rmmjax reads format 2; export " in err
   assert "export its training workdir again" in _refused(
       capsys, "export", "--workdir", str(folder), "--out", str(tmp_path / "again"))
   assert not (tmp_path / "again").exists()
@@ -51,7 +51,7 @@ def test_a_folder_without_a_manifest_is_refused(three, tmp_path, capsys):
   for flags in (FLAGS["reranker"], FLAGS["iris"]):
     err = _refused(capsys, "eval", "--data", str(three), "--quiet", *flags, str(earlier))
     assert (f"{earlier} holds no rmmjax.json: written by an earlier rmmjax (format 0; this one "
-            "reads format 1)") in err
+            "reads format 2)") in err
   # An unfinished learner=both run: its first stage holds the only manifest yet.
   stopped = tmp_path / "stopped"
   (stopped / "query_encoder").mkdir(parents=True)
@@ -61,12 +61,12 @@ def test_a_folder_without_a_manifest_is_refused(three, tmp_path, capsys):
 
 
 def test_the_manifest_names_the_kind(tmp_path):
-  for learner, kind in (("reranker", "reranker export"), ("both", "both export"),
+  for learner, kind in (("cross", "reranker export"), ("query_encoder,cross", "both export"),
                         ("query_encoder", "query encoder export"), ("iris", "iris export")):
-    assert model_kind(_export(tmp_path / learner, format=1, learner=learner)) == kind
+    assert model_kind(_export(tmp_path / learner, format=2, learner=learner)) == kind
   (tmp_path / "run").mkdir()
   (tmp_path / "run" / "rmmjax.json").write_text(json.dumps(
-      {"format": 1, "kind": "train", "learner": "query_encoder", "stages": ["encoder_tuning"]}))
+      {"format": 2, "kind": "train", "learner": "query_encoder", "stages": ["encoder_tuning"]}))
   assert model_kind(tmp_path / "run") == "query encoder"
   (tmp_path / "empty").mkdir()
   assert model_kind(tmp_path / "empty") == "empty"

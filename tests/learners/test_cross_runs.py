@@ -489,7 +489,7 @@ def test_misplaced_models_are_named_with_what_to_do(cross_run, three, tmp_path, 
   root = tmp_path / "both_export"
   shutil.copytree(served, root / "reranker")
   (root / "query_encoder").mkdir()
-  (root / "rmmjax.json").write_text(json.dumps({"format": 1, "kind": "export",
+  (root / "rmmjax.json").write_text(json.dumps({"format": 2, "kind": "export",
                                                 "learner": "query_encoder,cross"}))
   assert f"--reranker {root}/reranker" in refused(*evaluate, str(root))
   (tmp_path / "empty").mkdir()

@@ -65,7 +65,7 @@ def test_eval_and_export_reproduce_the_held_out_numbers(three, encoder_run, tmp_
   # Its manifest says what it is, what it trained on and the run's config.
   manifest = json.loads((export / "rmmjax.json").read_text())
   assert {k: manifest[k] for k in ("format", "kind", "learner", "stages")} == {
-      "format": 1, "kind": "export", "learner": "query_encoder", "stages": ["encoder_tuning"]}
+      "format": 2, "kind": "export", "learner": "query_encoder", "stages": ["encoder_tuning"]}
   assert manifest["record"] == json.loads((encoder_run / "record.json").read_text())
   assert manifest["config"] == json.loads((encoder_run / "config.json").read_text())
   assert main([*args, "--encoder", str(export), "--out", str(out)]) == 0

@@ -483,7 +483,7 @@ def test_a_workdir_says_what_it_holds_and_one_without_its_manifest_is_refused(tm
   wd = tmp_path / "run"
   assert _train(wd, 30) == 0
   manifest = json.loads((wd / "rmmjax.json").read_text())
-  assert manifest == {"format": 1, "kind": "train", "learner": "linear",
+  assert manifest == {"format": 2, "kind": "train", "learner": "linear",
                       "stages": ["reranker"]}
   out = tmp_path / "x.safetensors"
   # An earlier rmmjax's workdir (run.json, no manifest): refused in one line, nothing guessed.
@@ -493,9 +493,9 @@ def test_a_workdir_says_what_it_holds_and_one_without_its_manifest_is_refused(tm
                                                            for a in ("--set", item)]],
                ["export", "--workdir", str(wd), "--out", str(out)]):
     assert main(argv) == 2
-    assert "no rmmjax.json: written by an earlier rmmjax (format 0; this one reads format 1)" in (
+    assert "no rmmjax.json: written by an earlier rmmjax (format 0; this one reads format 2)" in (
         capsys.readouterr().err)
-  (wd / "rmmjax.json").write_text(json.dumps(manifest | {"format": 2}))
+  (wd / "rmmjax.json").write_text(json.dumps(manifest | {"format": 1}))
   assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 2
-  assert "was written in rmmjax's format 2; this rmmjax reads format 1" in capsys.readouterr().err
+  assert "was written in rmmjax's format 1; this rmmjax reads format 2" in capsys.readouterr().err
   assert not out.exists()
