@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.optimize import linear_sum_assignment
 from safetensors.numpy import load_file
 
 import synthetic_locomo
@@ -82,22 +83,23 @@ ENTRY_NOISE = 2e-5
 
 
 def _same_tensors(found, pinned, tol: float) -> bool:
-  """Whether each pinned tensor has one found tensor of its size whose sum and sum of squares
-  are within tol (relative to the size of its entries) beside what an independent ENTRY_NOISE
-  on every entry moves them by (three of its standard deviations). Matched by value, not by
-  place in the sorted list, where two tensors of one size and nearly equal sums can swap."""
-  left = [list(map(float, row)) for row in pinned]
-  for size, total, squares in found:
-    def close(row, size=size, total=total, squares=squares):
-      return (row[0] == size
-              and abs(squares - row[2]) <= tol * row[2] + 6 * ENTRY_NOISE * np.sqrt(row[2])
-              and abs(total - row[1]) <= tol * np.sqrt(row[0] * row[2])
-              + 3 * ENTRY_NOISE * np.sqrt(size))
-    match = next((i for i, row in enumerate(left) if close(row)), None)
-    if match is None:
-      return False
-    left.pop(match)
-  return not left
+  """Whether the found tensors pair one to one with the pinned ones, each pair of one size with
+  sum and sum of squares within tol (relative to the size of its entries) beside what an
+  independent ENTRY_NOISE on every entry moves them by (three of its standard deviations).
+  Paired by value, not by place in the sorted list, where two tensors of one size and nearly
+  equal sums can swap, and as an assignment, not greedily: a zero tensor and one of rounding
+  noise are each close to both pinned ones, and a greedy pairing can leave the wrong pair."""
+  if len(found) != len(pinned):
+    return False
+  found, pinned = np.asarray(found, float), np.asarray(pinned, float)
+  size, total, squares = (found[:, None, i] for i in range(3))
+  close = ((size == pinned[:, 0])
+           & (abs(squares - pinned[:, 2]) <= tol * pinned[:, 2]
+              + 6 * ENTRY_NOISE * np.sqrt(pinned[:, 2]))
+           & (abs(total - pinned[:, 1]) <= tol * np.sqrt(pinned[:, 0] * pinned[:, 2])
+              + 3 * ENTRY_NOISE * np.sqrt(size)))
+  rows, cols = linear_sum_assignment(~close)
+  return bool(close[rows, cols].all())
 
 
 TIMED = ("latency", "_ms", "seconds")  # what the clock gives, not the code
@@ -157,3 +159,11 @@ def test_every_learner_computes_what_it_was_pinned_to(name, data, tmp_path):
       assert key in values[part], f"{name}: {part} no longer reports {key}"
       assert _close(values[part][key], value, part), f"{name}: {part} {key} {value} -> " \
                                                f"{values[part][key]}"
+
+
+def test_tensors_pair_as_an_assignment_and_a_moved_one_fails():
+  zero, noise, real = [32.0, 0.0, 0.0], [32.0, -5.2e-05, 2.3e-09], [32.0, 1.5, 4.0]
+  found_noise = [32.0, 2.6e-05, 1.2e-09]  # another CPU's rounding of the same noise tensor
+  assert _same_tensors([zero, found_noise, real], [noise, zero, real], 1e-5)
+  assert not _same_tensors([zero, found_noise, [32.0, 1.6, 4.0]], [noise, zero, real], 1e-5)
+  assert not _same_tensors([zero, real], [noise, zero, real], 1e-5)
