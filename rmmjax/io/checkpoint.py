@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-
 import sys
 from pathlib import Path
 
@@ -23,18 +23,11 @@ def _reason(err: Exception) -> str:
   return text if len(text) <= REASON_CHARS else text[:REASON_CHARS] + "..."
 
 
-_quiet_hook_installed = False
-
-
+@functools.cache  # (installed once)
 def _silence_closed_loop_noise() -> None:
-  """Drops the 'Event loop is closed' errors of reads still in flight when a restore failed.
-
-  They complete into the event loop Orbax has closed by then and would print tracebacks that say
-  nothing about the checkpoint; every other unraisable error still goes to the previous hook.
-  """
-  global _quiet_hook_installed
-  if _quiet_hook_installed:
-    return
+  """Drops the 'Event loop is closed' errors of reads still in flight when a restore failed:
+  they complete into the event loop Orbax has closed by then, and their tracebacks say nothing
+  about the checkpoint. Every other unraisable error still goes to the previous hook."""
   previous = sys.unraisablehook
 
   def hook(unraisable):
@@ -43,7 +36,6 @@ def _silence_closed_loop_noise() -> None:
       previous(unraisable)
 
   sys.unraisablehook = hook
-  _quiet_hook_installed = True
 
 
 def saved_steps(directory: Path) -> list[int]:
@@ -56,11 +48,8 @@ def saved_steps(directory: Path) -> list[int]:
 
 
 class Checkpointer:
-  """Saves and restores TrainStates under one directory, keeping the newest few.
-
-  Opening one creates nothing: the directory appears with the first save, and one opened with
-  read_only=True never writes (for export and evaluation).
-  """
+  """Saves and restores TrainStates under one directory, keeping the newest few. Opening one
+  creates nothing: the directory appears with the first save; read_only=True never writes."""
 
   def __init__(self, directory: Path, max_to_keep: int = 2, read_only: bool = False):
     self._directory = Path(directory).absolute()
@@ -105,11 +94,9 @@ class Checkpointer:
     return state
 
   def restore_latest(self, template: TrainState) -> tuple[int, TrainState | None, list[int]]:
-    """The newest checkpoint that reads back: (its step, the state, the newer steps skipped).
-
-    (0, None, []) when there is none; each skipped checkpoint is reported on stderr. When there
-    are checkpoints but none reads back, raises ValueError naming each and why.
-    """
+    """The newest checkpoint that reads back: (its step, the state, the newer steps skipped,
+    each reported on stderr); (0, None, []) when there is none. When none reads back, refuses
+    naming each and why."""
     failures = []
     for step in reversed(self.all_steps()):
       try:

@@ -1,7 +1,6 @@
-"""The manifest every workdir and export holds, rmmjax.json: what the folder is (its kind: a
-training run, a sweep or an export; for a run and an export, the learner and its stages) and
-the format it was written in (io/workdir.py writes it whole). A folder rmmjax wrote without
-one, or in another format, is refused in one line naming the format rather than guessed at."""
+"""The manifest every workdir and export holds, rmmjax.json: its kind (a training run, a sweep
+or an export; a run's and an export's learner and stages) and format. A folder without one, or
+of another format, is refused in one line naming the format rather than guessed at."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ EARLIER = ("run.json", "checkpoints", "sweep.json", "record.json")
 
 
 def read_json(path: Path, expected: str, where: str | None = None):
-  """The JSON value in path, or one line naming the file (as `where`), why it is not JSON and
-  what was `expected` of it."""
+  """The JSON value in path, or one line naming the file (as `where`) and why it is not JSON."""
   try:
     return json.loads(Path(path).read_text())
   except (UnicodeDecodeError, ValueError) as err:
@@ -29,9 +27,8 @@ def read_json(path: Path, expected: str, where: str | None = None):
 
 
 def read_run_record(folder: Path) -> dict | None:
-  """The manifest of a workdir or an export ({"format": ..., "kind": ..., ...}); None for a
-  folder without one (a fresh workdir). A folder that holds a run's files without one (written
-  by an earlier rmmjax), or one of another format, is refused naming the format."""
+  """The manifest of a workdir or an export; None for a folder without one (a fresh workdir).
+  A run's files without one (an earlier rmmjax's), or another format, is refused."""
   folder = Path(folder)
   if folder.exists() and not folder.is_dir():
     raise ValueError(f"workdir {folder} is a file; expected a directory (or a path to create)")
@@ -55,15 +52,13 @@ def read_run_record(folder: Path) -> dict | None:
 
 def another_version(where: str, written: str, reads: str, again: str,
                     error: type[ValueError] = ValueError) -> ValueError:
-  """The one-line refusal of a file or folder written in another format than this rmmjax reads
-  (there is no reader of older formats), naming both ("format 2", "schema version 3"); `again`
-  says what to do."""
+  """The one-line refusal of a file or folder of another format (none older is read), naming
+  both ("format 2", "schema version 3"); `again` says what to do."""
   return error(f"{where} was written in rmmjax's {written}; this rmmjax reads {reads}; {again}")
 
 
 def another_format(where: str, written, again: str) -> ValueError:
-  """another_version's refusal of a folder of another manifest format (0: written before
-  folders held a manifest)."""
+  """another_version's refusal of another manifest format (0: before folders held one)."""
   if written == 0:
     return ValueError(f"{where} no {RUN_FILE}: written by an earlier rmmjax (format 0; this one "
                       f"reads format {FORMAT}); {again}")
@@ -71,13 +66,11 @@ def another_format(where: str, written, again: str) -> ValueError:
 
 
 def stopped_in_first_stage(workdir: Path) -> FileNotFoundError | None:
-  """The refusal of a two-stage run that stopped in its first stage (its query encoder, a
-  workdir of its own inside it, holds the only files yet), for a caller that found none of the
-  run's own; None for any other folder."""
+  """The refusal of a two-stage run that stopped in its first stage (whose workdir inside it
+  holds the only files yet); None for any other folder."""
   stage = Path(workdir) / "query_encoder"
   if not (stage / "config.json").exists():
     return None
-  return FileNotFoundError(f"{workdir} is a two-stage run that stopped in its "
-                           "first stage "
-                           f"(its query encoder, in {stage}): run the same train command again "
-                           "to finish it")
+  return FileNotFoundError(f"{workdir} is a two-stage run that stopped in its first stage (its "
+                           f"query encoder, in {stage}): run the same train command again to "
+                           "finish it")

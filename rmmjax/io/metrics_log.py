@@ -44,20 +44,15 @@ def rewind(path: Path, upto_step: int, rows: list[dict] | None = None) -> list[d
 
 def append_rows(path: Path, rows: list[dict]) -> None:
   with open(path, "a") as f:
-    for row in rows:
-      f.write(json.dumps(row) + "\n")
+    f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def window_means(metrics_T: dict, start_step: int, log_every: int) -> list[dict]:
   """Per-step metrics -> one row per window of log_every steps, labelled by its last step."""
   num = len(next(iter(metrics_T.values())))
-  rows = []
-  for lo in range(0, num, log_every):
-    hi = min(lo + log_every, num)
-    row = {"step": start_step + hi}
-    row.update({k: float(np.mean(v[lo:hi])) for k, v in sorted(metrics_T.items())})
-    rows.append(row)
-  return rows
+  return [{"step": start_step + min(lo + log_every, num)}
+          | {k: float(np.mean(v[lo:lo + log_every])) for k, v in sorted(metrics_T.items())}
+          for lo in range(0, num, log_every)]
 
 
 def check_finite(metrics_T: dict, start_step: int) -> None:

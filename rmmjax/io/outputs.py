@@ -18,13 +18,6 @@ def can_create_in(directory: Path) -> bool:
     return False
 
 
-def _nearest_existing(path: Path) -> Path:
-  for parent in [path, *path.parents]:
-    if parent.exists():
-      return parent
-  return Path(".")
-
-
 def check_output_file(path: str | Path, flag: str) -> Path:
   """A file path that can be written: not a directory, under a writable directory."""
   return _check_output(Path(path), flag, directory=False)
@@ -39,7 +32,8 @@ def _check_output(path: Path, flag: str, directory: bool) -> Path:
   if path.exists() and path.is_dir() != directory:
     raise ValueError(f"{flag} {path} is a {'file' if directory else 'directory'}; expected a "
                      f"{'directory' if directory else 'file name'}")
-  base = _nearest_existing(path if directory else path.parent)
+  start = path if directory else path.parent
+  base = next((p for p in [start, *start.parents] if p.exists()), Path("."))
   if not base.is_dir():
     raise ValueError(f"{flag} {path}: {base} is a file, so no directory can be made there")
   if not os.access(base, os.W_OK | os.X_OK) or not can_create_in(base):

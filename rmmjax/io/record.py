@@ -1,9 +1,6 @@
-"""What a trained reranker fits: the record written with every replay run and every export.
-
-Evaluation reads it to refuse a reranker on data it does not fit (other units, base retriever,
-encoder or K) and to leave out every conversation the reranker trained on, recognised by its id
-or by the fingerprint of its turns, whatever the file it comes in.
-"""
+"""What a trained model fits: the record written with every run and export. Evaluation reads it
+to refuse a model on data it does not fit (other units, base retriever, encoder or K) and to
+leave out every conversation it trained on, by id or by the fingerprint of its turns."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ def replay_record(cfg, data: Path, encoder, train_convs, heldout_convs) -> dict:
 
 def with_ancestors(record: dict, ancestors: list[tuple[str, dict]]) -> dict:
   """The record of a model built from others (`ancestors`: (source, record) of a tuned query
-  encoder that gives its candidates or starts its anchor): its trained_conversations gain every
-  conversation they trained on, so no evaluation through it sees one as held out, and the
-  ancestors are listed. Refuses a record whose held-out conversations an ancestor trained on."""
+  encoder that gives its candidates or starts its anchor): it lists them, and its
+  trained_conversations gain theirs. Refuses one whose held-out conversations they trained on."""
   leaked = [(e["id"], source) for e in record.get("heldout_conversations", [])
             for source, anc in ancestors if trained_on(anc, e["id"], e["fingerprint"])]
   if leaked:
@@ -59,11 +55,10 @@ def with_ancestors(record: dict, ancestors: list[tuple[str, dict]]) -> dict:
                      "did not train on them")
   entries = list(record["trained_conversations"])
   seen = {(e["id"], e["fingerprint"]) for e in entries}
-  for _, anc in ancestors:
-    for e in anc.get("trained_conversations", []):
-      if (e["id"], e["fingerprint"]) not in seen:
-        seen.add((e["id"], e["fingerprint"]))
-        entries.append(e)
+  for e in (e for _, anc in ancestors for e in anc.get("trained_conversations", [])):
+    if (e["id"], e["fingerprint"]) not in seen:
+      seen.add((e["id"], e["fingerprint"]))
+      entries.append(e)
   return record | {"trained_conversations": entries, "ancestors": [
       {"source": source, "trained_conversations": anc.get("trained_conversations", [])}
       for source, anc in ancestors]}
@@ -84,16 +79,15 @@ def trained_on(record: dict, conversation_id: str, fingerprint: str) -> bool:
 
 def mismatches(record: dict, wanted: dict, used: str = "evaluated") -> list[str]:
   """The FIT_KEYS on which the settings of a use (an evaluation, the agent) differ from the
-  reranker's record."""
+  record's."""
   return [f"{key}: trained with {record.get(key)!r}, {used} with {wanted[key]!r}"
           for key in FIT_KEYS if key in wanted and record.get(key) != wanted[key]]
 
 
 def check_fit(source: str, record: dict, wanted: dict, allow_mismatch: bool, *,
               use: str = "this evaluation", used: str = "evaluated") -> list[str]:
-  """The mismatches between a model's training record and the settings it is used with;
-  refused unless allowed. Every consumer of a trained model (eval, the agent's chat and
-  recall) checks through here."""
+  """The mismatches between a model's record and the settings it is used with (eval, the
+  agent's chat and recall), refused unless allowed."""
   found = mismatches(record, wanted, used)
   if found and not allow_mismatch:
     raise ValueError(f"{source} does not fit {use} (" + "; ".join(found) + "): use it with the "

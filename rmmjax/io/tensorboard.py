@@ -8,22 +8,17 @@ from pathlib import Path
 from rmmjax.io.workdir import replace_dir
 
 
-def _summary_writer():
-  """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch when it
-  is installed (the parity extra installs it) only to accept torch tensors, and that import
-  costs seconds of every training run's start; rmmjax writes Python floats."""
-  if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter  # noqa: PLC0415
-    return SummaryWriter
-  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
-  try:
-    from tensorboardX import SummaryWriter  # noqa: PLC0415
-  finally:
+# tensorboardX is imported without PyTorch: it imports torch where installed (the parity extra
+# installs it) only to accept torch tensors, which costs seconds of every training run's start;
+# rmmjax writes Python floats. (`import torch` then raises ImportError, which it expects.)
+_block_torch = "torch" not in sys.modules
+if _block_torch:
+  sys.modules["torch"] = None
+try:
+  from tensorboardX import SummaryWriter  # noqa: E402
+finally:
+  if _block_torch:
     del sys.modules["torch"]
-  return SummaryWriter
-
-
-SummaryWriter = _summary_writer()
 
 # Event files are named by the second they were opened in, then by these suffixes: a file of
 # appended rows sorts after the rewritten one it continues even when both open in one second.
