@@ -36,9 +36,7 @@ def _positive(**flags) -> None:
 
 
 def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=None):
-  for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder)):
-    if path:
-      refuse_if_training(Path(path), flag)
+  refuse_if_training(("--reranker", args.reranker), ("--encoder", args.encoder))
   args.retriever = args.retriever or SETTINGS.retriever
   reranker = load_reranker(Path(args.reranker)) if args.reranker else None
   frozen = learner(reranker.spec.variant).served_frozen if reranker is not None else None
@@ -75,11 +73,9 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
     if frozen is not None and learn and not args.learn_cross:
       learn, served = False, True
     # Such a reranker learns at its own run's online rate and temperature unless told.
-    run = reranker.hparams if frozen is not None else None
-    extra = {"tau": args.tau if args.tau is not None else
-             (float(run.tau) if run is not None else SETTINGS.tau),
-             "lr": args.lr if args.lr is not None else
-             (float(run.lr) if run is not None else SETTINGS.lr)}
+    run = reranker.hparams if frozen is not None else SETTINGS
+    extra = {k: float(getattr(run, k)) if getattr(args, k) is None else getattr(args, k)
+             for k in ("tau", "lr")}
   settings = AgentSettings(retriever=args.retriever, k=args.candidates, m=m,
                            batch=getattr(args, "batch", SETTINGS.batch), learn=learn, **extra)
   agent = Agent(memory_bank, encoder, settings, llm=llm, workdir=workdir, reranker=reranker,

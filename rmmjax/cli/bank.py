@@ -1,11 +1,7 @@
 """`rmmjax ingest` and `rmmjax memory list|export|import|delete`: a dataset into a bank (with
-Prospective Reflection at each session's end), and a bank's users as whole units.
-
-An export holds everything the bank keeps of one user (sessions and turns, memories with their
-snippets and embeddings, the saved LaceMem), as plain JSON: import fills a new user with exactly
-that. Delete removes every row of the user and, for a plain bank, the embedding cache's vectors
-of every text the bank held of them.
-"""
+Prospective Reflection at each session's end), and a bank's users as whole units: an export is
+everything the bank keeps of one user as plain JSON; delete also forgets, for a plain bank, the
+embedding cache's vectors of their texts."""
 
 from __future__ import annotations
 
@@ -63,7 +59,6 @@ def cmd_ingest(args) -> None:
   if report.counts:
     print("repairs and drops while loading: " + "; ".join(
         f"{k}: {v}" for k, v in sorted(report.counts.items())))
-
 
 
 def _cmd_list(args) -> None:

@@ -25,10 +25,9 @@ MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measure
 
 
 def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
-  """The rules between eval's flags that argparse cannot express, in one place: the first one
-  broken is refused, naming the value and what was expected. Flags that would change nothing
-  are refused, not ignored: a ceiling asked for with --judge oracle must not quietly come back
-  as single-pass numbers."""
+  """The rules between eval's flags that argparse cannot express: the first one broken is
+  refused. Flags that would change nothing are refused, not ignored (a ceiling asked for with
+  --judge oracle must not quietly come back as single-pass numbers)."""
   lace = args.units == "lace"
   # Learned IRIS models given where another model is expected (with units lace --encoder
   # takes them for their anchor encoder).
@@ -78,8 +77,7 @@ def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
        "--encoder tunes dense search, which --retriever bm25 does not use: pass --retriever "
        "dense or hybrid"),
   )
-  broken = next((message for rule, message in rules if rule), None)
-  if broken:
+  if broken := next((message for rule, message in rules if rule), None):
     raise ValueError(broken)
 
 
@@ -88,10 +86,8 @@ def cmd_eval(args) -> None:
     ks = tuple(int(k) for k in args.k.split(","))
   except ValueError:
     raise ValueError(f"--k {args.k!r}: expected comma-separated integers such as 5,10") from None
-  for flag, path in (("--reranker", args.reranker), ("--encoder", args.encoder),
-                     ("--iris-model", args.iris_model)):
-    if path:
-      refuse_if_training(Path(path), flag)
+  refuse_if_training(("--reranker", args.reranker), ("--encoder", args.encoder),
+                     ("--iris-model", args.iris_model))
   # A reranker ranks the candidates of the retriever it trained over: that is the default.
   # (A model of another kind is refused by the evaluation, naming the flag that takes it.)
   trained_over = (reranker_record(Path(args.reranker)).get("retriever")

@@ -1,10 +1,6 @@
 """The `rmmjax` command line: flags -> config -> library call, one file per command group.
-
-Training (train, sweep, export) in training.py, evaluation in evaluation.py, the tools (embed,
-bench) in tools.py, the bank (ingest, memory) in bank.py, the agent (recall, chat, answer) in
-agent.py with its chat loop in chat_loop.py. JAX's multi-process runtime starts before any of
-them is imported: their imports touch JAX (bm25s runs a JAX op when imported).
-"""
+JAX's multi-process runtime starts before any of them is imported: their imports touch JAX
+(bm25s runs a JAX op when imported)."""
 
 from __future__ import annotations
 
@@ -66,11 +62,10 @@ _stopped = False  # whether a signal stopped the last main()
 
 
 def command() -> None:
-  """The `rmmjax` program: main(), then the process's end. After a Ctrl-C or SIGTERM (every
-  file closed and every checkpoint written by then, on the way out of main) the process leaves
-  at once: the interpreter's teardown could meet a computation XLA still had in flight and end
-  in a segmentation fault (a quarter of the stops of a training run, measured), which a
-  scheduler would read as a crash."""
+  """The `rmmjax` program: main(), then the process's end. After a Ctrl-C or SIGTERM (every file
+  closed and checkpoint written by then) it leaves at once: the interpreter's teardown could meet
+  a computation XLA still had in flight and end in a segmentation fault (a quarter of a training
+  run's stops, measured), which a scheduler would read as a crash."""
   code = main()
   if _stopped:
     _leave_now(code)

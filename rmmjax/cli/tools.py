@@ -16,6 +16,7 @@ from rmmjax.bench import scaling as bench_scaling
 from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.io.outputs import check_output_file
+from rmmjax.io.workdir import atomic_path
 
 NEEDS_DATA = {"cross": "pairs", "encode": "sentences"}  # what their LoCoMo file gives them
 
@@ -33,10 +34,8 @@ def cmd_embed(args) -> None:
   cache = None if args.no_cache else EmbeddingCache(args.cache or cache_path())
   encoder = SentenceEncoder(args.model, cache=cache)
   embeddings = encoder.encode(texts)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f".{out.name}.tmp.npy")
-  np.save(tmp, embeddings)
-  tmp.replace(out)
+  with atomic_path(out) as tmp, open(tmp, "wb") as f:
+    np.save(f, embeddings)
   print(f"wrote {out}: {embeddings.shape[0]} x {embeddings.shape[1]} ({encoder.identity})")
 
 

@@ -27,30 +27,18 @@ from rmmjax.train.sweep.latent import sweep
 from rmmjax.train.sweep.replay import replay_sweep
 
 TRAIN_HELP = """Named configs: latent (the latent simulator; no data needed), locomo (replay of a
-LoCoMo file: --set data=PATH) and locomo_cross (the same, training the query encoder then the
-cross reranker over K = 50). The shared keys are in rmmjax/config/__init__.py (class Config and
-CONFIGS); each learner's keys and defaults are its section, rmmjax/learners/NAME/config.py, set as
---set section.key=VALUE or by the key's name alone (the run's own learner first: under
-learner=query_encoder,cross, lr is the reranker's and encoder_tuning.lr the encoder's).
-docs/command-line.md describes the outputs. What learns, the learner key: query_encoder (locomo's
-default), a reranker family (linear, mlp, or cross: a cross-encoder reading each question beside
-a memory's text, by default its pretraining alone, steps=0, which any replayed reranker or query
-encoder can also ask for), iris, or query_encoder,FAMILY (the reranker over the candidates of a
-query encoder tuned first). Running the same command again resumes the workdir."""
-
+LoCoMo file: --set data=PATH) and locomo_cross (the query encoder, then the cross reranker over
+K = 50). The learner key names what learns: query_encoder (locomo's default), a reranker family
+(linear, mlp, cross), iris, or query_encoder,FAMILY (a reranker over the candidates of a query
+encoder tuned first). Running the same command again resumes the workdir; docs/command-line.md
+describes the keys and the outputs."""
 
 SWEEP_HELP = """A grid of sweepable keys x seeds. On the latent simulator: one vmapped program.
 On a replayed dataset (--config locomo): cross-validated over --folds contiguous folds of the
-conversations. The embedding rerankers (learner=linear or mlp) with a grid
-over rates run every configuration of a fold as one compiled program, with the time left
-printed after each fold; writes sweep.json, sweep.md, curves.png, tb/ and best/ (the best configuration trained
-on every conversation), and a killed sweep run again reruns only the folds it had not
-finished. Everything else (the query encoder, the cross reranker, two stages, or a grid over
-keys that change shapes: k, epochs, steps, candidates) trains one `train --set folds=N --set
-fold=I` run per configuration x fold in runs/, one after another, with the time left printed
-after each;
-writes sweep.json, sweep.md and best/, and a killed sweep run again reruns only the
-runs it had not finished. `train --set folds=N --set fold=I` trains one row's fold alone."""
+conversations, then the best configuration trained on every conversation into best/. A grid over
+the rates of learner=linear or mlp runs each fold as one compiled program; anything else trains
+one `train --set folds=N --set fold=I` run per configuration x fold, in runs/. A killed sweep run
+again reruns only what it had not finished (docs/command-line.md)."""
 
 
 def _config(args) -> Config:
@@ -79,12 +67,11 @@ def cmd_train(args) -> None:
              f"held-out: {', '.join(summary['heldout_conversations'])}")
     rows.append((f"recall@M of selected memories ({where})", summary["recall_at_m_base"],
                  summary["recall_at_m_final"]))
-  if "recall_at_m_prequential" in summary:
-    rows.append(("  learning online on the held-out conversations", summary["recall_at_m_base"],
-                 summary["recall_at_m_prequential"]))
-  if "recall_at_m_alone" in summary:  # units lace: "after" fuses the reranker's and IRIS's order
-    rows.append(("  the reranker's order alone (not fused with IRIS's)",
-                 summary["recall_at_m_base"], summary["recall_at_m_alone"]))
+  # (units lace: "after" fuses the reranker's and IRIS's order, and "alone" is the reranker's)
+  rows += [(name, summary["recall_at_m_base"], summary[key]) for key, name in (
+      ("recall_at_m_prequential", "  learning online on the held-out conversations"),
+      ("recall_at_m_alone", "  the reranker's order alone (not fused with IRIS's)"))
+           if key in summary]
   if "reward_first" in summary:  # (a cross reranker's steps=0 run pretrains only)
     rows += [("reward (first/last tenth of training)", summary["reward_first"],
               summary["reward_last"]),
@@ -101,20 +88,18 @@ def cmd_train(args) -> None:
   if "cross_observations" in summary:  # (a run that looks for them: say what it found)
     print(f"LoCoMo observations trained on beside the questions: "
           f"{summary['cross_observations']} (cross.observations={cfg.cross.observations}"
-          + ("; the training conversations hold none, or the file gives a conversation id "
-             "twice)"
-             if not summary["cross_observations"] else ")"))
+          + (")" if summary["cross_observations"] else "; the training conversations hold "
+             "none, or the file gives a conversation id twice)"))
   if rows:
     print(f"\n{'':58s}{'before':>10s}{'after':>10s}")
   for name, before, after in rows:
     print(f"{name:58s}{before:10.3f}{after:10.3f}")
   if "iris_recall_at_10" in summary:  # learner=iris: held-out Recall@10 over turns
     where = "validation" if summary.get("iris_validation") else "held-out"
-    for name, key in ((f"Recall@10 ({where}), single pass, base encoder", "single_pass_base"),
-                      (f"Recall@10 ({where}), single pass, tuned anchor", "single_pass_tuned")):
-      print(f"{name:58s}{summary['iris_recall_at_10_' + key]:10.3f}")
-    print(f"{f'Recall@10 ({where}), IRIS with the learned models':58s}"
-          f"{summary['iris_recall_at_10']:10.3f}")
+    for name, key in (("single pass, base encoder", "_single_pass_base"),
+                      ("single pass, tuned anchor", "_single_pass_tuned"),
+                      ("IRIS with the learned models", "")):
+      print(f"{f'Recall@10 ({where}), {name}':58s}{summary['iris_recall_at_10' + key]:10.3f}")
     if "iris_warning" in summary:
       print(f"WARNING: {summary['iris_warning']}")
   elif "recall_at_k" in summary:
@@ -229,7 +214,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_export(args) -> None:
-  refuse_if_training(Path(args.workdir), "--workdir")
+  refuse_if_training(("--workdir", args.workdir))
   kind = model_kind(Path(args.workdir))
   if kind in EXPORTS:
     what, use = KINDS[kind]
@@ -264,11 +249,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--config", default="latent", choices=sorted(CONFIGS),
                    help="named config (default: latent)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value (repeatable; a later one of the same key "
-                        "wins): a shared key, SECTION.KEY, or a section's key by its name "
-                        "alone; keys and defaults: rmmjax/config/__init__.py (shared) and "
-                        "each learner's rmmjax/learners/NAME/config.py (reranker, cross, "
-                        "encoder_tuning, iris_evidence, iris_models)")
+                   help="override a config value (repeatable; the last wins): a shared key "
+                        "(rmmjax/config/__init__.py), or a learner's as SECTION.KEY or by its "
+                        "name alone (rmmjax/learners/NAME/config.py; the run's learner first)")
     p.add_argument("--workdir", required=True, help="where outputs and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_process_flags(p)

@@ -1,10 +1,6 @@
-"""Experiment configuration: one frozen dataclass of shared keys and learners' sections, named
-configs, `key=value` overrides.
-
-Every default lives here or in a learner's section (rmmjax/learners/<name>/config.py, gathered
-by rmmjax.learners.sections). `Config` converts into the core's static `CoreSpec` and `SimSpec` and
-its sweepable `HParams`; `validate` builds all three so bad values fail before any compile.
-"""
+"""Experiment configuration: one frozen dataclass of shared keys and learners' sections (each
+learner's in rmmjax/learners/<name>/config.py), named configs, `key=value` overrides. `validate`
+builds the core's CoreSpec, SimSpec and HParams, so bad values fail before any compile."""
 
 from __future__ import annotations
 
@@ -17,6 +13,10 @@ import jax
 
 from rmmjax import core
 from rmmjax.config import checks, keys
+from rmmjax.config.choices import (EVALUABLE_DATASETS, MODES, P_IRR_DEFAULT, P_REL_DEFAULT,
+                                   PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS, UNITS)
+from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
+                                with_values)
 from rmmjax.learners import section as declared
 from rmmjax.learners import sections
 from rmmjax.learners.cross.config import Cross
@@ -24,16 +24,11 @@ from rmmjax.learners.embedding.config import Reranker
 from rmmjax.learners.iris.config import IrisEvidence, IrisModels
 from rmmjax.learners.query_encoder.config import EncoderTuning
 from rmmjax.learners.section import Learning, key
-from rmmjax.config.keys import (apply_overrides, get_value, parse_value, qualified,
-                                with_values)
 from rmmjax.retrieve.rankers import RETRIEVERS
-from rmmjax.config.choices import (EVALUABLE_DATASETS, MODES, P_IRR_DEFAULT,
-                                   P_REL_DEFAULT, PRECISIONS, REPLAY_KEYS, SWEEPABLE, TRAIN_UNITS,
-                                   UNITS)
 
-__all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "MODES", "PRECISIONS",
-           "REPLAY_KEYS", "SWEEPABLE", "TRAIN_UNITS", "UNITS", "apply_overrides",
-           "apply_precision", "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
+__all__ = ["CONFIGS", "Config", "EVALUABLE_DATASETS", "MODES", "PRECISIONS", "REPLAY_KEYS",
+           "SWEEPABLE", "TRAIN_UNITS", "UNITS", "apply_overrides", "apply_precision",
+           "effective_dtype", "encoder_stage", "from_json", "get_config", "get_value",
            "parse_value", "qualified", "sections", "with_values"]
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +38,9 @@ class Config:
   latent simulator with the paper's reranker and objective."""
 
   config: str = key("latent", choices=lambda: tuple(CONFIGS))
-  # What learns (rmmjax.learners.sections): a learner of rmmjax.learners.registry (a reranker
-  # family, which orders the base retriever's K candidates; the query encoder; IRIS's models),
-  # or query_encoder,FAMILY (the query encoder tuned first, then the reranker over the
-  # candidates it retrieves). A family registered there trains too.
+  # What learns: a learner of rmmjax.learners.registry (a reranker family, which orders the base
+  # retriever's K candidates; the query encoder; IRIS's models), or query_encoder,FAMILY (the
+  # query encoder tuned first, then the reranker over the candidates it retrieves).
   learner: str = "linear"
   # The reranker's selection.
   dim: int = 64
@@ -79,14 +73,11 @@ class Config:
   eval_sessions: int = key(512, low=1)  # held-out sessions of `batch` queries
   # Configurations per vmapped chunk; 0 = 2 on a CPU, all on accelerators.
   sweep_chunk: int = key(0, low=0)
-  # float32 matmul precision (jax_default_matmul_precision). "highest" computes in full float32
-  # everywhere, so results match the CPU and the parity claims hold on GPUs (whose default
-  # rounds float32 matmuls through TF32) and TPUs (bfloat16 passes); "default" is the
-  # accelerator's fastest.
+  # float32 matmul precision: "highest" computes in full float32, so results match the CPU on
+  # GPUs (whose default rounds through TF32) and TPUs (bfloat16 passes); "default" is fastest.
   precision: str = key("highest", choices=PRECISIONS)
-  # Data parallelism: the training batch is split over this many devices (0: every device of
-  # every process), parameters replicated; the compiler reduces the gradients. A resume may
-  # change it (the state is re-placed); metrics agree with one device to float tolerance.
+  # Data parallelism: the batch is split over this many devices (0: every device of every
+  # process). A resume may change it; metrics agree with one device to float tolerance.
   devices: int = key(0, low=0)
   encoder: str = "latent"  # the embedding space the reranker was trained in, for serving
   # Replay of a labelled dataset (configs other than latent).
@@ -95,12 +86,11 @@ class Config:
   # Memory granularity: turn, session, mixed, topic, or lace (IRIS's facts).
   units: str = key("turn", choices=TRAIN_UNITS)
   retriever: str = key("bm25", choices=RETRIEVERS)  # the base retriever giving K candidates
-  # The last conversations of the file, never trained on, for evaluation; 0 trains on every
-  # conversation (the right setting when the evaluation file is another one).
+  # The last conversations of the file, held out for evaluation; 0 trains on every one (the
+  # right setting when the evaluation file is another one).
   holdout: int = key(2, low=0)
-  # Or, with folds >= 2: the file's conversations in `folds` contiguous folds and fold `fold`
-  # held out (rmmjax.replay.candidates.folds, the split of `sweep --folds`, so one row of a
-  # sweep can be trained again on its own).
+  # Or, with folds >= 2: fold `fold` of `folds` contiguous folds held out (the split of
+  # `sweep --folds`, so one row of a sweep can be trained again on its own).
   folds: int = 0
   fold: int = 0
   # rl or pretrain+rl (see MODES; pretraining alone is steps=0: training runs learn online).
@@ -115,9 +105,8 @@ class Config:
   iris_models: IrisModels | None = None
 
   def __post_init__(self):
-    # Each section the run trains is filled in (the named config's, else the section's own
-    # defaults); the others are dropped, so a config derived for another learner (a stage of
-    # learner=query_encoder,FAMILY) never carries keys it does not use.
+    # Each section the run trains is filled in (the named config's, else its defaults); the
+    # others are dropped, so a config derived for another learner never carries unused keys.
     named = NAMED_SECTIONS.get(self.config, {})
     present = self.section_names()
     for name, kind in sections.SECTIONS.items():
@@ -129,8 +118,7 @@ class Config:
       object.__setattr__(self, name, value)
 
   def section_names(self) -> tuple[str, ...]:
-    """The sections of this run, in the order it trains them (the last is the learner whose
-    online steps the training loop runs)."""
+    """The sections of this run, in the order it trains them (the last takes the online steps)."""
     return sections.section_names(self.learner, self.units, self.config == "latent")
 
   @property
@@ -140,8 +128,7 @@ class Config:
 
   @property
   def variant(self) -> str:
-    """The reranker family this run trains (its core spec's model), linear where it trains
-    none."""
+    """The reranker family this run trains (its core spec's model), linear where none."""
     return sections.reranker_family(self.learner) or "linear"
 
   @property
@@ -160,8 +147,7 @@ class Config:
     return self.learning.steps
 
   def core_spec(self) -> core.CoreSpec:
-    """The core's static spec (a learner with a model of its own adds it:
-    rmmjax.learners.cross.cross_spec)."""
+    """The core's static spec (a learner's own model is added: rmmjax.learners.cross.cross_spec)."""
     shape = ({"formulation": self.reranker.formulation, "hidden": self.reranker.hidden,
               "rank_prior": self.reranker.rank_prior,
               "prior_scale": self.reranker.prior_scale} if self.reranker else {})
@@ -177,7 +163,7 @@ class Config:
                         world_seed=self.world_seed)
 
   def hparams(self, learning: Learning | None = None) -> core.HParams:
-    """The sweepable values of the online steps of `learning` (default: this run's learner)."""
+    """The sweepable values of `learning`'s online steps (default: this run's learner's)."""
     learning = learning or self.learning
     return core.HParams.create(tau=learning.tau, lr=learning.lr, baseline=self.baseline,
                                baseline_kind=self.baseline_kind, seed=self.seed,
@@ -186,13 +172,11 @@ class Config:
   def values(self) -> dict[str, Any]:
     """Every key as `--set` names it: shared keys plain, a section's as section.key."""
     flat = {}
-    for f in dataclasses.fields(self):
-      value = getattr(self, f.name)
-      if f.name in sections.SECTIONS:
-        if value is not None:
-          flat |= {f"{f.name}.{k}": v for k, v in dataclasses.asdict(value).items()}
-      else:
-        flat[f.name] = value
+    for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
+      if name not in sections.SECTIONS:
+        flat[name] = value
+      elif value is not None:
+        flat |= {f"{name}.{k}": v for k, v in dataclasses.asdict(value).items()}
     return flat
 
   def validate(self) -> "Config":
@@ -292,16 +276,15 @@ def encoder_stage(cfg: Config) -> Config:
 
 
 def effective_dtype(compute_dtype: str) -> str:
-  """The dtype a computation runs in on this process's devices: `auto` is bfloat16 on an
-  accelerator and float32 on a CPU."""
+  """The dtype a computation runs in here: `auto` is bfloat16 on an accelerator, float32 on a
+  CPU."""
   if compute_dtype != "auto":
     return compute_dtype
   return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
 def apply_precision(precision: str) -> None:
-  """Sets JAX's float32 matmul precision for this process (see Config.precision; a value its
-  key or --precision's choices allowed)."""
+  """Sets JAX's float32 matmul precision for this process (see Config.precision)."""
   jax.config.update("jax_default_matmul_precision", precision)
 
 
@@ -312,9 +295,8 @@ def get_config(name: str) -> Config:
 
 
 def from_json(text: str) -> Config:
-  """A Config from `to_json` output: every key of its sections and none other (a config.json
-  that lacks one was written by another version of rmmjax, and is refused naming the key rather
-  than read with today's default)."""
+  """A Config from `to_json` output: every key of its sections and none other (one that lacks a
+  key is another version's, refused rather than read with today's default)."""
   data = json.loads(text)
   if not isinstance(data, dict):
     raise ValueError(f"expected a JSON object of config keys, not a {type(data).__name__}")

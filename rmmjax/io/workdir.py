@@ -1,11 +1,6 @@
-"""A run's working directory: what kind of run it holds, its config.json, and files written whole
-or not at all.
-
-A workdir's manifest, rmmjax.json (io/manifest.py), says what it holds: its kind, "train"
-(resumable, extendable: with the learner and the stages it trains) or "sweep" (rerun only with
-the same grid, seeds and config, which overwrites its own outputs), and the format it was
-written in.
-"""
+"""A run's working directory: its lock, its config.json, and files written whole or not at all.
+Its manifest (io/manifest.py) says whether it holds a "train" run (resumable, extendable) or a
+"sweep" (rerun only with the same grid, seeds and config)."""
 
 from __future__ import annotations
 
@@ -37,7 +32,6 @@ class FolderLock:
     self._fd, self.folder = fd, Path(folder)
 
   def at_path(self) -> bool:
-    """Whether the locked folder is still the one at its path."""
     return self._fd is not None and _is_at(self._fd, self.folder)
 
   def check(self) -> None:
@@ -72,11 +66,7 @@ def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       os.close(fd)
-      try:
-        words = (folder / LOCK_FILE).read_text().strip()
-      except (OSError, UnicodeDecodeError):
-        words = ""
-      return None, words
+      return None, _holder(folder)
     if _is_at(fd, folder):
       with contextlib.suppress(OSError):  # the words are a courtesy; the lock is the folder's
         (folder / LOCK_FILE).write_text(holder)
@@ -84,6 +74,14 @@ def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
     os.close(fd)  # a folder removed (or replaced) since it was opened: the path's, again
   raise ValueError(f"{folder} was removed as often as it was made (100 times): is another "
                    "program deleting it?")
+
+
+def _holder(folder: Path) -> str:
+  """The words the process holding `folder` wrote in its lock file ("" when unreadable)."""
+  try:
+    return (folder / LOCK_FILE).read_text().strip()
+  except (OSError, UnicodeDecodeError):
+    return ""
 
 
 def _is_at(fd: int, folder: Path) -> bool:
@@ -99,9 +97,8 @@ def _is_at(fd: int, folder: Path) -> bool:
 @contextlib.contextmanager
 def held(workdir: Path, command: str) -> Iterator[FolderLock]:
   """Holds `workdir` for this process while the block runs: a second `train` or `sweep` into it
-  is refused in one line naming the holder. The kernel releases the lock when the holder exits,
-  SIGKILL included. A block that leaves the workdir holding nothing but the lock (a refused run)
-  leaves no trace: the lock file goes, and so do the folders it created."""
+  is refused naming the holder. A block that leaves nothing but the lock (a refused run) leaves
+  no trace: the lock file goes, and so do the folders it created."""
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise ValueError(f"{workdir} is a file; expected a directory")
@@ -130,30 +127,25 @@ def held(workdir: Path, command: str) -> Iterator[FolderLock]:
     lock.close()
 
 
-def refuse_if_training(path: Path, flag: str) -> None:
-  """Refuses a training workdir (or a sweep's) that another process is still writing: its
-  checkpoints are saved and pruned as it runs, so what is read may vanish half-way. Says who
-  holds it."""
-  path = Path(path)
-  if not path.is_dir():
-    return
-  fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (only a holder's exclusive lock refuses)
-  except BlockingIOError:
+def refuse_if_training(*flags: tuple[str, str | None]) -> None:
+  """Refuses each (flag, path) given that names a workdir another process is still writing: its
+  checkpoints are saved and pruned as it runs, so what is read may vanish half-way."""
+  for flag, path in ((flag, Path(path)) for flag, path in flags if path):
+    if not path.is_dir():
+      continue
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-      holder = (path / LOCK_FILE).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-      holder = ""
-    raise ValueError(f"{flag} {path} is being trained by {holder or 'another process'} (its "
-                     "checkpoints change as it runs): use it when that run ends") from None
-  finally:
-    os.close(fd)
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (only a holder's exclusive lock refuses)
+    except BlockingIOError:
+      raise ValueError(f"{flag} {path} is being trained by {_holder(path) or 'another process'} "
+                       "(its checkpoints change as it runs): use it when that run ends") from None
+    finally:
+      os.close(fd)
 
 
 def _umask() -> int:
-  """The process umask, read without changing it where the platform allows (threads may be
-  creating files meanwhile)."""
+  """The process umask, read without changing it where the platform allows (other threads may
+  be creating files)."""
   with contextlib.suppress(OSError, ValueError):
     for line in Path("/proc/self/status").read_text().splitlines():
       if line.startswith("Umask:"):
@@ -170,8 +162,8 @@ def default_mode(directory: bool = False) -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-  """Yields a temporary file name beside path; what the block writes there replaces path when
-  it ends, so readers never see half a file (and a failed block leaves path as it was)."""
+  """Yields a temporary file name beside path, which replaces path when the block ends: readers
+  never see half a file, and a failed block leaves path as it was."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -196,11 +188,8 @@ def atomic_write_json(path: Path, data) -> None:
 
 @contextlib.contextmanager
 def replace_dir(path: Path) -> Iterator[Path]:
-  """Yields an empty temporary directory beside path that replaces path when the block ends.
-
-  A kill leaves the old directory or the new one whole; between the two renames it leaves the
-  old one aside as .NAME.*.old, which the next replace_dir of the same path removes.
-  """
+  """Yields an empty temporary directory beside path that replaces path when the block ends. A
+  kill between the two renames leaves the old one as .NAME.*.old, which the next one removes."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   for stale in [*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f".{path.name}.*.old")]:
@@ -243,8 +232,7 @@ def read_config(workdir: Path) -> Config:
 
 
 def read_config_file(path: Path) -> Config:
-  """The config a run's config.json holds, refusing a damaged one (or one of another version)
-  in one line that names it."""
+  """The config in a run's config.json; a damaged one (or another version's) is refused."""
   try:
     return from_json(path.read_text())
   except (OSError, ValueError, TypeError) as err:
@@ -258,14 +246,6 @@ def _config_diff(path: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> dict:
   new = cfg.values()
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and k not in ignore}
-
-
-def extendable_keys(cfg: Config) -> tuple[str, ...]:
-  """The keys a resume may change: the steps of the learner whose online steps the run takes
-  last (more steps extend a run without changing its first steps; an earlier stage's steps
-  would change what the later stages trained on) and the devices (which re-place the same
-  state, equal to float tolerance)."""
-  return (f"{cfg.learning.NAME}.steps", "devices")
 
 
 def _shown(diff: dict) -> str:
@@ -305,8 +285,11 @@ def check_resumable(workdir: Path, cfg: Config, stage: bool = False) -> None:
     if (Path(workdir) / "checkpoints").exists():
       raise ValueError(f"{workdir} holds checkpoints but no config.json; use a fresh workdir")
     return
-  same_data = _same_data(workdir, cfg.data)
-  diff = _config_diff(path, cfg, extendable_keys(cfg) + (("data",) if same_data else ()))
+  # A resume may extend the last learner's steps (an earlier stage's would change what the
+  # later ones trained on) and change the devices (the same state, re-placed).
+  extendable = (f"{cfg.learning.NAME}.steps", "devices") + (
+      ("data",) if _same_data(workdir, cfg.data) else ())
+  diff = _config_diff(path, cfg, extendable)
   if diff:
     raise ValueError(f"{workdir} holds a run of another config ({_shown(diff)}); use a fresh "
                      "workdir or the same settings to resume"
@@ -317,43 +300,36 @@ def check_resumable(workdir: Path, cfg: Config, stage: bool = False) -> None:
 
 def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
                  data_sha256: str | None = None) -> dict:
-  """What the manifest says of a sweep (its grid as JSON reads it back, for comparisons; the folds
-  and data file's content of a sweep over replayed conversations)."""
-  # (a replay sweep's folds are saved by configuration number: the grid's order is kept)
+  """What the manifest says of a sweep: its grid as JSON reads it back (for comparisons); over
+  replayed conversations, the folds, the data's hash and the grid's order (its folds are saved
+  by configuration number)."""
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
       {"folds": folds, "data_sha256": data_sha256, "grid_order": list(grid)} if folds else {})
 
 
 def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict[str, list]:
-  """`grid` with its keys and values in the order of the sweep recorded in `workdir` where they
-  are the same keys and values listed in another order (a sweep numbers its runs in that
-  order, so the same sweep then resumes instead of being refused); `grid` otherwise."""
+  """`grid` in the order of the sweep recorded in `workdir` where it is the same grid listed in
+  another order (runs are numbered in that order, so the same sweep resumes); else `grid`."""
   record = read_run_record(workdir)
   if not record or record.get("kind") != "sweep" or not isinstance(record.get("grid"), dict):
     return grid
   try:
     mine = {qualified(cfg, k): k for k in grid}
     recorded = {qualified(cfg, k): v for k, v in record["grid"].items()}
-    # (the manifest's grid is written with its keys sorted; grid_order keeps a replay sweep's
-    # order)
+    # (the manifest's grid is written with its keys sorted; grid_order keeps a replay sweep's)
     order = [qualified(cfg, k) for k in record.get("grid_order") or grid]
   except ValueError:  # (a recorded key this run cannot name: another sweep)
     return grid
-  ordered = {}
-  for name in order:
-    if name not in mine or name not in recorded:
-      return grid
-    if sorted(map(repr, recorded[name])) != sorted(map(repr, grid[mine[name]])):
-      return grid
-    ordered[mine[name]] = recorded[name]
-  return ordered if len(ordered) == len(grid) else grid
+  if (len(mine) != len(grid) or set(order) != set(mine) or not set(order) <= set(recorded)
+      or any(sorted(map(repr, recorded[n])) != sorted(map(repr, grid[mine[n]])) for n in order)):
+    return grid
+  return {mine[n]: recorded[n] for n in order}
 
 
 def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,
                     folds: int = 0, data_sha256: str | None = None) -> None:
-  """Refuses a training workdir, or one holding a sweep of another grid, seeds, config or data
-  (the same sweep again may overwrite its own outputs, and resumes a replay sweep: the same data
-  file moved or copied elsewhere is the same data)."""
+  """Refuses a training workdir, or a sweep of another grid, seeds, config or data (the same
+  data file moved or copied elsewhere is the same data)."""
   record = read_run_record(workdir)
   if record is None:
     return
@@ -366,10 +342,9 @@ def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: in
   new = sweep_record(grid, seeds, folds, data_sha256)
   # A key spelled plainly or with its section is the same key.
   def named(key: str) -> str:  # (a recorded key this run cannot name differs anyway)
-    try:
+    with contextlib.suppress(ValueError):
       return qualified(cfg, key)
-    except ValueError:
-      return key
+    return key
   spelled = {"grid": lambda g: {named(k): v for k, v in g.items()},
              "grid_order": lambda keys: [named(k) for k in keys]}
   same = lambda k, v: spelled[k](v) if k in spelled and v is not None else v  # noqa: E731
