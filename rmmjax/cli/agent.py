@@ -9,8 +9,7 @@ from pathlib import Path
 
 from rmmjax.agent import Agent, AgentSettings, IrisAgent
 from rmmjax.cli.chat_loop import chat_loop
-from rmmjax.cli.common import bank, encoder_for, plural
-from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.cli.common import add_llm_flags, bank, encoder_for, llm_from_flags, plural
 from rmmjax.eval.answering import BankAnswerer, IrisAnswerer, evaluate_answers
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.eval.retrieval import recorded_query_encoder

@@ -10,8 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from rmmjax.cli.common import bank, encoder_for
-from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.cli.common import add_llm_flags, bank, encoder_for, llm_from_flags
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.msc import load_msc
 from rmmjax.encode.cache import EmbeddingCache, cache_path

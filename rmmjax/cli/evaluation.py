@@ -7,8 +7,7 @@ from pathlib import Path
 
 import jax
 
-from rmmjax.cli.common import plural
-from rmmjax.cli.llm_flags import add_llm_flags, llm_from_flags
+from rmmjax.cli.common import add_llm_flags, llm_from_flags, plural
 from rmmjax.config import EVALUABLE_DATASETS, PRECISIONS, UNITS, apply_precision
 from rmmjax.eval.iris_eval import JUDGES
 from rmmjax.eval.retrieval import evaluate_retrieval, format_table
