@@ -48,12 +48,11 @@ def saved_steps(directory: Path) -> list[int]:
 
 
 class Checkpointer:
-  """Saves and restores TrainStates under one directory, keeping the newest few. Opening one
+  """Saves and restores TrainStates under one directory, keeping the newest two. Opening one
   creates nothing: the directory appears with the first save; read_only=True never writes."""
 
-  def __init__(self, directory: Path, max_to_keep: int = 2, read_only: bool = False):
-    self._directory = Path(directory).absolute()
-    self._max_to_keep, self._read_only = max_to_keep, read_only
+  def __init__(self, directory: Path, read_only: bool = False):
+    self._directory, self._read_only = Path(directory).absolute(), read_only
     self._manager = self._open() if self._directory.is_dir() else None
 
   def _open(self) -> ocp.CheckpointManager:
@@ -63,7 +62,7 @@ class Checkpointer:
       absl.setLevel(logging.ERROR)
     try:
       options = ocp.CheckpointManagerOptions(
-          max_to_keep=None if self._read_only else self._max_to_keep,
+          max_to_keep=None if self._read_only else 2,
           enable_async_checkpointing=False, create=not self._read_only,
           read_only=self._read_only)
       return ocp.CheckpointManager(self._directory, options=options)

@@ -34,10 +34,9 @@ def read_rows(path: Path) -> list[dict]:
   return rows
 
 
-def rewind(path: Path, upto_step: int, rows: list[dict] | None = None) -> list[dict]:
-  """Keeps only the rows (read from path unless given) of steps up to `upto_step`: work after a
-  checkpoint is redone."""
-  rows = [r for r in (read_rows(path) if rows is None else rows) if r["step"] <= upto_step]
+def rewind(path: Path, upto_step: int, rows: list[dict]) -> list[dict]:
+  """Writes the rows of steps up to `upto_step` alone: work after a checkpoint is redone."""
+  rows = [r for r in rows if r["step"] <= upto_step]
   atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
   return rows
 
