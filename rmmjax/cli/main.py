@@ -53,12 +53,7 @@ def main(argv: list[str] | None = None) -> int:
       _leave_now(code)
     left = NOTHING if "--dry-run" in argv else INTERRUPTED.get(command, NOTHING)
     print(f"\nrmmjax {command}: {stopped}; {left}", file=sys.stderr)
-    global _stopped
-    _stopped = True
     return code
-
-
-_stopped = False  # whether a signal stopped the last main()
 
 
 def command() -> None:
@@ -67,7 +62,7 @@ def command() -> None:
   a computation XLA still had in flight and end in a segmentation fault (a quarter of a training
   run's stops, measured), which a scheduler would read as a crash."""
   code = main()
-  if _stopped:
+  if code >= 128:  # a signal stopped it (128 + the signal; _main returns 0, 1 or 2)
     _leave_now(code)
   sys.exit(code)
 

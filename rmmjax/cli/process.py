@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-COMMANDS = ("train", "sweep")
-
 
 def add_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
@@ -26,7 +24,7 @@ def start_runtime(argv: list[str]) -> None:
   pre.add_argument("command", nargs="?")
   add_flags(pre)
   known, _ = pre.parse_known_args(argv)
-  if known.command in COMMANDS:
+  if known.command in ("train", "sweep"):
     from rmmjax import distributed
     distributed.initialize(known.coordinator, known.num_processes, known.process_id,
                            known.distributed_timeout)
