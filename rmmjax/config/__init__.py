@@ -276,8 +276,7 @@ def encoder_stage(cfg: Config) -> Config:
 
 
 def effective_dtype(compute_dtype: str) -> str:
-  """The dtype a computation runs in here: `auto` is bfloat16 on an accelerator, float32 on a
-  CPU."""
+  """The dtype a computation runs in here: `auto` is bfloat16 on an accelerator, else float32."""
   if compute_dtype != "auto":
     return compute_dtype
   return "float32" if jax.default_backend() == "cpu" else "bfloat16"

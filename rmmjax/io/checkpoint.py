@@ -82,8 +82,7 @@ class Checkpointer:
     self._manager.delete(step)
 
   def restore(self, step: int, template: TrainState) -> TrainState:
-    """The state saved at `step` (one of `all_steps`), in the structure (and static spec) of
-    `template`."""
+    """The state saved at `step`, in the structure (and static spec) of `template`."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                           serialization.to_state_dict(template))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(target))

@@ -3,6 +3,7 @@ error about where its results were to go."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -18,17 +19,10 @@ def can_create_in(directory: Path) -> bool:
     return False
 
 
-def check_output_file(path: str | Path, flag: str) -> Path:
-  """A file path that can be written: not a directory, under a writable directory."""
-  return _check_output(Path(path), flag, directory=False)
-
-
-def check_output_dir(path: str | Path, flag: str) -> Path:
-  """A directory path that can be written: not an existing file, under a writable directory."""
-  return _check_output(Path(path), flag, directory=True)
-
-
-def _check_output(path: Path, flag: str, directory: bool) -> Path:
+def _check_output(path: str | Path, flag: str, directory: bool) -> Path:
+  """A file (or directory) path that can be written: not a directory (a file), under a writable
+  directory."""
+  path = Path(path)
   if path.exists() and path.is_dir() != directory:
     raise ValueError(f"{flag} {path} is a {'file' if directory else 'directory'}; expected a "
                      f"{'directory' if directory else 'file name'}")
@@ -41,3 +35,7 @@ def _check_output(path: Path, flag: str, directory: bool) -> Path:
   if path.exists() and not os.access(path, os.W_OK):
     raise ValueError(f"{flag} {path} exists and is not writable")
   return path
+
+
+check_output_file = functools.partial(_check_output, directory=False)
+check_output_dir = functools.partial(_check_output, directory=True)

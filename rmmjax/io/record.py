@@ -78,8 +78,7 @@ def trained_on(record: dict, conversation_id: str, fingerprint: str) -> bool:
 
 
 def mismatches(record: dict, wanted: dict, used: str = "evaluated") -> list[str]:
-  """The FIT_KEYS on which the settings of a use (an evaluation, the agent) differ from the
-  record's."""
+  """The FIT_KEYS on which a use's settings (an evaluation, the agent) differ from the record."""
   return [f"{key}: trained with {record.get(key)!r}, {used} with {wanted[key]!r}"
           for key in FIT_KEYS if key in wanted and record.get(key) != wanted[key]]
 

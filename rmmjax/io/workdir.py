@@ -144,8 +144,7 @@ def refuse_if_training(*flags: tuple[str, str | None]) -> None:
 
 
 def _umask() -> int:
-  """The process umask, read without changing it where the platform allows (other threads may
-  be creating files)."""
+  """The process umask, read without changing it where possible (threads may be creating files)."""
   with contextlib.suppress(OSError, ValueError):
     for line in Path("/proc/self/status").read_text().splitlines():
       if line.startswith("Umask:"):
@@ -328,8 +327,7 @@ def in_recorded_order(workdir: Path, cfg: Config, grid: dict[str, list]) -> dict
 
 def check_sweepable(workdir: Path, cfg: Config, grid: dict[str, list], seeds: int,
                     folds: int = 0, data_sha256: str | None = None) -> None:
-  """Refuses a training workdir, or a sweep of another grid, seeds, config or data (the same
-  data file moved or copied elsewhere is the same data)."""
+  """Refuses a training workdir, or a sweep of another grid, seeds, config or data (by content)."""
   record = read_run_record(workdir)
   if record is None:
     return
