@@ -58,15 +58,13 @@ def _agent(args, memory_bank, encoder, learn: bool, m: int, llm=None, workdir=No
     encoder_path = recorded_query_encoder(Path(args.reranker), reranker.record)
   query_encoder = load_query_encoder(Path(encoder_path), encoder) if encoder_path else None
   # The trained models the agent uses, for the report and what answer may evaluate on.
-  args.used = {"reranker": str(Path(reranker.source).resolve()) if reranker is not None
-               else None,
+  # (a plain Hugging Face encoder given as --encoder trained on nothing here)
+  tuned = encoder_path and model_kind(Path(encoder_path)) in ("query encoder",
+                                                               "query encoder export")
+  args.used = {"reranker": str(Path(reranker.source).resolve()) if reranker is not None else None,
                "reranker_record": reranker.record if reranker is not None else None,
                "query_encoder": str(Path(encoder_path).resolve()) if encoder_path else None,
-               # (a plain Hugging Face encoder given as --encoder trained on nothing here)
-               "query_encoder_record": (query_encoder_record(Path(encoder_path))
-                                        if encoder_path and model_kind(Path(encoder_path)) in (
-                                            "query encoder", "query encoder export")
-                                        else None)}
+               "query_encoder_record": query_encoder_record(Path(encoder_path)) if tuned else None}
   extra, served = {}, False
   if args.command == "chat":
     if frozen is not None and learn and not args.learn_cross:

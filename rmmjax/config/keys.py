@@ -4,8 +4,10 @@ setting values by those names."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 from typing import Any
 
 from rmmjax.learners import sections
@@ -78,21 +80,18 @@ def trains(cfg) -> str:
 def parse_value(key: str, text: str, cfg) -> Any:
   """Parses `text` as the type of key `key` of cfg, naming both on failure."""
   default = get_value(cfg, key)
-  try:
+  with contextlib.suppress(ValueError):
     if isinstance(default, bool):
-      if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-      return text.lower() in ("true", "1")
-    if isinstance(default, int):
+      if text.lower() in ("true", "false", "1", "0"):
+        return text.lower() in ("true", "1")
+    elif isinstance(default, int):
       return int(text)
-    if isinstance(default, float):
-      value = float(text)
-      if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(text)
-      return value
-    return text
-  except ValueError:
-    raise ValueError(f"{key}={text!r}: expected {_KIND[type(default)]}") from None
+    elif isinstance(default, float):
+      if math.isfinite(value := float(text)):
+        return value
+    else:
+      return text
+  raise ValueError(f"{key}={text!r}: expected {_KIND[type(default)]}")
 
 
 _KIND = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
