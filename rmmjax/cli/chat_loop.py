@@ -64,8 +64,7 @@ def chat_loop(agent: ChatAgent, user: str, lines, has_llm: bool) -> None:
           print("/tell: say what, as in /tell my sister lives in Lisbon")
           continue
         agent.tell(user, said)
-        print("(noted)")
-        sys.stdout.flush()
+        print("(noted)", flush=True)
         continue
       if text.startswith("/") and " " not in text:  # a mistyped command is not a question
         print(f"{text}: not a command (/tell TEXT, /end ends the session, /quit leaves)")
