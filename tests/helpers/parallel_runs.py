@@ -78,8 +78,7 @@ def _fits() -> dict:
                             mem, covers)
   judging = JudgeExamples(rng.standard_normal((70, d)).astype(np.float32),
                           rng.standard_normal((70, 16, d)).astype(np.float32),
-                          rng.random((70, 16)) < 0.7, rng.random(70) < 0.5, ("x",) * 70,
-                          (1,) * 70)
+                          rng.random((70, 16)) < 0.7, rng.random(70) < 0.5)
   out = {}
   for name, fit in (("ranking_encoder", lambda mesh: fit_ranking_encoder(
       encoder, ranking, encoder.params, epochs=1, batch=8, lr=2e-5, tau=0.05, seed=0,

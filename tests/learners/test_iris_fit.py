@@ -242,7 +242,7 @@ def _separable(n: int, seed: int) -> JudgeExamples:
       facts[i, rng.integers(count)] = close
     elif rng.random() < 0.5:
       facts[i, count] = close  # masked: must not count
-  return JudgeExamples(q, facts, mask, label, ("x",) * n, (1,) * n)
+  return JudgeExamples(q, facts, mask, label)
 
 
 def test_fit_judge_learns_whether_a_fact_matches_the_question():

@@ -29,7 +29,7 @@ from rmmjax.core.judge import judge_init, judge_loss
 from rmmjax.core.losses import grouped_listwise_loss
 from rmmjax.encode.tuned import TunedQueryEncoder
 from rmmjax.learners.query_encoder.fit import pad_tokens
-from rmmjax.retrieve.iris import IRIS_PRESETS, IrisSettings, iris_retrieve
+from rmmjax.retrieve.iris import IRIS_PRESETS, iris_retrieve
 from rmmjax.retrieve.judges import SufficiencyJudge, Verdict
 from rmmjax.retrieve.learned import EmbeddingRefiner, refinement_text
 
@@ -49,10 +49,6 @@ class RankingExamples:
 
   def __len__(self) -> int:
     return len(self.texts)
-
-
-def _clause(text: str) -> str:
-  return text.split("] ", 1)[-1]
 
 
 def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
@@ -82,56 +78,35 @@ def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
   candidates = chosen + [f for _, f in zip(range(k - len(chosen)), pool)]
   candidates = [candidates[i] for i in rng.permutation(len(candidates))]
   covers = np.zeros((k, e), bool)
-  for row, fact_id in enumerate(candidates):
-    turn = facts[fact_id].turn_id
-    if turn in items:
-      covers[row, items.index(turn)] = True
+  covers[:len(candidates), :len(items)] = [[facts[f].turn_id == t for t in items]
+                                           for f in candidates]
   mem = np.zeros((k, store.fact_vectors([0]).shape[1]), np.float32)
   mem[:len(candidates)] = store.fact_vectors(candidates)
   return text, mem, covers
 
 
-def _stack(rows) -> RankingExamples:
+def ranking_examples(stores, conversations, k: int, e: int, seed: int, hard_share: float = 0.5,
+                     hops: Sequence[int] = (0,)) -> RankingExamples:
+  """Per labelled question and budget b of `hops`: the question with the best facts among the
+  store's first b hits (b = 0: the question alone, an anchor example; the stores' query encoder
+  is the anchor's for the others), against the evidence not found."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for store, conv in zip(stores, conversations):
+    facts = store.facts
+    for q in (q for q in conv.questions if q.evidence):
+      deep = [f for f, _ in store.search(q.question, HARD_DEPTH)]
+      for b in hops:
+        found = deep[:b]
+        text = (refinement_text(q.question, [facts[f].text.split("] ", 1)[-1] for f in found])
+                if b else q.question)
+        rows.append(ranking_example(store, text, q.evidence, {facts[f].turn_id for f in found},
+                                    deep[b:], k, e, rng, hard_share))
   rows = [r for r in rows if r is not None]
   if not rows:
     raise ValueError("no training example: no question has evidence in its conversation")
   return RankingExamples(tuple(r[0] for r in rows), np.stack([r[1] for r in rows]),
                          np.stack([r[2] for r in rows]))
-
-
-def anchor_examples(stores, conversations, k: int, e: int, seed: int,
-                    hard_share: float = 0.5) -> RankingExamples:
-  """One example per labelled question: the question against its conversation's facts."""
-  rng = np.random.default_rng(seed)
-  rows = []
-  for store, conv in zip(stores, conversations):
-    for q in conv.questions:
-      if q.evidence:
-        hard = [f for f, _ in store.search(q.question, HARD_DEPTH)]
-        rows.append(ranking_example(store, q.question, q.evidence, set(), hard, k, e, rng,
-                                    hard_share))
-  return _stack(rows)
-
-
-def refinement_examples(stores, conversations, k: int, e: int, seed: int,
-                        hard_share: float = 0.5) -> RankingExamples:
-  """Per labelled question and HOP_STATES budget b: the question with the best facts among the
-  store's first b hits (its query encoder is the anchor's), against the evidence not found."""
-  rng = np.random.default_rng(seed)
-  rows = []
-  for store, conv in zip(stores, conversations):
-    facts = store.facts
-    for q in conv.questions:
-      if not q.evidence:
-        continue
-      deep = [f for f, _ in store.search(q.question, HARD_DEPTH)]
-      for b in HOP_STATES:
-        found_ids = deep[:b]
-        text = refinement_text(q.question, [_clause(facts[f].text) for f in found_ids])
-        found = {facts[f].turn_id for f in found_ids}
-        rows.append(ranking_example(store, text, q.evidence, found, deep[b:], k, e, rng,
-                                    hard_share))
-  return _stack(rows)
 
 
 def _adam_fit(loss_fn, params, lr: float, epoch_batches, plan: Fit, mesh):
@@ -202,22 +177,17 @@ class JudgeExamples:
   facts_NxFxD: np.ndarray
   mask_NxF: np.ndarray
   label_N: np.ndarray  # every evidence turn is among the shown facts' turns
-  category: tuple[str, ...]
-  iteration: tuple[int, ...]
 
 
-def judge_examples(stores, conversations, refiner_encoder,
-                   settings: IrisSettings = IRIS_PRESETS["learned"]) -> JudgeExamples:
+def judge_examples(stores, conversations, refiner_encoder) -> JudgeExamples:
   """Every iteration of IRIS (run to its last iteration) on every labelled question, with what
   the judge would see; the stores' query encoder is the anchor's."""
-  q, facts, mask, labels, cats, its = [], [], [], [], [], []
-  refiner = EmbeddingRefiner(refiner_encoder) if refiner_encoder is not None else None
+  q, facts, mask, labels = [], [], [], []
+  refiner = EmbeddingRefiner(refiner_encoder)
   for store, conv in zip(stores, conversations):
-    for question in conv.questions:
-      if not question.evidence:
-        continue
+    for question in (q for q in conv.questions if q.evidence):
       result = iris_retrieve(store, question.question, category=question.category,
-                             judge=NeverSure(), settings=settings, refiner=refiner)
+                             judge=NeverSure(), settings=IRIS_PRESETS["learned"], refiner=refiner)
       q_D = np.asarray(store.query_vector(question.question), np.float32)
       for trace in result.trace:
         shown = list(trace.shown[:JUDGED_FACTS])
@@ -228,9 +198,7 @@ def judge_examples(stores, conversations, refiner_encoder,
         turns = {store.fact(i).turn_id for i in shown}
         q.append(q_D), facts.append(f), mask.append(m)
         labels.append(set(question.evidence) <= turns)
-        cats.append(question.category), its.append(trace.iteration)
-  return JudgeExamples(np.stack(q), np.stack(facts), np.stack(mask), np.array(labels),
-                       tuple(cats), tuple(its))
+  return JudgeExamples(np.stack(q), np.stack(facts), np.stack(mask), np.array(labels))
 
 
 def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, seed: int,
@@ -282,16 +250,16 @@ def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
   for store in stores:
     store.query_encoder = None
   if anchor is None:
-    examples = anchor_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed,
-                               fit.hard_share)
+    examples = ranking_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed,
+                                fit.hard_share)
     anchor, losses["anchor"] = fit_ranking_encoder(
         encoder, examples, encoder.params, epochs=fit.epochs, batch=fit.batch, lr=fit.lr,
         tau=fit.tau, seed=fit.seed, mesh=mesh)
   tuned = TunedQueryEncoder(encoder, anchor)
   for store in stores:
     store.query_encoder = tuned
-  examples = refinement_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1,
-                                 fit.hard_share)
+  examples = ranking_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1,
+                              fit.hard_share, HOP_STATES)
   refine, losses["refine"] = fit_ranking_encoder(
       encoder, examples, anchor, epochs=fit.epochs, batch=fit.batch, lr=fit.lr, tau=fit.tau,
       seed=fit.seed + 1, mesh=mesh)

@@ -33,8 +33,8 @@ from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.learners.iris.files import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
-from rmmjax.learners.iris.fit import (IrisFit, fit_iris_encoders, fit_iris_judge,
-                                       refinement_examples)
+from rmmjax.learners.iris.fit import (HOP_STATES, IrisFit, fit_iris_encoders, fit_iris_judge,
+                                       ranking_examples)
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
 from rmmjax.fit import Online
 from rmmjax.learners.query_encoder.fit import encoder_spec, online_step, pad_tokens
@@ -158,9 +158,9 @@ class IrisLearnedTask(Task):
       anchor = self._anchor()
       for store in self._train_stores():
         store.query_encoder = anchor
-      examples = refinement_examples(self._train_stores(), self.train_data, self.fit.k,
-                                     self.fit.max_evidence, self.fit.seed + 1,
-                                     self.fit.hard_share)
+      examples = ranking_examples(self._train_stores(), self.train_data, self.fit.k,
+                                  self.fit.max_evidence, self.fit.seed + 1, self.fit.hard_share,
+                                  HOP_STATES)
       b = self.cfg.batch
       n = len(examples) // b * b
       if n == 0:
