@@ -248,13 +248,13 @@ def test_a_learner_both_run_holds_its_encoder_stage_too(three, tmp_path, capsys)
 
 
 def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypatch):
-  measured = []
-  real = cross_task._check_fits
-  monkeypatch.setattr(cross_task, "_check_fits",
-                      lambda what, *a: measured.append(what) or real(what, *a))
+  measured = []  # the candidates per question of each step measured
+  real = cross_task.step_bytes
+  monkeypatch.setattr(cross_task, "step_bytes",
+                      lambda bert, k, b, n, *a: measured.append(n) or real(bert, k, b, n, *a))
   assert main(["train", "--config", "locomo", "--workdir", str(tmp_path / "run"), "--quiet",
                *_args(three, "steps=0")]) == 0
-  assert measured == ["a pretraining step"]
+  assert measured == [4]  # cross.pretrain_candidates: a pretraining step's alone
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -34,7 +34,6 @@ from rmmjax.encode.bert import load_pooler
 from rmmjax.learners.cross.model import init_cross_params
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
-from rmmjax.replay.candidates import base_recall, ceiling_recall
 from rmmjax.replay.inputs import heldout_split, replay_inputs
 from rmmjax.learners.embedding.task import ReplayTask
 
@@ -55,20 +54,12 @@ class CrossRerankerTask(ReplayTask):
     self._progress = progress
     self._pair_counts = {"pairs": 0, "truncated": 0}
     super().__init__(cfg, encoder, progress)
-    self.record = self.record | {"variant": "cross", "cross": {
-        "bert": dataclasses.asdict(self.encoder.cfg),
-        "tokenizer": tokenizer_identity(self.encoder), "max_length": cfg.cross.max_length,
-        "compute_dtype": effective_dtype(cfg.cross.compute_dtype),
-        "length": int(self.train_qs.inputs.ids_BxKxL.shape[-1]), **self._pair_counts}}
-    self.input_notes = {"cross_compute_dtype": self.record["cross"]["compute_dtype"],
-                        "cross_pairs": self._pair_counts["pairs"],
-                        "cross_pairs_truncated": self._pair_counts["truncated"],
-                        "cross_pair_length": self.record["cross"]["length"],
-                        # (cross.observations=auto reads them only where the data holds them)
-                        **({"cross_observations": sum(c == "observation"
-                                                      for r in self.train_convs
-                                                      for c in r.categories)}
-                           if cfg.cross.reads_observations(cfg) else {})}
+    self.record, self.input_notes = with_pairs_read(
+        self.record, cfg, self.encoder, int(self.train_qs.inputs.ids_BxKxL.shape[-1]),
+        self._pair_counts)
+    if cfg.cross.reads_observations(cfg):  # (auto reads them only where the data holds them)
+      self.input_notes["cross_observations"] = sum(c == "observation" for r in self.train_convs
+                                                   for c in r.categories)
     if progress and self._pair_counts["truncated"]:
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
             f"memory) pairs are longer than cross.max_length={cfg.cross.max_length} tokens and "
@@ -96,12 +87,9 @@ class CrossRerankerTask(ReplayTask):
     """Listwise pretraining on the training conversations' labels, each epoch over a fresh
     subset of cross_pretrain_candidates candidates per question; then the optimizer reset for
     the online phase."""
-    cfg = self.cfg
-    pretrain_hp = self.hp.replace(lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
-                                  tau=jnp.asarray(cfg.cross.pretrain_tau, jnp.float32))
-    state = core.init_state(self.spec, pretrain_hp, self.template.params)
-    if cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0:
-      state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, cfg, self.mesh,
+    state = self.template
+    if self.cfg.mode != "rl" and self.cfg.cross.pretrain_epochs > 0:
+      state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, self.cfg, self.mesh,
                                                        self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
     return core_replay.restart_optimizer(state, self.hp)
@@ -121,15 +109,10 @@ class CrossRerankerTask(ReplayTask):
     """A fresh cross reranker orders the candidates as the base retriever does (its head is
     zero and its prior flat, ties kept in order, or decreasing), so its held-out recall is the
     base order's: known without running the encoder over every held-out pair."""
-    base = self._base_metrics()
-    return base | {"recall_at_m": base["recall_at_m_base"]} if base else {}
-
-  def _base_metrics(self) -> dict:
     if not self.test_convs:
       return {}
-    mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
-    return {"recall_at_m_base": mean([base_recall(c, self.spec.m) for c in self.test_convs]),
-            "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}
+    base = self._base_metrics()
+    return base | {"recall_at_m": base["recall_at_m_base"]}
 
   def evaluate(self, state: core.TrainState) -> dict:
     """Held-out Recall@M of the reranker as it stands (no prequential replay: each of its
@@ -142,9 +125,9 @@ class CrossRerankerTask(ReplayTask):
     score = jax.jit(core_replay.rerank_recall, static_argnums=2,
                     compiler_options=compiler_options())
     # Batches of questions only: the padding that evens the streams' lengths is not scored.
-    batches = [jax.tree.map(lambda x: x[s], stream)  # noqa: B023
-               for stream in _split_streams(self.test_streams)
-               for s in range(stream.mask_BxK.shape[0]) if stream.mask_BxK[s].any()]
+    streams = jax.tree.map(np.asarray, self.test_streams)
+    batches = [jax.tree.map(lambda x: x[c, s], streams)  # noqa: B023
+               for c, s in zip(*np.nonzero(streams.mask_BxK.any((-2, -1))))]
     recall, present = [], []
     for i, batch in enumerate(tqdm(batches, desc="held-out (cross)", unit="batch",
                                    disable=not self._progress)):
@@ -155,6 +138,17 @@ class CrossRerankerTask(ReplayTask):
     recall_all = np.concatenate(jax.device_get(recall))
     return self._base_metrics() | {
         "recall_at_m": float(recall_all[np.concatenate(present)].mean())}
+
+
+def with_pairs_read(record: dict, cfg, encoder, length: int, counts: dict) -> tuple[dict, dict]:
+  """The record with how a cross reranker reads its pairs (its encoder, tokenizer, length and
+  the pairs' counts), and the summary's notes of them."""
+  dtype = effective_dtype(cfg.cross.compute_dtype)
+  record = record | {"variant": "cross", "cross": {
+      "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
+      "max_length": cfg.cross.max_length, "compute_dtype": dtype, "length": length, **counts}}
+  return record, {"cross_compute_dtype": dtype, "cross_pairs": counts["pairs"],
+                  "cross_pairs_truncated": counts["truncated"], "cross_pair_length": length}
 
 
 def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
@@ -170,8 +164,12 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
   """cfg.cross.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
   every question, with pair tokens), one compiled step at a time (the packed shapes vary), each
   epoch over a fresh subset of cfg.cross.pretrain_candidates candidates per question in a fresh
-  order, both drawn from (seed, epoch) alone, packed as `pairs.pack` packs them. Returns the
-  state, every step's loss and the share of the positions computed that were real tokens."""
+  order, both drawn from (seed, epoch) alone, packed as `pairs.pack` packs them, at the
+  pretraining's rates. Returns the state (its optimizer not reset), every step's loss and the
+  share of the positions computed that were real tokens."""
+  state = state.replace(hparams=state.hparams.replace(
+      lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
+      tau=jnp.asarray(cfg.cross.pretrain_tau, jnp.float32)))
   b = state.spec.batch
   questions = jax.tree.map(np.asarray, questions)
   num = questions.mask_BxK.shape[0]
@@ -198,30 +196,18 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
   return state, losses, positions["real"] / max(positions["computed"], 1)
 
 
-def _split_streams(streams_CxSxB: core.Batch) -> list[core.Batch]:
-  num = streams_CxSxB.mask_BxK.shape[0]
-  return [jax.tree.map(lambda x: np.asarray(x)[c], streams_CxSxB) for c in range(num)]  # noqa
-
-
 def check_cross_workdir(cfg, encoder, workdir) -> None:
-  """A cross reranker's checks before its run writes anything (a resume skips the kinds of
-  step it has taken; see check_cross_run)."""
-  _, conversations, _, encoder = replay_inputs(cfg, encoder)
-  done = saved_steps(Path(workdir) / "checkpoints")
-  check_cross_run(cfg, encoder, conversations, distributed.data_mesh(cfg.devices).devices.size,
-                  pretrained=bool(done), steps_done=done[-1] if done else 0)
-
-
-def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained: bool = False,
-                    steps_done: int = 0) -> None:
   """The checks of a cross reranker's run that need no candidates, made before anything of the
   run is written (before a two-stage run trains its query encoder): the encoder is a BERT
   with a tokenizer, the training questions fill a pretraining batch, and each kind of step the
-  run will take fits the device (pretraining over cross_pretrain_candidates per question,
-  online steps over all k); a kind it will not take (or, resumed, has taken: `pretrained`,
-  `steps_done`) is neither compiled nor measured."""
+  run will take fits the device (pretraining over cross.pretrain_candidates per question,
+  online steps over all k); a kind it will not take (or, resumed, has taken) is neither
+  compiled nor measured (see `learners.cross.pairs.step_bytes`)."""
+  _, conversations, _, encoder = replay_inputs(cfg, encoder)
+  done = saved_steps(Path(workdir) / "checkpoints")
+  devices = distributed.data_mesh(cfg.devices).devices.size
   require_bert(encoder, "variant=cross")
-  pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0 and not pretrained
+  pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0 and not done
   if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
     num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
     if num < cfg.batch:
@@ -230,20 +216,15 @@ def check_cross_run(cfg, encoder, conversations: list, devices: int, pretrained:
   phases = {}
   if pretrains:
     phases["a pretraining step"] = ("cross.pretrain_candidates", cfg.cross.pretrain_candidates)
-  if cfg.steps > steps_done:
+  if cfg.steps > (done[-1] if done else 0):
     phases["an online step"] = ("k", cfg.k)
-  for what, (key, candidates) in phases.items():
-    _check_fits(what, cfg, encoder.cfg, key, candidates, devices)
-
-
-def _check_fits(what: str, cfg, bert, key: str, candidates: int, devices: int) -> None:
-  """Refuses a step of the run that would not fit the device (see `learners.cross.pairs.step_bytes`)."""
   batch = max(1, cfg.batch // devices)
-  need, limit = step_bytes(bert, cfg.k, batch, candidates, cfg.cross.max_length,
-                           effective_dtype(cfg.cross.compute_dtype))
-  if limit is not None and need > 0.9 * limit:
-    raise ValueError(
-        f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
-        f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "
-        f"{key} ({candidates}) or cross.max_length ({cfg.cross.max_length}), or spread the batch "
-        "over more devices")
+  for what, (key, candidates) in phases.items():
+    need, limit = step_bytes(encoder.cfg, cfg.k, batch, candidates, cfg.cross.max_length,
+                             effective_dtype(cfg.cross.compute_dtype))
+    if limit is not None and need > 0.9 * limit:
+      raise ValueError(
+          f"{what} of the cross reranker needs {need / 2**30:.1f} GiB at the longest pairs it may "
+          f"read, and the device holds {limit / 2**30:.1f} GiB: lower batch (now {cfg.batch}), "
+          f"{key} ({candidates}) or cross.max_length ({cfg.cross.max_length}), or spread the batch "
+          "over more devices")

@@ -139,11 +139,13 @@ class ReplayTask(Task):
     if not self.test_convs:  # holdout=0: every conversation was trained on
       return {}
     state = self._host(state)
-    m = self.spec.m
-    frozen = self._replay(state, self.test_streams, self.test_ids, False)["recall_SxB"]
-    adapting = self._replay(state, self.test_streams, self.test_ids, True)["recall_SxB"]
+    recall = {online: per_question(self._replay(state, self.test_streams, self.test_ids, online)[
+        "recall_SxB"], self.test_convs).mean() for online in (False, True)}
+    return self._base_metrics() | {"recall_at_m": float(recall[False]),
+                                   "recall_at_m_prequential": float(recall[True])}
+
+  def _base_metrics(self) -> dict:
+    """Held-out Recall@M of the base order, and of all K candidates (the ceiling)."""
     mean = lambda parts: float(np.mean(np.concatenate(parts)))  # noqa: E731
-    return {"recall_at_m_base": mean([base_recall(c, m) for c in self.test_convs]),
-            "recall_at_m": float(per_question(frozen, self.test_convs).mean()),
-            "recall_at_m_prequential": float(per_question(adapting, self.test_convs).mean()),
+    return {"recall_at_m_base": mean([base_recall(c, self.spec.m) for c in self.test_convs]),
             "recall_at_k": mean([ceiling_recall(c) for c in self.test_convs])}

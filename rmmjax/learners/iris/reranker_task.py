@@ -19,11 +19,11 @@ import numpy as np
 from tqdm import tqdm
 
 from rmmjax import core, distributed
-from rmmjax.config import Config, effective_dtype
+from rmmjax.config import Config
 from rmmjax.learners.cross.config import Cross
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.core import replay as core_replay
-from rmmjax.encode.protocol import require_bert, tokenizer_identity
+from rmmjax.encode.protocol import require_bert
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.learners.iris.cross_facts import episode_scores, with_pair_tokens
 from rmmjax.learners.iris.episodes import (IrisEpisode, RewardMix, collect_episodes,
@@ -34,7 +34,8 @@ from rmmjax.io.record import replay_record
 from rmmjax.learners.cross.spec import cross_spec
 from rmmjax.retrieve.iris import IRIS_PRESETS
 from rmmjax.retrieve.judges import HeuristicJudge
-from rmmjax.learners.cross.task import cross_initial_params, check_cross_workdir, pretrain_cross
+from rmmjax.learners.cross.task import (check_cross_workdir, cross_initial_params,
+                                        pretrain_cross, with_pairs_read)
 from rmmjax.learners.embedding.model import EMBEDDING, batch_scores
 from rmmjax.replay.inputs import replay_inputs
 from rmmjax.learners.task import Task
@@ -103,16 +104,9 @@ class IrisTask(Task):
                                                   cfg.cross.max_length)
     self.test_episodes, test = with_pair_tokens(self.test_episodes, encoder.tokenizer,
                                                 cfg.cross.max_length)
-    counts = {"pairs": train["pairs"] + test["pairs"],
-              "truncated": train["truncated"] + test["truncated"]}
-    self.record = self.record | {"variant": "cross", "cross": {
-        "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
-        "max_length": cfg.cross.max_length,
-        "compute_dtype": effective_dtype(cfg.cross.compute_dtype), "length": train["length"], **counts}}
-    self.input_notes = {"cross_compute_dtype": self.record["cross"]["compute_dtype"],
-                        "cross_pairs": counts["pairs"],
-                        "cross_pairs_truncated": counts["truncated"],
-                        "cross_pair_length": train["length"]}
+    counts = {key: train[key] + test[key] for key in ("pairs", "truncated")}
+    self.record, self.input_notes = with_pairs_read(self.record, cfg, encoder, train["length"],
+                                                    counts)
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
@@ -122,18 +116,14 @@ class IrisTask(Task):
       # The cross reranker's pretraining runs from the host over a few candidates per episode
       # (see cross_task.pretrain_cross): one step over all K pairs of every episode would not
       # fit in one program.
-      hp = state.hparams
-      state = state.replace(hparams=hp.replace(lr=jnp.asarray(learning.pretrain_lr, jnp.float32),
-                                               tau=jnp.asarray(learning.pretrain_tau, jnp.float32)))
       state, self.pretrain_loss, real = pretrain_cross(
           state, episodes_batch(self.train_episodes), cfg, self.mesh, self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
-      return core_replay.restart_optimizer(state, hp)
+      return core_replay.restart_optimizer(state, self.hp)
     if pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(
           state, self.train_episodes, learning.pretrain_epochs, learning.pretrain_lr,
-          learning.pretrain_tau,
-          self.mesh)
+          learning.pretrain_tau, self.mesh)
     return state
 
   def advance(self, state: core.TrainState, n: int):
