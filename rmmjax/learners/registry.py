@@ -27,29 +27,22 @@ from rmmjax.learners.task import Task
 @dataclasses.dataclass(frozen=True)
 class Learner:
   name: str
-  # How it trains on replayed conversations: a Task built from (a run's config, the encoder,
-  # whether to show progress, the workdir).
+  # How it trains on replayed conversations: built from (config, encoder, progress, workdir).
   task: type[Task]
-  # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves:
-  # compiler_options(), candidate_arrays(question, texts_K) (the arrays of a learner's own
-  # inputs, which an agent keeps with a pending answer), inputs(arrays stacked over queries)
-  # (a batch's `inputs`), pack(batch) (one served query's), pack_many(batch) (several
-  # questions'), batchwise (held out, scored batch by batch rather than replayed),
-  # replay_inputs(replays, spec, online), pack_streams(streams).
+  # (a loaded reranker, the encoder beside it) -> how it reads candidates where it serves
+  # (EmbeddingReader and CrossReader show what a reader holds); None: it ranks nothing.
   reader: Callable | None
   # (a run's config, its workdir) -> (its core spec, parameters in the structure its
-  # checkpoints hold, or None where the identity initialisation has it); None: those of its
-  # task's model (ReplayTask.model and init_params).
+  # checkpoints hold); None: those of its task's model (ReplayTask.model and init_params).
   restore: Callable | None = None
-  # (a training workdir, out) -> a sentence saying what was written: the export a serving
-  # system reads (a reranker's is named export_name inside the export of two stages).
+  # (a training workdir, out) -> a sentence saying what was written; a reranker's export is
+  # named export_name inside the export of two stages.
   export: Callable = embedding_export.export_run
   export_name: str = embedding_export.EXPORT_NAME
   # Why `chat` serves it without learning from the LLM's citations unless told to (None: it
   # learns by default).
   served_frozen: str | None = None
-  # The flag of `rmmjax eval` that takes a trained one.
-  eval_flag: str = "--reranker"
+  eval_flag: str = "--reranker"  # the flag of `rmmjax eval` that takes a trained one
   # How it trains as the reranker inside IRIS, on LaceMem's facts (units=lace; None: it cannot).
   iris_task: type[Task] | None = IrisTask
 

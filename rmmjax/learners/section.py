@@ -1,16 +1,11 @@
-"""What every config section is made of: each key's limits, declared beside its default, the
-one check that reads them, and the rates every learner's section has (`Learning`).
+"""What every config section is made of: each key's limits, declared beside its default
+(`key(default, choices=...)` or `key(default, low=..., high=...)`), the one check that reads
+them, and the rates every learner's section has (`Learning`). A subclass that only changes a
+key's default declares it plainly: the limits are those of the class that declared them.
+Limits that depend on another key (a count of candidates up to `k`) stay in the owner's `check`.
 
-This module, the learners' section modules (rmmjax.learners.<name>.config) and their table
-(rmmjax.learners.sections) are the leaves the config assembles (rmmjax.config imports them): a
-learner's keys live in its folder. They sit outside rmmjax/config/ because importing any module
+The sections sit in the learners' folders, outside rmmjax/config/, because importing any module
 there first runs the config package, which imports them: a circle.
-
-`key(default, choices=...)` or `key(default, low=..., high=...)` declares a field of a config
-dataclass; `check(obj, prefix)` refuses the first value outside its limits in one line that
-names the key, the value and what was expected. A subclass that only changes a key's default
-declares it plainly: the limits are those of the class that declared them. Limits that depend on another key (a count of
-candidates up to `k`) stay in the owner's own `check`.
 """
 
 from __future__ import annotations
@@ -21,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 def key(default: Any, *, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
         low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
-  """A dataclass field with its default and its limits: one of `choices` (or a callable giving
-  them, for choices defined after the field), or a number in [low, high] ((low, high] with
-  `low_open`; either end may be None). An int default makes the key an integer."""
+  """A dataclass field with its limits: one of `choices` (or a callable giving them), or a
+  number in [low, high] ((low, high] with `low_open`; either end may be None). An int default
+  makes the key an integer."""
   return dataclasses.field(default=default, metadata={
       "choices": choices, "low": low, "high": high, "low_open": low_open})
 
@@ -31,7 +26,9 @@ def key(default: Any, *, choices: Sequence[str] | Callable[[], Sequence[str]] | 
 def check(obj, prefix: str = "") -> None:
   """Refuses the first declared value of `obj` (a config dataclass) outside its limits."""
   for f in dataclasses.fields(obj):
-    limits = _declared(type(obj), f.name)
+    # The limits of the nearest class of the MRO that declared them.
+    fields = (getattr(base, "__dataclass_fields__", {}).get(f.name) for base in type(obj).__mro__)
+    limits = next((field.metadata for field in fields if field and field.metadata), None)
     if limits is None:
       continue
     value, name = getattr(obj, f.name), prefix + f.name
@@ -49,15 +46,6 @@ def check(obj, prefix: str = "") -> None:
     if below or (high is not None and value > high):
       raise ValueError(f"{name}={_shown(value, integer)}: expected "
                        + _limits(low, high, low_open, integer))
-
-
-def _declared(cls, name: str) -> dict | None:
-  """The limits of field `name`, from the nearest class of cls's MRO that declared them."""
-  for base in cls.__mro__:
-    field = getattr(base, "__dataclass_fields__", {}).get(name)
-    if field is not None and field.metadata:
-      return field.metadata
-  return None
 
 
 def _shown(value, integer: bool) -> str:
@@ -84,14 +72,13 @@ EPOCHS = {"low": 0, "high": 1000}
 
 
 class Section:
-  """A learner's section of the config (a frozen dataclass of its keys, named NAME): the checks
-  of its values against the rest of the run, which rmmjax.config.Config.validate calls."""
+  """A learner's section of the config (a frozen dataclass of its keys, named NAME), with the
+  checks rmmjax.config.Config.validate calls."""
 
   NAME = ""
 
   def check(self, cfg) -> None:
-    """Refuses a value that does not fit the rest of the run `cfg` (each key's own limits are
-    declared with it and checked before this)."""
+    """Refuses a value that does not fit the rest of the run `cfg` (after each key's limits)."""
 
   def check_replay(self, cfg) -> None:
     """Refuses a shared key of a replayed dataset (configs other than latent) this learner

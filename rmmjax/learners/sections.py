@@ -1,10 +1,6 @@
-"""Which sections of the config a run trains, in order, by its learner: the one table of them
-(rmmjax.config reads it; each section's keys, defaults and checks are in its learner's folder).
-
-`learner` is the one key that names what trains: a learner of the registry (a reranker family
-such as linear, mlp or cross, the query encoder, or IRIS's models), or a list of stages, the
-query encoder then a reranker family (`query_encoder,cross`: the reranker learns over the
-candidates of the encoder tuned first)."""
+"""Which sections of the config a run trains, in order, by its `learner`: a learner of the
+registry, or the query encoder then a reranker family (`query_encoder,cross`: the reranker
+learns over the candidates of the encoder tuned first). rmmjax.config reads this table."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """What the training loop asks of every task (the latent simulator, reranker replay, the query
-encoder, the reranker inside IRIS, IRIS's learned models).
-
-A task is built from a config (embedding its data there, before the loop writes anything), gives
-the loop its template and first state, advances a state by n online steps (one compiled scan),
-evaluates a state, and may finish a run after its last step. Every task splits its batches over
-the same data mesh (`distributed.data_mesh`), set up once here.
-"""
+encoder, the reranker inside IRIS, IRIS's learned models). A task is built from a config
+(embedding its data there, before the loop writes anything) and splits its batches over the
+data mesh (`distributed.data_mesh`) set up here."""
 
 from __future__ import annotations
 
@@ -42,13 +38,11 @@ class Task(abc.ABC):
 
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:
-    """The checks of a run of this task that its config cannot make alone (the encoder, the
-    data, the device's memory), made before anything of the run is written, on every process
-    (before a two-stage run tunes its query encoder); none by default. Raises ValueError."""
+    """The checks its config cannot make alone (the encoder, the data, the device's memory),
+    before anything of the run is written (before a two-stage run tunes its query encoder)."""
 
   def _data_parallel(self, devices: int, batches: dict[str, int]) -> None:
-    """The mesh every batch of this task is split over; each named batch size must divide
-    over its devices (checked here, before the loop writes anything)."""
+    """The mesh every batch is split over; each named batch size must divide over it."""
     self.mesh = distributed.data_mesh(devices)
     self._parallel = self.mesh.devices.size > 1
     if self._parallel:
@@ -56,11 +50,9 @@ class Task(abc.ABC):
         distributed.check_divisible(size, self.mesh, name)
 
   def _replicated(self, state: core.TrainState) -> core.TrainState:
-    """The state placed whole on every device of the mesh (as it is on one device)."""
     return distributed.replicate(state, self.mesh) if self._parallel else state
 
   def _host(self, tree):
-    """A (possibly mesh-placed) tree as numpy on this process."""
     return distributed.gather(tree) if self._parallel else tree
 
   @abc.abstractmethod
@@ -77,10 +69,8 @@ class Task(abc.ABC):
     """Held-out metrics of a state ({} when nothing is held out)."""
 
   def evaluate_first(self) -> dict:
-    """Held-out metrics of the state before any training (a task whose fresh model is the base
-    order by construction may give them without computing it)."""
+    """Held-out metrics before any training (known without computing, for some tasks)."""
     return self.evaluate(self.template)
 
   def finish(self, state: core.TrainState) -> None:
-    """Work after the last step (the learned judge of learner=iris fits here); none by
-    default."""
+    """Work after the last step (the learned judge of learner=iris fits here)."""

@@ -18,51 +18,31 @@ OBSERVATIONS = ("auto", "true", "false")
 @dataclasses.dataclass(frozen=True)
 class Cross(Learning):
   """The cross reranker (variant=cross, rmmjax.learners.cross), at the rates of fine-tuning an
-  encoder: 2e-5 and tau 1 for the listwise pretraining over `pretrain_candidates` of each
-  question's K candidates (the relevant ones, at most half, then others at random: that share of
-  a pass over all K), near the recipe of a trial made before this learner existed, not tuned.
-  Two epochs, the one value searched (on the dev file's 2-fold cross-validation, so optimistic):
-  Recall@5 over the tuned encoder's candidates 0.634 after one epoch, 0.658 after two (+0.024
-  [+0.010, +0.039]). No online steps by default: on the same folds (experiments/
-  cross_reranker.py) 60 REINFORCE steps from simulated citations at lr 1e-5 lowered Recall@5
-  from 0.575 to 0.555 (-0.019 [-0.037, -0.003]): replayed citations repeat the labels the
-  pretraining used, with noise. The agent still learns online from an LLM's real citations.
-
-  `observations`: the training conversations' LoCoMo observations (the annotators' statements
-  of what each session established, each naming its turn) join their questions, as more
-  labelled (text, turn) pairs; the held-out conversations keep their questions alone. On the
-  dev file's 2-fold cross-validation +0.008 [+0.001, +0.014] Recall@5 (0.666 against 0.658,
-  experiments/sweep_cross.py --arm observations) for 2.2 times the pretraining, and +0.017 at
-  K = 50 (0.711 against 0.694, --arm k50-observations-prior0 against --arm k50-prior0). auto
-  (the default) reads them in a run over turns of a LoCoMo file whose training conversations
-  hold some, and trains without them otherwise (the summary counts them); true refuses a file
-  without them; false never reads them.
-
-  K = 50 over turns, the locomo_cross config's k (the locomo config's is 20): with the flat
-  prior, 0.694 against 0.667 at K = 20 on the same folds (--arm k50-prior0 against --arm
-  prior0): 50 candidates hold more of the evidence, for 2.5 times the scoring. Together the
-  defaults are --arm k50-observations-prior0's settings: 0.711 (folds 0.702, 0.718) against the recipe's 0.658,
-  +0.053 [+0.037, +0.067], chosen on those same folds, so optimistic.
-
-  Pretraining draws each question's irrelevant candidates from base rank `negatives_from_rank`
-  down (those above only where too few others exist: the top of a tuned retriever's list holds
-  evidence the labels missed). Each (question, memory) pair is cut to `max_length` tokens;
-  `compute_dtype` is the encoder's computation dtype (auto: bfloat16 on an accelerator,
-  float32 on a CPU, which has no fast
-  bfloat16 matmul; parameters and optimizer state stay float32 either way); `prior_scale`
-  spreads the base positions' starting prior (-prior_scale * log(1 + position)): flat by
-  default, as reading every candidate's text did better without the retriever's order to
-  start from (0.667 against 0.658 at 1, +0.010 [+0.000, +0.017] on the dev file's 2 folds,
-  experiments/sweep_cross.py --arm prior0, over turns; the prior still learns, from zero);
-  the scoring layer starts at zero and passes the encoder no gradient until it grows, so it
-  and the prior learn at `head_lr_scale` times the rate (10 instead of 50: -0.012 [-0.023,
-  -0.003] on the same folds, experiments/sweep_cross.py --arm head10). `pretrain_loss`: softmax, the
-  cross-entropy of the softmax over each question's candidates; lambda, LambdaLoss (pairs of a
-  relevant and an irrelevant candidate, each weighted by the NDCG its swap would change: the
-  top of the list weighs most; -0.007 [-0.020, +0.002] against softmax, --arm lambda);
-  weakest, each relevant candidate's cross-entropy against the irrelevant ones alone, the
-  largest of a question's (Recall@5 counts a question whose evidence is several turns only
-  when every piece is found: its hardest piece takes the gradient; --arm weakest).
+  encoder. Every default was chosen on the dev file's 2-fold cross-validation, so optimistic
+  (experiments/sweep_cross.py --arm NAME; Recall@5, 95% intervals):
+  - two pretraining epochs: 0.658 against 0.634 after one;
+  - no online steps: 60 REINFORCE steps from simulated citations at lr 1e-5 lowered it from
+    0.575 to 0.555 (experiments/cross_reranker.py): they repeat the pretraining's labels, with
+    noise (the agent still learns from an LLM's real citations);
+  - `observations` (LoCoMo's statements of what each session established, each naming its
+    turn, join the training questions as labelled pairs): +0.008 [+0.001, +0.014] (--arm
+    observations), for 2.2 times the pretraining; auto reads them over turns where the training
+    conversations hold some, true refuses a file without them, false never reads them;
+  - K = 50 (the locomo_cross config's k): 0.694 against 0.667 at K = 20 (--arm k50-prior0);
+    with observations 0.711, +0.053 [+0.037, +0.067] over the first recipe;
+  - `prior_scale` 0 (the base positions' prior -prior_scale * log(1 + position) starts flat; it
+    still learns): 0.667 against 0.658 at 1 (--arm prior0);
+  - `head_lr_scale` 50: the scoring layer starts at zero and passes the encoder no gradient
+    until it grows, so it and the prior learn at that multiple of the rate (10: -0.012, --arm
+    head10).
+  Pretraining takes `pretrain_candidates` of each question's K (the relevant ones, at most
+  half, then others at random), its negatives from base rank `negatives_from_rank` down (the
+  top of a tuned retriever's list holds evidence the labels missed). `pretrain_loss`: softmax
+  over each question's candidates; lambda, LambdaLoss (-0.007 [-0.020, +0.002], --arm lambda);
+  weakest, each relevant candidate against the irrelevant ones, the largest taken (Recall@5
+  counts a question only when every piece is found; --arm weakest). `compute_dtype` auto:
+  bfloat16 on an accelerator, float32 on a CPU (no fast bfloat16 matmul); parameters and
+  optimizer state stay float32.
   """
 
   NAME = "cross"

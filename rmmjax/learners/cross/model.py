@@ -1,23 +1,14 @@
-"""The cross-encoder reranker: a BERT-family encoder reads the question and one candidate memory
-together and scores the pair, so it sees which words of the question a memory shares and what
-answers a "when" (the linear and MLP rerankers only see two fixed sentence embeddings).
+"""The cross-encoder reranker's pure model (no file, network or clock): a BERT-family encoder
+reads the question and one candidate memory together, so it sees which words of the question a
+memory shares and what answers a "when" (the linear and MLP rerankers see two fixed embeddings).
 
-Candidate k of a query scores s_k = rank_bias_k + head(pooler(h_CLS)), where h_CLS is the
-encoder's output at the [CLS] token of "[CLS] question [SEP] memory [SEP]" and pooler is BERT's
-own (a dense layer and tanh). The head (a dense layer to one number) starts at zero and the rank
-prior at a decreasing curve of the base position, so a fresh cross reranker reproduces the base
-retriever's order, as every reranker of the core does; online learning starts from the
-retriever, not from noise. The score is a pure function of (params, pairs), where `pairs` (a
-PackedPairs) holds the batch's pairs packed into rows, several to a row, each attending to its
-own tokens only, with the segment of every token (the tokenizer's type ids): the encoder
-computes few padding positions, and the scores come out per candidate (B, K), so the core's
-Gumbel top-M selection, Plackett-Luce log-probability, REINFORCE and listwise losses apply as
-they are.
-
-With compute_dtype "bfloat16" the encoder runs in bfloat16 (an accelerator's fast path) while
-the parameters, their gradients and Adam's moments stay float32.
-
-This module is the cross learner's pure model: no file, network or clock.
+Candidate k scores s_k = rank_bias_k + head(pooler(h_CLS)), h_CLS the encoder's output at the
+[CLS] of "[CLS] question [SEP] memory [SEP]", pooler BERT's own (dense and tanh). The head starts
+at zero and the prior at a decreasing curve of the base position, so a fresh cross reranker
+reproduces the base retriever's order, as every reranker of the core does. Scores come out per
+candidate (B, K), so the core's selection, log-probability, REINFORCE and listwise losses apply
+as they are. With compute_dtype bfloat16 the encoder computes in bfloat16 while parameters,
+gradients and Adam's moments stay float32.
 """
 
 from __future__ import annotations
@@ -49,19 +40,12 @@ class PackedPairs(struct.PyTreeNode):
 @dataclasses.dataclass(frozen=True)
 class CrossModel(Model):
   """The cross reranker as the core sees it (`CoreSpec.model`): static and hashable, so a spec
-  that holds it still keys one compiled program. It scores a batch's packed pairs, and says
-  each parameter's learning-rate multiplier.
-
-  bert: the encoder's configuration; compute_dtype: the dtype it computes in (bfloat16 on
-  accelerators; parameters and Adam's moments stay float32); prior_scale: how far apart the
-  rank prior starts the base positions; head_lr_scale: the scoring layer's and the prior's
-  learning rate, times lr.
-  """
+  that holds it still keys one compiled program."""
 
   bert: BertConfig
   compute_dtype: str = "float32"
-  prior_scale: float = 1.0  # (a run's is its config's, flat by default)
-  head_lr_scale: float = 1.0
+  prior_scale: float = 1.0  # how far apart the rank prior starts the base positions
+  head_lr_scale: float = 1.0  # the scoring layer's and the prior's learning rate, times lr
 
   def scores(self, params: dict, batch, spec) -> jax.Array:
     del spec  # (the candidates' count is the pairs' own)
@@ -83,7 +67,7 @@ def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
   its pooler when it has one): the scoring layer at zero, the rank prior at
   -prior_scale * log(1 + position)."""
   encoder = dict(encoder_params)
-  h = _hidden(encoder)
+  h = int(encoder["word"]["embedding"].shape[1])
   if "pooler" not in encoder:  # a checkpoint without BERT's pooler: tanh of the [CLS] state
     encoder["pooler"] = {"kernel": jnp.eye(h, dtype=jnp.float32),
                          "bias": jnp.zeros((h,), jnp.float32)}
@@ -92,23 +76,11 @@ def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
   return {"encoder": encoder, "rank_bias": rank_prior_init(k, prior_scale)}
 
 
-def _hidden(encoder_params: dict) -> int:
-  return int(encoder_params["word"]["embedding"].shape[1])
-
-
 def cross_scores(params: dict, pairs: PackedPairs, cfg: BertConfig, dtype: str = "float32",
                  positions_BxK: jax.Array | None = None) -> jax.Array:
-  """Scores of every (question, candidate) pair, scores_BxK: the encoder's score of the pair
-  plus the rank prior of the candidate's base position.
-
-  Args:
-    params: from `init_cross_params` ({"encoder", "rank_bias"}).
-    pairs: the batch's pairs, packed (a missing candidate has none: its score is meaningless,
-      and the candidate mask keeps it out of every selection).
-    cfg: the encoder's configuration.
-    dtype: the encoder's computation dtype (float32, or bfloat16 on an accelerator).
-    positions_BxK: each candidate's base position (default 0..K-1: all K candidates in order).
-  """
+  """scores_BxK: the encoder's score of each packed pair plus the rank prior of the
+  candidate's base position (positions_BxK; default 0..K-1). A missing candidate's score is
+  meaningless: the candidate mask keeps it out of every selection."""
   b, k = pairs.where_BxK.shape
   prior = params["rank_bias"]
   if positions_BxK is None:

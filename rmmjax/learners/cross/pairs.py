@@ -76,22 +76,19 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
   `length` (default: the bucket of the longest pair). `tokenizer` is a `tokenizers.Tokenizer`
   with BERT's pair template (the packaged MiniLM's)."""
   k = max((len(row) for row in texts_NxK), default=0)
-  cut = pair_tokenizer(tokenizer, max_length)
-  whole = pair_tokenizer(tokenizer, 10**6)
-  flat = [(n, j, questions[n], text) for n, row in enumerate(texts_NxK)
-          for j, text in enumerate(row) if text is not None]
-  encoded = cut.encode_batch([(q, t) for _, _, q, t in flat]) if flat else []
-  full_lengths = [len(e.ids) for e in whole.encode_batch([(q, t) for _, _, q, t in flat])] \
-      if flat else []
+  flat = [(n, j) for n, row in enumerate(texts_NxK) for j, text in enumerate(row)
+          if text is not None]
+  texts = [(questions[n], texts_NxK[n][j]) for n, j in flat]
+  encoded, whole = ((pair_tokenizer(tokenizer, max_length).encode_batch(texts),
+                     pair_tokenizer(tokenizer, 10**6).encode_batch(texts)) if flat else ([], []))
   longest = max((len(e.ids) for e in encoded), default=1)
   length = length or bucket(longest, max_length)  # (pairs are cut to max_length, so they fit)
   ids = np.zeros((len(questions), k, length), np.int32)
   segments = np.zeros((len(questions), k, length), np.int8)
-  for (n, j, _, _), e in zip(flat, encoded):
+  for (n, j), e in zip(flat, encoded):
     ids[n, j, :len(e.ids)] = e.ids
     segments[n, j, :len(e.ids)] = np.asarray(e.type_ids, np.int8) + 1
-  truncated = sum(full > max_length for full in full_lengths)
-  return PairTokens(ids, segments, truncated, len(flat))
+  return PairTokens(ids, segments, sum(len(e.ids) > max_length for e in whole), len(flat))
 
 
 def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
@@ -111,20 +108,17 @@ def _padded(pairs: PairTokens, length: int) -> PairTokens:
 
 
 def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):
-  """A pool of questions (a host `core.Batch`, questions_N) with `n` of each one's K candidates:
-  its relevant ones first (at most half of n, drawn at random), the rest drawn from the
-  irrelevant ones that exist at base position `negatives_from` or below (0-based; those above
-  only where too few others exist: the top of a tuned retriever's list holds evidence the
-  labels missed); each keeps its base position (positions_BxK) and so its rank prior. A
-  listwise loss over these n costs n/K of one over all K: what makes pretraining a cross
-  reranker on every labelled question affordable."""
+  """A pool of questions (a host `core.Batch`) with `n` of each one's K candidates, each keeping
+  its base position (positions_BxK) and so its rank prior: a listwise loss over these costs n/K
+  of one over all K, what makes pretraining on every labelled question affordable."""
   mask, relevant = np.asarray(questions_N.mask_BxK), np.asarray(questions_N.relevant_BxK)
   num, k = mask.shape  # (2 <= n <= k: the cross section's check)
   rng = np.random.default_rng(seed)
   keys = rng.random((num, k))
   # Sort key per candidate: relevant ones (up to n // 2 of them) first, then the irrelevant
-  # existing ones from `negatives_from` on, then those above it, then the remaining relevant
-  # ones (only where too few others exist), each group in a random order; missing ones last.
+  # existing ones from base position `negatives_from` (0-based) on, then those above it (the top
+  # of a tuned retriever's list holds evidence the labels missed), then the remaining relevant
+  # ones, each group in a random order; missing ones last.
   rank_rel = np.argsort(np.argsort(np.where(relevant & mask, keys, 2.0), 1), 1)
   take_rel = relevant & mask & (rank_rel < max(1, n // 2))
   deep = np.arange(k)[None, :] >= negatives_from
@@ -144,27 +138,22 @@ SLOTS_PER_ROW = 4  # pairs a packed row holds at most (its last layer computes t
 
 
 def row_steps() -> int:
-  """Into how many steps a batch's possible row counts are cut (each a compiled shape): on a
-  CPU a sixteenth of its pairs, where every empty row costs its full work; an accelerator that
-  a batch leaves mostly idle computes a few more rows for nothing, and each compile costs it
-  most of a minute, so a quarter there."""
+  """Into how many steps a batch's possible row counts are cut (each a compiled shape): a CPU
+  pays for every empty row, an accelerator mostly idle computes them for nothing but pays most
+  of a minute per compile."""
   return 16 if jax.default_backend() == "cpu" else 4
 
 
 def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
          slots: int = SLOTS_PER_ROW, multiple_of: int = 1, serving: bool = False):
-  """The pairs of N questions' K candidates packed into rows of `length` positions (numpy
-  `PackedPairs`): longest first, each into the first row with room for it and a free slot
-  (first-fit decreasing). The number of rows is rounded up to a step of a sixteenth of the pairs
-  (`row_steps`: a quarter on an accelerator; and to `multiple_of`, the devices a batch is split
-  over), so a run compiles for a few row counts only (`serving` rounds it up to a power of two,
-  for one query's candidates: two or three compiled shapes in all). Returns the packed pairs and
-  the share of their positions that are real.
+  """The pairs of N questions' K candidates packed first-fit decreasing into rows of `length`
+  positions (numpy `PackedPairs`), and the share of their positions that are real. The rows are
+  rounded up to a step of `row_steps` (and to `multiple_of`, the devices a batch is split over;
+  `serving`: to a power of two), so a run compiles for a few row counts only.
 
-  The package packs rows as long as the pairs' own padded length: the longest alone, two or
-  three of the usual ones (LoCoMo's pairs average about half of 128). Longer rows pack tighter,
-  but attention's cost grows with the square of a row's length: on a CPU, rows of 256 scored
-  MiniLM's pairs 20% slower than rows of 128, at 90% real positions against 87%."""
+  Rows are as long as the pairs' own padded length (LoCoMo's pairs average about half of 128):
+  longer rows pack tighter, but on a CPU rows of 256 scored MiniLM's pairs 20% slower than rows
+  of 128, at 90% real positions against 87% (attention grows with the square of the length)."""
   lengths = (np.asarray(segments_NxKxL) > 0).sum(-1)
   n, k = lengths.shape
   present = np.flatnonzero(lengths.reshape(-1))

@@ -8,7 +8,8 @@ import dataclasses
 
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
-from rmmjax.learners.cross.pairs import CandidateTokens, pack_batch, pack_streams, pair_tokens, replay_pairs, step_bytes
+from rmmjax.learners.cross.pairs import (CandidateTokens, pack_batch, pack_streams, pair_tokens,
+                                         replay_pairs, step_bytes)
 
 
 @dataclasses.dataclass(frozen=True)

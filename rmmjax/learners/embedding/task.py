@@ -44,8 +44,8 @@ def build_replays(cfg: Config, encoder=None, progress: bool = False):
 
 
 class ReplayTask(Task):
-  """A labelled dataset's conversations: the last `holdout` (or fold `fold`) are held out for
-  evaluation, the rest are pretrained on (when the mode says so) and then replayed as an online stream."""
+  """A labelled dataset's conversations: the last `holdout` (or fold `fold`) are held out, the
+  rest pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
   # Its scoring model (CoreSpec.model): the linear and MLP rerankers'; a family of its own,

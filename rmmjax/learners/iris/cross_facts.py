@@ -1,13 +1,9 @@
 """The cross reranker inside IRIS: it reads the question beside the text of each fact IRIS has
-gathered (units `lace`), where the embedding rerankers of iris_reranker.py compare two fixed
-embeddings.
-
-Training uses the logged episodes of iris_reranker.py with each (question, fact) pair tokenised
-once (`with_pair_tokens`), so pretraining, REINFORCE and their rewards are the ones every
-reranker of IRIS learns by. Inside IRIS (`CrossFactReranker`) the loop hands the reranker its
-evidence after every search; a fact already read with this question keeps its pair score, so a
-question's run reads each of its facts once, and only the rank prior of its new position is
-added afresh.
+gathered (units `lace`), where the embedding rerankers compare two fixed embeddings. It learns
+from the logged episodes of episodes.py, each (question, fact) pair tokenised once
+(`with_pair_tokens`). Inside IRIS (`CrossFactReranker`) a fact already read with the question
+keeps its pair score, so a question's run reads each of its facts once; only the rank prior of
+its new position is added afresh.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from rmmjax import core
 from rmmjax.learners.cross import PackedPairs, pair_logits
 from rmmjax.encode.encoder import compiler_options
 from rmmjax.learners.cross.pairs import PAIR_BUCKETS, CandidateTokens, pack_batch, pair_tokens
-from rmmjax.learners.iris.episodes import IrisEpisode, episodes_batch, fuse_with_order
+from rmmjax.learners.iris.episodes import FactReranker, IrisEpisode, episodes_batch
 from rmmjax.retrieve.evidence import Fact
 
 
@@ -71,48 +67,33 @@ def _logits(params, pairs: PackedPairs, bert: core.BertConfig, dtype: str):
 
 
 @final
-class CrossFactReranker:
-  """A trained cross reranker as IRIS's `reranker(question, facts) -> scores` (the interface of
-  iris_reranker.FactReranker, with the same modes).
-
-  The first spec.k facts are scored: each one's pair score (read once per question and fact,
-  then kept) plus the rank prior of its position in the order given; later facts rank after
-  them in that order. Pairs are cut to the run's max_length and padded to one length, so one
-  program serves every call.
-  """
+class CrossFactReranker(FactReranker):
+  """A trained cross reranker as IRIS's `reranker(question, facts) -> scores`, as FactReranker
+  with the same modes: each fact's pair score (read once per question and fact, then kept)
+  plus the rank prior of its position in the order given. Pairs are cut to the run's
+  max_length and padded to one length, so one program serves every call."""
 
   def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
                mode: str = "fused", fusion_c: float = 60.0):
-    self.params, self.spec, self.tokenizer = params, spec, tokenizer
-    self.max_length, self.mode, self.fusion_c = max_length, mode, fusion_c
+    super().__init__(params, spec, None, mode, fusion_c)
+    self.tokenizer, self.max_length = tokenizer, max_length
     self._prior = np.asarray(params["rank_bias"], np.float64)
     self._question: str | None = None
     self._read: dict[int, float] = {}  # fact_id -> pair score, for the current question
     self.pairs_read = 0  # pairs the encoder has scored (for benchmarks and tests)
 
-  def _pair_scores(self, question: str, facts: Sequence[Fact]) -> np.ndarray:
+  def _head_scores(self, question: str, head: list[Fact]) -> np.ndarray:
     if question != self._question:
       self._question, self._read = question, {}
-    new = [f for f in dict.fromkeys(facts) if f.fact_id not in self._read]
+    new = [f for f in dict.fromkeys(head) if f.fact_id not in self._read]
     k = self.spec.k
     for at in range(0, len(new), k):
       chunk = new[at:at + k]
       texts = [f.text for f in chunk] + [None] * (k - len(chunk))
       pairs = pair_tokens(self.tokenizer, [question], [texts], self.max_length,
                           length=self.max_length)
-      packed = pairs.packed(serving=True)
-      logits = np.asarray(_logits(self.params, packed,
+      logits = np.asarray(_logits(self.params, pairs.packed(serving=True),
                                   self.spec.model.bert, self.spec.model.compute_dtype))
       self._read |= {f.fact_id: float(v) for f, v in zip(chunk, logits)}
       self.pairs_read += len(chunk)
-    return np.array([self._read[f.fact_id] for f in facts])
-
-  def __call__(self, question: str, facts: Sequence[Fact]) -> list[float]:
-    head = list(facts[:self.spec.k])
-    if not head:
-      return []
-    scores = self._pair_scores(question, head) + self._prior[:len(head)]
-    if self.mode == "fused":
-      scores = fuse_with_order(scores, self.fusion_c)
-    low = float(scores.min())
-    return [float(s) for s in scores] + [low - 1.0 - i for i in range(len(facts) - len(head))]
+    return np.array([self._read[f.fact_id] for f in head]) + self._prior[:len(head)]

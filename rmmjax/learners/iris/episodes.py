@@ -1,17 +1,12 @@
 """The RMM reranker inside IRIS: it ranks the evidence the loop accumulated, and learns by
-REINFORCE from simulated citations, from the sufficiency judge's verdicts, or from both.
-
-An episode is one question's IRIS run, logged: the first K facts of the order the loop ended
-with (its candidates), their embeddings, and which of the question's evidence turns each comes
-from. Learning replays episodes in batches, as the replay studies replay base-retriever
-candidates: the reranker samples M facts by Gumbel top-M; the simulated generator cites them
-(which needs the evidence labels) and the judge labels the M facts alone (which needs none);
-`core.reinforce_update` learns from
+REINFORCE from simulated citations (which need the evidence labels), from the sufficiency
+judge's verdicts on the M facts it selected (which need none), or from both:
 
     reward of a selected fact = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts)
 
-where `verdict_reward` maps the judge's label and confidence into [-1, 1] and is shared by the
-M facts it judged. `FactReranker` then puts the trained reranker inside `iris_retrieve`.
+with `verdict_reward` in [-1, 1], shared by the M facts judged. An episode is one question's
+IRIS run, logged: the first K facts of its final order, their embeddings and evidence labels.
+`FactReranker` puts the trained reranker inside `iris_retrieve`.
 """
 
 from __future__ import annotations
@@ -42,18 +37,14 @@ _EPISODE_STREAM = 6
 class EmbeddedStore(EvidenceStore, Protocol):
   """An evidence store that exposes the embeddings its dense search compares (LaceMem does)."""
 
-  def query_vector(self, query: str) -> np.ndarray:
-    """The query's embedding, (D,)."""
+  def query_vector(self, query: str) -> np.ndarray: ...  # (D,)
 
-  def fact_vectors(self, fact_ids: list[int]) -> np.ndarray:
-    """The facts' embeddings, (len(fact_ids), D)."""
+  def fact_vectors(self, fact_ids: list[int]) -> np.ndarray: ...  # (len(fact_ids), D)
 
 
 @final
 @dataclasses.dataclass(frozen=True)
 class IrisEpisode:
-  """One question's logged IRIS run: its candidates with embeddings and evidence labels."""
-
   question: str
   category: str
   facts: tuple[Fact, ...]  # the first K facts of the final order (fewer when fewer were found)
@@ -88,8 +79,7 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
       mem[:len(facts)] = store.fact_vectors([f.fact_id for f in facts])
     labels = np.zeros((k, max_evidence), bool)
     for i, fact in enumerate(facts):
-      for e, turn in enumerate(evidence):
-        labels[i, e] = fact.turn_id == turn
+      labels[i, :len(evidence)] = [fact.turn_id == turn for turn in evidence]
     episodes.append(IrisEpisode(
         q.question, q.category, tuple(facts), {f.turn_id: store.raw(f.turn_id) for f in facts},
         query, mem, labels, len(evidence)))
@@ -141,11 +131,9 @@ class RewardMix:
 
 def mixed_rewards(cited_BxM: jax.Array, selected_BxM: jax.Array, verdict_B: jax.Array,
                   mix: RewardMix) -> jax.Array:
-  """rewards_BxM: citation * (+1/-1) + verdict * the query's verdict reward; 0 where nothing
-  was selected."""
-  taken = selected_BxM >= 0
+  """rewards_BxM (see the module's docstring); 0 where nothing was selected."""
   return (mix.citation * core.citation_rewards(cited_BxM, selected_BxM)
-          + mix.verdict * jnp.where(taken, verdict_B[:, None], 0.0))
+          + mix.verdict * jnp.where(selected_BxM >= 0, verdict_B[:, None], 0.0))
 
 
 @jax.jit
@@ -213,9 +201,7 @@ def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
     selected_np = distributed.gather(selected)
     verdicts = np.array([judge_selection(judge_for(e), e, s) if mix.verdict > 0 else 0.0
                          for e, s in zip(chunk, selected_np)], np.float32)
-    verdicts_B = jnp.asarray(verdicts)
-    if parallel:
-      verdicts_B = distributed.shard_leading(verdicts, mesh)
+    verdicts_B = distributed.shard_leading(verdicts, mesh) if parallel else jnp.asarray(verdicts)
     state, metrics = _update(state, batch, selected, mixed_rewards(cited, selected, verdicts_B,
                                                                    mix))
     taken = max(int(np.sum(selected_np >= 0)), 1)
@@ -252,7 +238,6 @@ def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) ->
   return batch_scores(params, q_D[None], m_KxD[None], spec)[0]
 
 
-@final
 class FactReranker:
   """A trained reranker as IRIS's `reranker(question, facts) -> scores`.
 
@@ -269,15 +254,17 @@ class FactReranker:
     self.params, self.spec, self.store = params, spec, store
     self.mode, self.fusion_c = mode, fusion_c
 
+  def _head_scores(self, question: str, head: list[Fact]) -> np.ndarray:
+    mem = np.zeros((self.spec.k, self.spec.dim), np.float32)
+    mem[:len(head)] = self.store.fact_vectors([f.fact_id for f in head])
+    query = np.asarray(self.store.query_vector(question), np.float32)
+    return np.asarray(_score_one(self.params, query, mem, self.spec), np.float64)[:len(head)]
+
   def __call__(self, question: str, facts: Sequence[Fact]) -> list[float]:
     head = list(facts[:self.spec.k])
     if not head:
       return []
-    mem = np.zeros((self.spec.k, self.spec.dim), np.float32)
-    mem[:len(head)] = self.store.fact_vectors([f.fact_id for f in head])
-    query = np.asarray(self.store.query_vector(question), np.float32)
-    scores = np.asarray(_score_one(self.params, query, mem, self.spec),
-                        np.float64)[:len(head)]
+    scores = self._head_scores(question, head)
     if self.mode == "fused":
       scores = fuse_with_order(scores, self.fusion_c)
     low = float(scores.min())

@@ -78,8 +78,9 @@ def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
   candidates = chosen + [f for _, f in zip(range(k - len(chosen)), pool)]
   candidates = [candidates[i] for i in rng.permutation(len(candidates))]
   covers = np.zeros((k, e), bool)
-  covers[:len(candidates), :len(items)] = [[facts[f].turn_id == t for t in items]
-                                           for f in candidates]
+  for row, fact_id in enumerate(candidates):
+    if facts[fact_id].turn_id in items:
+      covers[row, items.index(facts[fact_id].turn_id)] = True
   mem = np.zeros((k, store.fact_vectors([0]).shape[1]), np.float32)
   mem[:len(candidates)] = store.fact_vectors(candidates)
   return text, mem, covers
