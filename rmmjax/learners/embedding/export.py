@@ -40,13 +40,8 @@ def flatten_params(params: dict) -> dict[str, np.ndarray]:
           for name, value in traverse_util.flatten_dict(params, sep="/").items()}
 
 
-def describe(cfg, record: dict, step: int) -> dict:
-  """The description an export carries: enough to score, evaluate and keep training."""
-  return _description(cfg.core_spec(), {name: get_value(cfg, name) for name in SWEEPABLE},
-                      record, step)
-
-
 def _description(spec: core.CoreSpec, hparams: dict, record: dict, step: int) -> dict:
+  """The description an export carries: enough to score, evaluate and keep training."""
   return {"format_version": FORMAT_VERSION, "variant": spec.variant, "dim": spec.dim,
           "hidden": spec.hidden if spec.variant == "mlp" else None, "k": spec.k, "m": spec.m,
           "batch": spec.batch, "rank_prior": spec.rank_prior, "step": step,
@@ -69,7 +64,8 @@ def export_reranker(workdir: Path, out: Path) -> dict:
   out = _check_out(out)
   spec = dataclasses.replace(read_config(workdir).core_spec(), model=EMBEDDING)
   params, cfg, step = load_trained_params(workdir, spec)
-  meta = describe(cfg, read_record(workdir), step)
+  meta = _description(cfg.core_spec(), {name: get_value(cfg, name) for name in SWEEPABLE},
+                      read_record(workdir), step)
   _write(params, meta, out, f"{workdir} (step {step})")
   return meta
 

@@ -41,10 +41,10 @@ def _add_rank_prior(params: dict, scores_xK: jax.Array) -> jax.Array:
   """Adds the learnt bias of each candidate position (base rank), when the reranker has one."""
   if "rank_bias" not in params:
     return scores_xK
-  if params["rank_bias"].shape[0] != scores_xK.shape[-1]:
-    raise ValueError(f"{scores_xK.shape[-1]} candidates, but the rank prior was trained for "
-                     f"k={params['rank_bias'].shape[0]}")
   bias = params["rank_bias"]
+  if bias.shape[0] != scores_xK.shape[-1]:
+    raise ValueError(f"{scores_xK.shape[-1]} candidates, but the rank prior was trained for "
+                     f"k={bias.shape[0]}")
   return scores_xK + (bias if scores_xK.ndim == 1 else bias[None, :])
 
 
@@ -72,18 +72,8 @@ def _linear_query_map(params: dict, q_BxD: jax.Array) -> tuple[jax.Array, jax.Ar
 
 
 def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear") -> jax.Array:
-  """Reranker scores of K candidate memories for one query.
-
-  Args:
-    params: from `init_params`.
-    q_D: query embedding.
-    m_KxD: candidate memory embeddings.
-    variant: "linear" (q' = q + q wq, m' = m + m wm, s = q'.m') or "mlp" (residual MLPs).
-
-  Returns:
-    scores_K. For "linear" the memories are never transformed: s_i = m_i . q (I+wq)(I+wm)^T,
-    which costs O(D^2 + K D) instead of O(K D^2).
-  """
+  """scores_K of K candidate memories for one query. The linear variant never transforms the
+  memories: s_i = m_i . q (I+wq)(I+wm)^T costs O(D^2 + K D) instead of O(K D^2)."""
   _check_shapes(params, q_D, m_KxD, variant)
   if variant == "linear":
     _, v_D = _linear_query_map(params, q_D[None, :])
@@ -94,10 +84,8 @@ def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear
 
 
 def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
-  """The linear reranker written as the paper states it: all K memories transformed.
-
-  Kept as the reference for tests and for the benchmark of the fast formulation.
-  """
+  """The linear reranker as the paper states it, all K memories transformed (formulation
+  naive: the reference of the fast one's tests and benchmark)."""
   _check_shapes(params, q_D, m_KxD, "linear")
   q_D = q_D + q_D @ params["wq"]
   m_KxD = m_KxD + m_KxD @ params["wm"]
@@ -122,10 +110,9 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
   (and the rank prior's dense gradient, when there is one).
 
   With u = q (I+wq) and v = u (I+wm)^T, s_k = m_k . v. Back-propagating g_v = sum_k g_k m_k:
-  dwm = sum_b outer(g_v_b, u_b) and dwq = sum_b outer(q_b, g_v_b (I+wm)). Returned as LowRank so
-  the dense D x D gradients are formed only inside the optimizer's fused update. Every product
-  here reads a weight matrix in its stored layout (x @ w), the fast case for CPU matmul kernels;
-  only the forward's u wm^T reads one transposed.
+  dwm = sum_b outer(g_v_b, u_b) and dwq = sum_b outer(q_b, g_v_b (I+wm)), as LowRank so the
+  dense D x D gradients are formed only inside the optimizer's fused update. Every product reads
+  a weight matrix in its stored layout (x @ w), the fast case for CPU matmul kernels.
   """
   u_BxD, _ = _linear_query_map(params, q_BxD)
   g_v_BxD = jnp.einsum("bk,bkd->bd", g_scores_BxK, mem_BxKxD)
@@ -138,9 +125,8 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingModel(Model):
-  """The linear and MLP rerankers as the core sees them (CoreSpec.model): the spec's variant,
-  formulation, hidden width and rank prior say which; the fast linear scorer back-propagates by
-  hand into low-rank factors (`linear_grad_factors`)."""
+  """The linear and MLP rerankers as the core sees them (CoreSpec.model); the fast linear
+  scorer back-propagates by hand into low-rank factors (`linear_grad_factors`)."""
 
   def init_params(self, key: jax.Array, spec: CoreSpec) -> dict:
     return init_params(key, spec)

@@ -74,8 +74,8 @@ class CrossFactReranker(FactReranker):
   max_length and padded to one length, so one program serves every call."""
 
   def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
-               mode: str = "fused", fusion_c: float = 60.0):
-    super().__init__(params, spec, None, mode, fusion_c)
+               mode: str = "fused"):
+    super().__init__(params, spec, None, mode)
     self.tokenizer, self.max_length = tokenizer, max_length
     self._prior = np.asarray(params["rank_bias"], np.float64)
     self._question: str | None = None

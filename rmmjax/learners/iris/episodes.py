@@ -249,10 +249,8 @@ class FactReranker:
   experiments/results/iris_reranker.md).
   """
 
-  def __init__(self, params, spec: core.CoreSpec, store: EmbeddedStore, mode: str = "fused",
-               fusion_c: float = 60.0):
-    self.params, self.spec, self.store = params, spec, store
-    self.mode, self.fusion_c = mode, fusion_c
+  def __init__(self, params, spec: core.CoreSpec, store: EmbeddedStore, mode: str = "fused"):
+    self.params, self.spec, self.store, self.mode = params, spec, store, mode
 
   def _head_scores(self, question: str, head: list[Fact]) -> np.ndarray:
     mem = np.zeros((self.spec.k, self.spec.dim), np.float32)
@@ -266,6 +264,6 @@ class FactReranker:
       return []
     scores = self._head_scores(question, head)
     if self.mode == "fused":
-      scores = fuse_with_order(scores, self.fusion_c)
+      scores = fuse_with_order(scores)
     low = float(scores.min())
     return [float(s) for s in scores] + [low - 1.0 - i for i in range(len(facts) - len(head))]

@@ -1,16 +1,11 @@
 """learner=iris: IRIS's gap diagnosis learned from a replayed dataset's labels (units lace).
 
-Each conversation becomes a LaceMem; the last `holdout` conversations are held out (with
-holdout=0, the last `validation` ones are kept out of the fits to check them). Before the online
-steps (`initial_state`) the anchor query encoder (or `query_encoder=WORKDIR`'s) and the
-refinement encoder are fitted on the training conversations' labels
-(`rmmjax.replay.iris_models`); the anchor is written to the workdir then, and the refinement
-encoder is the run's state: online REINFORCE from simulated citations over its training
-examples (the `iris_k` candidate facts of each), checkpointed and resumed by the training loop
-like every run. At the end (`finish`) the sufficiency judge is fitted on IRIS runs with the
-final refinement encoder, the one it will judge the iterations of. Evaluation runs single
-passes with the base and the tuned anchor encoder, and IRIS with the learned models, on the
-held-out (or validation) conversations, and warns when the anchor is worse than the base.
+Before the online steps (`initial_state`) the anchor query encoder (or `query_encoder=WORKDIR`'s)
+and the refinement encoder are fitted on the training conversations' labels (iris/fit.py) and
+the anchor is written to the workdir; the refinement encoder is the run's state, learning online
+by REINFORCE over its training examples like every run. At the end (`finish`) the sufficiency
+judge is fitted on IRIS runs with the final refinement encoder, the one whose iterations it
+will judge. With holdout=0 the last `validation` conversations are kept out of the fits.
 """
 
 from __future__ import annotations
@@ -75,16 +70,14 @@ class IrisLearnedTask(Task):
     # With holdout=0 the evaluated conversations are the validation split: not trained on, but
     # not a test either (the run is meant to be evaluated on another file).
     self.validating = cfg.holdout == 0 and bool(self.test_data)
-    self.train_convs = [_Conv(c.conversation_id, conversation_fingerprint(c))
-                        for c in self.train_data]
-    self.test_convs = [_Conv(c.conversation_id, conversation_fingerprint(c))
-                       for c in self.test_data]
+    self.train_convs, self.test_convs = (
+        [_Conv(c.conversation_id, conversation_fingerprint(c)) for c in part]
+        for part in (self.train_data, self.test_data))
     record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "iris", "iris": "learned", "query_encoder_path": cfg.query_encoder or None,
         "validation": self.validating}
-    ancestors = ([(cfg.query_encoder, query_encoder_record(Path(cfg.query_encoder)))]
-                 if cfg.query_encoder else [])
-    self.record = with_ancestors(record, ancestors)
+    self.record = with_ancestors(record, [(cfg.query_encoder, query_encoder_record(
+        Path(cfg.query_encoder)))] if cfg.query_encoder else [])
     tuning = cfg.encoder_tuning
     self.fit = IrisFit(k=cfg.iris_models.k, hard_share=cfg.iris_models.hard_share,
                        epochs=tuning.pretrain_epochs, batch=tuning.pretrain_batch,
@@ -102,8 +95,14 @@ class IrisLearnedTask(Task):
                                       "the judge's batch": self.fit.judge_batch})
     self._online = Online(online_step(encoder.module))
 
-  def _train_stores(self):
-    return self.stores[:len(self.train_data)]
+  def _train_stores(self, anchored: bool = False):
+    """The training conversations' stores (searching with the written anchor, if `anchored`)."""
+    stores = self.stores[:len(self.train_data)]
+    if anchored:
+      anchor = self._anchor()
+      for store in stores:
+        store.query_encoder = anchor
+    return stores
 
   def initial_state(self) -> core.TrainState:
     """Fits the two encoders, writes the anchor, returns the refinement encoder's state."""
@@ -129,12 +128,8 @@ class IrisLearnedTask(Task):
     path = self.workdir / JUDGE_FILE
     if path.exists() and load_judge(path)[1].get("step") == int(state.step):
       return
-    anchor = self._anchor()
-    for store in self._train_stores():
-      store.query_encoder = anchor
-    params = self._host(state.params)
-    judge, loss = fit_iris_judge(self.encoder, self._train_stores(), self.train_data, params,
-                                 self.fit, self.mesh)
+    judge, loss = fit_iris_judge(self.encoder, self._train_stores(anchored=True),
+                                 self.train_data, self._host(state.params), self.fit, self.mesh)
     if distributed.is_writer():
       save_judge(judge, self.workdir / JUDGE_FILE,
                  {"record": self.record, "step": int(state.step)})
@@ -155,10 +150,7 @@ class IrisLearnedTask(Task):
   def _online_stream(self):
     """The refinement examples as a stream of batches (rebuilt alike on a resume)."""
     if self._stream is None:
-      anchor = self._anchor()
-      for store in self._train_stores():
-        store.query_encoder = anchor
-      examples = ranking_examples(self._train_stores(), self.train_data, self.fit.k,
+      examples = ranking_examples(self._train_stores(anchored=True), self.train_data, self.fit.k,
                                   self.fit.max_evidence, self.fit.seed + 1, self.fit.hard_share,
                                   HOP_STATES)
       b = self.cfg.batch

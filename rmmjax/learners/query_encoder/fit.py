@@ -1,12 +1,7 @@
-"""Fine-tuning the retriever itself, without a reranker: supervised pretraining on labelled
-evidence and REINFORCE from citation rewards, applied to the encoder.
-
-The same core steps as the reranker's (`core.supervised_step`, `core.train_step`), with the
-encoder as the scorer: a candidate's score is the dot product of the fine-tuned query embedding
-with the memory's embedding. Only the query side is tuned; the memories keep the embeddings they
-were indexed with, so a bank never needs re-embedding after an update. After training,
-retrieval is dense search (or its fusion with BM25) with the tuned query encoder.
-"""
+"""Fine-tuning the retriever's query encoder, without a reranker: the reranker's core steps
+(`core.supervised_step`, `core.train_step`) with the encoder as the scorer, a candidate's score
+the dot product of the tuned query embedding with the memory's. Only the query side is tuned:
+the memories keep the embeddings they were indexed with, so a bank needs no re-embedding."""
 
 from __future__ import annotations
 

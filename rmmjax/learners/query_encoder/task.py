@@ -1,12 +1,7 @@
-"""Training the retriever's query encoder on a replayed dataset (learner=query_encoder).
-
-The same protocol as the reranker's: the last `holdout` conversations are held out; the query
-encoder is pretrained on the others' labelled evidence (listwise, over the base retriever's K
-candidates) and then trained online by REINFORCE from simulated citations, in checkpointed
-segments that the training loop logs and resumes. Only the query side is tuned: the memories
-keep the embeddings they were indexed with. Held-out evaluation retrieves with the tuned query
-encoder (dense, or fused with BM25 under retriever=hybrid) over each held-out conversation.
-"""
+"""Training the retriever's query encoder on a replayed dataset (learner=query_encoder), with
+the reranker's protocol: pretrained on the training conversations' labelled evidence over the
+base retriever's K candidates, then online REINFORCE from simulated citations. Held-out
+evaluation retrieves with the tuned query encoder over each held-out conversation."""
 
 from __future__ import annotations
 
@@ -35,8 +30,7 @@ class QueryEncoderTask(Task):
   """Pretraining then online REINFORCE of the query encoder; held-out retrieval recall."""
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
-    self._progress = progress
-    self.cfg = cfg
+    self.cfg, self._progress = cfg, progress
     data, conversations, _, encoder = replay_inputs(cfg, encoder)
     self.encoder = encoder
     self.unit_builder = functools.partial(conversation_units, encoder=encoder)
@@ -68,8 +62,7 @@ class QueryEncoderTask(Task):
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:
     """The training questions fill a batch of online steps and one of pretraining (a larger
-    pretraining batch would be padded until it ran out of memory), before anything is embedded
-    or written."""
+    pretraining batch would be padded until it ran out of memory)."""
     num = training_questions(cfg)
     tuning = cfg.encoder_tuning
     pretrained = bool(saved_steps(Path(workdir) / "checkpoints"))  # (a resume skips it)
@@ -99,11 +92,9 @@ class QueryEncoderTask(Task):
                             (self.train_seq, self.ids_SxBxT, self.mask_SxBxT), n)
 
   def _recall(self, tuned, m: int) -> float:
-    cfg = self.cfg
-    memory_encoder, query_encoder = retrieval_encoders(self.encoder, tuned, cfg.encoder_tuning.tune)
+    encoders = retrieval_encoders(self.encoder, tuned, self.cfg.encoder_tuning.tune)
     return float(np.mean(np.concatenate([
-        retrieval_recall(c, cfg.units, cfg.retriever, memory_encoder, query_encoder, m,
-                         self.unit_builder)
+        retrieval_recall(c, self.cfg.units, self.cfg.retriever, *encoders, m, self.unit_builder)
         for c in self.test_conversations])))
 
   def evaluate(self, state: core.TrainState) -> dict:
