@@ -39,8 +39,7 @@ HOW_TO_SCORE = (
 
 def served_files(out: Path) -> dict[str, str]:
   """The sha256 of each file sentence-transformers builds the served model from besides the
-  weights (the model's config and the tokenizer's files), which rmmjax itself does not read:
-  a changed one would serve other scores than rmmjax's, and the loader refuses it."""
+  weights, which rmmjax does not read: a changed one would serve other scores than rmmjax's."""
   return {name: hashlib.sha256((out / name).read_bytes()).hexdigest()
           for name in ("config.json", *TOKENIZER_FILES) if (out / name).is_file()}
 
@@ -64,10 +63,8 @@ def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
 
 def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
                  max_length: int) -> Path:
-  """Writes the directory (see the module docstring); `base_dir` is the encoder it started from
-  (its config and tokenizer files); `manifest`, what the directory says of itself besides how
-  to score (io.trained.export_manifest: the run's record and config let rmmjax serve it as
-  --reranker)."""
+  """Writes the directory (see the module docstring) from the encoder it started from,
+  `base_dir`; `manifest` (io.trained.export_manifest) lets rmmjax serve it as --reranker."""
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   config = json.loads((Path(base_dir) / "config.json").read_text())
@@ -93,9 +90,8 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
 
 
 def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
-  """A cross reranker's training workdir as the directory above. `encoder` is the one it
-  started from (its config and tokenizer files; refused when it is another). The directory is
-  written beside `out` and renamed into place: a failed export leaves nothing half-written."""
+  """A cross reranker's training workdir as the directory above, beside the encoder it started
+  from (another is refused); a failed export leaves nothing half-written."""
   workdir, out = Path(workdir), Path(out)
   spec, template = restore(read_config(workdir), workdir)
   params, _, step = load_trained_params(workdir, spec, template)

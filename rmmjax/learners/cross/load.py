@@ -51,9 +51,7 @@ def cross_export_header(path: Path) -> dict:
 
 
 def _check_served_files(path: Path, header: dict) -> None:
-  """Refuses an export whose config.json or tokenizer files (what sentence-transformers builds
-  the served model from) changed since the export wrote them: the two would serve different
-  scores."""
+  """Refuses an export whose config.json or tokenizer files changed since it was written."""
   recorded, now = header["served_files"], served_files(path)
   changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
   if changed:
@@ -64,28 +62,26 @@ def _check_served_files(path: Path, header: dict) -> None:
 
 
 def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
-  """Refuses a weights file that lacks a tensor of the encoder, pooler or scoring layer, holds
-  one of another shape, or holds a value that is not finite."""
+  """Refuses a missing, misshapen or non-finite tensor of the encoder, pooler or head."""
   shapes = jax.eval_shape(lambda: cross_params_template(bert, 1))["encoder"]
-  wanted = {hf_name(name): tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
-            for at, name, transposed in weight_names(bert, head=True)}
-  for name, shape in wanted.items():
+  where = path / "model.safetensors"
+  for at, name, transposed in weight_names(bert, head=True):
+    name, shape = hf_name(name), tuple(param_at(shapes, at).shape[::-1 if transposed else 1])
     value = weights.get(name)
     if value is None:
-      raise ValueError(f"{path / 'model.safetensors'}: no {name} (not a cross reranker's "
-                       "export of this encoder); export the training workdir again")
+      raise ValueError(f"{where}: no {name} (not a cross reranker's export of this encoder); "
+                       "export the training workdir again")
     if value.shape != shape:
-      raise ValueError(f"{path / 'model.safetensors'}: {name} has shape {value.shape}, the "
-                       f"header's encoder needs {shape}; export the training workdir again")
+      raise ValueError(f"{where}: {name} has shape {value.shape}, the header's encoder needs "
+                       f"{shape}; export the training workdir again")
     if not np.all(np.isfinite(value)):
-      raise ValueError(f"{path / 'model.safetensors'}: {name} holds values that are not "
-                       "finite; export the training workdir again")
+      raise ValueError(f"{where}: {name} holds values that are not finite; export the training "
+                       "workdir again")
 
 
 def load_cross_export(path: Path) -> LoadedReranker:
-  """A cross reranker from its export (a CrossEncoder directory with its manifest): the BERT
-  weights, pooler and scoring layer from model.safetensors, the rank prior and the run's config
-  and record from the manifest."""
+  """A cross reranker from its export: the encoder, pooler and head from model.safetensors, the
+  rank prior and the run's config and record from the manifest."""
   path = Path(path)
   header = cross_export_header(path)
   try:

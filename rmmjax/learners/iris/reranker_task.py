@@ -1,13 +1,8 @@
-"""A reranker learning to rank the evidence IRIS gathers (units `lace`): an embedding
-reranker, or the cross reranker (variant=cross, which reads each question with each fact's
-text: rmmjax.learners.iris.cross_facts).
-
-Each conversation becomes a LaceMem (its retriever as the config's), every question's IRIS run
-with the offline heuristic judge is logged as an episode (`rmmjax.learners.iris.episodes`), the
-last `holdout` conversations are held out, and the reranker pretrains on the training episodes'
-labels (mode pretrain+rl) and then learns online from simulated citations plus, with
-verdict_reward > 0, the judge's verdict on the facts it selected.
-"""
+"""A reranker learning to rank the evidence IRIS gathers (units `lace`): an embedding reranker,
+or the cross reranker (cross_facts.py). Every question's IRIS run over its conversation's LaceMem,
+with the offline heuristic judge, is logged as an episode (episodes.py); the reranker pretrains
+on the training episodes' labels, then learns online from simulated citations plus, with
+verdict_reward > 0, the judge's verdict on the facts it selected."""
 
 from __future__ import annotations
 
@@ -99,14 +94,12 @@ class IrisTask(Task):
 
   def _cross_inputs(self, encoder) -> None:
     """Every episode's (question, fact) pairs tokenised, counted in the record and summary."""
-    cfg = self.cfg
-    self.train_episodes, train = with_pair_tokens(self.train_episodes, encoder.tokenizer,
-                                                  cfg.cross.max_length)
-    self.test_episodes, test = with_pair_tokens(self.test_episodes, encoder.tokenizer,
-                                                cfg.cross.max_length)
+    (self.train_episodes, train), (self.test_episodes, test) = (
+        with_pair_tokens(e, encoder.tokenizer, self.cfg.cross.max_length)
+        for e in (self.train_episodes, self.test_episodes))
     counts = {key: train[key] + test[key] for key in ("pairs", "truncated")}
-    self.record, self.input_notes = with_pairs_read(self.record, cfg, encoder, train["length"],
-                                                    counts)
+    self.record, self.input_notes = with_pairs_read(self.record, self.cfg, encoder,
+                                                    train["length"], counts)
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
@@ -157,11 +150,8 @@ class IrisTask(Task):
     fused = np.full(scores.shape, -np.inf)
     for i, row in enumerate(mask):  # the valid candidates are a prefix of each row
       fused[i, :row.sum()] = fuse_with_order(scores[i, :row.sum()])
-    top = jax.vmap(core.top_m, in_axes=(0, None, 0))
-    positions = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
-    in_order = jnp.asarray(np.where(mask, positions, -1))
-    return {"recall_at_m_base": float(core.recall_at_m(in_order[:, :m], batch)),
-            "recall_at_m": float(core.recall_at_m(top(jnp.asarray(fused), m, mask), batch)),
-            "recall_at_m_alone": float(core.recall_at_m(top(jnp.asarray(scores), m, mask),
-                                                        batch)),
-            "recall_at_k": float(core.recall_at_m(in_order, batch))}
+    top = lambda s: jax.vmap(core.top_m, in_axes=(0, None, 0))(jnp.asarray(s), m, mask)  # noqa: E731
+    recall = lambda order: float(core.recall_at_m(order, batch))  # noqa: E731
+    in_order = jnp.asarray(np.where(mask, np.arange(mask.shape[1]), -1))
+    return {"recall_at_m_base": recall(in_order[:, :m]), "recall_at_m": recall(top(fused)),
+            "recall_at_m_alone": recall(top(scores)), "recall_at_k": recall(in_order)}
