@@ -1,14 +1,9 @@
-"""The cross reranker's training task (variant=cross): the replay task of the embedding
-rerankers, with (question, memory) pair tokens in every batch and the encoder's weights as the
-starting point.
-
-The steps are those of every reranker (listwise pretraining on the evidence labels, then online
-REINFORCE from simulated citations), but one step of a six-layer encoder over K pairs costs
-seconds on a CPU, so the steps run from the host, one compiled step at a time: pretraining shows
-a progress bar and draws a fresh subset of candidates each epoch (`cross_pairs.
-candidate_subset`), and the online step is compiled ahead, once, which also tells its memory
-need before the run starts. The randomness of every step is the one the scanned steps of the
-other rerankers draw, so a resumed run ends where an uninterrupted one does.
+"""The cross reranker's training task (variant=cross): the embedding rerankers' replay task,
+with (question, memory) pair tokens in every batch and the encoder's weights to start from.
+One step of a six-layer encoder over K pairs costs seconds on a CPU, so the steps run from the
+host, one compiled step at a time (pretraining over a fresh subset of candidates each epoch:
+`pairs.candidate_subset`), drawing the randomness the other rerankers' scanned steps draw, so
+a resumed run ends where an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -161,11 +156,10 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
 
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
                    progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
-  """cfg.cross.pretrain_epochs of listwise pretraining on the questions' labels (a core.Batch of
-  every question, with pair tokens), one compiled step at a time (the packed shapes vary), each
-  epoch over a fresh subset of cfg.cross.pretrain_candidates candidates per question in a fresh
-  order, both drawn from (seed, epoch) alone, packed as `pairs.pack` packs them, at the
-  pretraining's rates. Returns the state (its optimizer not reset), every step's loss and the
+  """Listwise pretraining on the questions' labels (a core.Batch of every question, with pair
+  tokens) at the cross section's pretraining rates, one compiled step at a time (the packed
+  shapes vary), each epoch over a fresh subset of candidates in a fresh order, both drawn from
+  (seed, epoch) alone. Returns the state (its optimizer not reset), every step's loss and the
   share of the positions computed that were real tokens."""
   state = state.replace(hparams=state.hparams.replace(
       lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),

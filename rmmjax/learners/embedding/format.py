@@ -1,10 +1,6 @@
 """The exported reranker file: safetensors weights whose header carries everything needed to
-serve, evaluate or keep training it (one file is enough; FILE.json beside it is a readable copy).
-
-NumPy and safetensors only, so a server can read it without JAX. Reading checks the file
-before anything uses it: a truncated or foreign file, weights of the wrong names or shapes, and
-NaN or infinite weights are refused with a message naming the file.
-"""
+serve, evaluate or keep training it (FILE.json beside it is a readable copy). NumPy and
+safetensors only, so a server can read it without JAX."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Saving, loading and exporting the learned IRIS models of a learner=iris workdir.
-
-A workdir holds the anchor query encoder (`anchor_encoder/`, a Hugging Face directory), the
-judge (`judge.safetensors`) and the refinement encoder as the run's Orbax checkpoints (it keeps
-learning online). `rmmjax export` writes all three as files: `anchor_encoder/` and
-`refine_encoder/` (Hugging Face directories), `judge.safetensors`, whose header says how to
-score it, and the export's manifest. `load_iris_model` reads either layout.
+"""Saving, loading and exporting the learned IRIS models of a learner=iris workdir: the anchor
+query encoder (`anchor_encoder/`, a Hugging Face directory), the judge (`judge.safetensors`) and
+the refinement encoder as the run's checkpoints (it learns online). `rmmjax export` writes the
+refinement encoder as `refine_encoder/` beside the other two; `load_iris_model` reads either.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from flax import traverse_util
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
@@ -55,8 +53,6 @@ def save_judge(params: dict, path: Path, metadata: dict) -> None:
 
 
 def load_judge(path: Path) -> tuple[dict, dict]:
-  from safetensors import safe_open  # noqa: PLC0415 (the header only)
-
   with safe_open(str(path), "numpy") as f:
     header = f.metadata() or {}
   if header.get("rmmjax_format") != JUDGE_FORMAT:

@@ -1,15 +1,9 @@
-"""Training data and supervised fitting of IRIS's learned parts, from labelled questions.
-
-- The anchor query encoder: the question against the conversation's facts.
-- The refinement encoder: the question joined with the best facts the anchor found (after the
-  first 5, 10 and 20 of its hits: the states a second hop starts from) against the facts of the
-  evidence turns *not yet found*; the found facts are neither positives nor negatives.
-- The sufficiency judge: every iteration of IRIS runs, labelled by whether the facts shown to
-  the judge cover every evidence turn.
-
-Both encoders learn with `core.losses.grouped_listwise_loss`: a turn's facts share its label,
-so one fitting fact per evidence turn suffices. Candidates are K facts: positives, then hard
-negatives in the search's order (facts of other turns it ranked high), then random facts.
+"""Training data and supervised fitting of IRIS's learned parts, from labelled questions: the
+anchor query encoder (the question against the conversation's facts), the refinement encoder
+(the question joined with the best facts the anchor found, against the facts of the evidence
+turns not yet found) and the sufficiency judge (every iteration of IRIS runs, labelled by
+whether the facts shown cover every evidence turn). Both encoders learn with
+`core.losses.grouped_listwise_loss`: a turn's facts share its label.
 """
 
 from __future__ import annotations
@@ -54,16 +48,11 @@ class RankingExamples:
 def ranking_example(store, text: str, evidence: Sequence[str], found: set[str],
                     hard: Sequence[int], k: int, e: int, rng: np.random.Generator,
                     hard_share: float = 0.5):
-  """(text, mem_KxD, covers_KxE) or None when every evidence turn is found already.
-
-  The K candidates: up to K/4 facts of the evidence turns not yet found, then `hard_share` of
-  the rest from `hard` (the search's own ranking: facts of other turns it placed high), then
-  facts drawn at random from the whole store. The random ones are what keeps the fit honest:
-  a loss that ranks the positives only against the question's nearest neighbours never sees
-  the thousands of other facts, and a query moved away from its neighbours may then rank those
-  far above the evidence (with K = 20 and hard negatives only, a tuned anchor fell from
-  Recall@10 0.51 to 0.13 on a conversation it trained on).
-  """
+  """(text, mem_KxD, covers_KxE), or None when every evidence turn is found already. The K
+  candidates: up to K/4 facts of the evidence turns not yet found, `hard_share` of the rest from
+  `hard` (facts of other turns the search placed high), then random facts of the store: against
+  its nearest neighbours alone a query may learn to rank the thousands of others above the
+  evidence (K = 20, hard negatives only: a tuned anchor fell from Recall@10 0.51 to 0.13)."""
   items = [t for t in dict.fromkeys(evidence) if t not in found][:e]
   if not items:
     return None

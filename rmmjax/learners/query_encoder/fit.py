@@ -60,17 +60,6 @@ def question_tokens(encoder, convs: list[ConversationReplay], batch: int):
 PRETRAIN_CHUNK = 16  # batches per compiled scan of the query encoder's pretraining
 
 
-def pretrain_step(module) -> Callable:
-  """step(state, (batch, ids_BxT, mask_BxT)) -> (state, loss): one listwise update of the query
-  encoder on a batch of labelled questions."""
-
-  def step(state, xs):
-    batch, ids_BxT, mask_BxT = xs
-    return core.supervised_step(state, batch, encoder_scorer(module, ids_BxT, mask_BxT))
-
-  return step
-
-
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                            hparams: core.HParams, epochs: int, params=None,
                            mesh=None, progress: bool = False) -> tuple[dict, np.ndarray]:
@@ -88,7 +77,11 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
     return [(jax.tree.map(lambda x: x[i], stream_SxB), ids_SxBxT[i], mask_SxBxT[i])  # noqa: B023
             for i in rng.permutation(stream_SxB.mask_BxK.shape[0])]
 
-  state, losses = fit(state, pretrain_step(encoder.module), epoch_batches,
+  def step(state, xs):  # one listwise update on a batch of labelled questions
+    batch, ids_BxT, mask_BxT = xs
+    return core.supervised_step(state, batch, encoder_scorer(encoder.module, ids_BxT, mask_BxT))
+
+  state, losses = fit(state, step, epoch_batches,
                       Fit(epochs, chunk=PRETRAIN_CHUNK, desc="query encoder"), mesh, progress)
   return (distributed.gather(state.params) if parallel else state.params), losses
 
