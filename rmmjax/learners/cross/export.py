@@ -49,23 +49,17 @@ def hf_name(name: str) -> str:
   return name if name.startswith("classifier.") else "bert." + name
 
 
-def cross_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
-  """The Hugging Face tensors of a cross reranker's encoder parameters."""
-  tensors = {}
-  for path, name, transposed in weight_names(cfg, head=True):
-    value = np.asarray(param_at(params["encoder"], path), np.float32)
-    tensors[hf_name(name)] = np.ascontiguousarray(value.T if transposed else value)
-  bad = [k for k, v in tensors.items() if not np.all(np.isfinite(v))]
-  if bad:
-    raise ValueError(f"the cross reranker's {bad[0]} holds non-finite values; refusing to export")
-  return tensors
-
-
 def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
                  max_length: int) -> Path:
   """Writes the directory (see the module docstring) from the encoder it started from,
   `base_dir`; `manifest` (io.trained.export_manifest) lets rmmjax serve it as --reranker."""
-  out = Path(out)
+  out, tensors = Path(out), {}
+  for path, name, transposed in weight_names(cfg, head=True):
+    value = np.asarray(param_at(params["encoder"], path), np.float32)
+    if not np.all(np.isfinite(value)):
+      raise ValueError(f"the cross reranker's {hf_name(name)} holds non-finite values; refusing "
+                       "to export")
+    tensors[hf_name(name)] = np.ascontiguousarray(value.T if transposed else value)
   out.mkdir(parents=True, exist_ok=True)
   config = json.loads((Path(base_dir) / "config.json").read_text())
   config |= {"architectures": ["BertForSequenceClassification"], "num_labels": 1,
@@ -81,7 +75,7 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
     data = json.loads(tokenizer_config.read_text())
     atomic_write_json(tokenizer_config, data | {"model_max_length": max_length})
   with atomic_path(out / "model.safetensors") as tmp:
-    save_file(cross_tensors(params, cfg), str(tmp), metadata={"format": "pt"})
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
   write_run_record(out, manifest | {
       "how_to_score": HOW_TO_SCORE, "max_length": max_length,
       "rank_bias": np.asarray(params["rank_bias"], np.float32).tolist(),
@@ -89,10 +83,15 @@ def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
   return out
 
 
-def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
-  """A cross reranker's training workdir as the directory above, beside the encoder it started
-  from (another is refused); a failed export leaves nothing half-written."""
-  workdir, out = Path(workdir), Path(out)
+EXPORT_NAME = "reranker"  # its name in a two-stage export
+
+
+def export_run(workdir: Path, out: Path) -> str:
+  """The workdir's cross reranker as the directory `out`, beside the packaged encoder it started
+  from (a workdir trained from another is refused); a failed export leaves nothing half-written.
+  Says what was written."""
+  check_output_dir(out, "--out")
+  workdir, out, encoder = Path(workdir), Path(out), SentenceEncoder()
   spec, template = restore(read_config(workdir), workdir)
   params, _, step = load_trained_params(workdir, spec, template)
   manifest = export_manifest(workdir)
@@ -113,17 +112,6 @@ def export_cross_run(workdir: Path, out: Path, encoder) -> Path:
     export_cross(params, spec.model.bert, encoder.model_dir, staging,
                  manifest | {"learner": "reranker", "record": record | {"step": step}},
                  record["cross"]["max_length"])
-  return out
-
-
-EXPORT_NAME = "reranker"  # its name in a two-stage export
-
-
-def export_run(workdir: Path, out: Path) -> str:
-  """The workdir's cross reranker as the directory `out`, beside the packaged encoder it
-  started from; says what was written."""
-  check_output_dir(out, "--out")
-  export_cross_run(Path(workdir), out, SentenceEncoder())
   return (f"wrote {out}: a Hugging Face directory that sentence_transformers.CrossEncoder "
           f"loads; {out / RUN_FILE} says how rmmjax's score adds the rank prior to its "
           "logit")

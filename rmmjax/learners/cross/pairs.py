@@ -97,14 +97,9 @@ def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
   of any of them, so their streams stack and one program serves them all."""
   first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(), max_length) for c in convs]
   length = max((p.ids_NxKxL.shape[2] for p in first), default=PAIR_BUCKETS[0])
-  return [p if p.ids_NxKxL.shape[2] == length else _padded(p, length) for p in first]
-
-
-def _padded(pairs: PairTokens, length: int) -> PairTokens:
-  extra = length - pairs.ids_NxKxL.shape[2]
-  width = ((0, 0), (0, 0), (0, extra))
-  return dataclasses.replace(pairs, ids_NxKxL=np.pad(pairs.ids_NxKxL, width),
-                             segments_NxKxL=np.pad(pairs.segments_NxKxL, width))
+  pad = lambda x: np.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2])))  # noqa: E731
+  return [dataclasses.replace(p, ids_NxKxL=pad(p.ids_NxKxL), segments_NxKxL=pad(p.segments_NxKxL))
+          for p in first]
 
 
 def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):

@@ -34,12 +34,6 @@ def export_run(workdir: Path, out: Path) -> str:
           "copy)\n" + json.dumps({k: v for k, v in meta.items() if k != "record"}, indent=2))
 
 
-def flatten_params(params: dict) -> dict[str, np.ndarray]:
-  """{"q_mlp": {"w1": x}} -> {"q_mlp/w1": x} (names as a serving system sees them)."""
-  return {name: np.ascontiguousarray(np.asarray(value, np.float32))
-          for name, value in traverse_util.flatten_dict(params, sep="/").items()}
-
-
 def _description(spec: core.CoreSpec, hparams: dict, record: dict, step: int) -> dict:
   """The description an export carries: enough to score, evaluate and keep training."""
   return {"format_version": FORMAT_VERSION, "variant": spec.variant, "dim": spec.dim,
@@ -92,7 +86,9 @@ def export_state(state: core.TrainState, out: str | Path, record: dict | None = 
 
 
 def _write(params: dict, meta: dict, out: Path, where: str) -> None:
-  flat = flatten_params(params)
+  # {"q_mlp": {"w1": x}} -> {"q_mlp/w1": x}: names as a serving system sees them.
+  flat = {name: np.ascontiguousarray(np.asarray(value, np.float32))
+          for name, value in traverse_util.flatten_dict(params, sep="/").items()}
   check_weights(flat, meta, where)
   with atomic_path(out) as tmp:
     save_file(flat, str(tmp), metadata={HEADER_KEY: json.dumps(meta, sort_keys=True)})
