@@ -23,26 +23,20 @@ RANK_PRIOR_FORMULA = (" + rank_bias[i], i the candidate's position in the order 
                       "candidates take the first biases")
 
 
-def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]]:
-  """The weight names and shapes a reranker of this description has."""
+def check_weights(weights: dict[str, np.ndarray], meta: dict, where: str) -> None:
+  """Refuses missing, extra, misshapen or non-finite weights."""
   d, k = int(meta["dim"]), int(meta["k"])
   if meta["variant"] == "linear":
-    shapes = {"wq": (d, d), "wm": (d, d)}
+    want = {"wq": (d, d), "wm": (d, d)}
   elif meta["variant"] == "mlp":
     h = int(meta["hidden"])
-    shapes = {f"{side}/{name}": shape for side in ("q_mlp", "m_mlp")
-              for name, shape in (("w1", (d, h)), ("b1", (h,)), ("w2", (h, d)))}
-    shapes["q_mlp/b2"] = (d,)
+    want = {f"{side}/{name}": shape for side in ("q_mlp", "m_mlp")
+            for name, shape in (("w1", (d, h)), ("b1", (h,)), ("w2", (h, d)))}
+    want["q_mlp/b2"] = (d,)
   else:
     raise ValueError(f"variant {meta['variant']!r} is not one of {', '.join(SCORE_FORMULAS)}")
   if meta.get("rank_prior"):
-    shapes["rank_bias"] = (k,)
-  return shapes
-
-
-def check_weights(weights: dict[str, np.ndarray], meta: dict, where: str) -> None:
-  """Refuses missing, extra, misshapen or non-finite weights."""
-  want = expected_shapes(meta)
+    want["rank_bias"] = (k,)
   if set(weights) != set(want):
     raise ValueError(f"{where}: holds weights {sorted(weights)}, but a {meta['variant']} "
                      f"reranker of dim {meta['dim']} has {sorted(want)}")

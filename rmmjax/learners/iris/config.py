@@ -11,8 +11,7 @@ from rmmjax.retrieve.iris import IRIS_PRESETS
 
 @dataclasses.dataclass(frozen=True)
 class IrisEvidence(Section):
-  """A reranker over IRIS's evidence (units=lace, learner=reranker): IRIS gathers the candidates
-  from a LaceMem with `preset` (rmmjax.retrieve.iris.IRIS_PRESETS); the reranker learns online
+  """A reranker over the evidence IRIS gathers with `preset` from a LaceMem (units=lace): it learns
   from simulated citations (weight citation_reward) plus the offline heuristic judge's verdict
   on the facts it selected (weight verdict_reward, which needs no labels)."""
 
@@ -34,15 +33,12 @@ class IrisEvidence(Section):
 
 @dataclasses.dataclass(frozen=True)
 class IrisModels(Section):
-  """IRIS's own models (learner=iris, rmmjax.replay.iris_models): each fitting and online example
-  ranks `k` candidate facts, up to a quarter of them evidence; of the rest, `hard_share` are the
-  search's own top hits and the others are drawn at random from the conversation (a fit against
-  the nearest hits alone, K = 20, drove the anchor below the base encoder: Recall@10 0.51 ->
-  0.13 on a conversation it trained on). 64 and 0.5 were chosen on one split of the dev file
-  (six conversations fitted, two held out: held-out Recall@10 of the anchor 0.704, against
-  0.666 with hard negatives only and 0.595 for the base encoder). With holdout=0 the last
-  `validation` training conversations are kept out of the fits, so the summary can compare the
-  tuned anchor with the base encoder on conversations it did not fit (and warn when worse)."""
+  """IRIS's own models (learner=iris, rmmjax.learners.iris.fit): each example ranks `k` candidate
+  facts, up to a quarter of them evidence; of the rest, `hard_share` are the search's own top
+  hits, the others random facts of the conversation. 64 and 0.5 were chosen on one split of the
+  dev file (held-out Recall@10 of the anchor 0.704, against 0.666 with hard negatives only and
+  0.595 for the base encoder). With holdout=0 the last `validation` training conversations are
+  kept out of the fits, to compare the tuned anchor with the base encoder (warning when worse)."""
 
   NAME = "iris_models"
   k: int = 64

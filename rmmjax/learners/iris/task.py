@@ -141,12 +141,6 @@ class IrisLearnedTask(Task):
   def _anchor(self) -> TunedQueryEncoder:
     return TunedQueryEncoder(self.encoder, SentenceEncoder(self.workdir / ANCHOR_DIR).params)
 
-  def _models(self):
-    """(anchor encoder, judge params) once `finish` wrote the judge, or None before."""
-    if not (self.workdir / JUDGE_FILE).exists():
-      return None
-    return self._anchor(), load_judge(self.workdir / JUDGE_FILE)[0]
-
   def _online_stream(self):
     """The refinement examples as a stream of batches (rebuilt alike on a resume)."""
     if self._stream is None:
@@ -182,33 +176,31 @@ class IrisLearnedTask(Task):
     every entry is the base single pass. Warns when the anchor is worse than the base."""
     if not self.test_data:
       return {}
-    # The template is the run before fitting (the loop's first evaluation): the base single
-    # pass, whether or not a resumed run's models exist already.
-    models = None if state is self.template else self._models()
-    params = self._host(state.params)
+    # The models once `finish` wrote the judge; the template is the run before fitting (the
+    # loop's first evaluation): the base single pass, whether or not a resumed run's models exist.
+    fitted = state is not self.template and (self.workdir / JUDGE_FILE).exists()
+    anchor, judge = (self._anchor(), load_judge(self.workdir / JUDGE_FILE)[0]) if fitted else (
+        None, None)
+    refiner = EmbeddingRefiner(TunedQueryEncoder(self.encoder, self._host(state.params)))
     rows: dict[str, list] = {"base": [], "tuned": [], "iris": []}
     for store, conv in zip(self.stores[len(self.train_data):], self.test_data):
       for q in conv.questions:
-        store.query_encoder = None
-        rows["base"].append(self._recall(store, single_pass(store, q.question,
+        for name, query_encoder in (("base", None), ("tuned", anchor))[:1 + fitted]:
+          store.query_encoder = query_encoder
+          rows[name].append(self._recall(store, single_pass(store, q.question,
                                                              SINGLE_PASS_DEPTH)[0], q))
-        if models is None:
-          continue
-        store.query_encoder = models[0]
-        rows["tuned"].append(self._recall(store, single_pass(store, q.question,
-                                                              SINGLE_PASS_DEPTH)[0], q))
-        refiner = EmbeddingRefiner(TunedQueryEncoder(self.encoder, params))
-        result = iris_retrieve(store, q.question, category=q.category,
-                               judge=LearnedJudge(models[1], store),
-                               settings=IRIS_PRESETS["learned"], refiner=refiner)
-        rows["iris"].append(self._recall(store, list(result.turn_ids), q))
+        if fitted:
+          result = iris_retrieve(store, q.question, category=q.category,
+                                 judge=LearnedJudge(judge, store),
+                                 settings=IRIS_PRESETS["learned"], refiner=refiner)
+          rows["iris"].append(self._recall(store, list(result.turn_ids), q))
     mean = {name: np.mean(r, 0) if r else np.mean(rows["base"], 0) for name, r in rows.items()}
     out = {"recall_at_m_base": float(mean["base"][0]), "recall_at_m": float(mean["iris"][0]),
            "recall_at_k": float(mean["iris"][1]),
            "iris_recall_at_10_single_pass_base": float(mean["base"][1]),
            "iris_recall_at_10_single_pass_tuned": float(mean["tuned"][1]),
            "iris_recall_at_10": float(mean["iris"][1]), "iris_validation": self.validating}
-    if models is not None and mean["tuned"][1] < mean["base"][1]:
+    if fitted and mean["tuned"][1] < mean["base"][1]:
       where = "validation" if self.validating else "held-out"
       out["iris_warning"] = (
           f"the tuned anchor encoder retrieves worse than the base encoder on the {where} "

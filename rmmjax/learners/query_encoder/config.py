@@ -7,21 +7,17 @@ import dataclasses
 
 from rmmjax.learners.section import Learning, key
 
-# Which side of retrieval a tuned encoder embeds: the questions only (the bank keeps its
-# embeddings), or the memories too (the bank is re-embedded with the tuned encoder).
-TUNES = ("query", "both")
+TUNES = ("query", "both")  # which side of retrieval a tuned encoder embeds
 
 
 @dataclasses.dataclass(frozen=True)
 class EncoderTuning(Learning):
-  """The retriever's query encoder (learner=query_encoder, the first stage of two, and
-  IRIS's anchor under learner=iris): supervised listwise pretraining on labelled evidence in
-  batches of `pretrain_batch` questions, then online REINFORCE. `tune`: query, the tuned encoder
-  embeds the questions and the memories keep the base encoder's embeddings (no re-embedding);
-  both, it embeds the memories too, so the bank is re-embedded after training (training
-  back-propagates through the questions in both cases; through the K candidates as well would
-  cost about K times as much per step). The rates come from the cross-validated ablation's
-  exploratory runs (experiments/replay_ablation.py)."""
+  """The retriever's query encoder: listwise pretraining on labelled evidence in batches of
+  `pretrain_batch` questions, then online REINFORCE, at the rates of the cross-validated
+  ablation's exploratory runs (experiments/replay_ablation.py). `tune`: query, the memories keep
+  the base encoder's embeddings; both, the tuned encoder re-embeds the bank after training
+  (training back-propagates through the questions alone either way: through the K candidates
+  too would cost about K times as much per step)."""
 
   NAME = "encoder_tuning"
   tau: float = 0.05
