@@ -87,9 +87,8 @@ EXPORT_NAME = "reranker"  # its name in a two-stage export
 
 
 def export_run(workdir: Path, out: Path) -> str:
-  """The workdir's cross reranker as the directory `out`, beside the packaged encoder it started
-  from (a workdir trained from another is refused); a failed export leaves nothing half-written.
-  Says what was written."""
+  """The workdir's cross reranker as the directory `out` (nothing half-written on a failure),
+  beside the packaged encoder it started from; says what was written."""
   check_output_dir(out, "--out")
   workdir, out, encoder = Path(workdir), Path(out), SentenceEncoder()
   spec, template = restore(read_config(workdir), workdir)

@@ -63,9 +63,8 @@ class CrossModel(Model):
 
 
 def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
-  """The cross reranker's parameters from a pretrained encoder's (its embeddings and layers, and
-  its pooler when it has one): the scoring layer at zero, the rank prior at
-  -prior_scale * log(1 + position)."""
+  """The cross reranker's parameters from a pretrained encoder's: the scoring layer at zero, the
+  rank prior at -prior_scale * log(1 + position)."""
   encoder = dict(encoder_params)
   h = int(encoder["word"]["embedding"].shape[1])
   if "pooler" not in encoder:  # a checkpoint without BERT's pooler: tanh of the [CLS] state
@@ -94,8 +93,7 @@ def cross_scores(params: dict, pairs: PackedPairs, cfg: BertConfig, dtype: str =
 
 def pair_logits(params: dict, pairs: PackedPairs, cfg: BertConfig,
                 dtype: str = "float32") -> jax.Array:
-  """The encoder's score of every pair alone, logits_BxK (`cross_scores` without the rank
-  prior): it depends on the question and the memory only, so a caller that sees one pair at
+  """logits_BxK: `cross_scores` without the rank prior, so a caller that sees one pair at
   several positions may score it once."""
   logits_RxC = BertCrossEncoder(cfg, dtype=dtype).apply(
       {"params": params["encoder"]}, pairs.ids_RxL, pairs.positions_RxL,

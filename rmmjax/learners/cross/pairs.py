@@ -73,8 +73,7 @@ def bucket(length: int, max_length: int) -> int:
 def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequence[str | None]],
                 max_length: int, length: int | None = None) -> PairTokens:
   """The pairs of each question with its candidates' texts (None: no candidate), padded to
-  `length` (default: the bucket of the longest pair). `tokenizer` is a `tokenizers.Tokenizer`
-  with BERT's pair template (the packaged MiniLM's)."""
+  `length` (default: the bucket of the longest pair), by a tokenizer with BERT's pair template."""
   k = max((len(row) for row in texts_NxK), default=0)
   flat = [(n, j) for n, row in enumerate(texts_NxK) for j, text in enumerate(row)
           if text is not None]
@@ -92,9 +91,8 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
 
 
 def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
-  """The pair tokens of every question and candidate of replayed conversations
-  (`candidates.ConversationReplay`), all padded to one length: the bucket of the longest pair
-  of any of them, so their streams stack and one program serves them all."""
+  """The pair tokens of replayed conversations, all padded to the bucket of the longest pair of
+  any of them, so their streams stack and one program serves them all."""
   first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(), max_length) for c in convs]
   length = max((p.ids_NxKxL.shape[2] for p in first), default=PAIR_BUCKETS[0])
   pad = lambda x: np.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2])))  # noqa: E731
@@ -201,9 +199,8 @@ def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
 
 
 def pack_streams(batch):
-  """A host `core.Batch` whose pair tokens have leading axes (conversations, steps, ...: shape
-  (..., B, K, L)) with every (..., B, K) packed into one number of rows, the most any needs:
-  one program replays the whole stream."""
+  """A host `core.Batch` of pair tokens (..., B, K, L) with every (..., B, K) packed into the
+  most rows any needs, so one program replays the whole stream."""
   tokens = np.asarray(batch.inputs.ids_BxKxL)
   segments = np.asarray(batch.inputs.segments_BxKxL)
   lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]

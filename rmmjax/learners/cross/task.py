@@ -79,9 +79,7 @@ class CrossRerankerTask(ReplayTask):
   # -- pretraining ---------------------------------------------------------------------------
 
   def initial_state(self) -> core.TrainState:
-    """Listwise pretraining on the training conversations' labels, each epoch over a fresh
-    subset of cross_pretrain_candidates candidates per question; then the optimizer reset for
-    the online phase."""
+    """Listwise pretraining on the training labels (`pretrain_cross`), the optimizer reset."""
     state = self.template
     if self.cfg.mode != "rl" and self.cfg.cross.pretrain_epochs > 0:
       state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, self.cfg, self.mesh,
@@ -110,9 +108,8 @@ class CrossRerankerTask(ReplayTask):
     return base | {"recall_at_m": base["recall_at_m_base"]}
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M of the reranker as it stands (no prequential replay: each of its
-    online steps over a held-out stream costs as much as a training step), the base order's,
-    and the K candidates'."""
+    """Held-out Recall@M as ReplayTask's, without the prequential replay (each of its online
+    steps over a held-out stream costs as much as a training step)."""
     if not self.test_convs:
       return {}
     # The parameters on this process's first device, once: not copied in at every batch.

@@ -133,9 +133,8 @@ class ReplayTask(Task):
     return state, metrics
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M (evidence turns found / evidence turns): base order, the reranker as
-    it stands, and prequential (`heldout_replay`: a fresh optimizer, learning online as each
-    held-out batch's citations arrive), with the K candidates' recall as the ceiling."""
+    """Held-out Recall@M of the reranker as it stands and prequential (`heldout_replay`: learning
+    online as each held-out batch's citations arrive), beside the base order's and all K's."""
     if not self.test_convs:  # holdout=0: every conversation was trained on
       return {}
     state = self._host(state)

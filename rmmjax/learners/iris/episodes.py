@@ -61,9 +61,8 @@ class IrisEpisode:
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
                      settings: IrisSettings, k: int, max_evidence: int,
                      refiner: QueryRefiner | None = None) -> list[IrisEpisode]:
-  """Runs IRIS on every question (objects with question, category, evidence) without a
-  reranker and logs its first k facts; `judge_for(question)` gives that question's judge and
-  `refiner` writes the refinement queries (default: the rule-based one)."""
+  """Runs IRIS without a reranker on every question, judged by `judge_for(question)`, and logs
+  its first k facts (`refiner` writes the refinement queries; default: the rule-based one)."""
   episodes = []
   for q in questions:
     evidence = list(dict.fromkeys(q.evidence))
@@ -108,9 +107,8 @@ _pretrain = jax.jit(core_replay.pretrain, static_argnums=(2, 3))
 def pretrain_on_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode], epochs: int,
                          lr: float, tau: float,
                          mesh=None) -> tuple[core.TrainState, np.ndarray]:
-  """Supervised listwise pretraining on the episodes' labels at (lr, tau); returns the state
-  under its own hyperparameters again with a fresh optimizer (ready to learn online), and the
-  loss of every step. With a mesh of several devices each batch is split over them."""
+  """Listwise pretraining on the episodes' labels at (lr, tau): the state under its own rates
+  with a fresh optimizer (ready to learn online), and the loss of every step."""
   hp = state.hparams
   state = state.replace(hparams=hp.replace(lr=jnp.asarray(lr, jnp.float32),
                                            tau=jnp.asarray(tau, jnp.float32)))

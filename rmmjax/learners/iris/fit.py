@@ -234,8 +234,7 @@ class IrisFit:
 def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
                       anchor=None, mesh=None) -> tuple[dict, dict, dict]:
   """(anchor, refine, losses): the anchor encoder fitted (unless given), then the refinement
-  encoder from it (data parallel over `mesh`, when given). The stores' query encoder is the
-  anchor's afterwards."""
+  encoder from it; the stores' query encoder is the anchor's afterwards."""
   losses = {}
   for store in stores:
     store.query_encoder = None

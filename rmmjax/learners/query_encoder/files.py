@@ -80,9 +80,8 @@ def query_encoder_record(path: Path) -> dict:
 
 
 def export_run(workdir: Path, out: Path) -> str:
-  """`rmmjax export` of a query_encoder workdir (or a two-stage run's first stage): the
-  tuned encoder as the Hugging Face-format directory `out` (sentence-transformers loads it
-  unchanged), with the export's manifest; says what was written."""
+  """The tuned encoder of a query_encoder workdir (or a two-stage run's first stage) as the
+  Hugging Face-format directory `out`, with the export's manifest; says what was written."""
   if Path(out).suffix == ".safetensors":
     raise ValueError(f"--out {out}: {workdir} holds a query encoder; it exports as a directory")
   check_output_dir(Path(out), "--out")

@@ -131,8 +131,7 @@ def retrieval_recall(conversation: Conversation, units: str, retriever: str, enc
                      query_encoder=None, m: int = 5,
                      unit_builder: Callable = build_units) -> np.ndarray:
   """Recall@m (all) of each question of a conversation, retrieving with `retriever` over its
-  units (from `unit_builder(conversation, units)`); dense scores use `query_encoder` for the
-  questions when given."""
+  units; dense scores use `query_encoder` for the questions when given."""
   pool = unit_builder(conversation, units)
   ranker = make_retriever(retriever, [u.text for u in pool], encoder, query_encoder)
   top_NxM = ranker.rank([q.question for q in conversation.questions], m)
