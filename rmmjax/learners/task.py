@@ -20,21 +20,17 @@ class Task(abc.ABC):
   eval_queries: int
   train_convs: list = []  # the conversations trained on (replay tasks)
   test_convs: list = []  # those held out
-  # The supervised pretraining's per-step loss (pretrain.json), for the tasks that pretrain.
-  pretrain_loss: np.ndarray | None = None
-  # Whether the state after pretraining is checkpointed as step 0 (where pretraining takes
-  # long enough that a resume should not redo it).
+  pretrain_loss: np.ndarray | None = None  # per pretraining step (pretrain.json)
+  # Whether the pretrained state is checkpointed as step 0 (a resume should not redo it).
   checkpoint_pretrained: bool = False
   # What the run's summary reports of its inputs beyond the metrics (pairs cut to length, say),
   # and of its pretraining (kept in pretrain.json, so a resumed run reports them too).
   input_notes: dict = {}
   pretrain_notes: dict = {}
-  # Whether `advance` takes its steps one at a time from the host, reporting each to an
+  # Whether `advance` takes its steps one at a time from the host, each reported to an
   # `on_step(1)` callback (a progress bar), rather than as one compiled scan.
   steps_from_host: bool = False
-  # Its scoring model (CoreSpec.model) where the config alone fixes it; None where it needs
-  # more (the cross reranker's encoder) or the task ranks with no reranker.
-  model = None
+  model = None  # its CoreSpec.model where the config alone fixes it
 
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:

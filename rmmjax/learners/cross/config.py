@@ -17,32 +17,21 @@ OBSERVATIONS = ("auto", "true", "false")
 
 @dataclasses.dataclass(frozen=True)
 class Cross(Learning):
-  """The cross reranker (variant=cross, rmmjax.learners.cross), at the rates of fine-tuning an
-  encoder. Every default was chosen on the dev file's 2-fold cross-validation, so optimistic
-  (experiments/sweep_cross.py --arm NAME; Recall@5, 95% intervals):
-  - two pretraining epochs: 0.658 against 0.634 after one;
-  - no online steps: 60 REINFORCE steps from simulated citations at lr 1e-5 lowered it from
-    0.575 to 0.555 (experiments/cross_reranker.py): they repeat the pretraining's labels, with
-    noise (the agent still learns from an LLM's real citations);
-  - `observations` (LoCoMo's statements of what each session established, each naming its
-    turn, join the training questions as labelled pairs): +0.008 [+0.001, +0.014] (--arm
-    observations), for 2.2 times the pretraining; auto reads them over turns where the training
-    conversations hold some, true refuses a file without them, false never reads them;
-  - K = 50 (the locomo_cross config's k): 0.694 against 0.667 at K = 20 (--arm k50-prior0);
-    with observations 0.711, +0.053 [+0.037, +0.067] over the first recipe;
-  - `prior_scale` 0 (the base positions' prior -prior_scale * log(1 + position) starts flat; it
-    still learns): 0.667 against 0.658 at 1 (--arm prior0);
-  - `head_lr_scale` 50: the scoring layer starts at zero and passes the encoder no gradient
-    until it grows, so it and the prior learn at that multiple of the rate (10: -0.012, --arm
-    head10).
-  Pretraining takes `pretrain_candidates` of each question's K (the relevant ones, at most
-  half, then others at random), its negatives from base rank `negatives_from_rank` down (the
-  top of a tuned retriever's list holds evidence the labels missed). `pretrain_loss`: softmax
-  over each question's candidates; lambda, LambdaLoss (-0.007 [-0.020, +0.002], --arm lambda);
-  weakest, each relevant candidate against the irrelevant ones, the largest taken (Recall@5
-  counts a question only when every piece is found; --arm weakest). `compute_dtype` auto:
-  bfloat16 on an accelerator, float32 on a CPU (no fast bfloat16 matmul); parameters and
-  optimizer state stay float32.
+  """The cross reranker (variant=cross), at the rates of fine-tuning an encoder. The defaults
+  were chosen on the dev file's 2-fold cross-validation, so optimistic (Recall@5 by
+  experiments/sweep_cross.py --arm NAME; experiments/README.md): two pretraining epochs (0.658
+  against 0.634); no online steps (60 REINFORCE steps from simulated citations lowered it from
+  0.575 to 0.555: they repeat the pretraining's labels, with noise); `observations`, LoCoMo's
+  statements of what each session established joining the training questions as labelled
+  pairs (+0.008, for 2.2 times the pretraining; auto reads them over turns where the training
+  conversations hold some); K = 50 in the locomo_cross config (0.694 against 0.667 at 20);
+  `prior_scale` 0, a flat starting prior that still learns (+0.009); `head_lr_scale` 50, since
+  the scoring layer starts at zero and passes the encoder no gradient until it grows (10:
+  -0.012). Pretraining reads `pretrain_candidates` of each question's K, its negatives from base
+  rank `negatives_from_rank` down (the top of a tuned retriever's list holds evidence the labels
+  missed). `pretrain_loss` weakest takes each question's hardest relevant candidate (Recall@5
+  counts a question only when every piece is found). `compute_dtype` auto: bfloat16 on an
+  accelerator, float32 on a CPU (no fast bfloat16 matmul).
   """
 
   NAME = "cross"
