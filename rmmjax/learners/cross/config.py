@@ -6,13 +6,9 @@ import dataclasses
 
 from rmmjax.learners.section import Learning, key
 
-# The encoder's computation dtypes (besides auto: see Cross.compute_dtype).
-COMPUTE_DTYPES = ("float32", "bfloat16")
-# The losses the pretraining may take (rmmjax.core.losses.PRETRAIN_LOSSES).
-PRETRAIN_LOSSES = ("softmax", "lambda", "weakest")
-# Whether it also pretrains on LoCoMo's observations (Cross.observations): auto reads them where
-# the data holds them.
-OBSERVATIONS = ("auto", "true", "false")
+COMPUTE_DTYPES = ("float32", "bfloat16")  # besides auto (see Cross.compute_dtype)
+PRETRAIN_LOSSES = ("softmax", "lambda", "weakest")  # rmmjax.core.losses.PRETRAIN_LOSSES
+OBSERVATIONS = ("auto", "true", "false")  # see Cross.observations
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,8 +76,6 @@ class CrossRerankerTask(ReplayTask):
   def _initial_params(self):
     return cross_initial_params(self.encoder, self.cfg.k, self.cfg.cross.prior_scale)
 
-  # -- pretraining ---------------------------------------------------------------------------
-
   def initial_state(self) -> core.TrainState:
     """Listwise pretraining on the training labels (`pretrain_cross`), the optimizer reset."""
     state = self.template
@@ -87,16 +85,12 @@ class CrossRerankerTask(ReplayTask):
       self.pretrain_notes = {"cross_real_positions": real}
     return core_replay.restart_optimizer(state, self.hp)
 
-  # -- online steps --------------------------------------------------------------------------
-
   def _step_batch(self, index: int) -> core.Batch:
     """The packed batch of step `index` (modulo the stream's length), placed on the mesh."""
     num_steps = self._host_seq.mask_BxK.shape[0]
     batch = pack_batch(jax.tree.map(lambda x: np.asarray(x)[index % num_steps], self._host_seq),
                        self.mesh.devices.size)
     return distributed.shard_leading(batch, self.mesh) if self._parallel else batch
-
-  # -- evaluation ----------------------------------------------------------------------------
 
   def evaluate_first(self) -> dict:
     """A fresh cross reranker orders the candidates as the base retriever does (its head is

@@ -26,7 +26,6 @@ class LatentTask(Task):
     self.template = core.init_state(self.spec, hp)
     self.eval_queries = cfg.eval_sessions * cfg.batch
     self.record = latent_record(cfg)
-    # Data parallel over the mesh: each drawn batch split over its devices, the rest replicated.
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
     self._sharding = None
     if self._parallel:

@@ -40,9 +40,7 @@ class NumpyReranker:
   """Scores candidate memories for a query with exported reranker weights."""
 
   def __init__(self, weights: dict[str, np.ndarray], meta: dict):
-    self.meta = meta
-    self.variant = meta["variant"]
-    self.dim = int(meta["dim"])
+    self.meta, self.variant, self.dim = meta, meta["variant"], int(meta["dim"])
     self.weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     if self.variant == "linear":  # (read_reranker refused any variant but linear and mlp)
       # Precompute (I + wq)(I + wm)^T: one D x D matrix, so a query costs one product.
@@ -80,5 +78,4 @@ class NumpyReranker:
   def top_m(self, q_D: np.ndarray, m_KxD: np.ndarray, m: int | None = None) -> np.ndarray:
     """Indices of the m best candidates, best first (m defaults to the trained M)."""
     m = int(self.meta["m"]) if m is None else m
-    scores = self.score(q_D, m_KxD)
-    return np.argsort(-scores, kind="stable")[:m]
+    return np.argsort(-self.score(q_D, m_KxD), kind="stable")[:m]

@@ -48,9 +48,7 @@ class ReplayTask(Task):
   rest pretrained on (when the mode says so) and then replayed as an online stream."""
 
   stream_on_devices = True  # the online stream lives on the devices (a scan reads it there)
-  # Its scoring model (CoreSpec.model): the linear and MLP rerankers'; a family of its own,
-  # registered with this task subclassed, names its own.
-  model = EMBEDDING
+  model = EMBEDDING  # (a family registered with this task subclassed names its own)
 
   @classmethod
   def init_params(cls, spec: core.CoreSpec):
@@ -88,7 +86,6 @@ class ReplayTask(Task):
     self.test_ids = stream_ids(self.test_convs)
     self.template = core.init_state(self.spec, self.hp, self._initial_params())
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
-    # Data parallel over the mesh: each step's batch (axis 1 of the stream) split over it.
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
     if self._parallel and self.stream_on_devices:
       self.train_seq = distributed.shard_leading(self.train_seq, self.mesh, axis=1)

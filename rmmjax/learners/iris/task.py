@@ -88,8 +88,6 @@ class IrisLearnedTask(Task):
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_data)
     self._stream = None
-    # Data parallel over the mesh: each step's refinement queries split over its devices, and
-    # the fits' batches (the judge's is padded to its size).
     self._data_parallel(cfg.devices, {"batch": cfg.batch,
                                       "encoder_tuning.pretrain_batch": tuning.pretrain_batch,
                                       "the judge's batch": self.fit.judge_batch})

@@ -47,8 +47,6 @@ class QueryEncoderTask(Task):
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     self._base: dict | None = None
-    # Data parallel over the mesh: each step's questions (axis 1 of the streams) split over it;
-    # the pretraining's batches too.
     batches = {"batch": cfg.batch}
     if cfg.mode != "rl" and cfg.encoder_tuning.pretrain_epochs:
       batches["encoder_tuning.pretrain_batch"] = cfg.encoder_tuning.pretrain_batch
