@@ -1,12 +1,9 @@
 """A trained cross reranker as a Hugging Face directory that sentence-transformers' CrossEncoder
-loads: BERT's weights, pooler and a one-label classifier (BertForSequenceClassification), the
-base encoder's tokenizer files, and the export's manifest `rmmjax.json`, which also says how
-the served score is formed. The CrossEncoder's score of a (question, memory) pair is the pair's
-logit (no sigmoid: its config names the identity as the activation, under the key
-sentence-transformers 4 and later read and under the one 3.x read, which otherwise put a
-sigmoid on a one-label model); rmmjax's score of the candidate at base position k adds the rank
-prior `rank_bias[k]`, listed in that file, for a server that keeps the base retriever's order of
-the candidates."""
+loads (BertForSequenceClassification with one label), the base encoder's tokenizer files, and
+the export's manifest `rmmjax.json`. The CrossEncoder scores a pair by its logit (its config
+names the identity as the activation under the keys of sentence-transformers 3.x and 4+, which
+otherwise put a sigmoid on a one-label model); rmmjax's score of the candidate at base position
+k adds the rank prior `rank_bias[k]`, listed in the manifest."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The cross reranker's inputs: each question paired with the text of each of its K candidates,
 tokenised once on the host as "[CLS] question [SEP] memory [SEP]" and padded to one of a few
-lengths, so that a run compiles once.
-
-A pair longer than `max_length` tokens is cut, the longer of its two sides first (the
-tokenizer's longest-first truncation), and counted; an empty memory text is a pair of the
-question alone, scored like any other; a missing candidate (fewer than K units) has no tokens.
+lengths, so that a run compiles once. A pair longer than `max_length` tokens is cut, the longer
+side first, and counted; a missing candidate (fewer than K units) has no tokens.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The embedding rerankers' pure model: residual transforms of query and memories, scored by
-dot product.
-
-Both variants start as the identity, so a fresh reranker reproduces the base retriever's order.
-Embeddings are row vectors and weights are kernels applied on the right, as in a Flax Dense
-layer: the linear variant is q' = q + q wq, m' = m + m wm (the paper's W q with W = wq^T).
+dot product, starting as the identity (a fresh reranker keeps the base retriever's order).
+Embeddings are row vectors and weights apply on the right, as in a Flax Dense layer: the linear
+variant is q' = q + q wq, m' = m + m wm (the paper's W q with W = wq^T).
 """
 
 from __future__ import annotations

@@ -237,15 +237,11 @@ def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) ->
 
 
 class FactReranker:
-  """A trained reranker as IRIS's `reranker(question, facts) -> scores`.
-
-  The first spec.k facts (in the order IRIS hands them over, the order its rank prior learnt)
-  are scored; any later ones rank after them, in the order given. mode "alone" ranks the head by
-  the reranker's scores; "fused" by reciprocal-rank fusion of the reranker's order and the order
-  given, so the reranker lifts facts without discarding what IRIS's searches knew (on the LoCoMo
-  dev file the reranker alone starts from dense similarity, below IRIS's hybrid order:
-  experiments/results/iris_reranker.md).
-  """
+  """A trained reranker as IRIS's `reranker(question, facts) -> scores`: the first spec.k facts
+  (in the order given, which its rank prior learnt) are scored, later ones rank after them.
+  mode "fused" fuses the reranker's order with the order given (reciprocal rank), so it lifts
+  facts without discarding what IRIS's searches knew (alone, it starts from dense similarity,
+  below IRIS's hybrid order: experiments/results/iris_reranker.md)."""
 
   def __init__(self, params, spec: core.CoreSpec, store: EmbeddedStore, mode: str = "fused"):
     self.params, self.spec, self.store, self.mode = params, spec, store, mode
