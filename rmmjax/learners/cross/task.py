@@ -68,9 +68,8 @@ class CrossRerankerTask(ReplayTask):
     if not convs:
       return []
     pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross.max_length)
-    for p in pairs:
-      self._pair_counts["pairs"] += p.pairs
-      self._pair_counts["truncated"] += p.truncated
+    for key in self._pair_counts:
+      self._pair_counts[key] += sum(getattr(p, key) for p in pairs)
     return [p.candidates() for p in pairs]
 
   def _initial_params(self):
@@ -93,9 +92,8 @@ class CrossRerankerTask(ReplayTask):
     return distributed.shard_leading(batch, self.mesh) if self._parallel else batch
 
   def evaluate_first(self) -> dict:
-    """A fresh cross reranker orders the candidates as the base retriever does (its head is
-    zero and its prior flat, ties kept in order, or decreasing), so its held-out recall is the
-    base order's: known without running the encoder over every held-out pair."""
+    """A fresh cross reranker keeps the base order (its head is zero, its prior flat or
+    decreasing), so its held-out recall is known without reading every held-out pair."""
     if not self.test_convs:
       return {}
     base = self._base_metrics()

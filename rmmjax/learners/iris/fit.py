@@ -118,15 +118,13 @@ def _adam_fit(loss_fn, params, lr: float, epoch_batches, plan: Fit, mesh):
 
 
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
-                        lr: float, tau: float, seed: int, max_tokens: int = 128,
-                        mesh=None) -> tuple[dict, np.ndarray]:
-  """Fine-tunes a query encoder (from `params`) with the grouped listwise loss: `epochs`
-  passes over batches of `batch` examples in a new order each pass (the tail that does not
-  fill a batch is left out of that pass). Returns the parameters and every step's loss. With a
-  mesh of several devices each batch is split over them."""
+                        lr: float, tau: float, seed: int, mesh=None) -> tuple[dict, np.ndarray]:
+  """Fine-tunes a query encoder (from `params`) with the grouped listwise loss over `epochs`
+  passes of batches in a new order each (the tail that does not fill a batch left out).
+  Returns the parameters and every step's loss."""
   if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
-  ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, max_tokens)
+  ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, 128)
   module = encoder.module
 
   def loss_fn(p, ids_BxT, mask_BxT, mem_BxKxD, covers_BxKxE):
@@ -185,9 +183,8 @@ def judge_examples(stores, conversations, refiner_encoder) -> JudgeExamples:
         m = np.zeros(JUDGED_FACTS, bool)
         if shown:
           f[:len(shown)], m[:len(shown)] = store.fact_vectors(shown), True
-        turns = {store.fact(i).turn_id for i in shown}
         q.append(q_D), facts.append(f), mask.append(m)
-        labels.append(set(question.evidence) <= turns)
+        labels.append(set(question.evidence) <= {store.fact(i).turn_id for i in shown})
   return JudgeExamples(np.stack(q), np.stack(facts), np.stack(mask), np.array(labels))
 
 

@@ -36,9 +36,8 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
                        if flag.endswith("=") else None)
   if kind != "query encoder":  # a Hugging Face directory: an export, or a plain encoder
     tuned = SentenceEncoder(path)
-    if jax.tree.structure(tuned.params) != jax.tree.structure(encoder.params) or any(
-        a.shape != b.shape for a, b in zip(jax.tree.leaves(tuned.params),
-                                           jax.tree.leaves(encoder.params))):
+    shapes = [jax.tree.map(lambda x: x.shape, p) for p in (tuned.params, encoder.params)]
+    if shapes[0] != shapes[1]:
       raise ValueError(f"--encoder {path}: its weights have other shapes than the base encoder "
                        f"{encoder_identity(encoder)} that embedded the memories")
     return TunedQueryEncoder(encoder, tuned.params)
@@ -59,8 +58,7 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
 
 
 def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
-  """The encoder parameters of a workdir's newest readable checkpoint (`what` names them in
-  the error when there is none)."""
+  """The encoder parameters of a workdir's newest readable checkpoint (`what`: their name)."""
   template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
   checkpointer = Checkpointer(path / "checkpoints", read_only=True)
   try:
