@@ -10,8 +10,6 @@ from rmmjax import core
 
 @dataclasses.dataclass(frozen=True)
 class LoadedReranker:
-  """A trained reranker with its hyperparameters and the record of what it was trained on."""
-
   source: str  # the workdir or file it came from
   params: dict
   spec: core.CoreSpec

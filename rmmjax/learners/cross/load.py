@@ -50,17 +50,6 @@ def cross_export_header(path: Path) -> dict:
   return header
 
 
-def _check_served_files(path: Path, header: dict) -> None:
-  """Refuses an export whose config.json or tokenizer files changed since it was written."""
-  recorded, now = header["served_files"], served_files(path)
-  changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
-  if changed:
-    raise ValueError(f"{path}: {', '.join(changed)} changed since the export wrote "
-                     f"{'them' if len(changed) > 1 else 'it'} (sentence-transformers builds the "
-                     "served model from these files, rmmjax from its manifest: they would serve "
-                     "different scores); export the training workdir again")
-
-
 def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
   """Refuses a missing, misshapen or non-finite tensor of the encoder, pooler or head."""
   shapes = jax.eval_shape(lambda: cross_params_template(bert, 1))["encoder"]
@@ -87,10 +76,15 @@ def load_cross_export(path: Path) -> LoadedReranker:
   try:
     cfg = from_json(json.dumps(header["config"]))
   except (TypeError, ValueError) as err:
-    raise ValueError(f"{path / RUN_FILE}: its config is not an rmmjax config ({err})"
-                     ) from None
+    raise ValueError(f"{path / RUN_FILE}: its config is not an rmmjax config ({err})") from None
   bert = core.BertConfig.from_dict(header["record"]["cross"]["bert"])
-  _check_served_files(path, header)
+  recorded, now = header["served_files"], served_files(path)
+  changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
+  if changed:
+    raise ValueError(f"{path}: {', '.join(changed)} changed since the export wrote "
+                     f"{'them' if len(changed) > 1 else 'it'} (sentence-transformers builds the "
+                     "served model from these files, rmmjax from its manifest: they would serve "
+                     "different scores); export the training workdir again")
   try:
     weights = load_file(str(path / "model.safetensors"))
   except SafetensorError as err:

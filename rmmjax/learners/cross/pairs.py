@@ -166,10 +166,8 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
     step = max(1, -(-n * k // row_steps()))
     rows = max(1, -(-len(used) // step) * step)
   rows = -(-rows // multiple_of) * multiple_of
-  ids = np.zeros((rows, length), np.int32)
-  positions = np.zeros((rows, length), np.int32)
-  segments = np.zeros((rows, length), np.int8)
-  slot_ids = np.zeros((rows, length), np.int8)
+  ids, positions = (np.zeros((rows, length), np.int32) for _ in range(2))
+  segments, slot_ids = (np.zeros((rows, length), np.int8) for _ in range(2))
   cls = np.zeros((rows, slots), np.int32)
   where = np.zeros(n * k, np.int32)
   flat_ids = np.asarray(ids_NxKxL).reshape(n * k, -1)

@@ -88,9 +88,8 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
 def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
   """The episodes in the core's Batch layout (one query each); relevant = from an evidence
   turn, and recall counts evidence turns found. Episodes with pair tokens bring them along."""
-  mask = np.zeros((len(episodes), episodes[0].mem_KxD.shape[0]), bool)
-  for i, episode in enumerate(episodes):
-    mask[i, :len(episode.facts)] = True
+  k = episodes[0].mem_KxD.shape[0]
+  mask = np.arange(k)[None, :] < np.array([len(e.facts) for e in episodes])[:, None]
   evidence = np.stack([e.evidence_KxE for e in episodes])
   inputs = jax.tree.map(lambda *xs: np.stack(xs), *[e.inputs for e in episodes])
   return core.Batch(inputs=inputs,  # (the host packs a cross reranker's tokens)
