@@ -24,9 +24,8 @@ def cross_record(record: dict, where, fix: str = "the workdir is damaged: train 
                  name: str = "record.json") -> dict:
   """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
   what to do when it does not; `name`, where the record is)."""
-  cross = record.get("cross")
-  bert = cross.get("bert") if isinstance(cross, dict) else None
-  length = cross.get("max_length") if isinstance(cross, dict) else None
+  cross = record.get("cross") if isinstance(record.get("cross"), dict) else {}
+  bert, length = cross.get("bert"), cross.get("max_length")
   if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)
       or not isinstance(length, int) or not 16 <= length <= 512):
     raise ValueError(f"{where}: its {name} does not say how the cross reranker reads pairs "

@@ -27,9 +27,8 @@ class LatentTask(Task):
     self.eval_queries = cfg.eval_sessions * cfg.batch
     self.record = latent_record(cfg)
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
-    self._sharding = None
+    self._sharding = distributed.batch_sharding(self.mesh) if self._parallel else None
     if self._parallel:
-      self._sharding = distributed.batch_sharding(self.mesh)
       self.world = distributed.replicate(self.world, self.mesh)
       self.eval_batch = distributed.replicate(self.eval_batch, self.mesh)
     self._evaluate = jax.jit(core.evaluate, static_argnums=2)

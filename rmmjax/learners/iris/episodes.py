@@ -176,11 +176,9 @@ def step_episodes(episodes: Sequence[IrisEpisode], batch: int, seed: int,
 def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
                     judge_for: Callable, mix: RewardMix, num_steps: int,
                     mesh=None) -> tuple[core.TrainState, dict]:
-  """num_steps REINFORCE updates, update t on `step_episodes(..., state.step)`; `judge_for(
-  episode)` judges its selected facts when mix.verdict > 0. Returns the state and per-step
-  metrics: the core's (reward, loss, entropy, ...), the mean verdict reward, the citation rate
-  and the recall of the sampled selection. With a mesh of several devices each batch is split
-  over them (data parallel; the state replicated)."""
+  """num_steps REINFORCE updates, update t on `step_episodes(..., state.step)` (`judge_for(
+  episode)` judges its selected facts when mix.verdict > 0): the state and per-step metrics, the
+  core's plus the mean verdict reward, the citation rate and the sampled selection's recall."""
   parallel = mesh is not None and mesh.devices.size > 1
   if parallel:
     state = distributed.replicate(state, mesh)
@@ -214,8 +212,8 @@ def reinforce_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode],
                        judge_for: Callable, mix: RewardMix,
                        passes: int) -> tuple[core.TrainState, dict]:
   """`passes` passes over the episodes from the state's step on (see `reinforce_steps`)."""
-  per_pass = len(episodes) // state.spec.batch
-  return reinforce_steps(state, episodes, judge_for, mix, passes * per_pass)
+  return reinforce_steps(state, episodes, judge_for, mix,
+                         passes * (len(episodes) // state.spec.batch))
 
 
 RERANK_MODES = ("fused", "alone")
