@@ -63,14 +63,12 @@ PRETRAIN_CHUNK = 16  # batches per compiled scan of the query encoder's pretrain
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                            hparams: core.HParams, epochs: int, params=None,
                            mesh=None, progress: bool = False) -> tuple[dict, np.ndarray]:
-  """Supervised listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes
-  over batches of spec.batch consecutive questions, the batches in a new order each pass, run
-  as scans of PRETRAIN_CHUNK batches by the fit loop (data parallel over a mesh of several
-  devices)."""
+  """Listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes over
+  batches of spec.batch consecutive questions in a new order each pass, in scans of
+  PRETRAIN_CHUNK batches."""
   stream_SxB = jax.tree.map(np.asarray, to_sequence(convs, spec.batch))
   ids_SxBxT, mask_SxBxT = (np.asarray(x) for x in question_tokens(encoder, convs, spec.batch))
   state = encoder_state(encoder, spec, hparams, params)
-  parallel = mesh is not None and mesh.devices.size > 1
   rng = np.random.default_rng(int(hparams.seed))
 
   def epoch_batches(epoch: int) -> list:
@@ -83,6 +81,7 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
 
   state, losses = fit(state, step, epoch_batches,
                       Fit(epochs, chunk=PRETRAIN_CHUNK, desc="query encoder"), mesh, progress)
+  parallel = mesh is not None and mesh.devices.size > 1
   return (distributed.gather(state.params) if parallel else state.params), losses
 
 

@@ -42,8 +42,9 @@ class QueryEncoderTask(Task):
         "learner": "query_encoder", "tune": cfg.encoder_tuning.tune}
     self.spec = encoder_spec(cfg)
     self.hp = cfg.hparams(cfg.encoder_tuning)
-    self.train_seq = to_sequence(self.train_convs, cfg.batch)
-    self.ids_SxBxT, self.mask_SxBxT = question_tokens(encoder, self.train_convs, cfg.batch)
+    # The online stream: (batches, question ids_SxBxT, mask_SxBxT).
+    self._stream = (to_sequence(self.train_convs, cfg.batch),
+                    *question_tokens(encoder, self.train_convs, cfg.batch))
     self.template = encoder_state(encoder, self.spec, self.hp)
     self.eval_queries = sum(len(c.questions) for c in self.test_convs)
     self._base: dict | None = None
@@ -52,9 +53,7 @@ class QueryEncoderTask(Task):
       batches["encoder_tuning.pretrain_batch"] = cfg.encoder_tuning.pretrain_batch
     self._data_parallel(cfg.devices, batches)
     if self._parallel:
-      self.train_seq, self.ids_SxBxT, self.mask_SxBxT = distributed.shard_leading(
-          (self.train_seq, np.asarray(self.ids_SxBxT), np.asarray(self.mask_SxBxT)), self.mesh,
-          axis=1)
+      self._stream = distributed.shard_leading(self._stream, self.mesh, axis=1)
     self._online = Online(online_step(encoder.module))
 
   @classmethod
@@ -79,15 +78,13 @@ class QueryEncoderTask(Task):
     if cfg.mode != "rl" and tuning.pretrain_epochs:
       spec = dataclasses.replace(self.spec, batch=tuning.pretrain_batch)
       hp = core.HParams.create(lr=tuning.pretrain_lr, tau=tuning.pretrain_tau, seed=cfg.seed)
-      params, self.pretrain_loss = pretrain_query_encoder(self.encoder, self.train_convs, spec,
-                                                          hp, tuning.pretrain_epochs,
-                                                          mesh=self.mesh,
-                                                          progress=self._progress)
+      params, self.pretrain_loss = pretrain_query_encoder(
+          self.encoder, self.train_convs, spec, hp, tuning.pretrain_epochs, mesh=self.mesh,
+          progress=self._progress)
     return encoder_state(self.encoder, self.spec, self.hp, params)
 
   def advance(self, state: core.TrainState, n: int):
-    return self._online.run(self._replicated(state),
-                            (self.train_seq, self.ids_SxBxT, self.mask_SxBxT), n)
+    return self._online.run(self._replicated(state), self._stream, n)
 
   def _recall(self, tuned, m: int) -> float:
     encoders = retrieval_encoders(self.encoder, tuned, self.cfg.encoder_tuning.tune)
