@@ -22,6 +22,7 @@ from flax import struct
 from rmmjax.core.bert import BertConfig, BertCrossEncoder
 from rmmjax.core.model import Model, rank_prior_init
 
+
 class PackedPairs(struct.PyTreeNode):
   """The cross reranker's input: (question, memory) pairs "[CLS] question [SEP] memory [SEP]"
   packed into R rows of L positions, up to C pairs a row, each pair attending only to its own
@@ -44,7 +45,6 @@ class CrossModel(Model):
 
   bert: BertConfig
   compute_dtype: str = "float32"
-  prior_scale: float = 1.0  # how far apart the rank prior starts the base positions
   head_lr_scale: float = 1.0  # the scoring layer's and the prior's learning rate, times lr
 
   def scores(self, params: dict, batch, spec) -> jax.Array:

@@ -15,9 +15,8 @@ from rmmjax.learners.cross.model import CrossModel, cross_params_template
 def cross_spec(cfg, bert: core.BertConfig) -> core.CoreSpec:
   """The core spec of a cross run of `cfg` over an encoder of configuration `bert`, computing
   in the dtype `compute_dtype` means on this process's devices."""
-  model = CrossModel(bert, effective_dtype(cfg.cross.compute_dtype), cfg.cross.prior_scale,
-                     cfg.cross.head_lr_scale)
-  return dataclasses.replace(cfg.core_spec(), model=model)
+  return dataclasses.replace(cfg.core_spec(), model=CrossModel(
+      bert, effective_dtype(cfg.cross.compute_dtype), cfg.cross.head_lr_scale))
 
 
 def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again",
