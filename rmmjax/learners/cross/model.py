@@ -1,14 +1,10 @@
-"""The cross-encoder reranker's pure model (no file, network or clock): a BERT-family encoder
-reads the question and one candidate memory together, so it sees which words of the question a
-memory shares and what answers a "when" (the linear and MLP rerankers see two fixed embeddings).
+"""The cross-encoder reranker's pure model: a BERT-family encoder reads the question and one
+candidate memory together, so it sees which words of the question a memory shares.
 
 Candidate k scores s_k = rank_bias_k + head(pooler(h_CLS)), h_CLS the encoder's output at the
-[CLS] of "[CLS] question [SEP] memory [SEP]", pooler BERT's own (dense and tanh). The head starts
-at zero and the prior at a decreasing curve of the base position, so a fresh cross reranker
-reproduces the base retriever's order, as every reranker of the core does. Scores come out per
-candidate (B, K), so the core's selection, log-probability, REINFORCE and listwise losses apply
-as they are. With compute_dtype bfloat16 the encoder computes in bfloat16 while parameters,
-gradients and Adam's moments stay float32.
+[CLS] of "[CLS] question [SEP] memory [SEP]". The head starts at zero and the prior flat or
+decreasing, so a fresh cross reranker keeps the base retriever's order. With compute_dtype
+bfloat16 the encoder computes in bfloat16; parameters, gradients and Adam's moments stay float32.
 """
 
 from __future__ import annotations

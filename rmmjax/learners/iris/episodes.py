@@ -1,12 +1,7 @@
-"""The RMM reranker inside IRIS: it ranks the evidence the loop accumulated, and learns by
-REINFORCE from simulated citations (which need the evidence labels), from the sufficiency
-judge's verdicts on the M facts it selected (which need none), or from both:
-
-    reward of a selected fact = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts)
-
-with `verdict_reward` in [-1, 1], shared by the M facts judged. An episode is one question's
-IRIS run, logged: the first K facts of its final order, their embeddings and evidence labels.
-`FactReranker` puts the trained reranker inside `iris_retrieve`.
+"""The RMM reranker inside IRIS: it ranks the evidence the loop accumulated (an episode: one
+question's IRIS run, logged), learning by REINFORCE from simulated citations (which need the
+evidence labels), from the sufficiency judge's verdicts on the M facts it selected (which need
+none), or both: reward = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts).
 """
 
 from __future__ import annotations

@@ -58,10 +58,8 @@ def load_judge(path: Path) -> tuple[dict, dict]:
   if header.get("rmmjax_format") != JUDGE_FORMAT:
     raise another_version(str(path), f"judge format {header.get('rmmjax_format')!r}",
                           f"judge format {JUDGE_FORMAT!r}", "export its training workdir again")
-  params = traverse_util.unflatten_dict(load_file(str(path)), sep=".")
-  meta = {k: json.loads(v) for k, v in header.items() if k not in ("rmmjax_format",
-                                                                   "how_to_score")}
-  return params, meta
+  meta = {k: json.loads(v) for k, v in header.items() if k not in ("rmmjax_format", "how_to_score")}
+  return traverse_util.unflatten_dict(load_file(str(path)), sep="."), meta
 
 
 def is_iris_model(path: Path) -> bool:

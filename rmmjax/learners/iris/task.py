@@ -1,11 +1,7 @@
 """learner=iris: IRIS's gap diagnosis learned from a replayed dataset's labels (units lace).
-
-Before the online steps (`initial_state`) the anchor query encoder (or `query_encoder=WORKDIR`'s)
-and the refinement encoder are fitted on the training conversations' labels (iris/fit.py) and
-the anchor is written to the workdir; the refinement encoder is the run's state, learning online
-by REINFORCE over its training examples like every run. At the end (`finish`) the sufficiency
-judge is fitted on IRIS runs with the final refinement encoder, the one whose iterations it
-will judge. With holdout=0 the last `validation` conversations are kept out of the fits.
+The anchor and refinement encoders are fitted first (`initial_state`); the refinement encoder
+is the run's state, learning online; the judge is fitted at the end (`finish`) on IRIS runs
+with the final refinement encoder, whose iterations it will judge.
 """
 
 from __future__ import annotations
