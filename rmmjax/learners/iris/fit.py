@@ -136,10 +136,8 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
   usable = len(examples) // batch * batch
 
   def epoch_batches(epoch: int) -> list:
-    order = rng.permutation(len(examples))[:usable]
     batches = []
-    for start in range(0, usable, batch):
-      rows = order[start:start + batch]
+    for rows in rng.permutation(len(examples))[:usable].reshape(-1, batch):
       # Each batch padded to its own longest text's bucket: a few compiles, far less padding.
       length = encoder.bucket_length(int(mask_NxT[rows].sum(1).max()))
       batches.append((ids_NxT[rows, :length], mask_NxT[rows, :length],
@@ -196,15 +194,11 @@ def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, se
   rng = np.random.default_rng(seed)
 
   def epoch_batches(epoch: int) -> list:
-    order, batches = rng.permutation(n), []
-    for start in range(0, n, batch):
-      rows = order[start:start + batch]
-      pad = batch - len(rows)  # the last batch is padded with weight-0 rows: one compile
-      rows_p = np.concatenate([rows, np.zeros(pad, int)])
-      weight = np.concatenate([np.ones(len(rows)), np.zeros(pad)]).astype(np.float32)
-      batches.append((examples.q_NxD[rows_p], examples.facts_NxFxD[rows_p],
-                      examples.mask_NxF[rows_p], examples.label_N[rows_p], weight))
-    return batches
+    pad = -n % batch  # the last batch is padded with weight-0 rows: one compile
+    rows = np.concatenate([rng.permutation(n), np.zeros(pad, int)]).reshape(-1, batch)
+    weights = np.concatenate([np.ones(n), np.zeros(pad)]).astype(np.float32).reshape(-1, batch)
+    return [(examples.q_NxD[r], examples.facts_NxFxD[r], examples.mask_NxF[r], examples.label_N[r],
+             w) for r, w in zip(rows, weights)]
 
   return _adam_fit(judge_loss, judge_init(jax.random.PRNGKey(seed), dim, hidden), lr,
                    epoch_batches, Fit(epochs, desc="judge"), mesh)
