@@ -90,8 +90,7 @@ def with_model(spec):
 
 
 def reader(reranker, encoder):
-  """How a loaded reranker (learners.loaded.LoadedReranker) reads candidates beside
-  `encoder`, refused when the encoder is not the one it needs."""
+  """How a LoadedReranker reads candidates beside `encoder` (refused if not the one it needs)."""
   return learner(reranker.spec.variant).reader(reranker, encoder)
 
 

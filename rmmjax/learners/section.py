@@ -72,8 +72,7 @@ EPOCHS = {"low": 0, "high": 1000}
 
 
 class Section:
-  """A learner's section of the config (a frozen dataclass of its keys, named NAME), with the
-  checks rmmjax.config.Config.validate calls."""
+  """A learner's section of the config (a frozen dataclass of its keys, named NAME)."""
 
   NAME = ""
 

@@ -53,8 +53,7 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def initial_state(self) -> core.TrainState:
-    """The state online training starts from (after pretraining or fitting, where the task
-    has them)."""
+    """The state online training starts from (after any pretraining or fitting)."""
 
   @abc.abstractmethod
   def advance(self, state: core.TrainState, n: int) -> tuple[core.TrainState, dict]:

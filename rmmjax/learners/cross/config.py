@@ -62,6 +62,5 @@ class Cross(Learning):
                        f"expected units=turn, not {cfg.units}")
 
   def reads_observations(self, cfg) -> bool:
-    """Whether the run looks for observations in its data (auto or true, over turns; auto goes
-    without where the training conversations hold none)."""
+    """Whether the run looks for observations in its data (auto or true, over turns)."""
     return self.observations != "false" and cfg.units == "turn"

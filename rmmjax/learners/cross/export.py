@@ -48,8 +48,7 @@ def hf_name(name: str) -> str:
 
 def export_cross(params: dict, cfg, base_dir: Path, out: Path, manifest: dict,
                  max_length: int) -> Path:
-  """Writes the directory (see the module docstring) from the encoder it started from,
-  `base_dir`; `manifest` (io.trained.export_manifest) lets rmmjax serve it as --reranker."""
+  """Writes the directory (module docstring) beside `base_dir`, the encoder it started from."""
   out, tensors = Path(out), {}
   for path, name, transposed in weight_names(cfg, head=True):
     value = np.asarray(param_at(params["encoder"], path), np.float32)

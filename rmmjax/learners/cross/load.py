@@ -69,8 +69,7 @@ def _check_tensors(path: Path, weights: dict, bert: core.BertConfig) -> None:
 
 
 def load_cross_export(path: Path) -> LoadedReranker:
-  """A cross reranker from its export: the encoder, pooler and head from model.safetensors, the
-  rank prior and the run's config and record from the manifest."""
+  """A cross reranker from its export (weights from model.safetensors, the rest its manifest)."""
   path = Path(path)
   header = cross_export_header(path)
   try:

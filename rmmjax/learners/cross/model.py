@@ -59,8 +59,7 @@ class CrossModel(Model):
 
 
 def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
-  """The cross reranker's parameters from a pretrained encoder's: the scoring layer at zero, the
-  rank prior at -prior_scale * log(1 + position)."""
+  """From a pretrained encoder's: the head at zero, the prior -prior_scale * log(1 + position)."""
   encoder = dict(encoder_params)
   h = int(encoder["word"]["embedding"].shape[1])
   if "pooler" not in encoder:  # a checkpoint without BERT's pooler: tanh of the [CLS] state
@@ -98,8 +97,7 @@ def pair_logits(params: dict, pairs: PackedPairs, cfg: BertConfig,
 
 
 def cross_params_template(cfg: BertConfig, k: int) -> dict:
-  """Zeros in the structure of a cross reranker's parameters (what a checkpoint restores into,
-  without the pretrained weights at hand)."""
+  """Zeros in the structure of a cross reranker's parameters (what a checkpoint restores into)."""
   ids = jnp.zeros((1, 2), jnp.int32)
   shapes = jax.eval_shape(lambda: BertCrossEncoder(cfg).init(
       jax.random.PRNGKey(0), ids, ids, ids, ids, ids[:, :1]))["params"]

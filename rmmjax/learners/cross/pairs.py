@@ -185,8 +185,7 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
 
 
 def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
-  """A host `core.Batch` with pair tokens (B, K, L) -> the same batch with its pairs packed
-  into rows of L positions (`pack`) and the unpacked tokens dropped: what the core scores."""
+  """A host `core.Batch` with pair tokens (B, K, L), its pairs packed (`pack`) for the core."""
   tokens = np.asarray(batch.inputs.ids_BxKxL)
   pairs, _ = pack(tokens, np.asarray(batch.inputs.segments_BxKxL), tokens.shape[-1],
                   multiple_of=multiple_of, serving=serving)
@@ -211,8 +210,7 @@ def pack_streams(batch):
 
 
 def device_memory_bytes() -> int | None:
-  """What the first device can hold: its allocator's limit on an accelerator, the machine's
-  physical memory on a CPU (None where neither is known)."""
+  """What the first device can hold (a CPU: the machine's memory; None where not known)."""
   device = jax.devices()[0]
   stats = getattr(device, "memory_stats", lambda: None)()
   if stats and stats.get("bytes_limit"):

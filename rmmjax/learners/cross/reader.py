@@ -23,8 +23,7 @@ class CrossReader:
 
   @classmethod
   def for_reranker(cls, reranker, encoder) -> "CrossReader":
-    """The reader of a loaded cross reranker beside `encoder`, refused (naming both) when the
-    encoder or its tokenizer is not the one it trained with."""
+    """Refused when `encoder` or its tokenizer is not the one the reranker trained with."""
     require_bert(encoder, f"the cross reranker {reranker.source}")
     trained, here = reranker.record.get("encoder"), encoder_identity(encoder)
     if trained != here:
@@ -58,8 +57,7 @@ class CrossReader:
     return pack_batch(batch)
 
   def replay_inputs(self, replays, spec, online: bool):
-    """Every replayed question's pairs; with `online` each batch also takes a learning step,
-    refused here when one cannot fit the device."""
+    """Every replayed question's pairs (`online`: refused where a learning step cannot fit)."""
     if online:
       need, limit = step_bytes(spec.model.bert, spec.k, spec.batch, spec.k, self.max_length,
                                spec.model.compute_dtype)

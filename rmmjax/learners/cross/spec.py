@@ -13,8 +13,7 @@ from rmmjax.learners.cross.model import CrossModel, cross_params_template
 
 
 def cross_spec(cfg, bert: core.BertConfig) -> core.CoreSpec:
-  """The core spec of a cross run of `cfg` over an encoder of configuration `bert`, computing
-  in the dtype `compute_dtype` means on this process's devices."""
+  """The core spec of a cross run of `cfg` over an encoder of configuration `bert`."""
   return dataclasses.replace(cfg.core_spec(), model=CrossModel(
       bert, effective_dtype(cfg.cross.compute_dtype), cfg.cross.head_lr_scale))
 
@@ -38,8 +37,7 @@ def cross_record(record: dict, where, fix: str = "the workdir is damaged: train 
 
 
 def restore(cfg, workdir: Path) -> tuple[core.CoreSpec, dict]:
-  """A cross run's spec (its encoder's configuration from its record) and zeros in the
-  structure of its parameters, which its checkpoints restore into."""
+  """A cross run's spec (from its record) and its parameters' structure, for a restore."""
   cross = cross_record(read_record(workdir), workdir)
   spec = cross_spec(cfg, core.BertConfig(**cross["bert"]))
   return spec, cross_params_template(spec.model.bert, cfg.k)

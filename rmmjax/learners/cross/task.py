@@ -136,8 +136,7 @@ def with_pairs_read(record: dict, cfg, encoder, length: int, counts: dict) -> tu
 
 
 def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
-  """A fresh cross reranker's parameters beside a loaded encoder: its weights (with BERT's
-  pooler where its checkpoint has one), the scoring layer at zero, the rank prior decreasing."""
+  """A fresh cross reranker's parameters from a loaded encoder's (with its pooler, if any)."""
   pooler = load_pooler(encoder.model_dir)
   weights = dict(encoder.params) | ({"pooler": pooler} if pooler is not None else {})
   return init_cross_params(weights, k, prior_scale)

@@ -26,8 +26,7 @@ EXPORT_NAME = "reranker.safetensors"  # its name in a two-stage export
 
 
 def export_run(workdir: Path, out: Path) -> str:
-  """The workdir's reranker as `out`, a safetensors file whose header describes it; says what
-  was written."""
+  """The workdir's reranker as the safetensors file `out`; says what was written."""
   check_output_file(out, "--out")
   meta = export_reranker(Path(workdir), out)
   return (f"wrote {out} (description in its header) and {out.with_suffix('.json')} (a readable "
@@ -53,8 +52,7 @@ def _check_out(out: Path) -> Path:
 
 
 def export_reranker(workdir: Path, out: Path) -> dict:
-  """Writes OUT (.safetensors, description in its header) and OUT with .json (a readable copy);
-  returns the description."""
+  """Writes OUT (.safetensors) and its .json copy of the header; returns the description."""
   out = _check_out(out)
   spec = dataclasses.replace(read_config(workdir).core_spec(), model=EMBEDDING)
   params, cfg, step = load_trained_params(workdir, spec)

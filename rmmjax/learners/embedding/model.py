@@ -123,8 +123,7 @@ def linear_grad_factors(params: dict, q_BxD: jax.Array, mem_BxKxD: jax.Array,
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingModel(Model):
-  """The linear and MLP rerankers as the core sees them (CoreSpec.model); the fast linear
-  scorer back-propagates by hand into low-rank factors (`linear_grad_factors`)."""
+  """The linear and MLP rerankers as the core sees them (CoreSpec.model)."""
 
   def init_params(self, key: jax.Array, spec: CoreSpec) -> dict:
     return init_params(key, spec)

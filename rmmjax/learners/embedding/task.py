@@ -52,14 +52,12 @@ class ReplayTask(Task):
 
   @classmethod
   def init_params(cls, spec: core.CoreSpec):
-    """The parameters a fresh model of `spec` starts from, in the structure its checkpoints hold
-    (None: the model's own initialisation)."""
+    """A fresh model's parameters, as its checkpoints hold them (None: the model's own)."""
     return None
 
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:
-    """The training questions fill one batch (a larger batch would be padded until it ran out
-    of memory), before anything is embedded or written."""
+    """The training questions fill one batch (a larger one would be padded out of memory)."""
     num = training_questions(cfg)
     if cfg.batch > num:
       raise ValueError(f"batch={cfg.batch}: the {num:,} training questions cannot fill one "

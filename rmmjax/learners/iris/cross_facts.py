@@ -47,8 +47,7 @@ _scores = jax.jit(core.scores, static_argnums=2, compiler_options=compiler_optio
 
 def episode_scores(params, spec: core.CoreSpec, episodes: Sequence[IrisEpisode],
                    progress: bool = False) -> np.ndarray:
-  """The reranker's scores of every episode's candidates, scores_NxK, a batch of spec.batch
-  episodes at a time (all at once would hold every pair's activations)."""
+  """scores_NxK of the episodes' candidates, spec.batch episodes at a time (to bound memory)."""
   b = spec.batch
   out = []
   for at in tqdm(range(0, len(episodes), b), desc="held-out (cross, IRIS)", unit="batch",

@@ -130,8 +130,7 @@ def mixed_rewards(cited_BxM: jax.Array, selected_BxM: jax.Array, verdict_B: jax.
 
 @jax.jit
 def _sample(state: core.TrainState, batch: core.Batch, key: jax.Array):
-  """Gumbel top-M of the reranker's scores, the simulated generator's citations of it, and its
-  recall (evidence turns covered)."""
+  """Gumbel top-M of the reranker's scores, its simulated citations and its recall."""
   spec, hp = state.spec, state.hparams
   b, k = batch.mask_BxK.shape
   u = jax.random.uniform(key, (b, k + spec.m), minval=jnp.finfo(jnp.float32).tiny)

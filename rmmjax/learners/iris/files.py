@@ -68,8 +68,7 @@ def is_iris_model(path: Path) -> bool:
 
 
 def load_iris_model(path: Path, encoder) -> IrisModel:
-  """The learned IRIS of a learner=iris workdir or of its export; `encoder` must be the base
-  encoder that embedded the facts (refused otherwise)."""
+  """The learned IRIS of a learner=iris workdir or export, beside the facts' base `encoder`."""
   path = Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"--iris-model {path}: expected a learner=iris workdir or its export")
@@ -95,8 +94,7 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
 
 
 def export_run(workdir: Path, out: Path) -> str:
-  """`rmmjax export` of a learner=iris workdir: its models as files in the directory `out`
-  (see the module docstring); says what was written."""
+  """A learner=iris workdir's models as files in the directory `out`; says what was written."""
   check_output_dir(Path(out), "--out")
   encoder = SentenceEncoder()
   model = load_iris_model(workdir, encoder)

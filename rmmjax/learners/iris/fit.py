@@ -188,8 +188,7 @@ def judge_examples(stores, conversations, refiner_encoder) -> JudgeExamples:
 
 def fit_judge(examples: JudgeExamples, *, epochs: int, batch: int, lr: float, seed: int,
               hidden: int = 64, mesh=None) -> tuple[dict, np.ndarray]:
-  """The judge fitted by Adam on binary cross-entropy; parameters and every step's loss
-  (each batch split over the mesh's devices, when given several)."""
+  """The judge fitted by Adam on binary cross-entropy: parameters and every step's loss."""
   n, dim = examples.q_NxD.shape
   rng = np.random.default_rng(seed)
 

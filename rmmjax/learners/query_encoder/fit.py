@@ -86,8 +86,7 @@ def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.
 
 
 def online_step(module) -> Callable:
-  """step(state, (batch, ids_BxT, mask_BxT)) -> (state, metrics): one online REINFORCE update
-  of the query encoder from simulated citations."""
+  """step(state, (batch, ids_BxT, mask_BxT)) -> (state, metrics): one REINFORCE update."""
 
   def step(state, xs):
     batch, ids_BxT, mask_BxT = xs
@@ -108,8 +107,7 @@ def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,
 
 def train_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                         hparams: core.HParams, epochs: int, params=None) -> tuple[dict, dict]:
-  """`epochs` passes of online REINFORCE of the query encoder over the conversations' question
-  stream, starting from `params` (the loaded encoder's by default)."""
+  """`epochs` passes of online REINFORCE over the questions, from `params` (default: loaded)."""
   stream_SxB = to_sequence(convs, spec.batch)
   ids_SxBxT, mask_SxBxT = question_tokens(encoder, convs, spec.batch)
   state = encoder_state(encoder, spec, hparams, params)

@@ -58,8 +58,7 @@ class QueryEncoderTask(Task):
 
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:
-    """The training questions fill a batch of online steps and one of pretraining (a larger
-    pretraining batch would be padded until it ran out of memory)."""
+    """The training questions fill a batch of online steps and one of pretraining."""
     num = training_questions(cfg)
     tuning = cfg.encoder_tuning
     pretrained = bool(saved_steps(Path(workdir) / "checkpoints"))  # (a resume skips it)
