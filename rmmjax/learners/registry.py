@@ -95,8 +95,7 @@ def reader(reranker, encoder):
 
 
 def training_task(cfg) -> type[Task]:
-  """The task that trains `cfg`'s last stage: the latent simulator's sessions, IRIS's episodes
-  over LaceMem's facts (units=lace), or the learner's own replay."""
+  """The task that trains `cfg`'s last stage."""
   found = learner(cfg.family)  # (refuses a name the registry does not hold)
   if cfg.config == "latent":
     return LatentTask

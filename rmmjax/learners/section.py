@@ -80,19 +80,16 @@ class Section:
     """Refuses a value that does not fit the rest of the run `cfg` (after each key's limits)."""
 
   def check_replay(self, cfg) -> None:
-    """Refuses a shared key of a replayed dataset (configs other than latent) this learner
-    cannot run with; called after the data file is checked."""
+    """Refuses a shared key of a replayed dataset this learner cannot run with."""
 
   def unread(self, name: str, cfg) -> str:
     """Why this run reads no key `name` of this section (empty when it does)."""
-    del name, cfg
     return ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Learning(Section):
-  """What every learner's training has: online steps (REINFORCE at tau and lr) after a listwise
-  pretraining on labelled evidence (pretrain_epochs at pretrain_lr and pretrain_tau)."""
+  """Every learner's rates: online REINFORCE after a listwise pretraining on labelled evidence."""
 
   tau: float = key(0.5, **TAU)
   lr: float = key(1e-3, **RATE)

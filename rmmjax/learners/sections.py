@@ -29,8 +29,7 @@ def stages(learner: str) -> list[str]:
 
 
 def check_learner(learner: str) -> None:
-  """Refuses a list of stages other than the query encoder then a reranker family (each name
-  is the registry's to refuse)."""
+  """Refuses a list of stages other than the query encoder then a reranker family."""
   *first, last = stages(learner)
   if first and (first != [FIRST_STAGE] or last in NOT_RERANKERS):
     raise ValueError(f"learner={learner!r}: expected one learner, or {FIRST_STAGE},FAMILY (a "

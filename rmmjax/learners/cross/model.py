@@ -88,8 +88,7 @@ def cross_scores(params: dict, pairs: PackedPairs, cfg: BertConfig, dtype: str =
 
 def pair_logits(params: dict, pairs: PackedPairs, cfg: BertConfig,
                 dtype: str = "float32") -> jax.Array:
-  """logits_BxK: `cross_scores` without the rank prior, so a caller that sees one pair at
-  several positions may score it once."""
+  """logits_BxK: `cross_scores` without the rank prior (a pair's, wherever it stands)."""
   logits_RxC = BertCrossEncoder(cfg, dtype=dtype).apply(
       {"params": params["encoder"]}, pairs.ids_RxL, pairs.positions_RxL,
       (pairs.segments_RxL == 2).astype(jnp.int32), pairs.slots_RxL, pairs.cls_RxC)

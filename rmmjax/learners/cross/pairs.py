@@ -37,9 +37,8 @@ class CandidateTokens(struct.PyTreeNode):
 @dataclasses.dataclass(frozen=True)
 class PairTokens:
   ids_NxKxL: np.ndarray  # int32, 0-padded
-  # int8: which side of the pair each token is on, as the tokenizer's type ids say (1 the
-  # question's, [CLS] and its [SEP] included; 2 the memory's; 0 padding). A "[SEP]" typed in a
-  # question is its own token on the question's side, as in Hugging Face's tokenizer.
+  # int8: each token's side of the pair by the tokenizer's type ids: 1 the question's ([CLS] and
+  # its [SEP] included; a "[SEP]" typed in a question too), 2 the memory's, 0 padding.
   segments_NxKxL: np.ndarray
   truncated: int  # pairs cut to max_length
   pairs: int  # pairs tokenised (candidates that exist)
@@ -88,8 +87,7 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
 
 
 def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
-  """The pair tokens of replayed conversations, all padded to the bucket of the longest pair of
-  any of them, so their streams stack and one program serves them all."""
+  """The pair tokens of replayed conversations, padded alike so one program serves them all."""
   first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(), max_length) for c in convs]
   length = max((p.ids_NxKxL.shape[2] for p in first), default=PAIR_BUCKETS[0])
   pad = lambda x: np.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2])))  # noqa: E731
@@ -193,8 +191,7 @@ def pack_batch(batch, multiple_of: int = 1, serving: bool = False):
 
 
 def pack_streams(batch):
-  """A host `core.Batch` of pair tokens (..., B, K, L) with every (..., B, K) packed into the
-  most rows any needs, so one program replays the whole stream."""
+  """A host `core.Batch` of pair tokens (..., B, K, L), each (B, K) packed into as many rows."""
   tokens = np.asarray(batch.inputs.ids_BxKxL)
   segments = np.asarray(batch.inputs.segments_BxKxL)
   lead, (b, k, width) = tokens.shape[:-3], tokens.shape[-3:]
@@ -252,9 +249,8 @@ def step_bound(bert, k: int, batch: int, candidates: int, max_length: int) -> in
   rows, length = _most_rows(batch * candidates), max_length
   h, heads, inner = bert.hidden_size, bert.num_attention_heads, bert.intermediate_size
   tokens = rows * length
-  # per layer: input, query, key, value, context, attention out, two norms and the
-  # feed-forward's output (9 of width h); the feed-forward's inner width before and after its
-  # activation (2 of width inner); the attention scores and their softmax (2 per head).
+  # Per layer: 9 tensors of width h (input, q, k, v, context, attention out, two norms, the
+  # feed-forward's output), 2 of its inner width, the attention scores and softmax per head.
   per_layer = tokens * (9 * h + 2 * inner) + 2 * heads * rows * length * length
   activations = 2 * 4 * (bert.num_hidden_layers * per_layer + tokens * h)
   params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(

@@ -17,9 +17,7 @@ class CrossReader:
   tokenizer: object
   max_length: int
   source: str
-  # Held out without learning, a batch's pairs are scored packed to its own rows (`pack_many`):
-  # a replay's streams would even every conversation and batch to the largest.
-  batchwise = True
+  batchwise = True  # held out, packed batch by batch (`pack_many`), not evened as streams
 
   @classmethod
   def for_reranker(cls, reranker, encoder) -> "CrossReader":
@@ -39,8 +37,7 @@ class CrossReader:
     return compiler_options()  # the encoder's, as its training compiled it
 
   def candidate_arrays(self, question: str, texts_K):
-    """One question's pair tokens with each candidate's text (None: no candidate), cut to one
-    length so that a few compiled scorers serve every question: (ids_KxL, segments_KxL)."""
+    """(ids_KxL, segments_KxL) of a question's pairs, at max_length for every question."""
     pairs = pair_tokens(self.tokenizer, [question], [texts_K], self.max_length,
                         length=self.max_length)
     return pairs.ids_NxKxL[0], pairs.segments_NxKxL[0]

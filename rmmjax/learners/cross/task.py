@@ -125,8 +125,7 @@ class CrossRerankerTask(ReplayTask):
 
 
 def with_pairs_read(record: dict, cfg, encoder, length: int, counts: dict) -> tuple[dict, dict]:
-  """The record with how a cross reranker reads its pairs (its encoder, tokenizer, length and
-  the pairs' counts), and the summary's notes of them."""
+  """The record with how a cross reranker reads its pairs, and the summary's notes of them."""
   dtype = effective_dtype(cfg.cross.compute_dtype)
   record = record | {"variant": "cross", "cross": {
       "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),

@@ -63,9 +63,8 @@ def export_reranker(workdir: Path, out: Path) -> dict:
 
 
 def export_state(state: core.TrainState, out: str | Path, record: dict | None = None) -> dict:
-  """Writes a TrainState held in memory (a run driven from Python) as an exported reranker,
-  the same file `rmmjax export` writes: load it with NumpyReranker or --reranker. `record` says
-  what it was trained on (eval and the agent check it: pass the units, retriever, encoder and
+  """Writes a TrainState held in memory as the file `rmmjax export` writes. `record` says what
+  it was trained on (eval and the agent check it: pass the units, retriever, encoder and
   trained conversations of real data); by default it records nothing real was seen."""
   out = _check_out(out)
   hparams = jax.device_get(state.hparams)

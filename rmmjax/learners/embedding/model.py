@@ -29,9 +29,8 @@ def init_params(key: jax.Array, spec: CoreSpec) -> dict:
          "w2": jnp.zeros((spec.hidden, d), jnp.float32)}
     return p | ({"b2": jnp.zeros((d,), jnp.float32)} if out_bias else {})
 
-  # A bias added to every memory shifts all of a query's scores equally, which no selection
-  # sees: its gradient is zero up to rounding, and Adam would amplify that rounding. Only the
-  # query side gets an output bias.
+  # Only the query side has an output bias: one on every memory shifts a query's scores alike,
+  # so its gradient is rounding noise, which Adam would amplify.
   return {"q_mlp": mlp(kq, True), "m_mlp": mlp(km, False)} | prior
 
 

@@ -11,9 +11,7 @@ import dataclasses
 class EmbeddingReader:
   dim: int
   source: str
-  # Held out, they replay streams as the one-program sweep does (its numbers, bit for bit):
-  # the streams' padding costs them nothing measurable.
-  batchwise = False
+  batchwise = False  # held out, replayed as the one-program sweep does (its numbers exactly)
 
   @classmethod
   def for_reranker(cls, reranker, encoder) -> "EmbeddingReader":

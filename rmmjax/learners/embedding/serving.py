@@ -67,8 +67,7 @@ class NumpyReranker:
       scores_K = self._mlp("m_mlp", m_KxD) @ self._mlp("q_mlp", q_D)
     if "rank_bias" in self.weights:  # candidates come in the order the prior was trained on
       bias = self.weights["rank_bias"]
-      # Fewer than k candidates take the first biases: what training does with a padded, masked
-      # list (a conversation with fewer units, IRIS gathering fewer facts than k).
+      # Fewer than k candidates take the first biases, as training's padded, masked lists do.
       if len(scores_K) > len(bias):
         raise ValueError(f"{len(scores_K)} candidates, but the rank prior was trained for "
                          f"k={len(bias)}: pass at most k")

@@ -28,8 +28,7 @@ from rmmjax.learners.task import Task
 
 
 def build_replays(cfg: Config, encoder=None, progress: bool = False):
-  """(resolved data file, load report, encoder, tuned query encoder or None, every
-  conversation's replay in the file's order) of a replay run."""
+  """(data file, load report, encoder, tuned query encoder or None, replays) of a replay run."""
   data, conversations, report, encoder = replay_inputs(cfg, encoder)
   # A tuned query encoder (a two-stage run's first stage, or query_encoder=WORKDIR) gives the
   # candidates and the questions' embeddings; the units keep the base encoder's.

@@ -27,8 +27,7 @@ from rmmjax.retrieve.evidence import Fact
 
 def with_pair_tokens(episodes: Sequence[IrisEpisode], tokenizer, max_length: int
                      ) -> tuple[list[IrisEpisode], dict]:
-  """The episodes with each question paired with its K facts' texts (a missing fact: no
-  tokens), all padded to one length; and the count of pairs and of those cut to max_length."""
+  """The episodes with their (question, fact) pair tokens, and counts of the pairs."""
   if not episodes:
     return [], {"pairs": 0, "truncated": 0, "length": PAIR_BUCKETS[0]}
   k = episodes[0].mem_KxD.shape[0]

@@ -24,9 +24,7 @@ from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.refine import QueryRefiner
 from rmmjax.retrieve.judges import SufficiencyJudge, verdict_reward
 
-# The key stream of learning from episodes, after core.replay's pretraining (3), replay (4)
-# and held-out (5) streams.
-_EPISODE_STREAM = 6
+_EPISODE_STREAM = 6  # key stream, after core.replay's pretraining, replay and held-out (3-5)
 
 
 class EmbeddedStore(EvidenceStore, Protocol):
@@ -48,9 +46,7 @@ class IrisEpisode:
   mem_KxD: np.ndarray  # padded with zero rows to K
   evidence_KxE: np.ndarray  # fact k comes from evidence turn e (padded with False)
   num_evidence: int
-  # A learner's own inputs of the candidates, leading axis K (a cross reranker's: the question
-  # paired with each fact's text, tokenised: rmmjax.learners.iris.cross_facts.with_pair_tokens).
-  inputs: Any = None
+  inputs: Any = None  # a learner's own inputs, leading axis K (cross_facts.with_pair_tokens)
 
 
 def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Callable,
@@ -81,8 +77,7 @@ def collect_episodes(store: EmbeddedStore, questions: Sequence, judge_for: Calla
 
 
 def episodes_batch(episodes: Sequence[IrisEpisode]) -> core.Batch:
-  """The episodes in the core's Batch layout (one query each); relevant = from an evidence
-  turn, and recall counts evidence turns found. Episodes with pair tokens bring them along."""
+  """The episodes in the core's Batch layout; relevant = from an evidence turn."""
   k = episodes[0].mem_KxD.shape[0]
   mask = np.arange(k)[None, :] < np.array([len(e.facts) for e in episodes])[:, None]
   evidence = np.stack([e.evidence_KxE for e in episodes])

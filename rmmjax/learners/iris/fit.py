@@ -100,8 +100,7 @@ def ranking_examples(stores, conversations, k: int, e: int, seed: int, hard_shar
 
 
 def _adam_fit(loss_fn, params, lr: float, epoch_batches, plan: Fit, mesh):
-  """`params` fitted by Adam at `lr` on loss_fn(params, *batch) over the fit loop's batches:
-  the parameters (gathered to the host) and every step's loss."""
+  """`params` fitted by Adam at `lr` on loss_fn(params, *batch), and every step's loss."""
   adam = optax.adam(lr)
 
   def step(state, xs):
@@ -166,8 +165,7 @@ class JudgeExamples:
 
 
 def judge_examples(stores, conversations, refiner_encoder) -> JudgeExamples:
-  """Every iteration of IRIS (run to its last iteration) on every labelled question, with what
-  the judge would see; the stores' query encoder is the anchor's."""
+  """What the judge would see at every iteration of IRIS on every labelled question."""
   q, facts, mask, labels = [], [], [], []
   refiner = EmbeddingRefiner(refiner_encoder)
   for store, conv in zip(stores, conversations):
@@ -247,8 +245,7 @@ def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
 
 def fit_iris_judge(encoder, stores, conversations, refine, fit: IrisFit = IrisFit(),
                    mesh=None) -> tuple[dict, np.ndarray]:
-  """The judge fitted on IRIS runs with the refinement encoder `refine` (the stores' query
-  encoder must be the anchor's): the iterations it will judge."""
+  """The judge fitted on IRIS runs with `refine` (the stores searching with the anchor)."""
   logged = judge_examples(stores, conversations, TunedQueryEncoder(encoder, refine))
   return fit_judge(logged, epochs=fit.judge_epochs, batch=fit.judge_batch, lr=fit.judge_lr,
                    seed=fit.seed + 2, mesh=mesh)

@@ -106,9 +106,8 @@ class IrisTask(Task):
     cfg, state, learning = self.cfg, self.template, self.cfg.learning
     pretrains = Protocol(mode=cfg.mode, pretrain_epochs=learning.pretrain_epochs).pretrains
     if self.cross and pretrains:
-      # The cross reranker's pretraining runs from the host over a few candidates per episode
-      # (see cross_task.pretrain_cross): one step over all K pairs of every episode would not
-      # fit in one program.
+      # From the host over a few candidates per episode: one step over all K pairs of every
+      # episode would not fit in one program.
       state, self.pretrain_loss, real = pretrain_cross(
           state, episodes_batch(self.train_episodes), cfg, self.mesh, self._progress)
       self.pretrain_notes = {"cross_real_positions": real}
@@ -124,9 +123,8 @@ class IrisTask(Task):
                            self.mesh)
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M over the episodes' candidates: in IRIS's order, the reranker's order
-    fused with IRIS's (recall_at_m: what `eval --iris --reranker` uses by default), the
-    reranker's alone, and all K candidates (the ceiling)."""
+    """Held-out Recall@M over the episodes' candidates: IRIS's order, the reranker's fused with
+    it (recall_at_m: `eval --iris --reranker`'s default), the reranker's alone, all K."""
     if not self.test_episodes:
       return {}
     batch = episodes_batch(self.test_episodes)
@@ -137,8 +135,7 @@ class IrisTask(Task):
                                                  self.spec)))
 
   def evaluate_first(self) -> dict:
-    """A fresh cross reranker scores by its rank prior alone (flat, ties kept in order, or
-    decreasing), IRIS's own order: known without reading a pair through the encoder."""
+    """A fresh cross reranker keeps IRIS's order: known without reading a pair."""
     if not (self.cross and self.test_episodes):
       return super().evaluate_first()
     batch = episodes_batch(self.test_episodes)

@@ -63,8 +63,7 @@ class IrisLearnedTask(Task):
                        "to fit (set iris_models.validation=0)")
     split = len(conversations) - held
     self.train_data, self.test_data = conversations[:split], conversations[split:]
-    # With holdout=0 the evaluated conversations are the validation split: not trained on, but
-    # not a test either (the run is meant to be evaluated on another file).
+    # With holdout=0 the evaluated conversations are a validation split, not a test.
     self.validating = cfg.holdout == 0 and bool(self.test_data)
     self.train_convs, self.test_convs = (
         [_Conv(c.conversation_id, conversation_fingerprint(c)) for c in part]
@@ -117,8 +116,7 @@ class IrisLearnedTask(Task):
     return encoder_state(self.encoder, self.spec, self.hp, refine)
 
   def finish(self, state: core.TrainState) -> None:
-    """Fits the judge on IRIS runs with the final refinement encoder and writes it (a rerun of
-    a finished run keeps the judge it wrote)."""
+    """Fits and writes the judge (a rerun of a finished run keeps the one it wrote)."""
     path = self.workdir / JUDGE_FILE
     if path.exists() and load_judge(path)[1].get("step") == int(state.step):
       return

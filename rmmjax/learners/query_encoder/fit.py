@@ -99,8 +99,7 @@ def online_step(module) -> Callable:
 def encoder_replay_steps(module, state: core.TrainState, stream_SxB: core.Batch,
                          ids_SxBxT: jax.Array, mask_SxBxT: jax.Array,
                          num_steps: int) -> tuple[core.TrainState, dict]:
-  """num_steps `online_step`s, step t on stream step t (taken modulo the stream's length), so
-  a run split into segments equals an uninterrupted one."""
+  """num_steps `online_step`s, step t on stream step t (modulo its length), as segments can."""
   return core_replay.stream_steps(online_step(module), state,
                                   (stream_SxB, ids_SxBxT, mask_SxBxT), num_steps)
 
@@ -117,8 +116,7 @@ def train_query_encoder(encoder, convs: list[ConversationReplay], spec: core.Cor
 
 
 def retrieval_encoders(encoder, tuned: "TunedQueryEncoder | None", tune: str) -> tuple:
-  """(memory encoder, query encoder) for retrieval: with tune=both the tuned encoder embeds
-  the memories as well (the bank re-embedded), else only the questions."""
+  """(memory encoder, query encoder) for retrieval: tune=both embeds the memories too."""
   if tuned is None:
     return encoder, None
   return (tuned, None) if tune == "both" else (encoder, tuned)

@@ -92,8 +92,7 @@ class QueryEncoderTask(Task):
         for c in self.test_conversations])))
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M of retrieval with the untuned and the tuned query encoder, and the
-    tuned retriever's Recall@K (what a reranker over its K candidates would be capped at)."""
+    """Held-out Recall@M of retrieval with the untuned and the tuned encoder, and tuned @K."""
     if not self.test_conversations:
       return {}
     if self._base is None:
