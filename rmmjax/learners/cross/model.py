@@ -36,8 +36,7 @@ class PackedPairs(struct.PyTreeNode):
 
 @dataclasses.dataclass(frozen=True)
 class CrossModel(Model):
-  """The cross reranker as the core sees it (`CoreSpec.model`): static and hashable, so a spec
-  that holds it still keys one compiled program."""
+  """The cross reranker as the core sees it (`CoreSpec.model`): hashable, a compile's key."""
 
   bert: BertConfig
   compute_dtype: str = "float32"

@@ -26,8 +26,7 @@ PAIR_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class CandidateTokens(struct.PyTreeNode):
-  """Each candidate's pair tokens as the host keeps them, leading axes (..., B, K): a
-  core.Batch's `inputs` until `pack_batch` packs them (see PairTokens for the two arrays)."""
+  """Pair tokens as the host keeps them, (..., B, K, L): a core.Batch's `inputs` until packed."""
 
   ids_BxKxL: Any
   segments_BxKxL: Any
@@ -220,11 +219,9 @@ def device_memory_bytes() -> int | None:
 
 def step_bytes(bert, k: int, batch: int, candidates: int, max_length: int,
                dtype: str) -> tuple[int, int | None]:
-  """(the memory of one learning step of a cross reranker on one device, what the device
-  holds): the encoder's forward and backward over `batch` questions' `candidates` pairs, each
-  at the longest length it may have (alone in its packed row), compiled for those shapes and
-  measured, plus Adam's two moments of every parameter. (0, None) where the device's size is
-  not known."""
+  """(the memory of one learning step on one device, what the device holds; (0, None) where
+  not known): forward and backward over `batch` questions' `candidates` pairs, each at its
+  longest and alone in its row, plus Adam's two moments of every parameter."""
   limit = device_memory_bytes()
   if limit is None:
     return 0, None
@@ -242,10 +239,9 @@ def _most_rows(pairs: int) -> int:
 
 
 def step_bound(bert, k: int, batch: int, candidates: int, max_length: int) -> int:
-  """A count from the shapes alone that a learning step's memory stays under (tested against
-  the compiled measurement): every activation a BERT layer keeps for its backward pass,
-  float32, each counted twice (the backward pass's own of the same size), and the
-  parameters, their gradients and Adam's two moments."""
+  """A bound from the shapes alone on a learning step's memory (tested against the compiled
+  measurement): every float32 activation a BERT layer keeps for its backward pass, counted
+  twice, and the parameters, their gradients and Adam's two moments."""
   rows, length = _most_rows(batch * candidates), max_length
   h, heads, inner = bert.hidden_size, bert.num_attention_heads, bert.intermediate_size
   tokens = rows * length

@@ -20,8 +20,7 @@ def cross_spec(cfg, bert: core.BertConfig) -> core.CoreSpec:
 
 def cross_record(record: dict, where, fix: str = "the workdir is damaged: train it again",
                  name: str = "record.json") -> dict:
-  """The part of a cross reranker's record that says how it reads pairs, checked (`fix` says
-  what to do when it does not; `name`, where the record is)."""
+  """The record's `cross` entry (how the reranker reads pairs), checked; `fix` says what to do."""
   cross = record.get("cross") if isinstance(record.get("cross"), dict) else {}
   bert, length = cross.get("bert"), cross.get("max_length")
   if (not isinstance(bert, dict) or not isinstance(cross.get("tokenizer"), str)

@@ -100,8 +100,7 @@ class CrossRerankerTask(ReplayTask):
     return base | {"recall_at_m": base["recall_at_m_base"]}
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Held-out Recall@M as ReplayTask's, without the prequential replay (each of its online
-    steps over a held-out stream costs as much as a training step)."""
+    """ReplayTask's, without the prequential replay (each step costs as much as training's)."""
     if not self.test_convs:
       return {}
     # The parameters on this process's first device, once: not copied in at every batch.
@@ -143,11 +142,9 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
 
 def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
                    progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
-  """Listwise pretraining on the questions' labels (a core.Batch of every question, with pair
-  tokens) at the cross section's pretraining rates, one compiled step at a time (the packed
-  shapes vary), each epoch over a fresh subset of candidates in a fresh order, both drawn from
-  (seed, epoch) alone. Returns the state (its optimizer not reset), every step's loss and the
-  share of the positions computed that were real tokens."""
+  """Listwise pretraining at the cross section's rates, one compiled step at a time (packed
+  shapes vary), each epoch over a subset of candidates in an order drawn from (seed, epoch)
+  alone. Returns the state (optimizer not reset), each step's loss and the share of real tokens."""
   state = state.replace(hparams=state.hparams.replace(
       lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
       tau=jnp.asarray(cfg.cross.pretrain_tau, jnp.float32)))
@@ -178,12 +175,9 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
 
 
 def check_cross_workdir(cfg, encoder, workdir) -> None:
-  """The checks of a cross reranker's run that need no candidates, made before anything of the
-  run is written (before a two-stage run trains its query encoder): the encoder is a BERT
-  with a tokenizer, the training questions fill a pretraining batch, and each kind of step the
-  run will take fits the device (pretraining over cross.pretrain_candidates per question,
-  online steps over all k); a kind it will not take (or, resumed, has taken) is neither
-  compiled nor measured (see `learners.cross.pairs.step_bytes`)."""
+  """A cross run's checks before anything is written (before a two-stage run tunes its query
+  encoder): a BERT encoder, training questions that fill a pretraining batch, and each kind of
+  step the run will still take fitting the device (`pairs.step_bytes`)."""
   _, conversations, _, encoder = replay_inputs(cfg, encoder)
   done = saved_steps(Path(workdir) / "checkpoints")
   devices = distributed.data_mesh(cfg.devices).devices.size

@@ -11,9 +11,8 @@ from rmmjax.retrieve.iris import IRIS_PRESETS
 
 @dataclasses.dataclass(frozen=True)
 class IrisEvidence(Section):
-  """A reranker over the evidence IRIS gathers with `preset` from a LaceMem (units=lace): it learns
-  from simulated citations (weight citation_reward) plus the offline heuristic judge's verdict
-  on the facts it selected (weight verdict_reward, which needs no labels)."""
+  """A reranker over the evidence IRIS gathers with `preset` (units=lace): it learns from
+  simulated citations plus the heuristic judge's verdict on its facts (which needs no labels)."""
 
   NAME = "iris_evidence"
   preset: str = key("default", choices=tuple(IRIS_PRESETS))

@@ -96,8 +96,7 @@ _pretrain = jax.jit(core_replay.pretrain, static_argnums=(2, 3))
 def pretrain_on_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode], epochs: int,
                          lr: float, tau: float,
                          mesh=None) -> tuple[core.TrainState, np.ndarray]:
-  """Listwise pretraining on the episodes' labels at (lr, tau): the state under its own rates
-  with a fresh optimizer (ready to learn online), and the loss of every step."""
+  """Listwise pretraining at (lr, tau): the state, its optimizer reset, and each step's loss."""
   hp = state.hparams
   state = state.replace(hparams=hp.replace(lr=jnp.asarray(lr, jnp.float32),
                                            tau=jnp.asarray(tau, jnp.float32)))

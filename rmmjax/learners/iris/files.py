@@ -95,10 +95,9 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
 
 def export_run(workdir: Path, out: Path) -> str:
   """A learner=iris workdir's models as files in the directory `out`; says what was written."""
-  check_output_dir(Path(out), "--out")
+  out = check_output_dir(Path(out), "--out")
   encoder = SentenceEncoder()
   model = load_iris_model(workdir, encoder)
-  out = Path(out)
   if out.suffix == ".safetensors":
     raise ValueError(f"--out {out}: learned IRIS models export as a directory (two encoders "
                      "and a judge), not one .safetensors file")

@@ -221,8 +221,7 @@ class IrisFit:
 
 def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
                       anchor=None, mesh=None) -> tuple[dict, dict, dict]:
-  """(anchor, refine, losses): the anchor encoder fitted (unless given), then the refinement
-  encoder from it; the stores' query encoder is the anchor's afterwards."""
+  """(anchor, refine, losses), the anchor fitted unless given; the stores then search with it."""
   losses = {}
   for store in stores:
     store.query_encoder = None

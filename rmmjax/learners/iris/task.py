@@ -205,7 +205,6 @@ class IrisLearnedTask(Task):
     return out
 
   def _recall(self, store, turns, q) -> tuple[float, float]:
-    cut = (self.cfg.m, EVAL_AT)
-    metrics = turn_metrics(store, turns, q.evidence, cut, len(set(q.evidence)))
-    return metrics[f"recall_all@{cut[0]}"], metrics[f"recall_all@{cut[1]}"]
+    metrics = turn_metrics(store, turns, q.evidence, (self.cfg.m, EVAL_AT), len(set(q.evidence)))
+    return metrics[f"recall_all@{self.cfg.m}"], metrics[f"recall_all@{EVAL_AT}"]
 
