@@ -62,7 +62,7 @@ class CrossRerankerTask(ReplayTask):
     self._online = Online(core_replay.replay_step, compiler_options())
 
   def _core_spec(self, encoder) -> core.CoreSpec:
-    return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_run saw to it)
+    return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_workdir saw to it)
 
   def _inputs(self, convs) -> list | None:
     if not convs:
@@ -151,7 +151,7 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
   b = state.spec.batch
   questions = jax.tree.map(np.asarray, questions)
   num = questions.mask_BxK.shape[0]
-  per_epoch = num // b  # at least 1: check_cross_run refused a batch the questions cannot fill
+  per_epoch = num // b  # at least 1: check_cross_workdir refused a batch too large
   positions = {"real": 0, "computed": 0}
 
   def epoch_batches(epoch: int) -> list[core.Batch]:
