@@ -84,7 +84,7 @@ def ranking_examples(stores, conversations, k: int, e: int, seed: int, hard_shar
   rows = []
   for store, conv in zip(stores, conversations):
     facts = store.facts
-    for q in (q for q in conv.questions if q.evidence):
+    for q in (x for x in conv.questions if x.evidence):
       deep = [f for f, _ in store.search(q.question, HARD_DEPTH)]
       for b in hops:
         found = deep[:b]
@@ -169,7 +169,7 @@ def judge_examples(stores, conversations, refiner_encoder) -> JudgeExamples:
   q, facts, mask, labels = [], [], [], []
   refiner = EmbeddingRefiner(refiner_encoder)
   for store, conv in zip(stores, conversations):
-    for question in (q for q in conv.questions if q.evidence):
+    for question in (x for x in conv.questions if x.evidence):
       result = iris_retrieve(store, question.question, category=question.category,
                              judge=NeverSure(), settings=IRIS_PRESETS["learned"], refiner=refiner)
       q_D = np.asarray(store.query_vector(question.question), np.float32)
