@@ -87,26 +87,40 @@ def heldout_replay(state: core.TrainState, streams_CxSxB: core.Batch, ids_C: jax
       fresh, streams_CxSxB, adapt, ids_C)
 
 
-def fold_program(spec: core.CoreSpec, protocol: Protocol, online_steps: int):
-  """jit(vmap over configurations) of: train on a fold's conversations, replay the held out."""
+def fold_program(spec: core.CoreSpec, protocol: Protocol, online_steps: int, curves=()):
+  """jit(vmap over configurations) of one fold: train as `train` does, then replay the held out
+  frozen (recall, scores) and, with protocol.adapt, learning online (prequential). Called with
+  ((hparams, pretraining hparams), each with a leading configuration axis, and
+  fold_world's inputs); `curves`: the online training metrics it returns."""
 
-  def program(hparams, pretrain_lr, pretrain_tau, train_qs, train_seq, test_streams, test_ids):
-    pre_hp = hparams.replace(lr=pretrain_lr, tau=pretrain_tau)
-    state, logs = train_reranker(spec, hparams, pre_hp, train_qs, train_seq, protocol,
-                                 online_steps)
-    frozen = heldout_replay(state, test_streams, test_ids, False)["recall_SxB"]
-    adapting = protocol.adapt and protocol.learns_online
-    return {"params": state.params, "logs": logs, "frozen": frozen,
-            "heldout": (heldout_replay(state, test_streams, test_ids, True)["recall_SxB"]
-                        if adapting else frozen)}
+  def program(hparams, world):
+    train_qs, train_seq, test_streams, test_ids = world
+    state, logs = train_reranker(spec, *hparams, train_qs, train_seq, protocol, online_steps)
+    frozen = heldout_replay(state, test_streams, test_ids, False)
+    out = {"recall": frozen["recall_SxB"], "scores": frozen["scores_SxBxK"],
+           "prequential": (heldout_replay(state, test_streams, test_ids, True)["recall_SxB"]
+                           if protocol.adapt else frozen["recall_SxB"])}
+    if "online" in logs:
+      out["online"] = {k: logs["online"][k] for k in curves}
+    if "pretrain_loss" in logs:
+      out["pretrain_loss"] = logs["pretrain_loss"]
+    return out
 
-  return jax.jit(jax.vmap(program, in_axes=(0, None, None, None, None, None, None)))
+  return jax.jit(jax.vmap(program, in_axes=(0, None)))
 
 
-def per_question(recall_CxSxB, convs: list[ConversationReplay]) -> np.ndarray:
-  """Stream-shaped values of C conversations -> one value per real question, concatenated."""
-  return np.concatenate([np.asarray(r).reshape(-1)[:len(c.questions)]
-                         for r, c in zip(recall_CxSxB, convs)])
+def fold_world(convs: list[ConversationReplay], test_idx: list[int], batch: int) -> tuple:
+  """A fold's inputs: its training questions and their sequence, its held-out streams."""
+  train, test = split_fold(convs, test_idx)
+  return to_questions(train), to_sequence(train, batch), to_streams(test, batch), stream_ids(test)
+
+
+def per_question(values_NxSxB, convs: list[ConversationReplay]) -> np.ndarray:
+  """Stream-shaped values of N conversations (trailing axes kept) -> one value per real
+  question, concatenated."""
+  values = np.asarray(values_NxSxB)
+  return np.concatenate([v.reshape((-1,) + values.shape[3:])[:len(c.questions)]
+                         for v, c in zip(values, convs)])
 
 
 def split_fold(convs: list[ConversationReplay],
@@ -125,24 +139,19 @@ def run_fold(convs: list[ConversationReplay], test_idx: list[int], spec: core.Co
              hparams: core.HParams, protocol: Protocol, pretrain_lr: float,
              pretrain_tau: float) -> dict:
   """Trains on every conversation not in test_idx; hparams has a leading configuration axis.
-
-  Returns per configuration the held-out recall of every question (base, frozen reranker,
-  prequential reranker), the training logs and the parameters.
-  """
+  Returns per configuration the held-out recall of every question: base, the reranker frozen,
+  and (heldout) learning online where the protocol does, else frozen again."""
   train, test = split_fold(convs, test_idx)
-  train_seq = to_sequence(train, spec.batch)
-  online_steps = protocol.online_epochs * train_seq.mask_BxK.shape[0]
-  program = fold_program(spec, protocol, online_steps)
-  out = jax.device_get(program(hparams, jnp.float32(pretrain_lr), jnp.float32(pretrain_tau),
-                               to_questions(train), train_seq, to_streams(test, spec.batch),
-                               stream_ids(test)))
-  result = {"train": [c.conversation_id for c in train],
-            "test": [c.conversation_id for c in test], "logs": out["logs"],
-            "params": out["params"],
-            "base": np.concatenate([base_recall(c, spec.m) for c in test])}
-  for name in ("frozen", "heldout"):  # (configs, conversations, S, B) -> (configs, questions)
-    result[name] = np.stack([per_question(per_conv, test) for per_conv in out[name]])
-  return result
+  world = fold_world(convs, test_idx, spec.batch)
+  online_steps = protocol.online_epochs * world[1].mask_BxK.shape[0]
+  pretraining = hparams.replace(lr=jnp.full_like(hparams.lr, pretrain_lr),
+                                tau=jnp.full_like(hparams.tau, pretrain_tau))
+  out = fold_program(spec, protocol, online_steps)((hparams, pretraining), world)
+  frozen = np.stack([per_question(v, test) for v in out["recall"]])
+  return {"train": [c.conversation_id for c in train], "test": [c.conversation_id for c in test],
+          "base": np.concatenate([base_recall(c, spec.m) for c in test]), "frozen": frozen,
+          "heldout": (np.stack([per_question(v, test) for v in out["prequential"]])
+                      if protocol.learns_online else frozen)}
 
 
 def cross_validate(convs: list[ConversationReplay], num_folds: int, spec: core.CoreSpec,

@@ -22,10 +22,8 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.learners.query_encoder.files import query_encoder_record
 from rmmjax.io.record import file_sha256, trained_on
 from rmmjax.io.workdir import atomic_path, check_sweepable, held, read_run_record, sweep_record
-from rmmjax.replay.candidates import (conversation_fingerprint, folds, to_questions,
-                                     to_sequence, to_streams)
-from rmmjax.replay.protocols import Protocol, heldout_replay, split_fold, stream_ids, \
-    train_reranker
+from rmmjax.replay.candidates import conversation_fingerprint, folds
+from rmmjax.replay.protocols import Protocol, fold_program, fold_world, per_question
 from rmmjax.io.metrics_log import window_means
 from rmmjax.train.loop import train
 from rmmjax.learners.embedding.task import build_replays
@@ -138,31 +136,10 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     return result
 
 
-def _program(spec: core.CoreSpec, protocol: Protocol, steps: int):
-  """One fold's run of a chunk of configurations: train as `train` does, replay the held out."""
-
-  def program(hparams, pretrain_hparams, world):
-    train_qs, train_seq, test_streams, test_ids = world
-    state, logs = train_reranker(spec, hparams, pretrain_hparams, train_qs, train_seq,
-                                 protocol, steps)
-    frozen = heldout_replay(state, test_streams, test_ids, False)
-    adapting = heldout_replay(state, test_streams, test_ids, True)
-    out = {"recall": frozen["recall_SxB"], "scores": frozen["scores_SxBxK"],
-           "prequential": adapting["recall_SxB"]}
-    if "online" in logs:
-      out["online"] = {k: logs["online"][k] for k in ONLINE_CURVES}
-    if "pretrain_loss" in logs:
-      out["pretrain_loss"] = logs["pretrain_loss"]
-    return out
-
-  return jax.jit(jax.vmap(lambda hp, world: program(hp[0], hp[1], world), in_axes=(0, None)))
-
-
 def _fold_program(cfg: Config, configs: list[Config]):
   """(the compiled program of a fold, every configuration's hparams, its devices)."""
-  program = _program(with_model(cfg.core_spec()), Protocol(mode=cfg.mode,
-                                               pretrain_epochs=cfg.learning.pretrain_epochs),
-                     cfg.steps)
+  program = fold_program(with_model(cfg.core_spec()), Protocol(
+      mode=cfg.mode, pretrain_epochs=cfg.learning.pretrain_epochs), cfg.steps, ONLINE_CURVES)
   hparams = (core.stack_hparams([c.hparams() for c in configs]),
              core.stack_hparams([c.hparams().replace(lr=c.learning.pretrain_lr,
                                                      tau=c.learning.pretrain_tau)
@@ -177,7 +154,7 @@ def fold_task(cfg: Config, configs: list[Config], tests: list[list[int]], f: int
   apply_precision(cfg.precision)
   replays = build_replays(cfg)[4]
   program, hparams, devices = _fold_program(cfg, configs)
-  out = run_chunks(program, hparams, _world(cfg, replays, tests[f]),
+  out = run_chunks(program, hparams, fold_world(replays, tests[f], cfg.batch),
                    chunk_size(cfg.sweep_chunk, len(configs)), devices=devices)
   _save_fold(Path(workdir) / FOLD_FILE.format(f), out, [replays[i] for i in tests[f]], configs)
 
@@ -197,8 +174,8 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
          f"{len(devices)} device(s)" + (", then best/" if best else ""))
   first = None
   if todo and on is None:  # (measured, not predicted: the rest is reported as folds finish)
-    first = time_first_chunk(program, hparams, _world(cfg, replays, tests[todo[0]]), chunk,
-                             devices)
+    first = time_first_chunk(program, hparams, fold_world(replays, tests[todo[0]], cfg.batch),
+                             chunk, devices)
     report(f"fold {todo[0]}'s program compiled in {minutes(first['compile_s'])}; its first "
            f"chunk of {chunk} ran in {minutes(first['run_s'])}")
 
@@ -209,7 +186,7 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
     for f in each_timed([] if on is not None else todo, report, lambda n, f: f"fold {f}"):
       reused = first is not None and f == todo[0]  # (not compiled nor run twice)
       out = run_chunks(first["compiled"] if reused else program, hparams,
-                       _world(cfg, replays, tests[f]), chunk, devices=devices,
+                       fold_world(replays, tests[f], cfg.batch), chunk, devices=devices,
                        first=first["out"] if reused else None, progress=progress,
                        desc=f"fold {f} chunks")
       _save_fold(workdir / FOLD_FILE.format(f), out, held_out[f], configs)
@@ -221,13 +198,6 @@ def _prepare(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
             encoder)
 
   return go
-
-
-def _world(cfg: Config, replays, test_idx):
-  """A fold's inputs: its training questions and their sequence, its held-out streams."""
-  train_convs, test = split_fold(replays, test_idx)
-  return (to_questions(train_convs), to_sequence(train_convs, cfg.batch),
-          to_streams(test, cfg.batch), stream_ids(test))
 
 
 def fold_file(workdir, f: int) -> dict:
@@ -267,20 +237,11 @@ def _save_fold(path: Path, out: dict, test, configs) -> None:
   question, and the training curves."""
   arrays = {"conversations": np.array([c.conversation_id for c in test]),
             "configurations": _labels(configs),
-            "recall": _per_question(out["recall"], test),
-            "prequential": _per_question(out["prequential"], test),
-            "scores": _per_question(out["scores"], test)}
+            **{k: np.stack([per_question(v, test) for v in out[k]])
+               for k in ("recall", "prequential", "scores")}}
   for name, values in out.get("online", {}).items():
     arrays[f"online_{name}"] = values
   if "pretrain_loss" in out:
     arrays["pretrain_loss"] = out["pretrain_loss"]
   with atomic_path(path) as tmp, open(tmp, "wb") as file:  # a killed sweep leaves no half fold
     np.savez(file, **arrays)
-
-
-def _per_question(values_CxNxSxB, test) -> np.ndarray:
-  """(configs, conversations, S, B, ...) -> (configs, questions, ...), held-out order."""
-  values = np.asarray(values_CxNxSxB)
-  tail = values.shape[4:]
-  return np.stack([np.concatenate([v.reshape((-1,) + tail)[:len(c.questions)]
-                                   for v, c in zip(per_config, test)]) for per_config in values])
