@@ -42,8 +42,6 @@ class ConversationReplay:
   num_evidence_N: np.ndarray  # evidence turns of each question (the recall denominator)
   num_relevant_N: np.ndarray  # units covering evidence in the whole conversation
   order_NxR: np.ndarray  # base ranking of unit indices to the kept depth (-1 past the end)
-  unit_emb_UxD: np.ndarray  # every unit's embedding (retrieval with a fine-tuned encoder)
-  unit_relevant_NxU: np.ndarray  # unit covers the question's evidence
   unit_turns: tuple[tuple[str, ...], ...]
   unit_words: tuple[int, ...]
   evidence: tuple[tuple[str, ...], ...]
@@ -151,50 +149,38 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
         evidence_NxKxE=covers_NxUxE[rows, safe] & mask[..., None],
         num_evidence_N=np.array([len(e) for e in evidence], np.int32),
         num_relevant_N=num_relevant.astype(np.int32), order_NxR=order_NxR,
-        unit_emb_UxD=unit_emb, unit_relevant_NxU=covers,
         unit_turns=tuple(u.turn_ids for u in pool), unit_words=tuple(u.words for u in pool),
         evidence=tuple(evidence), unit_texts=tuple(texts)))
   return out
 
 
-def _batch(arrays: dict) -> Batch:
-  return Batch(q_BxD=arrays["q"], mem_BxKxD=arrays["mem"], mask_BxK=arrays["mask"],
-               relevant_BxK=arrays["relevant"], num_relevant_B=arrays["num_evidence"],
-               evidence_BxKxE=arrays["evidence"], inputs=arrays.get("inputs"))
-
-
 def _arrays(conv: ConversationReplay, length: int, num_e: int, inputs=None) -> dict:
   """The conversation's questions padded with absent ones to `length`, evidence to num_e (and
   a learner's own inputs of its candidates, `inputs`, leading axis the questions, when given)."""
-  n, k, d = conv.mem_NxKxD.shape
-  pad = length - n
+  n, k, _ = conv.mem_NxKxD.shape
+  padded = lambda x, fill=0: np.concatenate(  # noqa: E731
+      [x, np.full((length - n,) + x.shape[1:], fill, x.dtype)])
   evidence = np.zeros((length, k, num_e), bool)
   evidence[:n, :, :conv.evidence_NxKxE.shape[2]] = conv.evidence_NxKxE
-  out = {"q": np.concatenate([conv.q_NxD, np.zeros((pad, d), np.float32)]),
-         "mem": np.concatenate([conv.mem_NxKxD, np.zeros((pad, k, d), np.float32)]),
-         "mask": np.concatenate([conv.mask_NxK, np.zeros((pad, k), bool)]),
-         "relevant": np.concatenate([conv.relevant_NxK, np.zeros((pad, k), bool)]),
-         "num_evidence": np.concatenate([conv.num_evidence_N, np.ones(pad, np.int32)]),
+  out = {"q": padded(conv.q_NxD), "mem": padded(conv.mem_NxKxD), "mask": padded(conv.mask_NxK),
+         "relevant": padded(conv.relevant_NxK), "num_evidence": padded(conv.num_evidence_N, 1),
          "evidence": evidence}
   if inputs is not None:
-    out["inputs"] = jax.tree.map(
-        lambda x: np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]), inputs)
+    out["inputs"] = jax.tree.map(padded, inputs)
   return out
 
 
-def _inputs_of(convs: list[ConversationReplay], inputs) -> list:
-  """One entry per conversation (the learner built `inputs` from the same list)."""
-  return [None] * len(convs) if inputs is None else list(inputs)
-
-
-def _joined(parts: list[dict], join) -> dict:
-  """Each field of the parts (an array, or a learner's inputs: a tree of them) joined."""
-  return {name: jax.tree.map(lambda *xs: join(xs), *[p[name] for p in parts])
-          for name in parts[0]}
-
-
-def _num_evidence(convs: list[ConversationReplay]) -> int:
-  return max(c.evidence_NxKxE.shape[2] for c in convs)
+def _joined(convs: list[ConversationReplay], inputs, length, join) -> Batch:
+  """Each conversation's `_arrays` padded to length(conversation) questions, each field (an
+  array, or a learner's inputs: a tree of them) joined over the conversations by `join`
+  (`inputs`: one entry per conversation, the learner built them from the same list)."""
+  num_e = max(c.evidence_NxKxE.shape[2] for c in convs)
+  parts = [_arrays(c, length(c), num_e, x)
+           for c, x in zip(convs, [None] * len(convs) if inputs is None else inputs)]
+  a = {name: jax.tree.map(lambda *xs: join(xs), *[p[name] for p in parts]) for name in parts[0]}
+  return Batch(q_BxD=a["q"], mem_BxKxD=a["mem"], mask_BxK=a["mask"], relevant_BxK=a["relevant"],
+               num_relevant_B=a["num_evidence"], evidence_BxKxE=a["evidence"],
+               inputs=a.get("inputs"))
 
 
 def stream_steps(conv: ConversationReplay, batch: int) -> int:
@@ -207,25 +193,19 @@ def to_streams(convs: list[ConversationReplay], batch: int, steps: int | None = 
   `inputs` (a learner's own inputs per conversation, of one shape beyond the questions: the
   cross reranker's pair tokens) adds them; likewise below."""
   steps = steps or max(stream_steps(c, batch) for c in convs)
-  stacked = [_arrays(c, steps * batch, _num_evidence(convs), x)
-             for c, x in zip(convs, _inputs_of(convs, inputs))]
-  return _batch(_joined(stacked, lambda xs: np.stack(xs).reshape(
-      (len(convs), steps, batch) + xs[0].shape[1:])))
+  return _joined(convs, inputs, lambda c: steps * batch, lambda xs: np.stack(xs).reshape(
+      (len(convs), steps, batch) + xs[0].shape[1:]))
 
 
 def to_sequence(convs: list[ConversationReplay], batch: int, inputs=None) -> Batch:
   """Conversations one after another as one stream, stream_SxB (each padded to whole steps)."""
-  parts = [_arrays(c, stream_steps(c, batch) * batch, _num_evidence(convs), x)
-           for c, x in zip(convs, _inputs_of(convs, inputs))]
-  return _batch(_joined(parts, lambda xs: np.concatenate(xs).reshape(
-      (-1, batch) + xs[0].shape[1:])))
+  return _joined(convs, inputs, lambda c: stream_steps(c, batch) * batch,
+                 lambda xs: np.concatenate(xs).reshape((-1, batch) + xs[0].shape[1:]))
 
 
 def to_questions(convs: list[ConversationReplay], inputs=None) -> Batch:
   """Every question of the conversations as one pool, questions_N (for pretraining)."""
-  parts = [_arrays(c, len(c.questions), _num_evidence(convs), x)
-           for c, x in zip(convs, _inputs_of(convs, inputs))]
-  return _batch(_joined(parts, np.concatenate))
+  return _joined(convs, inputs, lambda c: len(c.questions), np.concatenate)
 
 
 def folds(num_conversations: int, num_folds: int) -> list[list[int]]:

@@ -24,6 +24,7 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.replay.candidates import (base_recall, build_replay, to_questions, to_sequence,
                                      to_streams)
+from rmmjax.retrieve.units import build_units
 from rmmjax.train.loop import train
 
 
@@ -212,8 +213,11 @@ def test_query_encoder_pretraining_and_reinforce(three, tmp_path, tiny_encoder):
   q_after = TunedQueryEncoder(encoder, params).encode(list(replay.questions))
   assert not np.allclose(q_before, q_after, atol=1e-4)
   # Retrieval with the tuned queries searches the bank's original embeddings.
-  top = np.argsort(-(q_after @ replay.unit_emb_UxD.T), 1, kind="stable")[:, :3]
-  want = np.take_along_axis(replay.unit_relevant_NxU, top, 1).sum(1) / replay.num_relevant_N
+  units = build_units(short, "turn")
+  top = np.argsort(-(q_after @ encoder.encode([u.text for u in units]).T), 1, kind="stable")[:, :3]
+  relevant = np.array([[bool(set(u.turn_ids) & set(q.evidence)) for u in units]
+                       for q in short.questions])
+  want = np.take_along_axis(relevant, top, 1).sum(1) / replay.num_relevant_N
   np.testing.assert_allclose(retrieval_recall(short, "turn", "dense", encoder,
                                               TunedQueryEncoder(encoder, params), 3), want,
                              atol=1e-6)
