@@ -18,10 +18,8 @@ from rmmjax.replay.candidates import folds
 def heldout_split(items: list, cfg: Config) -> tuple[list, list]:
   """(trained on, held out) of a file's conversations (or what was built from each, in the
   file's order): fold `fold` of `folds` when folds is set, else the last `holdout`."""
-  if cfg.folds:
-    test = set(folds(len(items), cfg.folds)[cfg.fold])
-  else:
-    test = set(range(len(items) - cfg.holdout, len(items)))
+  test = set(folds(len(items), cfg.folds)[cfg.fold] if cfg.folds
+             else range(len(items) - cfg.holdout, len(items)))
   return ([x for i, x in enumerate(items) if i not in test],
           [x for i, x in enumerate(items) if i in test])
 
@@ -57,27 +55,20 @@ def training_questions(cfg: Config) -> int:
   return sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
 
 
-def observations_found(data: Path, conversations: list[Conversation], cfg: Config
-                       ) -> dict[str, tuple]:
-  """`load_observations` of the file; under cross.observations=auto none where the file gives
-  one id to several conversations (no observation can be matched to its own), as true refuses
-  it."""
-  try:
-    return load_observations(data, conversations)
-  except MalformedData as e:
-    if cfg.cross.observations == "auto":
-      return {}
-    raise MalformedData(f"cross.observations=true: {e}; cross.observations=auto trains "
-                        "without them") from None
-
-
 def with_observations(data: Path, conversations: list[Conversation], cfg: Config
                       ) -> list[Conversation]:
   """The conversations, the training ones (heldout_split's) with their LoCoMo observations
   after their questions (`load_observations`): more labelled pairs to learn from, in the
   conversations trained on only. Where the training conversations have none, the
-  conversations as they are (cross.observations=auto) or refused (true)."""
-  found = observations_found(data, conversations, cfg)
+  conversations as they are (cross.observations=auto) or refused (true), as is a file giving
+  one id to several conversations (no observation can be matched to its own)."""
+  try:
+    found = load_observations(data, conversations)
+  except MalformedData as e:
+    if cfg.cross.observations != "auto":
+      raise MalformedData(f"cross.observations=true: {e}; cross.observations=auto trains "
+                          "without them") from None
+    found = {}
   train, _ = heldout_split(list(range(len(conversations))), cfg)
   if not any(found.get(conversations[i].conversation_id) for i in train):
     if cfg.cross.observations == "auto":

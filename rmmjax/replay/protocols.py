@@ -76,12 +76,8 @@ def stream_ids(convs: list[ConversationReplay]) -> np.ndarray:
 
 def heldout_replay(state: core.TrainState, streams_CxSxB: core.Batch, ids_C: jax.Array,
                    adapt: bool) -> dict:
-  """C held-out conversations replayed prequentially from the trained state (pure, jittable).
-
-  Each starts with a fresh optimizer under the state's hyperparameters; with adapt it learns
-  online from each batch's simulated citations after ranking it. Returns recall_CxSxB and
-  scores_CxSxBxK.
-  """
+  """C held-out conversations replayed prequentially from the trained state, each with a fresh
+  optimizer (pure, jittable): recall_CxSxB and scores_CxSxBxK."""
   fresh = core_replay.restart_optimizer(state, state.hparams)
   return jax.vmap(core_replay.prequential, in_axes=(None, 0, None, 0))(
       fresh, streams_CxSxB, adapt, ids_C)
@@ -162,7 +158,5 @@ def cross_validate(convs: list[ConversationReplay], num_folds: int, spec: core.C
   each fold)."""
   runs = [run_fold(convs, idx, spec, hparams, protocol, pretrain_lr, pretrain_tau)
           for idx in folds(len(convs), num_folds)]
-  return {"folds": runs,
-          "base": np.concatenate([r["base"] for r in runs]),
-          "frozen": np.concatenate([r["frozen"] for r in runs], axis=1),
-          "heldout": np.concatenate([r["heldout"] for r in runs], axis=1)}
+  return {"folds": runs} | {k: np.concatenate([r[k] for r in runs], axis=-1)
+                            for k in ("base", "frozen", "heldout")}
