@@ -1,21 +1,8 @@
-"""`rmmjax bench agent`: how fast memories go in and answers' contexts come out.
-
-ingest: Prospective Reflection with the offline backend over LoCoMo sessions (turns/s), the
-embedding cache warm (the encoder's own speed is `bench encode`). respond: the agent's path
-without the LLM (retrieve from the bank with BM25 + dense fusion, rerank the K = 20, select
-M = 5) over one user's bank of 10,000 and 100,000 memories (random unit embeddings, short
-texts), p50/p95 over queries, with the query embedded by MiniLM as `chat` does (uncached) and
-with a random query vector (retrieval alone), beside its parts: dense search alone and BM25
-alone. statements: what `chat --iris` does with a statement (/tell) over a LaceMem of 10,000
-facts (recorded in the bank, embedded by MiniLM, linked, saved), and IRIS's respond path after
-each (retrieval without the LLM, its BM25 index rebuilt for the new fact).
-
-Count first: dense search is N x 384 multiply-adds per query over N x 384 x 4 bytes of
-embeddings (154 MB at 100,000 memories: a few milliseconds at this machine's memory bandwidth,
-which is the floor every response pays); BM25 scores every memory holding a query term; the
-fusion takes each ranker's top 200 (a partial sort, then 400 rows); the reranker is K x 384
-plus 2 x 384^2 for the query map; the bank's change check is one row lookup.
-"""
+"""`rmmjax bench agent`: how fast memories go in and answers' contexts come out: the respond
+path without the LLM over banks of 10,000 and 100,000 random memories (with the query embedded
+by MiniLM, and with a random query vector), beside dense search and BM25 alone; `chat --iris`
+statements over a LaceMem; offline ingestion of LoCoMo sessions. The method and its counts:
+docs/benchmarks.md, "Memory and agent benchmarks"."""
 
 from __future__ import annotations
 
@@ -26,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.agent import Agent, AgentSettings, IrisAgent
-from rmmjax.bench.core import percentile_ms, percentiles_ms, timed, write_result
+from rmmjax.bench.core import percentiles_ms, timed, write_result
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.lace import synthetic_lace
 from rmmjax.memory.search import FUSION_DEPTH
@@ -103,8 +90,8 @@ def bench_respond(sizes, queries: int, query_encoder) -> list[dict]:
     rows.append({"memories": n, "bank_build_s": built, "index_build_s": indexed,
                  "queries": queries}
                 | percentiles_ms({"respond": times["respond"], "dense_top200": times["dense"]})
-                | {"bm25_p50_ms": percentile_ms(times["bm25"], 50),
-                   "respond_over_dense_p50": float(np.median(times["respond"])
+                | percentiles_ms({"bm25": times["bm25"]}, (50,))
+                | {"respond_over_dense_p50": float(np.median(times["respond"])
                                                    / np.median(times["dense"]))}
                 | percentiles_ms({"respond_embedded": times["respond_embedded"]}))
   return rows

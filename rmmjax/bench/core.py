@@ -41,15 +41,10 @@ def median_time(fn, repeats: int) -> float:
   return float(np.median([timed(fn) for _ in range(repeats)]))
 
 
-def percentile_ms(seconds, q: float) -> float:
-  """The q-th percentile of durations in seconds, in milliseconds."""
-  return 1e3 * float(np.percentile(seconds, q))
-
-
 def percentiles_ms(times: dict[str, list[float]], qs=(50, 95)) -> dict[str, float]:
-  """{"<name>_p<q>_ms": percentile_ms(times[name], q)} for every name, then every q."""
-  return {f"{name}_p{q}_ms": percentile_ms(seconds, q) for name, seconds in times.items()
-          for q in qs}
+  """{"<name>_p<q>_ms": the q-th percentile of times[name] (seconds), in milliseconds}."""
+  return {f"{name}_p{q}_ms": 1e3 * float(np.percentile(seconds, q))
+          for name, seconds in times.items() for q in qs}
 
 
 def write_result(result: dict, out: Path | None) -> None:
@@ -88,12 +83,11 @@ def _random_batch(batch: int) -> core.Batch:
                     num_relevant_B=jnp.full((batch,), 3, jnp.int32))
 
 
-def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
+def bench_train(repeats: int, min_seconds: float, bar) -> list[dict]:
   """Steps/s of the jitted, donated train_step for each batch size and formulation."""
   results = []
   for batch in TRAIN_BATCHES:
-    if bar is not None:
-      bar.set_description(f"train_step, batch {batch}")
+    bar.set_description(f"train_step, batch {batch}")
     data = _random_batch(batch)
     runners = {}
     for formulation in ("fast", "naive"):
@@ -119,12 +113,11 @@ def bench_train(repeats: int, min_seconds: float, bar=None) -> list[dict]:
     for f in runners:
       results.append({"batch": batch, "formulation": f,
                       "steps_per_s": float(1.0 / np.median(times[f]))})
-    if bar is not None:
-      bar.update()
+    bar.update()
   return results
 
 
-def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar=None) -> dict:
+def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar) -> dict:
   """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
 
   spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH, model=EMBEDDING)
@@ -140,8 +133,7 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar=Non
   bytes_per_config_step = 6 * num_params * BYTES_F32
   by_chunk = []
   for chunk in chunks:
-    if bar is not None:
-      bar.set_description(f"sweep, {chunk} configurations per chunk")
+    bar.set_description(f"sweep, {chunk} configurations per chunk")
     run_chunk = core.make_sweep(spec, sim, SWEEP_STEPS, eval_sessions=16)
     first = jax.tree.map(lambda x, c=chunk: x[:c], hparams)
     run_chunks(run_chunk, first, world, chunk)  # compile
@@ -149,8 +141,7 @@ def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar=Non
     rate = SWEEP_CONFIGS * SWEEP_STEPS / t
     by_chunk.append({"chunk": chunk, "seconds": t, "config_steps_per_s": rate,
                      "fraction_of_limit": rate * bytes_per_config_step / bandwidth})
-    if bar is not None:
-      bar.update()
+    bar.update()
   best = max(by_chunk, key=lambda r: r["config_steps_per_s"])
   return {"configs": SWEEP_CONFIGS, "steps": SWEEP_STEPS, "batch": SWEEP_BATCH,
           "best_chunk": best["chunk"], "config_steps_per_s": best["config_steps_per_s"],

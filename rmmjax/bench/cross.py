@@ -1,25 +1,9 @@
-"""`rmmjax bench cross`: the cross reranker's pairs per second, scoring and training, against
-sentence-transformers' PyTorch CrossEncoder on the same pairs and batches, in one run.
-
-The pairs are LoCoMo questions with turns of their own conversation ("[date] Speaker: text",
-as the reranker reads them), cut to 128 tokens. Scoring: batches of 4 questions x 20 candidates
-(80 pairs: one online step's ranking). Training: batches of 4 questions x 8 candidates (32
-pairs: one pretraining step of the listwise loss, forward, backward and Adam; the reference
-takes the same loss with torch.optim.Adam, without dropout, as rmmjax trains). rmmjax packs a
-batch's pairs into rows of 128 positions as the training command does (learners.cross.pairs.pack:
-each pair attends to its own tokens only), the CrossEncoder pads the batch to its longest pair;
-the share of positions that are real tokens is printed for both. The work per pair is about 2 x 22M multiply-adds per token for scoring and three times
-that for training, so both sides are compute bound on a CPU: the ratio compares how well each
-uses the same cores. To say how far from the device's limit rmmjax is, the table adds the
-real tokens per second, the FLOPs per second that XLA counts in the compiled programs, and
-their fraction of one large matmul's rate on the same device in the same dtype (the rate a
-program of matmuls can attain there, measured rather than taken from a data sheet).
-
-Served latency: the milliseconds from one question and its K candidates' texts to their scores,
-tokenised, packed and scored as a trained reranker serves (learners.cross.reader), median over
-questions after each shape has compiled, at K = 50 (the default over turns) and 20; the
-reference predicts the same pairs in one batch.
-"""
+"""`rmmjax bench cross`: the cross reranker's pairs per second, scoring (batches of 4 questions x
+20 candidates) and training (4 x 8, one listwise step), against sentence-transformers' PyTorch
+CrossEncoder on the same LoCoMo pairs, in one run; its real tokens and XLA-counted FLOPs per
+second beside one large matmul's rate on the device; and the milliseconds a trained reranker
+takes to serve one question at K = 50 and 20. The method: docs/benchmarks.md, "The cross
+reranker"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""`rmmjax bench iris`: LaceMem's streaming ingestion and IRIS's retrieval latency against
-single-pass retrieval, on a LoCoMo conversation and on a synthetic store of 100,000 facts.
-
-Count first: a streamed fact is compared with every fact before it through blocked matrix
-products (N x 384 multiply-adds, about 77 MFLOP at N = 100,000), and keeps at most
-`max_semantic` semantic neighbours, so edges grow linearly with N, never as N^2. A search is
-BM25 over the facts plus one matrix-vector product; IRIS makes up to 2 searches per iteration
-(anchor and refinement) for up to 3 iterations, plus one-hop expansions and entity buffers:
-about 6 searches, so its latency is bounded by roughly 6x single-pass plus the judge.
-
-Every timed query runs once untimed first, per store (single-pass and IRIS alike), so no timed
-run pays a one-time cost: the BM25 index build, an XLA compile of a query-encoder shape (about
-1 s on a CPU, each (rows, padded length) once; refined queries are longer than the questions and
-reach lengths no question does) or a first embedding (the embedding cache then serves every
-query, as the random vectors do for the synthetic stores).
-"""
+"""`rmmjax bench iris`: LaceMem's streaming ingestion and IRIS's retrieval latency (heuristic
+judge) against single-pass retrieval, on a LoCoMo conversation and on synthetic stores of up to
+100,000 facts. Every timed query runs once untimed first, per store, so no timed run pays a
+one-time cost (an index build, an encoder compile, a first embedding). The method and its
+counts: docs/benchmarks.md, "Memory and agent benchmarks"."""
 
 from __future__ import annotations
 
@@ -24,10 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from rmmjax.bench.core import percentiles_ms, timed, write_result
-
 from rmmjax.memory.ingest import bank_text
-from rmmjax.memory.lace import LaceMem
-from rmmjax.memory.lace import synthetic_lace
+from rmmjax.memory.lace import LaceMem, synthetic_lace
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 
@@ -84,10 +71,9 @@ def bench_conversation(data: Path) -> dict:
     store.add_turn(turn.turn_id, session.session_id, session.date, turn.speaker,
                    bank_text(turn))
   seconds = time.perf_counter() - t0
-  out = {"facts": len(store), "turns": len(turns), "stream_s": seconds,
-         "turns_per_s": len(turns) / seconds, "edges": len(store.edges())}
-  return out | _latencies(store, [q.question for q in conv.questions],
-                          [q.category for q in conv.questions])
+  return {"facts": len(store), "turns": len(turns), "stream_s": seconds,
+          "turns_per_s": len(turns) / seconds, "edges": len(store.edges())} | _latencies(
+              store, [q.question for q in conv.questions], [q.category for q in conv.questions])
 
 
 def bench_synthetic(num_facts: int, queries: int = 30) -> dict:

@@ -16,11 +16,11 @@ EXTENSIONS = ("avx512f", "avx512_bf16", "amx_tile", "avx2", "fma", "sve", "neon"
 
 
 def _cpu() -> tuple[str, list[str]]:
+  model, flags = platform.processor() or platform.machine(), set()
   try:
     info = Path("/proc/cpuinfo").read_text()
   except OSError:
-    return platform.processor() or platform.machine(), []
-  model, flags = platform.processor() or platform.machine(), set()
+    return model, []
   for line in info.splitlines():
     key, _, value = line.partition(":")
     key = key.strip().lower()

@@ -24,13 +24,10 @@ def bench_search(out: Path | None, quick: bool = False) -> dict:
   n = 100_000 if quick else N
   repeats = 3 if quick else 5
   rng = np.random.default_rng(0)
-  bank = rng.standard_normal((n, D), dtype=np.float32)
+  bank, queries = (rng.standard_normal((rows, D), dtype=np.float32) for rows in (n, BATCH))
   bank /= np.linalg.norm(bank, axis=1, keepdims=True)
-  queries = rng.standard_normal((BATCH, D), dtype=np.float32)
   queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-
-  bank_dev = jnp.asarray(bank)
-  q_dev = jnp.asarray(queries)
+  bank_dev, q_dev = jnp.asarray(bank), jnp.asarray(queries)
   jax_run = lambda: jax.block_until_ready(dense_top_k(q_dev, bank_dev, K))  # noqa: E731
   jax_idx = np.asarray(jax_run()[1])
   rows = [{"method": "jax (jit matmul + top_k)", "seconds": median_time(jax_run, repeats)}]
@@ -110,9 +107,8 @@ def bench_encoder_training(encoder, texts: list[str], repeats: int) -> list[dict
   """Questions/s of the query encoder's supervised step (batch 16) and REINFORCE step (batch 4)
   on LoCoMo turns as questions, K random candidate embeddings each."""
   from rmmjax import core  # noqa: PLC0415
-  from rmmjax.learners.query_encoder.fit import encoder_scorer  # noqa: PLC0415
-  from rmmjax.encode.tuned import encoder_state
-  from rmmjax.learners.query_encoder.fit import pad_tokens  # noqa: PLC0415
+  from rmmjax.encode.tuned import encoder_state  # noqa: PLC0415
+  from rmmjax.learners.query_encoder.fit import encoder_scorer, pad_tokens  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   rows = []

@@ -1,17 +1,8 @@
-"""`rmmjax bench scaling`: throughput on 1, 2 and 4 devices, data parallel.
-
-Two workloads, each timed after a warm-up call has compiled it (median of the repeats):
-- sweep: 8 latent-simulator configurations x S steps as `rmmjax sweep` runs them (one chunk,
-  its configurations sharded over the devices): configuration-steps/s;
-- encoder training: the query encoder's REINFORCE step through MiniLM (batch 16, K = 20
-  candidates, 32 tokens), its batch split over the devices and the gradient reduced by the
-  compiler: questions/s.
-
-Each device count runs in a process of its own (JAX fixes the device count at start-up). On a
-CPU the devices are fake (`--xla_force_host_platform_device_count`): they share the same
-cores, so the table measures the overhead of sharding, not a speed-up. On an accelerator host
-the first 1, 2 and 4 real devices are used, where there are that many.
-"""
+"""`rmmjax bench scaling`: data-parallel throughput on 1, 2 and 4 devices of a latent sweep
+(configuration-steps/s) and of the query encoder's REINFORCE step through MiniLM (questions/s),
+each device count in a process of its own (JAX fixes the count at start-up). On a CPU the
+devices are fake (`--xla_force_host_platform_device_count`): they share the same cores, so the
+table measures the overhead of sharding, not a speed-up."""
 
 from __future__ import annotations
 
