@@ -157,21 +157,14 @@ def bench_core(out: Path | None, quick: bool = False, progress: bool = True) -> 
     bandwidth = measure_bandwidth()
     bar.update()
     train = bench_train(repeats=repeats, min_seconds=0.2 if quick else 1.0, bar=bar)
-    sweep = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth, bar=bar)
-  result = {"shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": sweep}
-  print_table(result)
-  write_result(result, out)
-  return result
-
-
-def print_table(result: dict) -> None:
-  train = {(r["batch"], r["formulation"]): r["steps_per_s"] for r in result["train"]}
+    s = bench_sweep(chunks, repeats=1 if quick else 3, bandwidth=bandwidth, bar=bar)
+  result = {"shape": {"dim": D, "k": K, "m": M}, "train": train, "sweep": s}
+  rate = {(r["batch"], r["formulation"]): r["steps_per_s"] for r in train}
   print(f"train_step, D={D} K={K} M={M} (median steps/s)")
   print(f"{'batch':>6s}{'fast':>12s}{'naive':>12s}{'fast/naive':>12s}")
   for batch in TRAIN_BATCHES:
-    fast, naive = train[(batch, "fast")], train[(batch, "naive")]
+    fast, naive = rate[(batch, "fast")], rate[(batch, "naive")]
     print(f"{batch:6d}{fast:12.1f}{naive:12.1f}{fast / naive:11.2f}x")
-  s = result["sweep"]
   print(f"\nsweep: {s['configs']} configurations x {s['steps']} steps, batch {s['batch']}; "
         f"{s['bytes_per_config_step'] / 1e6:.2f} MB of Adam state per config-step; "
         f"measured bandwidth {s['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
@@ -179,3 +172,5 @@ def print_table(result: dict) -> None:
   for r in s["by_chunk"]:
     print(f"{r['chunk']:6d}{r['seconds']:10.2f}{r['config_steps_per_s']:16.1f}"
           f"{r['fraction_of_limit']:10.2f}")
+  write_result(result, out)
+  return result

@@ -72,9 +72,6 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   batches = 2 if quick else 4
   score_sets = _pairs(data, batches, SCORE_K)
   train_sets = _pairs(data, batches, TRAIN_K)
-  tok = lambda qs, texts: pair_tokens(encoder.tokenizer, qs, texts, MAX_LENGTH)  # noqa: E731
-  score_tokens = [tok(*s) for s in score_sets]
-  train_tokens = [tok(*s) for s in train_sets]
 
   score = jax.jit(lambda p, pairs: cross_scores(p, pairs, cfg),
                   compiler_options=compiler_options())
@@ -85,17 +82,17 @@ def bench_cross(out: Path | None, data: Path, quick: bool = False) -> dict:
   train_params = dict(params, rank_bias=params["rank_bias"][:TRAIN_K])
   step = jax.jit(core.supervised_step, compiler_options=compiler_options())
 
-  def batch_of(t, k):
+  def batch_of(qs, texts, k):
     return pack_batch(core.Batch(
         q_BxD=np.zeros((QUESTIONS, cfg.hidden_size), np.float32),
         mem_BxKxD=np.zeros((QUESTIONS, k, cfg.hidden_size), np.float32),
         mask_BxK=np.ones((QUESTIONS, k), bool),  # labels for training only; scoring reads none
         relevant_BxK=relevant if k == TRAIN_K else None,
         num_relevant_B=np.ones(QUESTIONS, np.int32) if k == TRAIN_K else None,
-        inputs=t.candidates()))
+        inputs=pair_tokens(encoder.tokenizer, qs, texts, MAX_LENGTH).candidates()))
 
-  score_batches = [batch_of(t, SCORE_K) for t in score_tokens]
-  train_batches = [batch_of(t, TRAIN_K) for t in train_tokens]
+  score_batches = [batch_of(*s, SCORE_K) for s in score_sets]
+  train_batches = [batch_of(*s, TRAIN_K) for s in train_sets]
 
   def ours_score():
     for batch in score_batches:
