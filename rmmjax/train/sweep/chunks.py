@@ -22,9 +22,7 @@ CPU_CHUNK = 2
 
 def chunk_size(setting: int, num_configs: int) -> int:
   """The configured chunk size, or the automatic choice for this platform when it is 0."""
-  if setting:
-    return setting
-  return CPU_CHUNK if jax.default_backend() == "cpu" else num_configs
+  return setting or (CPU_CHUNK if jax.default_backend() == "cpu" else num_configs)
 
 
 def _chunks(hparams_C, world, chunk_size: int, devices: list | None):
@@ -69,14 +67,12 @@ def time_first_chunk(program, hparams_C, world, chunk_size: int, devices: list) 
   """The first chunk compiled and run, timed, placed as run_chunks places it: its compiled
   program and output serve the run after (nothing is computed twice)."""
   _, chunks, world = _chunks(hparams_C, world, chunk_size, devices)
-  first = chunks[0]()
-  start = time.perf_counter()
+  first, start = chunks[0](), time.perf_counter()
   compiled = program.lower(first, world).compile()
-  compile_s = time.perf_counter() - start
-  start = time.perf_counter()
+  compiled_at = time.perf_counter()
   out = jax.block_until_ready(compiled(first, world))
-  return {"compile_s": compile_s, "run_s": time.perf_counter() - start, "compiled": compiled,
-          "out": out}
+  return {"compile_s": compiled_at - start, "run_s": time.perf_counter() - compiled_at,
+          "compiled": compiled, "out": out}
 
 
 def minutes(seconds: float) -> str:
@@ -84,8 +80,7 @@ def minutes(seconds: float) -> str:
 
 
 def time_left(what: str, done: int, total: int, spent_s: float) -> str:
-  """A line after the `done`-th of `total` parts of a sweep: the time spent, and the time left
-  at the mean of the parts measured so far."""
+  """The time spent after `done` of `total` parts, and the time left at their mean."""
   return (f"{what} done after {minutes(spent_s)}; about "
           f"{minutes(spent_s / done * (total - done))} left")
 

@@ -2,15 +2,8 @@
 program of the vmapped path and best/ is a Ray task, as many at once as the cluster holds. It
 decides where a run executes, never what it computes: a task calls the function the sweep calls
 in one process (runs.run_one, replay.fold_task, train), and the driver writes the same records.
-
-A task: takes the cores it was given (one worker process per task, pinned to that many of its
-node's cores before JAX starts its threads: two runs on one host do not oversubscribe it),
-checks that its data file is the one the sweep recorded (its sha256), and writes where it ran
-to ray/<task>.json (host, pid, start and end, attempts). A worker that dies (SIGKILL, a lost
-node) is retried by Ray, and its run resumes from its own checkpoints; a run that fails for its
-own reason (a refusal, a config error) is recorded as failed with its message, not retried,
-and the sweep ends naming it after the other runs finish.
-"""
+What a task does (its cores pinned, its data file checked, ray/<task>.json) and how failures
+are retried or reported: docs/ray.md."""
 
 from __future__ import annotations
 
@@ -39,31 +32,19 @@ FORWARDED = ("RMMJAX_", "JAX_", "XLA_", "HF_", "TF_CPP_")
 _held_cores: list[int] = []  # the core locks this process holds until it exits
 
 
-def require_ray():
-  """The ray module, or a one-line refusal saying how to install it."""
-  try:
-    import ray  # noqa: PLC0415 (an optional extra: imported only by a sweep --on ray)
-  except ImportError:
-    raise ValueError(f"--on ray: Ray is not installed; install it with {INSTALL}") from None
-  return ray
-
-
 def parse_resources(text: str | None) -> dict[str, float]:
   """"cpu=2,gpu=1" -> {"num_cpus": 2.0, "num_gpus": 1.0}: what each task reserves."""
-  if text is None:
-    return {}
-  names = {"cpu": "num_cpus", "gpu": "num_gpus"}
   out = {}
-  for item in text.split(","):
-    key, equals, value = (s.strip() for s in item.partition("="))
+  for item in () if text is None else text.split(","):
+    key, _, value = (s.strip().lower() for s in item.partition("="))
     try:
-      amount = float(value)
+      amount = float(value)  # ("cpu" alone: no value, refused here too)
     except ValueError:
       amount = -1.0
-    if key.lower() not in names or not equals or not 0 < amount <= 1024:
+    if key not in ("cpu", "gpu") or not 0 < amount <= 1024:
       raise ValueError(f"--run-resources {text!r}: expected cpu=N and/or gpu=N, comma "
                        "separated, each N above 0 (e.g. gpu=1 or cpu=2)")
-    out[names[key.lower()]] = amount
+    out[f"num_{key}s"] = amount
   return out
 
 
@@ -73,7 +54,11 @@ class RayBackend:
   by default one GPU where the cluster has GPUs, else one CPU."""
 
   def __init__(self, address: str | None, resources: dict[str, float], progress: bool = True):
-    self.ray = require_ray()
+    try:
+      import ray  # noqa: PLC0415 (an optional extra: imported only by a sweep --on ray)
+    except ImportError:
+      raise ValueError(f"--on ray: Ray is not installed; install it with {INSTALL}") from None
+    self.ray = ray
     self.address, self.resources, self.progress = address, dict(resources), progress
     self._started = False
     self._workdir, self._data = None, None
