@@ -43,15 +43,6 @@ def first_last(rows: list[dict], metric: str) -> tuple[float, float]:
   return float(values[:n].mean()), float(values[-n:].mean())
 
 
-def _check_extendable(cfg: Config, workdir: Path, done: int) -> None:
-  """Refuses fewer steps than were done (steps is a multiple of log_every, as the config's
-  check requires: an extended run averages the same windows as an uninterrupted one)."""
-  if done > cfg.steps:
-    raise ValueError(f"{workdir} has already trained {done} steps and steps={cfg.steps} asks for "
-                     f"fewer; a run cannot be shortened: use a fresh workdir, or steps >= {done} "
-                     "to resume or extend it")
-
-
 def _check_record(workdir: Path, record: dict | None) -> None:
   """Refuses to resume a run whose data changed since it started (other file contents, other
   conversations, units, retriever or encoder); the same file moved or copied is the same."""
@@ -91,7 +82,6 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
       workdir = Path(workdir)
       if distributed.is_writer():  # one process at a time: the second is refused, naming it
         locks[workdir] = holding.enter_context(held(workdir, "train"))
-      # before anything is created or compiled
       check_resumable(workdir, cfg)
       stage, first = workdir.resolve() / STAGE_DIR, cfg.first_stage
       if first is not None:
@@ -106,10 +96,8 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
         # run); then the reranker trains on the candidates the tuned encoder retrieves.
         _train(first, stage, progress, encoder, measure_heldout=measure_heldout,
                lock=locks.get(stage))
-        cfg_task = dataclasses.replace(cfg, query_encoder=str(stage))
-      else:
-        cfg_task = cfg
-      return _train(cfg, workdir, progress, encoder, cfg_task, measure_heldout,
+      task_cfg = cfg if first is None else dataclasses.replace(cfg, query_encoder=str(stage))
+      return _train(cfg, workdir, progress, encoder, task_cfg, measure_heldout,
                     locks.get(workdir))
     except OSError:
       for lock in locks.values():  # a workdir removed mid-write: said so, not as the errno met
@@ -130,22 +118,21 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   run_record = {"kind": "train", "learner": cfg.learner, "stages": list(cfg.section_names())}
   with distributed.preflight("configs, data or workdirs") as found:
     saved = saved_steps(workdir / "checkpoints")
-    _check_extendable(cfg, workdir, saved[-1] if saved else 0)
+    found.step = saved[-1] if saved else 0
+    if found.step > cfg.steps:  # (more steps extend it: steps is a multiple of log_every)
+      raise ValueError(f"{workdir} has already trained {found.step} steps and steps={cfg.steps} "
+                       f"asks for fewer; a run cannot be shortened: use a fresh workdir, or "
+                       f"steps >= {found.step} to resume or extend it")
     logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
     task = make_task(task_cfg, encoder, progress, workdir)  # replay tasks embed data here
     _check_record(workdir, task.record)
     # Over several processes every one computes; process 0 writes the files (checkpoints go
     # through Orbax, which every process takes part in). They must agree on the run and on
     # where it resumes, before any of them restores (a collective).
-    found.digest = distributed.digest(config_json, json.dumps(task.record, sort_keys=True,
-                                                              default=str),
-                                      str(workdir.resolve()))
-    found.step = saved[-1] if saved else 0
-  reader = Checkpointer(workdir / "checkpoints", read_only=True)
-  try:
+    record_json = json.dumps(task.record, sort_keys=True, default=str)
+    found.digest = distributed.digest(config_json, record_json, str(workdir.resolve()))
+  with contextlib.closing(Checkpointer(workdir / "checkpoints", read_only=True)) as reader:
     step, state, unreadable = reader.restore_latest(task.template)
-  finally:
-    reader.close()
   rows = metrics_log.kept_rows(log_path, logged, step, cfg.log_every)
   writes = distributed.is_writer()
   progress = progress and writes
@@ -169,15 +156,15 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
     metrics_log.rewind(log_path, step, rows)
     # TensorBoard is rebuilt from the kept rows, so it never holds a point twice or misses one.
     tensorboard.rewrite(workdir / "tb", {"": rows}, "train", config_json)
-  checkpointer = Checkpointer(workdir / "checkpoints")
-  writer = None
-  try:
+  with contextlib.ExitStack() as closing:  # (the writer closed first, then the checkpointer)
+    checkpointer = closing.enter_context(contextlib.closing(Checkpointer(workdir / "checkpoints")))
     for bad in unreadable:
       checkpointer.delete(bad)  # redone below; a save of the same step would be refused
     if pretrained and (task.checkpoint_pretrained or cfg.steps == 0):
       # a resume starts from here rather than pretraining again; with steps=0 it is the model
       checkpointer.save(0, state)
-    writer = tensorboard.appender(workdir / "tb") if writes else None
+    if writes:
+      writer = closing.enter_context(contextlib.closing(tensorboard.appender(workdir / "tb")))
     with tqdm(total=cfg.steps, initial=step, desc="train", unit="step",
               disable=not progress or cfg.steps == 0) as bar:  # steps=0: pretraining alone
       while step < cfg.steps:
@@ -201,10 +188,6 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
           bar.update(n)
         bar.set_postfix(reward=f"{new_rows[-1]['reward']:.3f}",
                         recall=f"{new_rows[-1]['recall_at_m']:.3f}")
-  finally:
-    if writer is not None:
-      writer.close()
-    checkpointer.close()
 
   task.finish(state)
   eval_final = task.evaluate(state) if measure_heldout else {}
@@ -228,13 +211,12 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
         summary[key] = eval_final[key]
   summary |= task.input_notes
   pretrain_path = workdir / "pretrain.json"
-  pretrained_notes = json.loads(pretrain_path.read_text()) if pretrain_path.exists() else {}
-  loss = [{"loss": x} for x in pretrained_notes.pop("loss", [])]
-  summary |= pretrained_notes
-  if loss:  # (a fit of 0 epochs has none)
-    summary["pretrain_loss_first"], summary["pretrain_loss_last"] = first_last(loss, "loss")
-  for metric in ("reward", "citation_rate") if rows else ():  # (none with steps=0)
-    summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(rows, metric)
+  notes = json.loads(pretrain_path.read_text()) if pretrain_path.exists() else {}
+  loss = [{"pretrain_loss": x} for x in notes.pop("loss", [])]
+  summary |= notes
+  for metric, logged in (("pretrain_loss", loss), ("reward", rows), ("citation_rate", rows)):
+    if logged:  # (no loss from a fit of 0 epochs, no rows with steps=0)
+      summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(logged, metric)
   if not writes:
     return summary
   check()
