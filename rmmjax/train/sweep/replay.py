@@ -75,12 +75,10 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
                  report=print, best: bool = True, made_by: dict | None = None,
                  on=None) -> dict | None:
-  """Runs the sweep (with dry_run, says what it would run and, for a vmapped sweep, compiles and
-  times its first chunk); returns sweep.json's content (None if dry).
-  `best`: then train the best configuration on every conversation into best/; `made_by`: the
-  command and commit sweep.json records; `on`: where its runs execute (a backend such as
-  train/sweep/ray_backend.py's RayBackend: each run, fold program and best/ a task of it), else
-  in this process."""
+  """Runs the sweep (dry_run: says what it would run, a vmapped one compiling and timing its
+  first chunk); returns sweep.json's content (None if dry). `best`: then trains the best
+  configuration on every conversation into best/; `made_by`: the command and commit sweep.json
+  records; `on`: a backend (ray_backend.RayBackend) running each run, fold and best/."""
   check_learner(cfg)
   if on is not None:  # (a task runs in another working folder, maybe on another node)
     cfg, workdir = cfg.resolved(), Path(workdir).resolve()
@@ -110,11 +108,9 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                f"{len(configs) * num_folds} runs")
     if on is not None:
       on.prepare(workdir, Path(cfg.data), data_sha256)  # (each task checks it reads the same file)
-    if one_program:
-      go = _prepare(cfg, configs, tests, workdir, progress, report, heading, best, on)
-    else:
-      go = runs.prepare(cfg, configs, conversations, tests, workdir, progress, report, heading,
-                        on)
+    go = (_prepare(cfg, configs, tests, workdir, progress, report, heading, best, on) if one_program
+          else runs.prepare(cfg, configs, conversations, tests, workdir, progress, report, heading,
+                            on))
     if dry_run:
       return None
     start(workdir, cfg, sweep_record(grid, seeds, num_folds, data_sha256) | {
@@ -124,9 +120,8 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
     write(workdir, result, [(label(settings(configs[i], grid)), rows) for i, rows in logged],
           f"mean_of_{num_folds}_folds_x_{seeds}_seeds", f"sweep: {{}} configurations, "
           f"{num_folds} folds x {seeds} seeds, {cfg.steps} online steps")
-    # The best configuration trained on every conversation, for eval, export and serving (a
-    # training workdir of its own: killed, the same sweep command resumes it).
-    # (its seed the sweep's first)
+    # The best configuration (its seed the sweep's first) trained on every conversation, for
+    # eval, export and serving (a workdir of its own: killed, the same command resumes it).
     if best:
       every = with_values(cfg, result["best"]["settings"] | {"holdout": 0}).validate()
       if on is None:
@@ -238,10 +233,8 @@ def _save_fold(path: Path, out: dict, test, configs) -> None:
   arrays = {"conversations": np.array([c.conversation_id for c in test]),
             "configurations": _labels(configs),
             **{k: np.stack([per_question(v, test) for v in out[k]])
-               for k in ("recall", "prequential", "scores")}}
-  for name, values in out.get("online", {}).items():
-    arrays[f"online_{name}"] = values
-  if "pretrain_loss" in out:
-    arrays["pretrain_loss"] = out["pretrain_loss"]
+               for k in ("recall", "prequential", "scores")},
+            **{f"online_{k}": v for k, v in out.get("online", {}).items()},
+            **{k: out[k] for k in ("pretrain_loss",) if k in out}}
   with atomic_path(path) as tmp, open(tmp, "wb") as file:  # a killed sweep leaves no half fold
     np.savez(file, **arrays)

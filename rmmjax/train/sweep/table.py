@@ -39,18 +39,11 @@ def ranked_units(conv, q: int, scores_K: np.ndarray) -> list[tuple[tuple[str, ..
 
 def fold_metrics(test, scores_CxQxK: np.ndarray, m: int) -> dict[str, np.ndarray]:
   """Per configuration and question: each of `metric_names(m)`."""
-  rows = []
-  for c in range(scores_CxQxK.shape[0]):
-    q_all, per_q = 0, []
-    for conv in test:
-      for q in range(len(conv.questions)):
-        per_q.append(question_metrics(ranked_units(conv, q, scores_CxQxK[c, q_all]),
-                                      set(conv.evidence[q]), int(conv.num_relevant_N[q]),
-                                      tuple(dict.fromkeys((m, 10)))))
-        q_all += 1
-    rows.append(per_q)
-  names = metric_names(m)
-  return {n: np.array([[r[n] for r in per_q] for per_q in rows]) for n in names}
+  questions = [(conv, q) for conv in test for q in range(len(conv.questions))]
+  rows = [[question_metrics(ranked_units(conv, q, scores_QxK[i]), set(conv.evidence[q]),
+                            int(conv.num_relevant_N[q]), tuple(dict.fromkeys((m, 10))))
+           for i, (conv, q) in enumerate(questions)] for scores_QxK in scores_CxQxK]
+  return {n: np.array([[r[n] for r in per_q] for per_q in rows]) for n in metric_names(m)}
 
 
 def by_part(diff_SxQ: np.ndarray, clusters_Q: list[str], groups_Q: list[str], folds_Q,
