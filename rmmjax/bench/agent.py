@@ -55,10 +55,8 @@ def _synthetic_bank(path: Path, n: int, encoder) -> MemoryBank:
 
 
 def bench_respond(sizes, queries: int, query_encoder) -> list[dict]:
-  """Per bank size: the respond path's p50/p95 with the query embedded by `query_encoder` (as
-  chat does) and with a random query vector, beside its floor, the dense top-200 over the same
-  embeddings timed on the same queries, all interleaved (this machine is shared: a slow spell
-  hits every path), and BM25's matching alone."""
+  """Per bank size, each path's p50/p95 on the same queries, interleaved (this machine is
+  shared: a slow spell hits every path)."""
   rows = []
   encoder = _RandomEncoder()
   for n in sizes:
@@ -155,8 +153,7 @@ def bench_ingest(data: Path | None, conversations: int = 1) -> dict | None:
 
 def bench_respond_cross(encoder, memories: int = 2_000, queries: int = 30) -> dict:
   """The respond path's p50/p95 with a cross reranker at K = 20 (untrained weights: the cost
-  does not depend on them), over a bank embedded by `encoder` (MiniLM), beside the same path
-  with the linear reranker; the query embedded by MiniLM in both, as chat does."""
+  does not depend on them) beside the linear reranker, over a bank embedded by `encoder`."""
   from rmmjax import core  # noqa: PLC0415
   from rmmjax.encode.protocol import tokenizer_identity  # noqa: PLC0415
   from rmmjax.learners.loaded import LoadedReranker  # noqa: PLC0415

@@ -48,8 +48,7 @@ def percentiles_ms(times: dict[str, list[float]], qs=(50, 95)) -> dict[str, floa
 
 
 def write_result(result: dict, out: Path | None) -> None:
-  """Names the machine under the table and in the result; the numbers as JSON at `out` (when
-  given)."""
+  """Names the machine under the table and in the result; the result as JSON at `out`."""
   result["machine"] = machine_info()
   print(f"\nmachine: {describe(result['machine'])}")
   if out is not None:

@@ -66,7 +66,7 @@ def conversation_fingerprint(conv: Conversation) -> str:
 
 def evidence_recall(conv: ConversationReplay, columns_NxM: np.ndarray) -> np.ndarray:
   """Recall (all) of each question when the candidates at columns_NxM (-1: none) are kept:
-  evidence turns covered / evidence turns, recall_N (the definition of `rmmjax.retrieve.metrics`)."""
+  evidence turns covered / evidence turns, recall_N (`rmmjax.retrieve.metrics`' definition)."""
   cols = np.asarray(columns_NxM)
   picked_NxMxE = np.take_along_axis(conv.evidence_NxKxE, np.maximum(cols, 0)[..., None], 1)
   covered_NxE = (picked_NxMxE & (cols >= 0)[..., None]).any(1)
