@@ -7,6 +7,7 @@ are retried or reported: docs/ray.md."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import json
@@ -71,12 +72,13 @@ class RayBackend:
   def _connect(self, report) -> None:
     ray = self.ray
     if not ray.is_initialized():
-      context = ray.init(address=self.address, log_to_driver=False,
-                         configure_logging=False)
+      context = ray.init(address=self.address, log_to_driver=False, configure_logging=False)
       self._started = True
       url = getattr(context, "dashboard_url", None)
-      report(f"ray: {'connected to ' + self.address if self.address else 'started here'}"
-             f" ({_cluster(ray)})" + (f"; dashboard http://{url}" if url else ""))
+      total, nodes = ray.cluster_resources(), sum(1 for n in ray.nodes() if n["Alive"])
+      report(f"ray: {'connected to ' + self.address if self.address else 'started here'} "
+             f"({nodes} node{'s' if nodes > 1 else ''}, {total.get('CPU', 0):g} CPUs, "
+             f"{total.get('GPU', 0):g} GPUs)" + (f"; dashboard http://{url}" if url else ""))
     if not self.resources:
       has_gpu = ray.cluster_resources().get("GPU", 0) >= 1
       self.resources = {"num_gpus": 1.0} if has_gpu else {"num_cpus": 1.0}
@@ -106,8 +108,8 @@ class RayBackend:
       path.unlink(missing_ok=True)
     refs = {remote.remote(fn, args, records[key], *self._data, cpus): (key, what)
             for key, what, fn, args in tasks}
-    report(f"ray: {len(tasks)} tasks of {_shown(self.resources)} each, as many at once as the "
-           "cluster holds")
+    shown = ", ".join(f"{v:g} {k[4:-1].upper()}" for k, v in self.resources.items())
+    report(f"ray: {len(tasks)} tasks of {shown} each, as many at once as the cluster holds")
     failed, finished, started = [], 0, time.perf_counter()
     pending = list(refs)
     try:
@@ -222,21 +224,8 @@ def _error(ray, ref) -> str:
 
 def _where(records: list[Path]) -> str:
   """Where the started tasks run: 'running: 2 on host-a, 1 on host-b'."""
-  hosts: dict[str, int] = {}
-  for record in records:
-    at = _read(record)
-    if "started" in at and "ended" not in at:
-      hosts[at["host"]] = hosts.get(at["host"], 0) + 1
+  hosts = collections.Counter(at["host"] for at in map(_read, records)
+                              if "started" in at and "ended" not in at)
   return ("running: " + ", ".join(f"{n} on {h}" for h, n in hosts.items())) if hosts else ""
 
-
-def _cluster(ray) -> str:
-  total = ray.cluster_resources()
-  nodes = sum(1 for n in ray.nodes() if n["Alive"])
-  return (f"{nodes} node{'s' if nodes > 1 else ''}, {total.get('CPU', 0):g} CPUs, "
-          f"{total.get('GPU', 0):g} GPUs")
-
-
-def _shown(resources: dict) -> str:
-  return ", ".join(f"{v:g} {k[4:-1].upper()}" for k, v in resources.items())
 
