@@ -1,10 +1,6 @@
-"""`rmmjax bench core`: training-step throughput and sweep throughput against their limits.
-
-The fast linear scorer is timed side by side with the naive formulation (all K memories
-transformed), alternating within each repeat so machine noise hits both; medians are reported.
-The sweep is a memory-bound program (a few FLOPs per byte of Adam state), so its throughput is
-reported as a fraction of the memory-bandwidth limit measured on this machine in the same run.
-"""
+"""`rmmjax bench core`: training-step throughput (the fast linear scorer beside the naive
+formulation, alternated within each repeat) and sweep throughput against the memory-bandwidth
+limit measured in the same run. The method and its counts: docs/benchmarks.md."""
 
 from __future__ import annotations
 

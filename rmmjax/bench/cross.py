@@ -204,14 +204,6 @@ def _median_ms(fn, sets) -> float:
   return 1e3 * float(np.median([timed(lambda q=q, t=t: fn(q, t)) for q, t in sets]))
 
 
-def _served_reference_ms(model, sets) -> float:
-  """The same questions' pairs through the CrossEncoder, one question's K pairs a batch."""
-  predict = lambda q, texts: model.predict([(q, t) for t in texts], batch_size=len(texts),  # noqa: E731
-                                           show_progress_bar=False)
-  predict(*sets[0])
-  return _median_ms(predict, sets)
-
-
 def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets, repeats,
                score_pairs, train_pairs, export_cross, served_sets: dict) -> dict:
   """The same pairs through sentence-transformers' CrossEncoder of the same weights, and the
@@ -221,7 +213,12 @@ def _reference(torch, CrossEncoder, params, cfg, encoder, score_sets, train_sets
                           {}, MAX_LENGTH)
     model = CrossEncoder(str(served), device="cpu", max_length=MAX_LENGTH)
   flat = [[(q, t) for q, row in zip(qs, texts) for t in row] for qs, texts in score_sets]
-  served = {k: _served_reference_ms(model, sets) for k, sets in served_sets.items()}
+  predict = lambda q, texts: model.predict([(q, t) for t in texts], batch_size=len(texts),  # noqa: E731
+                                           show_progress_bar=False)  # one question a batch
+  served = {}
+  for k, sets in served_sets.items():
+    predict(*sets[0])  # (its shapes warmed untimed)
+    served[k] = _median_ms(predict, sets)
 
   def theirs_score():
     for pairs in flat:

@@ -1,10 +1,7 @@
-"""`rmmjax bench search` and `rmmjax bench encode`: retrieval-side throughput against references.
-
-search: top-20 over 1,000,000 memories (D = 384) for batches of 64 queries, the jitted JAX
-matmul + top-k against FAISS flat inner-product search when it is installed, else NumPy, in one
-run. A batch does 2 x 64 x 384 x 1e6 = 49 GFLOP over a 1.5 GB bank: compute-bound on a CPU.
-encode: sentences/s of the Flax encoder against sentence-transformers on the same LoCoMo turns.
-"""
+"""`rmmjax bench search` (top-20 over 1,000,000 memories against FAISS flat search, else NumPy)
+and `rmmjax bench encode` (the Flax encoder against sentence-transformers, and the query
+encoder's training steps). The method and its counts: docs/benchmarks.md, "Retrieval
+benchmarks"."""
 
 from __future__ import annotations
 
