@@ -2,16 +2,12 @@
 
 One fold: the reranker learns from the training conversations (offline pretraining on labelled
 relevance, then online REINFORCE from simulated citations, or either alone) and is measured on
-held-out conversations it never saw.
-
-Held-out conversations are replayed prequentially (`heldout_replay`, the one definition that
-training summaries, cross-validation and `rmmjax eval --online` all use): each conversation
-starts from the trained parameters with a fresh optimizer (Adam moments and step zero, running
-baseline zero: what a new user of a deployed reranker gets), the run's hyperparameters and
-batch size; each batch of questions is ranked with the reranker as it stands, then (with
-`adapt`) it learns from that batch's simulated citations. Every held-out conversation draws its
-own randomness (its id is folded into the key) and starts from the same trained reranker, so
-they replay in parallel (vmap), and so do hyperparameter configurations.
+held-out conversations it never saw, replayed prequentially (`heldout_replay`, the one definition
+training summaries, sweeps, cross-validation and `eval --online` use): each starts from the
+trained reranker with a fresh optimizer (Adam and the running baseline at zero: what a new user
+of a deployed reranker gets) and its own randomness (its id folded into the key), so
+conversations and configurations replay in parallel (vmap); each batch of questions is ranked,
+then (with `adapt`) learnt from its simulated citations.
 """
 
 from __future__ import annotations

@@ -121,7 +121,8 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
 
   def by_category(values_Q) -> dict[str, float]:  # (over a row's seeds too)
     cats_Q = np.array(categories)
-    return {c: float(np.mean(np.asarray(values_Q)[..., cats_Q == c])) for c in sorted(set(categories))}
+    return {c: float(np.mean(np.asarray(values_Q)[..., cats_Q == c]))
+            for c in sorted(set(categories))}
   best = max(rows, key=lambda r: r["recall"])
   for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
     row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
@@ -204,18 +205,17 @@ def table(cfg, result, rows, m) -> list[str]:
            "is chosen on these same folds."
            + (" Learning online: the trained reranker goes on learning from each held-out "
               "batch's simulated citations after ranking it (no labels of those "
-              "conversations), against the same reranker frozen." if online else ""), "",
-           f"| configuration | R@{m} all | R@{m} any |" + (" R@10 all |" if m != 10 else "")
-           + " NDCG@10 | MRR | vs base | vs best |"
-           + (f" R@{m} learning online | online - frozen |" if online else ""),
-           "|---|---|---|---|---|---|---|" + ("---|" if m != 10 else "")
-           + ("---|---|" if online else "")]
-  for r in sorted(rows, key=lambda r: -r["recall"]):
-    lines.append(f"| {r['label']} | {r['recall']:.3f} | {r['recall_any']:.3f} | "
-                 + (f"{r['recall_10']:.3f} | " if m != 10 else "")
-                 + f"{r['ndcg']:.3f} | {r['mrr']:.3f} | {r['vs_base']} | "
-                 f"{r['vs_best']} |" + (f" {r['prequential']:.3f} | "
-                                             f"{r['online_vs_frozen']} |" if online else ""))
+              "conversations), against the same reranker frozen." if online else ""), ""]
+  ranked = sorted(rows, key=lambda r: -r["recall"])
+  columns = {"configuration": "{label}", f"R@{m} all": "{recall:.3f}",
+             f"R@{m} any": "{recall_any:.3f}",
+             **({"R@10 all": "{recall_10:.3f}"} if m != 10 else {}),
+             "NDCG@10": "{ndcg:.3f}", "MRR": "{mrr:.3f}", "vs base": "{vs_base}",
+             "vs best": "{vs_best}",
+             **({f"R@{m} learning online": "{prequential:.3f}",
+                 "online - frozen": "{online_vs_frozen}"} if online else {})}
+  lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(f.format(**r) for f in columns.values()) + " |" for r in ranked]
   categories = list(result["base_by_category"])
   lines += ["", f"R@{m} all by category, beside the base order"
             + (f" and the ceiling of all K={cfg.k} candidates:" if "recall_at_k" in result
@@ -224,8 +224,7 @@ def table(cfg, result, rows, m) -> list[str]:
   beside = [("base order", result["base_by_category"])] + (
       [(f"all K={cfg.k} candidates", result["ceiling_by_category"])]
       if "recall_at_k" in result else [])
-  for name, values in [(r["label"], r["by_category"])
-                       for r in sorted(rows, key=lambda r: -r["recall"])] + beside:
+  for name, values in [(r["label"], r["by_category"]) for r in ranked] + beside:
     lines.append(f"| {name} | " + " | ".join(f"{values[c]:.3f}" for c in categories) + " |")
   if online:
     parts = len(rows[0]["online_vs_frozen_by_part"])
@@ -236,9 +235,8 @@ def table(cfg, result, rows, m) -> list[str]:
               "above:", "",
               "| configuration | " + " | ".join(f"part {p + 1}" for p in range(parts)) + " |",
               "|---|" + "---|" * parts]
-    for r in sorted(rows, key=lambda r: -r["recall"]):
-      lines.append(f"| {r['label']} | "
-                   + " | ".join(map(str, r["online_vs_frozen_by_part"])) + " |")
+    lines += [f"| {r['label']} | " + " | ".join(map(str, r["online_vs_frozen_by_part"])) + " |"
+              for r in ranked]
   return lines
 
 
