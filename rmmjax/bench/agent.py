@@ -44,8 +44,7 @@ def _synthetic_bank(path: Path, n: int, encoder) -> MemoryBank:
   chunk = 5_000
   for start in range(0, n, chunk):
     session = f"s{start // chunk}"
-    size = min(chunk, n - start)
-    texts = [" ".join(rng.choice(WORDS, 12)) for _ in range(size)]
+    texts = [" ".join(rng.choice(WORDS, 12)) for _ in range(min(chunk, n - start))]
     bank.start_session("u", session, "2024-01-01")
     bank.add_turns("u", session, [(f"t{start + i}", "u", t) for i, t in enumerate(texts)])
     emb = encoder.encode(texts)

@@ -43,7 +43,6 @@ def _child(devices: int, quick: bool) -> dict:
   sweep_s = median_time(sweep, repeats)
 
   encoder = SentenceEncoder()
-  mesh = distributed.data_mesh(devices)
   rng = np.random.default_rng(0)
   enc_steps = 2 if quick else 5
   mem = rng.standard_normal((enc_steps, BATCH, K, encoder.dim)).astype(np.float32)
@@ -53,18 +52,16 @@ def _child(devices: int, quick: bool) -> dict:
   stream = core.Batch(q_BxD=np.zeros((enc_steps, BATCH, encoder.dim), np.float32),
                       mem_BxKxD=mem, mask_BxK=np.ones((enc_steps, BATCH, K), bool),
                       relevant_BxK=relevant, num_relevant_B=np.ones((enc_steps, BATCH), np.int32))
-  ids = rng.integers(1000, 5000, (enc_steps, BATCH, TOKENS)).astype(np.int32)
-  mask = np.ones((enc_steps, BATCH, TOKENS), np.int32)
-  inputs = (stream, ids, mask)
-  if devices > 1:
-    inputs = distributed.shard_leading(inputs, mesh, axis=1)
+  inputs = (stream, rng.integers(1000, 5000, (enc_steps, BATCH, TOKENS)).astype(np.int32),
+            np.ones((enc_steps, BATCH, TOKENS), np.int32))  # (ids, mask)
   espec = core.CoreSpec(dim=encoder.dim, k=K, m=5, batch=BATCH, rank_prior=True)
   state = encoder_state(encoder, espec, core.HParams.create(lr=1e-5, tau=0.5))
   if devices > 1:
+    mesh = distributed.data_mesh(devices)
+    inputs = distributed.shard_leading(inputs, mesh, axis=1)
     state = distributed.replicate(state, mesh)
   step = jax.jit(lambda s, st, i, m: encoder_replay_steps(encoder.module, s, st, i, m,
                                                           enc_steps))
-
   train = lambda: jax.block_until_ready(step(state, *inputs))  # noqa: E731
   train()
   train_s = median_time(train, repeats)
