@@ -214,9 +214,9 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
   notes = json.loads(pretrain_path.read_text()) if pretrain_path.exists() else {}
   loss = [{"pretrain_loss": x} for x in notes.pop("loss", [])]
   summary |= notes
-  for metric, logged in (("pretrain_loss", loss), ("reward", rows), ("citation_rate", rows)):
-    if logged:  # (no loss from a fit of 0 epochs, no rows with steps=0)
-      summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(logged, metric)
+  for metric, kept in (("pretrain_loss", loss), ("reward", rows), ("citation_rate", rows)):
+    if kept:  # (no loss from a fit of 0 epochs, no rows with steps=0)
+      summary[f"{metric}_first"], summary[f"{metric}_last"] = first_last(kept, metric)
   if not writes:
     return summary
   check()
