@@ -16,13 +16,11 @@ from rmmjax.core.sweep import make_run, make_sweep, run_steps, stack_hparams
 from rmmjax.core.types import (BASELINE_KINDS, Batch, CoreSpec, HParams, TrainState)
 
 __all__ = [
-    "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank",
-    "Model", "SimSpec", "TrainState", "World", "adam", "adam_init", "adam_update",
-    "baseline_values", "citation_rewards", "evaluate", "global_norm", "gumbel_top_m",
-    "init_state", "listwise_loss", "make_run", "make_sweep", "make_world",
-    "perturbed_top_m", "recall_at_m", "rank_prior_init", "reinforce_loss", "reinforce_update", "run_steps",
-    "sample_batch", "sample_eval_batch", "sample_selection", "scores", "scores_and_pullback",
-    "selection_entropy", "selection_log_prob",
+    "BASELINE_KINDS", "Batch", "BertConfig", "CoreSpec", "HParams", "LowRank", "Model", "SimSpec",
+    "TrainState", "World", "adam", "adam_init", "adam_update", "baseline_values",
+    "citation_rewards", "evaluate", "global_norm", "gumbel_top_m", "init_state", "listwise_loss",
+    "make_run", "make_sweep", "make_world", "perturbed_top_m", "recall_at_m", "rank_prior_init",
+    "reinforce_loss", "reinforce_update", "run_steps", "sample_batch", "sample_eval_batch",
+    "sample_selection", "scores", "scores_and_pullback", "selection_entropy", "selection_log_prob",
     "selection_log_prob_terms", "set_reward", "simulate_citations", "stack_hparams",
-    "supervised_step", "top_m", "train_step",
-]
+    "supervised_step", "top_m", "train_step"]

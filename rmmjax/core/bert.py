@@ -60,24 +60,17 @@ class _Weights(nn.Module):
     return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,))
 
 
-def _attention_written_out(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1x1xS):
-  """Attention with matmuls in the activations' dtype and the softmax in float32 for bfloat16
-  (what jax.nn.dot_product_attention computes, written out: its implementation mixes the two
-  dtypes implicitly), in float64 for float64 (which it would round through float32)."""
+def _attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1xQxS):
+  """jax.nn.dot_product_attention in float32; written out in bfloat16 (matmuls in bfloat16, the
+  softmax in float32: JAX's path mixes the two implicitly, its backward pass too, so no local
+  promotion setting covers it) and in float64 (which JAX's would round through float32)."""
+  if q_BxTxNxD.dtype == jnp.float32:
+    return jax.nn.dot_product_attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias=bias_Bx1xQxS)
   soft = jnp.float64 if q_BxTxNxD.dtype == jnp.float64 else jnp.float32
   scale = (1.0 / np.sqrt(q_BxTxNxD.shape[-1])).astype(soft)
   logits = jnp.einsum("btnd,bsnd->bnts", q_BxTxNxD, k_BxSxNxD).astype(soft) * scale
-  probs = jax.nn.softmax(logits + bias_Bx1x1xS.astype(soft), axis=-1)
+  probs = jax.nn.softmax(logits + bias_Bx1xQxS.astype(soft), axis=-1)
   return jnp.einsum("bnts,bsnd->btnd", probs.astype(q_BxTxNxD.dtype), v_BxSxNxD)
-
-
-def _attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1xQxS):
-  """jax.nn.dot_product_attention in float32; written out in bfloat16, whose path in JAX mixes
-  bfloat16 with float32 implicitly (its backward pass too, so no local promotion setting
-  covers it), and in float64, which JAX's would round through float32."""
-  if q_BxTxNxD.dtype == jnp.float32:
-    return jax.nn.dot_product_attention(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias=bias_Bx1xQxS)
-  return _attention_written_out(q_BxTxNxD, k_BxSxNxD, v_BxSxNxD, bias_Bx1xQxS)
 
 
 def _norm(cfg: BertConfig, name: str, x):

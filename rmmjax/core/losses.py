@@ -30,7 +30,7 @@ def present_queries(mask_BxK: jax.Array) -> jax.Array:
 
 
 def masked_mean(values_B: jax.Array, present_B: jax.Array) -> jax.Array:
-  """Mean over the present queries (0 when none is)."""
+  """Mean over the present entries (0 when none is)."""
   count = jnp.sum(present_B).astype(values_B.dtype)
   return jnp.sum(jnp.where(present_B, values_B, 0.0)) / jnp.maximum(count, 1.0)
 
@@ -46,9 +46,9 @@ def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Arra
   if present_B is None:
     present_B = jnp.ones(reward_B.shape, bool)
   others_B = jnp.sum(present_B).astype(reward_B.dtype) - present_B.astype(reward_B.dtype)
-  total = jnp.sum(jnp.where(present_B, reward_B, 0.0))
   own_B = jnp.where(present_B, reward_B, 0.0)
-  leave_one_out_B = jnp.where(others_B > 0, (total - own_B) / jnp.maximum(others_B, 1.0), 0.0)
+  leave_one_out_B = jnp.where(others_B > 0,
+                              (jnp.sum(own_B) - own_B) / jnp.maximum(others_B, 1.0), 0.0)
   options = jnp.stack([jnp.full_like(reward_B, constant), jnp.full_like(reward_B, running_mean),
                        leave_one_out_B])
   assert options.shape[0] == len(BASELINE_KINDS)
@@ -58,21 +58,13 @@ def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Arra
 def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: jax.Array,
                    baseline_B: jax.Array, tau: jax.Array, mask_BxK: jax.Array,
                    credit: str = "set", surrogate: bool = False):
-  """REINFORCE loss -(R - b) log P(selection), averaged over the batch's present queries.
+  """REINFORCE loss -(R - b) log P(selection), averaged over the batch's present queries;
+  returns (loss, aux: the mean advantage and the mean log-probability).
 
-  Args:
-    scores_BxK: reranker scores (the only input gradients flow into).
-    selected_BxM: the sampled selection, -1 where nothing was selected.
-    rewards_BxM: per-position rewards (see `citation_rewards`).
-    baseline_B: baseline per query.
-    tau: temperature of the selection distribution.
-    mask_BxK: valid candidates.
-    credit: "set" weights the whole selection's log-probability by the set reward (mean over the
-      selected); "position" weights each position's term by that position's own reward.
-    surrogate: use the paper's sum-of-log-softmax instead of the Plackett-Luce log-probability.
-
-  Returns:
-    (loss, aux) with aux holding the mean advantage and the mean log-probability.
+  Gradients flow into scores_BxK alone; selected_BxM is -1 where nothing was selected. `credit`
+  "set" weights the whole selection's log-probability by the set reward (mean over the
+  selected), "position" each position's term by its own reward. `surrogate`: the paper's
+  sum-of-log-softmax instead of the Plackett-Luce log-probability.
   """
   terms_BxM = jax.vmap(selection_log_prob_terms, in_axes=(0, 0, None, 0, None))(
       scores_BxK, selected_BxM, tau, mask_BxK, surrogate)
@@ -104,8 +96,7 @@ def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.
   logits_BxK = jnp.where(mask_BxK, scores_BxK / tau, -1e30)
   per_query_B = optax.losses.ranking_softmax_loss(
       logits_BxK, labels_BxK, where=mask_BxK, reduce_fn=None)
-  per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
-  return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)
+  return masked_mean(per_query_B, has_pos_B)
 
 
 def lambda_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,
@@ -136,9 +127,7 @@ def weakest_piece_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK:
   # -log(e^s / (e^s + sum of the irrelevant's e^s)) of each relevant candidate
   piece_BxK = jnp.logaddexp(logits_BxK, negatives_B[:, None]) - logits_BxK
   has_pos_B = jnp.any(relevant_BxK, -1)
-  per_query_B = jnp.max(jnp.where(relevant_BxK, piece_BxK, -1e30), -1)
-  per_query_B = jnp.where(has_pos_B, per_query_B, 0.0)
-  return jnp.sum(per_query_B) / jnp.maximum(jnp.sum(has_pos_B).astype(jnp.float32), 1.0)
+  return masked_mean(jnp.max(jnp.where(relevant_BxK, piece_BxK, -1e30), -1), has_pos_B)
 
 
 # The supervised losses pretraining may take (cross.pretrain_loss), by name.
@@ -159,7 +148,4 @@ def grouped_listwise_loss(scores_BxK: jax.Array, covers_BxKxE: jax.Array, mask_B
   log_p_BxK = jax.nn.log_softmax(logits_BxK, -1)
   covers_BxKxE = covers_BxKxE & mask_BxK[:, :, None]
   log_p_BxKxE = jnp.where(covers_BxKxE, log_p_BxK[:, :, None], -1e30)
-  item_BxE = jax.nn.logsumexp(log_p_BxKxE, axis=1)
-  has_BxE = jnp.any(covers_BxKxE, axis=1)
-  total = jnp.sum(jnp.where(has_BxE, item_BxE, 0.0))
-  return -total / jnp.maximum(jnp.sum(has_BxE).astype(jnp.float32), 1.0)
+  return -masked_mean(jax.nn.logsumexp(log_p_BxKxE, axis=1), jnp.any(covers_BxKxE, axis=1))

@@ -42,10 +42,6 @@ class LowRank(struct.PyTreeNode):
     return jnp.sum((self.left_BxP @ self.left_BxP.T) * (self.right_BxQ @ self.right_BxQ.T))
 
 
-def _is_low_rank(x) -> bool:
-  return isinstance(x, LowRank)
-
-
 def adam(lr: jax.Array | float, active: jax.Array | bool = True, lr_scales=None, b1: float = 0.9,
          b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
   """Adam at rate `lr` (a traced value in a sweep: each configuration's own) as an optax
@@ -72,7 +68,7 @@ def adam(lr: jax.Array | float, active: jax.Array | bool = True, lr_scales=None,
     decay2 = jnp.where(on, b2, 1.0)
 
     def leaf(mu, nu, g, scale):
-      g = g.dense() if _is_low_rank(g) else g
+      g = g.dense() if isinstance(g, LowRank) else g
       mu = decay1 * mu + (1.0 - decay1) * g
       nu = decay2 * nu + (1.0 - decay2) * (g * g)
       size = step_size if scale == 1.0 else step_size * jnp.float32(scale)
@@ -103,5 +99,5 @@ def adam_update(params, state, grads, lr: jax.Array, active: jax.Array | bool = 
 
 def global_norm(grads) -> jax.Array:
   """The L2 norm of all gradients together (LowRank leaves without forming them)."""
-  leaves = jax.tree.leaves(grads, is_leaf=_is_low_rank)
-  return jnp.sqrt(sum(g.sq_norm() if _is_low_rank(g) else jnp.sum(g * g) for g in leaves))
+  leaves = jax.tree.leaves(grads, is_leaf=lambda g: isinstance(g, LowRank))
+  return jnp.sqrt(sum(g.sq_norm() if isinstance(g, LowRank) else jnp.sum(g * g) for g in leaves))

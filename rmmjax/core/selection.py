@@ -23,20 +23,9 @@ def _default_mask(scores_K: jax.Array, mask_K: jax.Array | None) -> jax.Array:
 
 def gumbel_top_m(key: jax.Array, scores_K: jax.Array, m: int, tau: jax.Array | float,
                  mask_K: jax.Array | None = None, paper: bool = False) -> jax.Array:
-  """Samples M candidates without replacement, in selection order.
-
-  Args:
-    key: PRNG key.
-    scores_K: reranker scores.
-    m: how many to select (static).
-    tau: temperature > 0.
-    mask_K: valid candidates; invalid ones are never selected.
-    paper: rank s + g instead of s/tau + g (the paper's literal recipe, ignores tau).
-
-  Returns:
-    int32 indices of shape (m,); when fewer than m candidates are valid, every valid one is
-    selected and the trailing positions hold -1.
-  """
+  """Samples m (static) of the valid candidates without replacement, in selection order: int32
+  indices (m,), every valid one and then -1 when fewer than m are valid. `paper` ranks s + g
+  instead of s/tau + g (the paper's literal recipe, which ignores tau)."""
   gumbel_K = jax.random.gumbel(key, scores_K.shape, jnp.float32)
   return perturbed_top_m(scores_K, gumbel_K, m, tau, mask_K, paper)
 

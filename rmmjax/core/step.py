@@ -80,17 +80,14 @@ def recall_at_m(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
                             losses.present_queries(batch.mask_BxK))
 
 
-def _lr_scales(state: TrainState):
-  """The model's learning-rate multipliers (none without a model: a scorer given to the step
-  trains the parameters, such as the encoder's own)."""
-  return None if state.spec.model is None else state.spec.model.lr_scales(state.params)
-
-
 def _apply(state: TrainState, grads, active: jax.Array) -> TrainState:
-  """Adam on the gradients; a batch without any present query leaves the state as it was."""
+  """Adam on the gradients; a batch without any present query leaves the state as it was. The
+  model's learning-rate multipliers apply (none without a model: a scorer given to the step
+  trains the parameters, such as the encoder's own)."""
+  model = state.spec.model
+  scales = None if model is None else model.lr_scales(state.params)
   params, opt_state = optim.adam_update(state.params, state.opt_state, grads, state.hparams.lr,
-                                        active=active,
-                                        lr_scales=_lr_scales(state))
+                                        active, scales)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 

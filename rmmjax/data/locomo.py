@@ -22,23 +22,9 @@ import re
 from pathlib import Path
 
 from rmmjax.data.records import read_records
-from rmmjax.data.schema import (
-  CATEGORY_NAMES,
-  LIST,
-  OBJECT,
-  SCALAR,
-  STRING,
-  Conversation,
-  LoadReport,
-  MalformedData,
-  Question,
-  Session,
-  Turn,
-  check,
-  describe,
-  optional,
-  require,
-)
+from rmmjax.data.schema import (CATEGORY_NAMES, LIST, OBJECT, SCALAR, STRING, Conversation,
+                                LoadReport, MalformedData, Question, Session, Turn, check, describe,
+                                optional, require)
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
 
@@ -118,8 +104,7 @@ def load_locomo(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   report = LoadReport()
   conversations = []
   for i, record in enumerate(records):
-    where = f"record {i}"
-    conv_id = require(record, "sample_id", where, path, STRING)
+    conv_id = require(record, "sample_id", f"record {i}", path, STRING)
     where = f"record {i} ({conv_id})"
     chat = require(record, "conversation", where, path, OBJECT,
                    "an object holding session_<N> lists of turns")

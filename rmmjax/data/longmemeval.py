@@ -19,21 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmmjax.data.records import read_records
-from rmmjax.data.schema import (
-  LIST,
-  OBJECT,
-  SCALAR,
-  STRING,
-  Conversation,
-  LoadReport,
-  MalformedData,
-  Question,
-  Session,
-  Turn,
-  check,
-  optional,
-  require,
-)
+from rmmjax.data.schema import (LIST, OBJECT, SCALAR, STRING, Conversation, LoadReport,
+                                MalformedData, Question, Session, Turn, check, optional, require)
 
 EXPECTED = "a LongMemEval JSON file: a list of instances (such as longmemeval_s.json)"
 _BOOLEAN = ((bool,), "true or false")
@@ -95,17 +82,13 @@ def load_longmemeval(path: str | Path) -> tuple[list[Conversation], LoadReport]:
         report.note("empty session (dropped)", f"{qid} {sid}")
     if not sessions:
       raise MalformedData(f"{path}: {where}: no session with turns")
-    evidence = marked
+    evidence = marked or [t.turn_id for s in sessions if s.session_id in answer_sessions
+                          for t in s.turns]
+    if evidence and not marked:
+      report.note("no has_answer turn (answer sessions used as evidence)", qid)
     if not evidence:
-      evidence = [t.turn_id for s in sessions if s.session_id in answer_sessions
-                  for t in s.turns]
-      if evidence:
-        report.note("no has_answer turn (answer sessions used as evidence)", qid)
-    questions = ()
-    if evidence:
-      questions = (Question(question=text, answer=str(answer), evidence=tuple(evidence),
-                            category=category),)
-    else:
       report.note("question without evidence (skipped)", qid)
+    questions = (Question(question=text, answer=str(answer), evidence=tuple(evidence),
+                          category=category),) if evidence else ()
     conversations.append(Conversation(qid, tuple(sessions), questions))
   return conversations, report

@@ -16,19 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmmjax.data.records import read_records
-from rmmjax.data.schema import (
-  LIST,
-  OBJECT,
-  STRING,
-  Conversation,
-  LoadReport,
-  MalformedData,
-  Session,
-  Turn,
-  check,
-  optional,
-  require,
-)
+from rmmjax.data.schema import (LIST, OBJECT, STRING, Conversation, LoadReport, MalformedData,
+                                Session, Turn, check, optional, require)
 
 EXPECTED = "an MSC JSON Lines file, one episode a line (such as msc_dialogue/session_3/valid.txt)"
 SPEAKERS = ("Speaker 1", "Speaker 2")
@@ -69,9 +58,9 @@ def load_msc(path: str | Path) -> tuple[list[Conversation], LoadReport]:
   report = LoadReport()
   conversations = []
   for i, episode in enumerate(read_records(path, EXPECTED, "episodes")):
-    where = f"record {i}"
-    meta = require(episode, "metadata", where, path, OBJECT, "an object with initial_data_id")
-    conv_id = require(meta, "initial_data_id", where + ", metadata", path, STRING)
+    meta = require(episode, "metadata", f"record {i}", path, OBJECT,
+                   "an object with initial_data_id")
+    conv_id = require(meta, "initial_data_id", f"record {i}, metadata", path, STRING)
     where = f"record {i} ({conv_id})"
     sessions = []
     previous_dialogs = require(episode, "previous_dialogs", where, path, LIST,
