@@ -74,15 +74,10 @@ def _ratio(num: int, den: int) -> float | None:
 
 def citation_agreement(shown_turns: list[set[str]], cited: list[int],
                        evidence: set[str]) -> dict[str, float | None]:
-  """Precision, recall and rate of the generator's citations against the evidence labels.
-
-  Args:
-    shown_turns: per memory shown to the generator, the turn ids it covers.
-    cited: 0-based positions of the cited memories (repeats count once).
-    evidence: the question's evidence turn ids (non-empty).
-  A shown memory is useful when it covers an evidence turn. Precision is undefined (None) when
-  nothing was cited, recall when no useful memory was shown, rate when nothing was shown.
-  """
+  """Precision, recall and rate of the generator's citations (0-based positions among the
+  shown memories, repeats counting once) against the evidence labels. A shown memory (the turn
+  ids it covers) is useful when it covers an evidence turn. Precision is undefined (None) when
+  nothing was cited, recall when no useful memory was shown, rate when nothing was shown."""
   useful = {i for i, turns in enumerate(shown_turns) if set(turns) & evidence}
   chosen = set(cited)
   hits = len(chosen & useful)
@@ -94,17 +89,10 @@ def citation_agreement(shown_turns: list[set[str]], cited: list[int],
 def answer_row(prediction: str, gold: Gold, *, verdict: Verdict | None = None,
                citation: dict[str, float | None] | None = None,
                answer_malformed: bool = False, answer_failed: bool = False) -> dict:
-  """One question's answer metrics; without a verdict or citation their keys are None.
-
-  Args:
-    prediction: the generator's answer text.
-    gold: the reference answer.
-    verdict: the judge's verdict, if the answer was judged.
-    citation: `citation_agreement` of this answer, if it was computed.
-    answer_malformed: the generator's reply could not be parsed (its text is still scored).
-    answer_failed: there is no answer (the LLM failed, or gave no text): it is wrong (judge 0)
-      without being judged, and counted apart.
-  """
+  """One question's answer metrics; without a verdict or citation (`citation_agreement`) their
+  keys are None. `answer_malformed`: the generator's reply could not be parsed (its text is
+  still scored); `answer_failed`: there is no answer (the LLM failed, or gave no text): it is
+  wrong (judge 0) without being judged, and counted apart."""
   citation = citation or {}
   # A verdict the judge could not give (malformed) says nothing either way: unjudged, flagged.
   judge = (0.0 if answer_failed else

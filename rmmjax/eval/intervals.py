@@ -38,14 +38,9 @@ class Interval:
 
 
 def paired_interval(diff: np.ndarray, conversations_Q, folds_Q) -> Interval:
-  """The mean of a paired per-question difference and its 95% bootstrap interval.
-
-  Args:
-    diff: (Q,) one model's difference per question, or (S, Q) one per seed (seed s of a row
-      against seed s of the other, or against a base order that has no seed).
-    conversations_Q: each question's conversation.
-    folds_Q: each question's fold (the model that scored it); one value for a single split.
-  """
+  """The mean of a paired per-question difference and its 95% bootstrap interval. `diff` is
+  (Q,), or (S, Q) one per seed (seed s of a row against seed s of the other, or against a base
+  order that has no seed); `folds_Q` each question's fold (the model that scored it)."""
   diff_SxQ = np.atleast_2d(np.asarray(diff, float))
   seeds = diff_SxQ.shape[0]
   by_fold = len(set(np.asarray(folds_Q).tolist())) >= MIN_FOLDS

@@ -140,14 +140,11 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
          "metrics": metrics} | beside
   if ceiling:  # (each question's, in its rows of per_question)
     rows = [(c, m | r) for (c, m), (_, r) in zip(rows, ceiling)]
-  return out | (_per_question(conversations, rows) if per_question else {})
-
-
-def _per_question(conversations, rows) -> dict:
-  """Each question's metrics in order, for intervals over conversations."""
-  return {"per_question": [{"conversation": c.conversation_id, "category": category} | metrics
-                           for c, (category, metrics) in zip(
-                               [c for c in conversations for _ in c.questions], rows)]}
+  if per_question:  # each question's metrics in order, for intervals over conversations
+    asked = [c for c in conversations for _ in c.questions]
+    out["per_question"] = [{"conversation": c.conversation_id, "category": category} | metrics
+                           for c, (category, metrics) in zip(asked, rows)]
+  return out
 
 
 def recorded_query_encoder(reranker: Path, record: dict) -> Path:

@@ -199,14 +199,6 @@ def entity_buffers(store: EvidenceStore, question: str, have: set[int],
   return tuple(thin), added
 
 
-def _rank(question: str, facts: list[Fact], reranker: Reranker | None) -> list[Fact]:
-  if reranker is None or not facts:
-    return facts
-  scores = [float(s) for s in reranker(question, facts)]
-  order = sorted(range(len(facts)), key=lambda i: -scores[i])  # stable: ties keep entry order
-  return [facts[i] for i in order]
-
-
 def fused_order(facts: list[Fact], trace: Sequence["IterationTrace"]) -> list[Fact]:
   """The accumulated facts by reciprocal-rank fusion of the searches that found them (the last
   anchor search, every refinement search); the rest after them, in entry order."""
@@ -237,20 +229,11 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
                   judge: SufficiencyJudge, settings: IrisSettings = IrisSettings(),
                   refiner: QueryRefiner | None = None,
                   reranker: Reranker | None = None) -> IrisResult:
-  """Retrieve evidence for a question iteratively until the judge deems it sufficient.
-
-  Args:
-    store: one conversation's layered memory.
-    question: the question as asked (the anchor path's query).
-    category: its type where known ("temporal" picks the temporal schedule and threshold; a
-      question asking when / what date / how long is temporal without it).
-    judge: labels the accumulated evidence after each iteration.
-    settings: budgets, thresholds, caps and switches.
-    refiner: writes the refinement path's query (default: the rule-based one).
-    reranker: orders the accumulated evidence before each verdict (default: entry order).
-  Returns:
-    The ranked evidence, its turns, the final verdict and a per-iteration trace with timings.
-  """
+  """Retrieve evidence for a question from one conversation's `store` iteratively until the
+  judge deems it sufficient: the ranked evidence, its turns, the final verdict and a
+  per-iteration trace with timings. `category` "temporal" picks the temporal schedule and
+  threshold (a question asking when / what date / how long is temporal without it); `refiner`
+  defaults to the rule-based one, `reranker` to entry order."""
   refiner = refiner if refiner is not None else RuleRefiner()
   temporal = is_temporal(question, category)
   threshold = settings.temporal_stop_confidence if temporal else settings.stop_confidence
@@ -304,10 +287,12 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       if fact.turn_id not in raws:
         raws[fact.turn_id] = store.raw(fact.turn_id)
     ranked = list(facts.values())
-    if reranker is not None:  # it refines the order the loop would end with
-      fused = settings.final_order != "entry"
-      ranked = _rank(question, _fuse(ranked, anchor, refine_lists) if fused else ranked,
-                     reranker)
+    if reranker is not None and ranked:  # it refines the order the loop would end with
+      if settings.final_order != "entry":
+        ranked = _fuse(ranked, anchor, refine_lists)
+      scores = [float(s) for s in reranker(question, ranked)]
+      # (sorted is stable: ties keep the order the loop would end with)
+      ranked = [ranked[i] for i in sorted(range(len(ranked)), key=lambda i: -scores[i])]
     shown = ranked if settings.max_judged is None else ranked[:settings.max_judged]
     retrieval_s = time.perf_counter() - start - refine_s
     tick = time.perf_counter()

@@ -18,16 +18,10 @@ MRR_DEPTH = 100  # MRR counts a first hit within the top 100 units, else 0
 def question_metrics(ranked: list[tuple[tuple[str, ...], int]], evidence: set[str],
                      num_relevant_units: int, ks: tuple[int, ...],
                      budget_words: int | None = None) -> dict[str, float]:
-  """Metrics of one question.
-
-  Args:
-    ranked: (turn ids covered, words) of the retrieved units, best first (at least max(ks)
-      of them, or every unit there is).
-    evidence: the question's evidence turn ids (non-empty).
-    num_relevant_units: units of the whole pool that cover an evidence turn (for ideal DCG).
-    ks: cut-offs for recall and words.
-    budget_words: if given, also recall_all@budget over units taken until that many words.
-  """
+  """Metrics of one question from `ranked`, the (turn ids covered, words) of the retrieved
+  units, best first (at least max(ks) of them, or every unit there is). `num_relevant_units`
+  (units of the whole pool that cover an evidence turn) gives the ideal DCG; with
+  `budget_words`, also recall_all@budget over units taken until that many words."""
   if not evidence:
     raise ValueError("a question without evidence has no recall; skip it before evaluating")
   relevant = [bool(evidence.intersection(turns)) for turns, _ in ranked]
