@@ -15,10 +15,6 @@ earlier iterations stay ahead of later ones. A reranker (any `reranker(question,
 scores`, e.g. the RMM reranker over fact embeddings) instead reorders the whole accumulated
 evidence before each verdict: it receives the facts in the order the loop would otherwise end
 with (`final_order`, over the searches so far) and its scores decide (ties keep that order).
-
-For REINFORCE, each iteration's trace holds the facts shown to the judge, in order (the
-candidates a selection was made from), the verdict, and `verdict_reward` of it (0 when the
-verdict was malformed).
 """
 
 from __future__ import annotations
@@ -155,12 +151,8 @@ class IrisResult:
 
 def merge_by_rank(paths: Sequence[Sequence[int]]) -> list[int]:
   """Ids of several ranked lists, best rank first (earlier lists first at equal rank), once."""
-  merged: dict[int, None] = {}
-  for rank in range(max((len(p) for p in paths), default=0)):
-    for path in paths:
-      if rank < len(path):
-        merged.setdefault(path[rank], None)
-  return list(merged)
+  depth = max(map(len, paths), default=0)
+  return list(dict.fromkeys(p[rank] for rank in range(depth) for p in paths if rank < len(p)))
 
 
 def expand(store: EvidenceStore, seeds: Sequence[int], settings: IrisSettings) -> list[int]:
@@ -329,9 +321,5 @@ def single_pass(store: EvidenceStore, question: str, depth: int) -> tuple[list[s
   """The turns of one search's first `depth` facts in order, and the seconds it took (the
   single-pass baseline IRIS is measured against)."""
   start = time.perf_counter()
-  turns = []
-  for fact_id, _ in store.search(question, depth):
-    turn = store.fact(fact_id).turn_id
-    if turn not in turns:
-      turns.append(turn)
+  turns = list(dict.fromkeys(store.fact(f).turn_id for f, _ in store.search(question, depth)))
   return turns, time.perf_counter() - start

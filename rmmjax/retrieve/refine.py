@@ -15,6 +15,7 @@ repeats):
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -53,16 +54,12 @@ _TIME_EXPRESSION = re.compile(
 
 def words(text: str) -> list[str]:
   """Lower-case word tokens of a text, possessive 's removed."""
-  return [w[:-2] if w.endswith("'s") else w for w in _WORD.findall(text.lower())]
+  return [w.removesuffix("'s") for w in _WORD.findall(text.lower())]
 
 
 def content_terms(text: str) -> list[str]:
   """The words of a text that carry meaning: no stopwords, no single letters, first use first."""
-  seen: dict[str, None] = {}
-  for word in words(text):
-    if len(word) > 1 and word not in STOPWORDS:
-      seen.setdefault(word, None)
-  return list(seen)
+  return list(dict.fromkeys(w for w in words(text) if len(w) > 1 and w not in STOPWORDS))
 
 
 def feedback_terms(question: str, texts: Sequence[str], n: int) -> tuple[str, ...]:
@@ -72,11 +69,8 @@ def feedback_terms(question: str, texts: Sequence[str], n: int) -> tuple[str, ..
   if n <= 0:
     return ()
   asked = set(content_terms(question))
-  counts: dict[str, int] = {}
-  for text in texts:
-    for term in set(content_terms(text)) - asked:
-      if not term.isdigit():
-        counts[term] = counts.get(term, 0) + 1
+  counts = collections.Counter(term for text in texts for term in set(content_terms(text)) - asked
+                               if not term.isdigit())
   return tuple(sorted(counts, key=lambda t: (-counts[t], t))[:n])
 
 
@@ -90,13 +84,9 @@ def stem(word: str) -> str:
 
 def named_entities(text: str) -> list[str]:
   """Capitalised words that are neither stopwords (a sentence's "When", "Did") nor dates."""
-  found: dict[str, None] = {}
-  for match in _CAPITALISED.findall(text):
-    name = match[:-2] if match.endswith("'s") else match
-    low = name.lower()
-    if len(name) > 1 and low not in STOPWORDS and low not in MONTHS and low not in WEEKDAYS:
-      found.setdefault(name, None)
-  return list(found)
+  names = (match.removesuffix("'s") for match in _CAPITALISED.findall(text))
+  return list(dict.fromkeys(name for name in names if len(name) > 1 and name.lower()
+                            not in STOPWORDS and name.lower() not in (*MONTHS, *WEEKDAYS)))
 
 
 def is_temporal(question: str, category: str | None = None) -> bool:
