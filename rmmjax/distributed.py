@@ -25,18 +25,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rmmjax.encode.cache import per_host
 
 DATA_AXIS = "data"
-# Environment variables that say a cluster launched this process with others.
+# Environment variables that say a cluster launched this process with others: a count above 1,
+# or (the last) a comma-separated list of hosts.
 _CLUSTER_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
 
 
 def _launched_by_cluster() -> bool:
-  for name in _CLUSTER_ENV:
-    value = os.environ.get(name, "")
-    if name == "TPU_WORKER_HOSTNAMES" and "," in value:
-      return True
-    if value.isdigit() and int(value) > 1:
-      return True
-  return False
+  values = [os.environ.get(name, "") for name in _CLUSTER_ENV]
+  return "," in values[-1] or any(v.isdigit() and int(v) > 1 for v in values)
 
 
 def check_flags(coordinator: str | None, num_processes: int | None,

@@ -109,13 +109,13 @@ class Online:
 
 def _runs_of_one_shape(batches: Iterable, chunk: int) -> list[list]:
   """Consecutive batches grouped while their shapes agree, at most `chunk` to a group."""
+  def shapes(batch):
+    return [np.shape(x) for x in jax.tree.leaves(batch)]
+
   groups: list[list] = []
   for batch in batches:
-    shapes = [np.shape(x) for x in jax.tree.leaves(batch)]
-    last = groups[-1] if groups else None
-    if (last is not None and len(last) < chunk
-        and [np.shape(x) for x in jax.tree.leaves(last[0])] == shapes):
-      last.append(batch)
+    if groups and len(groups[-1]) < chunk and shapes(groups[-1][0]) == shapes(batch):
+      groups[-1].append(batch)
     else:
       groups.append([batch])
   return groups

@@ -227,10 +227,12 @@ def parse_verdict(reply: Reply) -> Verdict:
 
 @dataclasses.dataclass(frozen=True)
 class Sufficiency:
+  """A sufficiency verdict (also what every judge of `rmmjax.retrieve.judges` gives)."""
+
   label: Literal["EXACT", "INFERRABLE", "PARTIAL"]
-  confidence: float  # in [0, 1]
-  missing: str
-  malformed: bool  # label or confidence unusable: PARTIAL at confidence 0 keeps the search going
+  confidence: float  # in [0, 1]: how sufficient the evidence is
+  missing: str  # what is still needed ("" when nothing is)
+  malformed: bool = False  # output unusable: PARTIAL at confidence 0 keeps the search going
 
 
 def parse_sufficiency(reply: Reply) -> Sufficiency:

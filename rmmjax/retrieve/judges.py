@@ -9,30 +9,21 @@ and a note on what is missing, which drives the next query.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, final
 
 from rmmjax.llm.base import LLM, LLMError
-from rmmjax.llm.parse import parse_sufficiency
+from rmmjax.llm.parse import Sufficiency, parse_sufficiency
 from rmmjax.llm.prompts import sufficiency_judge
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.refine import (content_terms, has_time_expression, is_temporal,
                                     named_entities, stem, words)
 
 Label = Literal["EXACT", "INFERRABLE", "PARTIAL"]
+Verdict = Sufficiency
 JUDGE_TOKENS = 256  # the LLM judge's reply: a label, a confidence and a short note
 _DATE_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*")  # a fact's "[8 May 2023] " session-date prefix
-
-
-@final
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-  label: Label
-  confidence: float  # in [0, 1]: how sufficient the evidence is
-  missing: str  # what is still needed ("" when nothing is)
-  malformed: bool = False  # the judge's output was unusable: PARTIAL at 0 keeps the search going
 
 
 def verdict_reward(label: str, confidence: float) -> float:
@@ -91,10 +82,7 @@ class LLMJudge(SufficiencyJudge):
       reply = self.llm.chat_structured(prompt.messages, prompt.schema, max_tokens=JUDGE_TOKENS)
     except LLMError:
       return Verdict("PARTIAL", 0.0, "", malformed=True)
-    parsed = parse_sufficiency(reply)
-    if parsed.malformed:
-      return Verdict("PARTIAL", 0.0, parsed.missing, malformed=True)
-    return Verdict(parsed.label, parsed.confidence, parsed.missing)
+    return parse_sufficiency(reply)
 
 
 @final
