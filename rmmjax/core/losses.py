@@ -37,12 +37,9 @@ def masked_mean(values_B: jax.Array, present_B: jax.Array) -> jax.Array:
 
 def baseline_values(kind: jax.Array, constant: jax.Array, running_mean: jax.Array,
                     reward_B: jax.Array, present_B: jax.Array | None = None) -> jax.Array:
-  """The baseline b for each query in a batch, b_B.
-
-  kind indexes BASELINE_KINDS: constant b; running mean of past rewards; batch mean of the other
-  present queries' rewards (leave-one-out, so a query's own reward never enters its baseline;
-  0 when it has no company).
-  """
+  """b_B by `kind` (an index into BASELINE_KINDS): constant b; running mean of past rewards;
+  batch mean of the other present queries' rewards (leave-one-out, so a query's own reward
+  never enters its baseline; 0 when it has no company)."""
   if present_B is None:
     present_B = jnp.ones(reward_B.shape, bool)
   others_B = jnp.sum(present_B).astype(reward_B.dtype) - present_B.astype(reward_B.dtype)
@@ -85,10 +82,8 @@ def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: 
 
 def listwise_loss(scores_BxK: jax.Array, relevant_BxK: jax.Array, mask_BxK: jax.Array,
                   tau: jax.Array | float = 1.0) -> jax.Array:
-  """Softmax cross-entropy with several positives (labels spread evenly over the relevant).
-
-  Queries without a valid relevant candidate contribute nothing.
-  """
+  """Softmax cross-entropy with several positives (labels spread evenly over the relevant);
+  queries without a valid relevant candidate contribute nothing."""
   labels_BxK = (relevant_BxK & mask_BxK).astype(jnp.float32)
   has_pos_B = jnp.sum(labels_BxK, -1) > 0
   labels_BxK = labels_BxK / jnp.maximum(jnp.sum(labels_BxK, -1, keepdims=True), 1.0)
@@ -136,14 +131,10 @@ PRETRAIN_LOSSES = {"softmax": listwise_loss, "lambda": lambda_loss, "weakest": w
 
 def grouped_listwise_loss(scores_BxK: jax.Array, covers_BxKxE: jax.Array, mask_BxK: jax.Array,
                           tau: jax.Array | float = 1.0) -> jax.Array:
-  """Listwise loss over evidence items that several candidates may cover (facts of one turn).
-
-  The softmax over candidates is a distribution over what to retrieve; each evidence item e
-  earns the log of the mass on the candidates that cover it, -log sum_{k covers e} p_k, averaged
-  over the items some valid candidate covers (queries without one contribute nothing). Unlike
+  """Listwise loss over evidence items that several candidates may cover (facts of one turn):
+  -log sum_{k covers e} softmax_k, averaged over the items some valid candidate covers. Unlike
   `listwise_loss`, which spreads the labels over every relevant candidate, one good fact of a
-  turn suffices: the turn's other clauses ("that's great!") are not pushed up with it.
-  """
+  turn suffices: the turn's other clauses ("that's great!") are not pushed up with it."""
   logits_BxK = jnp.where(mask_BxK, scores_BxK / tau, -1e30)
   log_p_BxK = jax.nn.log_softmax(logits_BxK, -1)
   covers_BxKxE = covers_BxKxE & mask_BxK[:, :, None]

@@ -31,11 +31,8 @@ class LowRank(struct.PyTreeNode):
     return sum(self.left_BxP[b][:, None] * self.right_BxQ[b][None, :] for b in range(rank))
 
   def sq_norm(self) -> jax.Array:
-    """The squared Frobenius norm, through Gram matrices when that is cheaper.
-
-    ||sum_b l_b r_b^T||^2 = sum_{b,c} (l_b . l_c)(r_b . r_c) costs B^2 (P + Q) instead of the
-    B P Q of forming the matrix.
-    """
+    """The squared Frobenius norm, through Gram matrices when cheaper: ||sum_b l_b r_b^T||^2 =
+    sum_{b,c} (l_b . l_c)(r_b . r_c) costs B^2 (P + Q), not the B P Q of forming the matrix."""
     (rank, p), q = self.left_BxP.shape, self.right_BxQ.shape[1]
     if rank * (p + q) >= p * q:
       return jnp.sum(jnp.square(self.dense()))

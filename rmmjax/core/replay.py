@@ -46,12 +46,9 @@ def rerank_recall(params, batch: Batch, spec) -> tuple[jax.Array, jax.Array]:
 
 
 def replay_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-  """One online REINFORCE update from simulated citations.
-
-  Its forward pass also ranks the batch deterministically with the reranker as it stands
-  (`train_step(prequential=True)`), so `recall_sum_before` / `present` is the prequential
-  recall: what a user would have received.
-  """
+  """One online REINFORCE update from simulated citations; its forward pass also ranks the batch
+  with the reranker as it stands, so `recall_sum_before` / `present` is the prequential recall:
+  what a user would have received."""
   state, metrics = train_step(state, batch, jax.random.fold_in(state.key, _REPLAY_STREAM),
                               prequential=True)
   present_B = jnp.any(batch.mask_BxK, -1)
@@ -68,13 +65,10 @@ def replay_steps(state: TrainState, stream_SxB: Batch, num_steps: int) -> tuple[
 
 def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,
                  stream_id: jax.Array | int = 0) -> dict:
-  """Scores every question of a stream with the reranker as it stands; with adapt, the reranker
-  then learns from that batch's simulated citations before the next batch arrives.
-
-  `stream_id` is folded into the key, so streams replayed side by side (vmapped) draw their
-  own Gumbel noise and citations. Returns recall_SxB (top-M recall of each question, 0 for
-  absent ones) and scores_SxBxK.
-  """
+  """recall_SxB (top-M recall, 0 for absent questions) and scores_SxBxK of every question of a
+  stream under the reranker as it stands; with adapt, it then learns from each batch's simulated
+  citations before the next arrives. `stream_id` gives streams vmapped side by side their own
+  Gumbel noise and citations."""
   key = jax.random.fold_in(jax.random.fold_in(state.key, _HELDOUT_STREAM), stream_id)
 
   def body(state, batch):
@@ -91,12 +85,9 @@ def prequential(state: TrainState, stream_SxB: Batch, adapt: bool,
 
 def pretrain(state: TrainState, questions_N: Batch, epochs: int,
              batch_sharding=None) -> tuple[TrainState, jax.Array]:
-  """Supervised listwise pretraining on labelled relevance: `epochs` shuffled passes over N
-  questions in batches of spec.batch (the last partial batch of each pass is dropped).
-
-  Uses the state's hyperparameters (lr, tau); returns the state and the loss of every step.
-  `batch_sharding` (static) places each pass's batches, (steps, batch, ...), over devices.
-  """
+  """Supervised listwise pretraining under the state's lr and tau: `epochs` shuffled passes over
+  N questions in batches of spec.batch (each pass's last partial batch dropped); the state and
+  every step's loss. `batch_sharding` (static) places a pass's (steps, batch, ...) batches."""
   b = state.spec.batch
   num = questions_N.mask_BxK.shape[0]
   per_epoch = num // b

@@ -50,11 +50,9 @@ def top_m(scores_K: jax.Array, m: int, mask_K: jax.Array | None = None) -> jax.A
 def selection_log_prob_terms(scores_K: jax.Array, selected_M: jax.Array,
                              tau: jax.Array | float, mask_K: jax.Array | None = None,
                              surrogate: bool = False) -> jax.Array:
-  """Per-position log-probability terms of an ordered selection; -1 positions give 0.
-
+  """Per-position log-probability terms of an ordered selection (0 at -1 positions).
   Plackett-Luce: term_j = s_j/tau - logsumexp over the valid candidates not selected before j.
-  Surrogate (paper): term_j = log_softmax(s/tau)_j over all valid candidates.
-  """
+  Surrogate (paper): term_j = log_softmax(s/tau)_j over all valid candidates."""
   mask_K = _default_mask(scores_K, mask_K)
   k = scores_K.shape[0]
   logits_K = scores_K / tau

@@ -69,10 +69,8 @@ def make_world(sim: SimSpec, dim: int) -> World:
 
 def _sample_query(bank_NxD: jax.Array, valid_N: jax.Array, rotation_DxD: jax.Array,
                   u_N1: jax.Array, noise_D: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
-  """One query about some of a bank's memories, with its base-retriever candidates.
-
-  u_N1 holds N + 1 uniforms (which memories, then how many), noise_D standard normals.
-  """
+  """One query about some of a bank's memories, with its base-retriever candidates; u_N1 holds
+  N + 1 uniforms (which memories, then how many), noise_D standard normals."""
   n = bank_NxD.shape[0]
   # A uniform draw of distinct valid memories: the top of random keys over the valid ones.
   _, picks_R = jax.lax.top_k(jnp.where(valid_N, u_N1[:n], -1.0), sim.max_relevant)
@@ -89,11 +87,9 @@ def _sample_query(bank_NxD: jax.Array, valid_N: jax.Array, rotation_DxD: jax.Arr
 
 
 def sample_session(world: World, key: jax.Array, sim: SimSpec, spec: CoreSpec) -> Batch:
-  """One user's session: spec.batch queries against that user's bank (a training batch).
-
-  All of a session's randomness comes from two draws (uniforms and normals): on a CPU each
-  random-number kernel is a small loop, and a simulated step should not be dominated by them.
-  """
+  """One user's session: spec.batch queries against that user's bank (a training batch). Its
+  randomness is two draws (uniforms, normals): on a CPU each random-number kernel is a small
+  loop, which should not dominate a simulated step."""
   k_uniform, k_normal = jax.random.split(key)
   num_users, n, d = world.bank_UxNxD.shape
   u = jax.random.uniform(k_uniform, (1 + spec.batch * (n + 1),))
@@ -124,10 +120,7 @@ def sample_eval_batch(world: World, sim: SimSpec, spec: CoreSpec, sessions: int)
 
 def simulate_citations(uniform_BxM: jax.Array, relevant_BxM: jax.Array, selected_BxM: jax.Array,
                        p_rel: jax.Array, p_irr: jax.Array) -> jax.Array:
-  """Which selected memories the simulated generator cites (False where nothing was selected).
-
-  uniform_BxM: one Uniform(0, 1) draw per position; a memory is cited when its draw falls
-  below p_rel (relevant) or p_irr (irrelevant).
-  """
+  """Which selected memories the simulated generator cites: those whose uniform draw falls
+  below p_rel (relevant) or p_irr (irrelevant); False where nothing was selected."""
   p_BxM = jnp.where(relevant_BxM, p_rel, p_irr)
   return (uniform_BxM < p_BxM) & (selected_BxM >= 0)

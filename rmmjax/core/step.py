@@ -51,12 +51,9 @@ def gather_positions(values_BxK: jax.Array, selected_BxM: jax.Array) -> jax.Arra
 
 
 def recall_per_query(selected_BxM: jax.Array, batch: Batch) -> jax.Array:
-  """Recall of each query's selection, recall_B.
-
-  With evidence labels (batch.evidence_BxKxE): evidence items covered by any selected
-  candidate / the query's evidence items. Without: relevant memories selected / relevant
-  memories in the bank (the same number when every candidate is one evidence item).
-  """
+  """recall_B: evidence items (batch.evidence_BxKxE) covered by a selected candidate / the
+  query's evidence items; without evidence labels, relevant memories selected / relevant
+  memories in the bank (the same number when every candidate is one evidence item)."""
   if batch.evidence_BxKxE is None:
     hits_B = jnp.sum(gather_positions(batch.relevant_BxK, selected_BxM), -1)
   else:
@@ -127,12 +124,11 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
                prequential: bool = False) -> tuple[TrainState, dict]:
   """Select with the current reranker, draw simulated citations, update with REINFORCE.
 
-  The key is the run's step stream; the step number is folded in here. `scorer(params, batch)`
-  -> (scores_BxK, pullback) replaces the reranker when the parameters are something else (the
-  encoder itself, for REINFORCE on the retriever). With `prequential` (static) the metrics add
-  what the reranker as it stands would have served, from the same forward pass as the update:
-  each query's deterministic top-M recall (`recall_B`) and the scores (`scores_BxK`).
-  """
+  `key` is the run's step stream (the step number is folded in here). `scorer(params, batch)`
+  -> (scores_BxK, pullback) stands in for the reranker when the parameters are another's (the
+  encoder's, for REINFORCE on the retriever). With `prequential` (static) the metrics add, from
+  the same forward pass, what the reranker as it stands would have served: `recall_B` (top M)
+  and `scores_BxK`."""
   spec, hp = state.spec, state.hparams
   # One draw of uniforms for the whole step: Gumbel noise for selection, then citation coins.
   num_queries, k = batch.mask_BxK.shape
@@ -159,10 +155,8 @@ def train_step(state: TrainState, batch: Batch, key: jax.Array,
 
 def supervised_step(state: TrainState, batch: Batch, scorer: Callable | None = None,
                     loss_fn: Callable = losses.listwise_loss) -> tuple[TrainState, dict]:
-  """One step of listwise pretraining on labelled relevance (softmax CE, several positives;
-  `loss_fn` another of `losses.PRETRAIN_LOSSES`).
-
-  `scorer` as in `train_step`."""
+  """One step of listwise pretraining on labelled relevance (`loss_fn`: one of
+  `losses.PRETRAIN_LOSSES`; `scorer` as in `train_step`)."""
   scorer = scorer or (lambda params, batch: scores_and_pullback(params, batch, state.spec))
   scores_BxK, pullback = scorer(state.params, batch)
   loss, g_scores_BxK = jax.value_and_grad(loss_fn)(

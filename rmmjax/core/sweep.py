@@ -17,13 +17,10 @@ _DATA_STREAM, _STEP_STREAM = 1, 2
 
 def run_steps(state: TrainState, world: simulate.World, sim: simulate.SimSpec,
               num_steps: int, batch_sharding=None) -> tuple[TrainState, dict]:
-  """Advances a run by num_steps simulated steps; returns the state and per-step metrics.
-
-  Step t always sees the batch and noise of step t, however the run is cut into segments, so a
-  resumed run repeats an uninterrupted one exactly. `batch_sharding` (a jax.sharding.Sharding,
-  static) splits each drawn batch over devices: data parallelism, the gradient reduced by the
-  compiler.
-  """
+  """Advances a run by num_steps simulated steps; the state and per-step metrics. Step t sees the
+  batch and noise of step t however the run is cut, so a resumed run repeats an uninterrupted
+  one. `batch_sharding` (static) splits each batch over devices; the compiler reduces the
+  gradient."""
   data_key = jax.random.fold_in(state.key, _DATA_STREAM)
   step_key = jax.random.fold_in(state.key, _STEP_STREAM)
 

@@ -1,12 +1,10 @@
 """LoCoMo (Maharana et al., 2024): long two-person chats in dated sessions, with evidence-labelled
 questions. Evidence ids are parsed leniently; every repair or drop is counted in a LoadReport.
 
-Field types follow the released schema. Strings: sample_id, a turn's dia_id, speaker and text
-(and blip_caption), session dates, a question. A list: qa, each session_<N> (a null session is
-absent), a question's evidence. An object: conversation, each turn, each question. answer and
-adversarial_answer: a string or a number (the release has both); category: a number 1..5.
-Anything else is refused with a MalformedData naming the file, the record (index and sample_id),
-the field, the value and what was expected. Two departures are read and counted as repairs:
+Field types follow the released schema (a null session_<N> is absent; answer and
+adversarial_answer may be a string or a number, as in the release); anything else is refused
+with a MalformedData naming the file, the record (index and sample_id), the field, the value and
+what was expected. Two departures are read and counted as repairs:
 - evidence given as one string instead of a list ("D1:3", or "D1:3; D2:4") is read as a list
   holding that string;
 - category given as its digit string ("2") or as the name the loader gives it ("temporal";

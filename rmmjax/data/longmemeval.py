@@ -6,12 +6,9 @@ answer_session_ids. Evidence turns are those marked has_answer; where none is ma
 of the answer sessions is evidence (counted). Abstention questions have no evidence and are
 skipped (counted).
 
-Field types: strings for question_id, question, question_type, each session id and date, a
-turn's role and content; a string or a number for answer; lists for haystack_session_ids,
-haystack_dates, haystack_sessions (each a list of turn objects) and answer_session_ids (of
-strings); a boolean for has_answer. Anything else is refused with a MalformedData naming the
-file, the record (index and question_id), the field, the value and what was expected. Fields the
-loader does not use (question_date) are not checked.
+Field types are those documented (answer may be a string or a number); anything else is refused
+with a MalformedData naming the file, the record (index and question_id), the field, the value
+and what was expected. Fields the loader does not use (question_date) are not checked.
 """
 
 from __future__ import annotations

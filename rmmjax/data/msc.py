@@ -4,11 +4,9 @@ Sessions 1 and 2 come without speakers (the two alternate, Speaker 1 first); a f
 turns carry a number instead of "Speaker 1/2" and are given the alternating speaker, counted.
 MSC has no questions; its per-speaker persona summaries are kept as `personas`.
 
-Field types follow the release: objects for an episode, its metadata, each previous dialog and
-each turn; lists for previous_dialogs, each dialog and personas (lists of strings); strings for
-initial_data_id, a turn's text and time_back; a session-3 turn's id is a string or a number.
-Anything else is refused with a MalformedData naming the file, the record (index, counting
-records from 0, and initial_data_id), the field, the value and what was expected.
+Field types follow the release (a session-3 turn's id may be a string or a number); anything
+else is refused with a MalformedData naming the file, the record (index, counting records from
+0, and initial_data_id), the field, the value and what was expected.
 """
 
 from __future__ import annotations

@@ -23,10 +23,8 @@ _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
 def read_records(path: str | Path, expected: str, noun: str = "records") -> list[dict]:
-  """The records of a JSON list or JSON Lines file; MalformedData naming the file otherwise.
-
-  `expected` says what the file should be (it ends every message); `noun` names the records
-  ("conversations") in the message for a file that holds none."""
+  """The records of a JSON list or JSON Lines file; otherwise a MalformedData naming the file and
+  ending with `expected`, what it should be (`noun` names the records in an empty list's)."""
   path = Path(path)
   text = _text(path, expected)
   start = _SPACE.match(text).end()

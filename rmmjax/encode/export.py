@@ -111,19 +111,18 @@ def _write_sentence_transformers_files(encoder: SentenceEncoder, src: Path, dst:
                 {"word_embedding_dimension": encoder.dim,
                  **{k: k == "pooling_mode_mean_tokens" for k in POOLING_MODES}})
   (dst / "2_Normalize").mkdir()  # Normalize has no weights; its defaults are the L2 norm
-  st_config = src / "sentence_bert_config.json"
-  if st_config.is_file():
-    shutil.copyfile(st_config, dst / "sentence_bert_config.json")
-  else:  # the length SentenceEncoder truncates to, so both readers cut texts alike
-    _write_json(dst / "sentence_bert_config.json",
-                {"max_seq_length": encoder.max_length, "do_lower_case": False})
-  st_model = src / "config_sentence_transformers.json"
-  if st_model.is_file():
-    shutil.copyfile(st_model, dst / "config_sentence_transformers.json")
-  else:
-    _write_json(dst / "config_sentence_transformers.json",
-                {"model_type": "SentenceTransformer", "prompts": {},
-                 "default_prompt_name": None, "similarity_fn_name": "cosine"})
+  # Written when the source has none: the length SentenceEncoder truncates to (so both readers
+  # cut texts alike), and sentence-transformers' own defaults.
+  for name, default in (
+      ("sentence_bert_config.json", {"max_seq_length": encoder.max_length,
+                                     "do_lower_case": False}),
+      ("config_sentence_transformers.json", {"model_type": "SentenceTransformer", "prompts": {},
+                                             "default_prompt_name": None,
+                                             "similarity_fn_name": "cosine"})):
+    if (src / name).is_file():
+      shutil.copyfile(src / name, dst / name)
+    else:
+      _write_json(dst / name, default)
 
 
 def _check_out_dir(out_dir: Path) -> None:

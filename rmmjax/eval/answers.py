@@ -58,12 +58,9 @@ def rouge_l(prediction: str, gold: Gold) -> float:
 
 
 def judge_answer(llm: LLM, question: str, gold: Gold, prediction: str) -> Verdict:
-  """The LLM judge's verdict on one answer; a malformed reply is flagged (and left out of the
-  judge's mean by answer_row).
-
-  LLMError (the call itself failed) propagates: a question whose judging failed must not be
-  scored as wrong.
-  """
+  """The LLM judge's verdict on one answer; a malformed reply is flagged (answer_row leaves it
+  out of the judge's mean). LLMError propagates: a question whose judging failed must not be
+  scored as wrong."""
   prompt = answer_judge(question, str(gold), prediction, max_chars=llm.prompt_chars())
   return parse_verdict(llm.chat_structured(prompt.messages, prompt.schema))
 
@@ -120,13 +117,9 @@ def _summary(group: list[dict]) -> dict:
 
 
 def aggregate_answers(rows: list[tuple[str, dict]]) -> dict:
-  """{"overall": summary, "by_category": {category: summary}} from (category, answer_row) rows.
-
-  A summary holds each metric's mean over the questions where it is defined (None when it is
-  defined for none; a failed answer counts as wrong for the judge), how many were skipped for
-  the citation metrics, and the counts of questions, judged answers, failed answers, malformed
-  verdicts and malformed answers.
-  """
+  """{"overall": summary, "by_category": {category: summary}} from (category, answer_row) rows:
+  each metric's mean over the questions where it is defined (None where nowhere), how many the
+  citation metrics skipped, and the counts of `_summary`."""
   if not rows:
     raise ValueError("no questions to aggregate")
   categories = sorted({str(c) for c, _ in rows})

@@ -91,11 +91,8 @@ def search(q_QxD: np.ndarray, bank_NxD: np.ndarray, k: int, devices=None) -> np.
 
 
 class DenseRetriever:
-  """Ranks a fixed list of texts by the inner product of their embeddings with the query's.
-
-  A separate query encoder (a fine-tuned one) may embed the queries; the bank keeps the
-  embeddings it was indexed with.
-  """
+  """Ranks a fixed list of texts by the inner product of their embeddings with the query's (a
+  fine-tuned query encoder may embed the queries; the bank keeps its own embeddings)."""
 
   def __init__(self, texts: list[str], encoder, query_encoder=None):
     self._encoder = query_encoder or encoder

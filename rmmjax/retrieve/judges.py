@@ -27,13 +27,10 @@ _DATE_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*")  # a fact's "[8 May 2023] " sess
 
 
 def verdict_reward(label: str, confidence: float) -> float:
-  """A scalar reward in [-1, 1] for the evidence a verdict judged, usable beside citation rewards.
-
-  EXACT -> +confidence, INFERRABLE -> +confidence / 2, PARTIAL -> confidence - 1. Sufficient
-  evidence earns a positive reward that grows with the judge's confidence (stated outright beats
-  inferred); insufficient evidence earns a negative one, -1 when nothing was found, nearer 0 as
-  more of it was. A malformed verdict carries no information: callers give it 0, not this.
-  """
+  """A reward in [-1, 1] for the evidence a verdict judged, usable beside citation rewards:
+  sufficient evidence earns more the surer the judge (stated outright beats inferred),
+  insufficient evidence -1 when nothing was found, nearer 0 as more of it was. A malformed
+  verdict carries no information: callers give it 0, not this."""
   if label == "EXACT":
     return float(confidence)
   if label == "INFERRABLE":

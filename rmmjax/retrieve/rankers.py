@@ -9,11 +9,8 @@ RETRIEVERS = ("bm25", "dense", "hybrid")
 
 
 def make_retriever(name: str, texts: list[str], encoder, query_encoder=None):
-  """A ranker over texts: BM25, dense (the encoder), or their reciprocal-rank fusion.
-
-  `query_encoder` (a fine-tuned one) embeds the queries of dense search; the texts keep the
-  embeddings `encoder` gives them.
-  """
+  """A ranker over texts: BM25, dense (the encoder), or their reciprocal-rank fusion; a
+  fine-tuned `query_encoder` embeds the queries of dense search, `encoder` the texts."""
   if name == "bm25":
     return BM25Retriever(texts)
   dense = DenseRetriever(texts, encoder, query_encoder)
