@@ -125,9 +125,3 @@ class LoadReport:
   def note(self, what: str, example: str) -> None:
     self.counts[what] += 1
     self.examples.setdefault(what, example)
-
-  def summary(self) -> str:
-    if not self.counts:
-      return "no repairs or drops"
-    return "; ".join(f"{what}: {n} (e.g. {self.examples[what]})"
-                     for what, n in sorted(self.counts.items()))

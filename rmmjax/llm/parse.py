@@ -135,15 +135,11 @@ def parse_topics(reply: Reply, shown_turn_ids: Sequence[str]) -> TopicExtraction
     if not isinstance(summary, str) or not summary.strip() or not isinstance(raw_ids, list):
       dropped_topics += 1
       continue
-    kept: list[str] = []
-    for raw in raw_ids:
-      turn_id = raw.strip().strip("[]").strip() if isinstance(raw, str) else None
-      if isinstance(raw, int) and not isinstance(raw, bool):
-        turn_id = str(raw)  # models turn numeric-looking ids into numbers
-      if turn_id not in shown:
-        dropped_ids += 1
-      elif turn_id not in kept:
-        kept.append(turn_id)
+    ids = [raw.strip().strip("[]").strip() if isinstance(raw, str)
+           else str(raw) if isinstance(raw, int) and not isinstance(raw, bool)  # "7" written as 7
+           else None for raw in raw_ids]
+    kept = list(dict.fromkeys(turn_id for turn_id in ids if turn_id in shown))
+    dropped_ids += sum(turn_id not in shown for turn_id in ids)
     if kept:
       topics.append(Topic(summary.strip(), tuple(kept)))
     else:
@@ -197,15 +193,9 @@ def parse_answer(reply: Reply, n_shown: int) -> CitedAnswer:
     answer = str(answer)
   if not isinstance(answer, str) or not isinstance(citations, list):
     return CitedAnswer(answer if isinstance(answer, str) else "", (), 0, malformed=True)
-  cited: list[int] = []
-  invalid = 0
-  for entry in citations:
-    position = _position(entry, n_shown)
-    if position is None:
-      invalid += 1
-    elif position not in cited:
-      cited.append(position)
-  return CitedAnswer(answer.strip(), tuple(cited), invalid, malformed=False)
+  positions = [_position(entry, n_shown) for entry in citations]
+  cited = tuple(dict.fromkeys(p for p in positions if p is not None))
+  return CitedAnswer(answer.strip(), cited, positions.count(None), malformed=False)
 
 
 @dataclasses.dataclass(frozen=True)
