@@ -105,9 +105,8 @@ def _wait_for(coordinator: str, timeout_s: int) -> None:
 
 
 def host_cache(path: Path) -> Path:
-  """The embedding cache this process uses: `path` itself on one process; over several, a file
-  of this host's own beside it (`rmmjax.encode.cache.per_host`: SQLite is not safe on a file
-  system that several hosts share)."""
+  """The embedding cache this process uses: `path` itself on one process; over several, this
+  host's own file beside it (`rmmjax.encode.cache.per_host`)."""
   if jax.process_count() == 1:
     return path
   return per_host(Path(path), socket.gethostname())

@@ -2,11 +2,8 @@
 data parallel over a mesh) and the online loop (`Online`: a learner's step over its stream).
 
 Every learner's supervised fit (the cross reranker's and the query encoder's pretraining, IRIS's
-anchor, refinement encoder and judge) runs here; the learner says what a step is and what the
-batches of an epoch are (its order, its candidate subsets, its packing, all drawn from the seed
-and the epoch alone), and this loop owns the rest: compiling the step, placing the state on the
-devices and each batch split over them, running consecutive batches of one shape as one scan,
-the progress bar, and the host's waits, which happen only where the bar shows the loss.
+anchor, refinement encoder and judge) runs here: the learner gives the step and each epoch's
+batches (drawn from the seed and the epoch alone), this loop everything else.
 The embedding rerankers' pretraining stays one compiled program (rmmjax.core.replay.pretrain),
 since the replay experiments vmap it over configurations and folds; so do the latent simulator's
 runs (rmmjax.core.sweep), whose batches are drawn inside the program.

@@ -56,13 +56,10 @@ def reinforce_loss(scores_BxK: jax.Array, selected_BxM: jax.Array, rewards_BxM: 
                    baseline_B: jax.Array, tau: jax.Array, mask_BxK: jax.Array,
                    credit: str = "set", surrogate: bool = False):
   """REINFORCE loss -(R - b) log P(selection), averaged over the batch's present queries;
-  returns (loss, aux: the mean advantage and the mean log-probability).
-
-  Gradients flow into scores_BxK alone; selected_BxM is -1 where nothing was selected. `credit`
-  "set" weights the whole selection's log-probability by the set reward (mean over the
-  selected), "position" each position's term by its own reward. `surrogate`: the paper's
-  sum-of-log-softmax instead of the Plackett-Luce log-probability.
-  """
+  returns (loss, aux: the mean advantage and the mean log-probability). Gradients flow into
+  scores_BxK alone. `credit` "set" weights the whole selection's log-probability by the set
+  reward (mean over the selected), "position" each position's term by its own reward.
+  `surrogate`: the paper's sum-of-log-softmax instead of the Plackett-Luce log-probability."""
   terms_BxM = jax.vmap(selection_log_prob_terms, in_axes=(0, 0, None, 0, None))(
       scores_BxK, selected_BxM, tau, mask_BxK, surrogate)
   taken_BxM = selected_BxM >= 0

@@ -81,7 +81,6 @@ def _evidence(qa: dict, where: str, path: Path, report: LoadReport, example: str
 
 
 def _session(chat: dict, n: int, where: str, path: Path) -> tuple[str, list[Turn]]:
-  """The date and turns of session_<n>."""
   date = optional(chat, f"session_{n}_date_time", where, path, STRING, "")
   turns = []
   for j, turn in enumerate(chat[f"session_{n}"]):

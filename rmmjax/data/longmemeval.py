@@ -24,7 +24,6 @@ _BOOLEAN = ((bool,), "true or false")
 
 
 def _strings(rec: dict, key: str, where: str, path: Path, required: bool = True) -> list[str]:
-  """A field holding a list of strings."""
   expected = "a list of strings"
   values = (require(rec, key, where, path, LIST, expected) if required else
             optional(rec, key, where, path, LIST, [], expected))

@@ -41,7 +41,6 @@ def _turns(dialog: list, session: int, where: str, path: Path, report: LoadRepor
 
 
 def _personas(episode: dict, where: str, path: Path) -> tuple[tuple[str, ...], ...]:
-  """Per-speaker persona facts: a list of lists of strings."""
   personas = optional(episode, "personas", where, path, LIST, [], "a list of lists of facts")
   for s, facts in enumerate(personas):
     check(facts, LIST, f"personas[{s}]", where, path, "a list of fact strings")

@@ -24,12 +24,9 @@ def config_from_dir(model_dir: Path) -> BertConfig:
 
 
 def weight_names(cfg: BertConfig, head: bool = False) -> list[tuple[tuple[str, str], str, bool]]:
-  """(Flax path, Hugging Face name, transposed) of every weight the encoder uses; with `head`,
-  also BERT's pooler and a one-label classifier above it (a cross reranker's).
-
-  The one table both `load_params` and the exporters read, so that they stay exact inverses.
-  PyTorch Linear stores (out, in); a Flax Dense kernel is (in, out): those are transposed.
-  """
+  """(Flax path, Hugging Face name, transposed) of every weight the encoder uses (with `head`,
+  also a cross reranker's pooler and one-label classifier): the one table the loader and the
+  exporters read, so they stay exact inverses. Linear (out, in) vs Dense (in, out): transposed."""
   def dense(flax: str, hf: str):
     return [((flax, "kernel"), f"{hf}.weight", True), ((flax, "bias"), f"{hf}.bias", False)]
 

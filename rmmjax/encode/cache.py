@@ -14,13 +14,10 @@ import hashlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
-
-T = TypeVar("T")
 
 # Long enough to outlast another process's largest write (one batch of embeddings).
 BUSY_TIMEOUT_S = 60.0
@@ -117,46 +114,36 @@ class EmbeddingCache:
     return CacheError(f"embedding cache {self.path} cannot be {doing} (sqlite: {reason}): "
                       f"{remedy}")
 
-  def _run(self, doing: str, work: Callable[[], T]) -> T:
-    """work(), with an SQLite failure (corruption may first show on a read) as a CacheError."""
+  @contextlib.contextmanager
+  def _failing_as(self, doing: str):
+    """An SQLite failure in the block (corruption may first show on a read) as a CacheError."""
     try:
-      return work()
+      yield
     except sqlite3.DatabaseError as err:
       raise self._error(err, doing) from None
 
   def get(self, model: str, texts: list[str], dim: int) -> list[np.ndarray | None]:
-    keys = [text_key(t) for t in texts]
-
-    def read() -> dict:
-      found = {}
+    keys, found = [text_key(t) for t in texts], {}
+    with self._failing_as("read"):
       for start in range(0, len(keys), 500):  # SQLite caps the number of bound parameters
         chunk = keys[start:start + 500]
         rows = self._db.execute(
             f"SELECT key, vector FROM embeddings WHERE model = ? AND key IN "
             f"({','.join('?' * len(chunk))})", [model, *chunk]).fetchall()
         found.update((bytes(k), np.frombuffer(v, np.float32)) for k, v in rows)
-      return found
-
-    found = self._run("read", read)
     return [found.get(k) if found.get(k) is not None and found[k].size == dim else None
             for k in keys]
 
   def put(self, model: str, texts: list[str], vectors: np.ndarray) -> None:
     rows = [(model, text_key(t), np.asarray(v, np.float32).tobytes())
             for t, v in zip(texts, vectors, strict=True)]
-
-    def write() -> None:
-      with self._db:  # one transaction: all rows or none
-        self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
-
-    self._run("written", write)
+    with self._failing_as("written"), self._db:  # one transaction: all rows or none
+      self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
 
   def forget(self, texts) -> int:
     """Deletes every model's embedding of these texts; returns how many rows went."""
-    keys = [text_key(t) for t in dict.fromkeys(texts)]
-
-    def delete() -> int:
-      gone = 0
+    keys, gone = [text_key(t) for t in dict.fromkeys(texts)], 0
+    with self._failing_as("written"):
       self._db.execute("PRAGMA secure_delete = ON")  # zero the rows' bytes, not just unlink them
       with self._db:  # one transaction
         for start in range(0, len(keys), 500):
@@ -165,9 +152,7 @@ class EmbeddingCache:
                                    f"({','.join('?' * len(chunk))})", chunk).rowcount
       with contextlib.suppress(sqlite3.Error):  # the log still holds old copies until then
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-      return gone
-
-    return self._run("written", delete)
+    return gone
 
   def close(self) -> None:
     self._db.close()

@@ -125,14 +125,12 @@ class SentenceEncoder:
     the parameters are the loaded ones."""
     texts = list(texts)
     out = np.zeros((len(texts), self.dim), np.float32)
-    todo = list(range(len(texts)))
     use_cache = self.cache is not None and params is None
-    if use_cache:
-      hits = self.cache.get(self.identity, texts, self.dim)
-      todo = [i for i, v in enumerate(hits) if v is None]
-      for i, v in enumerate(hits):
-        if v is not None:
-          out[i] = v
+    hits = self.cache.get(self.identity, texts, self.dim) if use_cache else [None] * len(texts)
+    todo = [i for i, v in enumerate(hits) if v is None]
+    for i, v in enumerate(hits):
+      if v is not None:
+        out[i] = v
     if todo:
       fresh = self._encode_uncached([texts[i] for i in todo], params)
       out[todo] = fresh

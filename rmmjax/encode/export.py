@@ -156,12 +156,9 @@ def _alive(pid: int) -> bool:
 
 def save_encoder(encoder: SentenceEncoder, params: dict | None, out_dir: str | Path, *,
                  metadata: dict | None = None) -> Path:
-  """Writes `encoder` with `params` (its own when None) to `out_dir`, atomically; returns it.
-
-  `metadata` (JSON values, e.g. what the parameters were trained on) goes into
-  rmmjax_export.json and, as strings, into the safetensors header. An existing `out_dir` is
-  replaced only when it is empty or a previous export.
-  """
+  """Writes `encoder` with `params` (its own when None) to `out_dir`, atomically, replacing only
+  an empty folder or a previous export; returns it. `metadata` (JSON values) goes into
+  rmmjax_export.json and, as strings, into the safetensors header."""
   out_dir = Path(out_dir)
   metadata = dict(metadata or {})
   _check_out_dir(out_dir)

@@ -14,11 +14,8 @@ from rmmjax.encode.protocol import encoder_identity
 
 
 class TunedQueryEncoder:
-  """The encoder with fine-tuned parameters, for queries (`DenseRetriever(query_encoder=...)`).
-
-  `identity` names the base encoder and a hash of the tuned weights, so a record of what a
-  reranker was trained with recognises the same tuned encoder wherever its files are.
-  """
+  """The encoder with fine-tuned parameters, for queries (`DenseRetriever(query_encoder=...)`);
+  its identity adds a hash of the tuned weights to the base encoder's."""
 
   def __init__(self, encoder, params):
     self.encoder, self.params, self.dim = encoder, params, encoder.dim

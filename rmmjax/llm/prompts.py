@@ -13,25 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Protocol, final
+from typing import final
 
 from rmmjax.llm.context import fit_texts
 from rmmjax.llm.parse import SUFFICIENCY_LABELS
 
 MAX_TOPICS = 12  # per session; also keeps a looping small model from running to max_tokens
-
-
-class TurnLike(Protocol):
-  """A dialogue turn as the data loaders and the memory bank hold it."""
-
-  @property
-  def turn_id(self) -> str: ...
-
-  @property
-  def speaker(self) -> str: ...
-
-  @property
-  def text(self) -> str: ...
 
 
 @final
@@ -82,9 +69,10 @@ Reply in JSON: {"topics": [{"summary": "...", "turn_ids": ["..."]}]}. Use an emp
 nothing is worth remembering."""
 
 
-def topic_extraction(turns: Sequence[TurnLike], date: str, max_topics: int = MAX_TOPICS, *,
+def topic_extraction(turns: Sequence, date: str, max_topics: int = MAX_TOPICS, *,
                      max_chars: int | None = None) -> Prompt:
-  """Prompt to extract topic memories from one session's turns (some, ids unique), on `date`."""
+  """Prompt to extract topic memories from one session's turns (some, ids unique: anything with
+  a turn_id, speaker and text, as the loaders and the memory bank hold them), on `date`."""
   turn_ids = [turn.turn_id for turn in turns]
   topic = _object(None, {"summary": {"type": "string"},
                          "turn_ids": {"type": "array", "minItems": 1,

@@ -73,7 +73,6 @@ class LLMJudge(SufficiencyJudge):
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
-    """Ask the model; PARTIAL at confidence 0 when its reply or the call is unusable."""
     prompt = sufficiency_judge(question, evidence_texts(facts, raws))
     try:
       reply = self.llm.chat_structured(prompt.messages, prompt.schema, max_tokens=JUDGE_TOKENS)
@@ -100,7 +99,6 @@ class OracleJudge(SufficiencyJudge):
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
-    """EXACT when all evidence turns are covered, else PARTIAL at the fraction covered."""
     found = {fact.turn_id for fact in facts}
     missing = [t for t in self.evidence if t not in found]
     if not missing:
@@ -130,7 +128,6 @@ class HeuristicJudge(SufficiencyJudge):
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
             category: str | None = None) -> Verdict:
-    """The coverage verdict of the class docstring."""
     entities = named_entities(question)
     entity_words = {e.lower() for e in entities}
     terms = [t for t in content_terms(question) if t not in entity_words]

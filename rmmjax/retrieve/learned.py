@@ -74,10 +74,9 @@ class LearnedJudge(SufficiencyJudge):
     q_D = np.asarray(self.store.query_vector(question), np.float32)
     n = max(JUDGE_PAD, -(-len(facts) // JUDGE_PAD) * JUDGE_PAD)
     facts_NxD = np.zeros((n, self.dim), np.float32)
-    mask_N = np.zeros(n, bool)
     if facts:
       facts_NxD[:len(facts)] = self.store.fact_vectors([f.fact_id for f in facts])
-      mask_N[:len(facts)] = True
+    mask_N = np.arange(n) < len(facts)
     return float(jax.nn.sigmoid(_judge_logit(self.params, q_D, facts_NxD, mask_N)))
 
   def judge(self, question: str, facts: Sequence[Fact], raws: Mapping[str, RawTurn], *,
