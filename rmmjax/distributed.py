@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import socket
@@ -194,9 +195,9 @@ def digest(*parts: str | bytes) -> str:
 
 
 # The refusals a pre-flight shares (what the command line reports as a bad input); a message
-# travels cut to this many bytes.
+# travels cut to this many characters, in a row of JSON (ASCII: up to 12 bytes a character).
 REFUSALS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError)
-_MESSAGE_BYTES = 2048
+_MESSAGE_CHARS = 2048
 
 
 @dataclasses.dataclass
@@ -226,27 +227,22 @@ def preflight(what: str):
 
 
 def _compare(what: str, found: Preflight, refusal: str | None) -> None:
-  message = (refusal or "").encode()[:_MESSAGE_BYTES]
-  row = np.zeros(1 + 8 + 32 + 2 + _MESSAGE_BYTES, np.uint8)
-  row[0] = refusal is not None
-  row[1:9] = np.frombuffer(np.int64(found.step).tobytes(), np.uint8)
-  row[9:41] = np.frombuffer(bytes.fromhex(found.digest or "0" * 64), np.uint8)
-  row[41:43] = np.frombuffer(np.uint16(len(message)).tobytes(), np.uint8)
-  row[43:43 + len(message)] = np.frombuffer(message, np.uint8)
+  sent = json.dumps([refusal and refusal[:_MESSAGE_CHARS], found.step, found.digest])
+  row = np.frombuffer(sent.encode().ljust(12 * _MESSAGE_CHARS + 256, b"\0"), np.uint8)
   rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, row.size)
   if refusal is not None:
     return  # this process raises its own refusal
-  for i, r in enumerate(rows):
-    if r[0]:
-      n = int(np.frombuffer(r[41:43].tobytes(), np.uint16)[0])
-      raise ValueError(f"process {i} refused this run: {r[43:43 + n].tobytes().decode()}")
-  steps = [int(np.frombuffer(r[1:9].tobytes(), np.int64)[0]) for r in rows]
+  got = [json.loads(r.tobytes().rstrip(b"\0")) for r in rows]
+  for i, (message, _, _) in enumerate(got):
+    if message is not None:
+      raise ValueError(f"process {i} refused this run: {message}")
+  steps = [step for _, step, _ in got]
   if len(set(steps)) > 1:
     where = ", ".join(f"process {i}: {s}" for i, s in enumerate(steps))
     raise ValueError(f"the processes would start from different steps ({where}): each must "
                      "see the same workdir (on a file system every process shares) and its "
                      "checkpoints")
-  bad = [i for i, r in enumerate(rows) if not (r[9:41] == rows[0][9:41]).all()]
+  bad = [i for i, (_, _, digest) in enumerate(got) if digest != got[0][2]]
   if bad:
     raise ValueError(f"the processes were started with different {what} (process(es) {bad} "
                      "differ from process 0): start every process with the same command and "

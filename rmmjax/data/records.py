@@ -61,8 +61,7 @@ def _text(path: Path, expected: str) -> str:
   """The file's text; a missing path, a directory, an unreadable or non-UTF-8 file named as
   such."""
   if not path.exists():
-    parent = path.parent
-    where = "" if parent.is_dir() else f" (nor does its folder {parent})"
+    where = "" if path.parent.is_dir() else f" (nor does its folder {path.parent})"
     raise FileNotFoundError(f"{path} does not exist{where}; expected {expected}")
   if path.is_dir():
     inside = sorted(p.name for p in path.iterdir()

@@ -64,10 +64,9 @@ def describe(value: object) -> str:
   kind = _KINDS.get(type(value), type(value).__name__)
   if value is None:
     return kind
-  if isinstance(value, (list, dict)):
-    text = _abridged(value)
-  else:  # as the file writes it: true, "D1:3"
-    text = json.dumps(value, ensure_ascii=False, default=repr)
+  # (a scalar as the file writes it: true, "D1:3")
+  text = (_abridged(value) if isinstance(value, (list, dict))
+          else json.dumps(value, ensure_ascii=False, default=repr))
   if len(text) > 60:
     text = text[:57] + "..."
   return f"{kind} ({text})"

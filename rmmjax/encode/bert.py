@@ -6,6 +6,7 @@ itself can be fine-tuned.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -54,10 +55,7 @@ def weight_names(cfg: BertConfig, head: bool = False) -> list[tuple[tuple[str, s
 def param_at(params: dict, path: tuple[str, str]):
   """The leaf at a `weight_names` path ("layer_0/query", "kernel") of a parameter pytree."""
   module, leaf = path
-  node = params
-  for key in (*module.split("/"), leaf):
-    node = node[key]
-  return node
+  return functools.reduce(lambda node, key: node[key], (*module.split("/"), leaf), params)
 
 
 def load_params(model_dir: Path, cfg: BertConfig, head: bool = False) -> dict:

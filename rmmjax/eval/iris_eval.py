@@ -37,6 +37,13 @@ def fact_reranker(reranker, store, encoder, mode: str):
   return FactReranker(reranker.params, reranker.spec, store, mode)
 
 
+def make_judge(name: str, question, store, llm=None):
+  """The judge of one of JUDGES (llm: of the LLM `llm`)."""
+  if name == "oracle":
+    return OracleJudge(question.evidence, store)
+  return LLMJudge(llm) if name == "llm" else HeuristicJudge()
+
+
 def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: IrisSettings | None,
               judge: str = "heuristic", llm=None, reranker=None, rerank_mode: str = "fused",
               retriever: str = "hybrid", progress: bool = False, query_encoder=None,
@@ -56,8 +63,7 @@ def lace_rows(conversations, encoder, ks: tuple[int, ...], iris: IrisSettings | 
     for question in conv.questions:
       if iris is not None:
         chosen = (LearnedJudge(iris_model.judge, store) if iris_model is not None
-                  else OracleJudge(question.evidence, store) if judge == "oracle"
-                  else LLMJudge(llm) if judge == "llm" else HeuristicJudge())
+                  else make_judge(judge, question, store, llm))
         result = iris_retrieve(store, question.question, category=question.category,
                                judge=chosen, settings=iris, reranker=ranker,
                                refiner=refiner)

@@ -20,8 +20,7 @@ def fit_texts(texts: Sequence[str], budget: int | None) -> tuple[list[str], int]
   texts = list(texts)
   if budget is None or sum(map(len, texts)) <= budget or not texts:
     return texts, 0
-  cap = _common_cap(sorted(map(len, texts)), max(budget, 0))
-  cap = max(cap, MIN_ITEM_CHARS)
+  cap = max(_common_cap(sorted(map(len, texts)), max(budget, 0)), MIN_ITEM_CHARS)
   out = [t if len(t) <= cap else t[:max(cap - len(CUT_MARK), 1)].rstrip() + CUT_MARK
          for t in texts]
   return out, sum(len(t) > cap for t in texts)

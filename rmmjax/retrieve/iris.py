@@ -158,7 +158,7 @@ def merge_by_rank(paths: Sequence[Sequence[int]]) -> list[int]:
 def expand(store: EvidenceStore, seeds: Sequence[int], settings: IrisSettings) -> list[int]:
   """Facts within `expand_hops` strong edges of the seeds, not themselves seeds, in entry order."""
   known = dict.fromkeys(seeds)
-  frontier = list(seeds)
+  frontier, num_seeds = list(seeds), len(known)
   for _ in range(settings.expand_hops if settings.use_edges else 0):
     reached = []
     for seed in frontier:
@@ -169,8 +169,7 @@ def expand(store: EvidenceStore, seeds: Sequence[int], settings: IrisSettings) -
           known[fact_id] = None
           reached.append(fact_id)
     frontier = reached
-  seed_set = set(seeds)
-  return [f for f in known if f not in seed_set]
+  return list(known)[num_seeds:]
 
 
 def entity_buffers(store: EvidenceStore, question: str, have: set[int],
