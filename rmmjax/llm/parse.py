@@ -163,8 +163,7 @@ def parse_merge(reply: Reply, n_shown: int) -> MergeDecision:
   data = _load(reply)
   if not isinstance(data, dict):
     return _FELL_BACK
-  action = data.get("action")
-  action = action.strip().lower() if isinstance(action, str) else action
+  action = str(data.get("action")).strip().lower()  # (a value of another type matches nothing)
   if action == "add":
     return MergeDecision("add", None, None, fell_back=False)
   position = _position(data.get("index"), n_shown)
@@ -230,8 +229,7 @@ def parse_sufficiency(reply: Reply) -> Sufficiency:
   data = _load(reply)
   if not isinstance(data, dict):
     return Sufficiency("PARTIAL", 0.0, "", malformed=True)
-  label = data.get("label")
-  label = label.strip().upper() if isinstance(label, str) else None
+  label = str(data.get("label")).strip().upper()  # (a value of another type matches no label)
   missing = data.get("missing")
   missing = missing.strip() if isinstance(missing, str) else ""
   confidence = data.get("confidence")
