@@ -25,7 +25,7 @@ from rmmjax.core import TrainState
 from rmmjax.io.checkpoint import Checkpointer
 from rmmjax.io.manifest import another_version, read_json
 from rmmjax.io.workdir import atomic_path, atomic_write_json, take_lock
-from rmmjax.memory.crypto import Cipher, PlainCipher
+from rmmjax.memory.crypto import Cipher
 
 # The settings a workdir's reranker learnt with: a restart that learns must keep them; one that
 # only serves must keep what the weights score (the candidates and where they come from).
@@ -39,7 +39,7 @@ CROSS_FIELDS = ("tokens", "token_segments")  # a cross reranker's answers keep t
 class AgentWorkdir:
   """The agent's files in one folder; `learning=False` reads them and never writes."""
 
-  def __init__(self, path: Path, settings: dict, *, learning: bool, cipher: Cipher = PlainCipher()):
+  def __init__(self, path: Path, settings: dict, *, learning: bool, cipher: Cipher = Cipher()):
     self.path, self.settings, self.learning = Path(path), settings, learning
     self.cipher = cipher
     self._lock = self._checkpointer = None

@@ -29,7 +29,7 @@ from rmmjax.memory import _schema as schema_sql
 from rmmjax.memory import _user_rows as rows
 from rmmjax.memory import portable
 from rmmjax.memory._connection import connect, transaction
-from rmmjax.memory.crypto import Cipher, FernetCipher, PlainCipher
+from rmmjax.memory.crypto import Cipher, FernetCipher
 from rmmjax.memory.records import (
     BankFileError, BankTurn, LaceSaved, LaceSnapshot, Memory, Merge, NewMemory, ReflectionInput,
     SessionInfo, UnknownRecord, chat_turn_rows, reflection_items, select_in,
@@ -46,8 +46,7 @@ _inside_reflection: Callable[[], None] | None = None
 class MemoryBank:
   """A bank file; every method is scoped to one user id and each write is one transaction."""
 
-  def __init__(self, path: str | Path, *, key: bytes | None = None,
-               busy_timeout_s: float = BUSY_TIMEOUT_S):
+  def __init__(self, path: str | Path, *, key: bytes | None = None):
     self.path = Path(path)
     where = self.where = f"memory bank {self.path}"
     if self.path.is_dir():
@@ -56,10 +55,10 @@ class MemoryBank:
     if not self.path.parent.is_dir():
       raise BankFileError(f"{self.where}: its folder {self.path.parent} does not "
                           f"exist; create it first")
-    self.cipher: Cipher = PlainCipher() if key is None else FernetCipher(key, where)
+    self.cipher: Cipher = Cipher() if key is None else FernetCipher(key, where)
     self._db: sqlite3.Connection | None = None
     try:
-      self._db = connect(self.path, busy_timeout_s, where)
+      self._db = connect(self.path, BUSY_TIMEOUT_S, where)
       with self._writing() as db:
         schema_sql.open_schema(db, self.cipher, self.where)
     except sqlite3.Error as err:
@@ -112,11 +111,10 @@ class MemoryBank:
   def _insert_user(self, db: sqlite3.Connection, user: str, exist_ok: bool = False,
                    remedy: str = "") -> bool:
     """Whether the user was inserted; one the bank has is refused, or left with exist_ok."""
-    if db.execute("INSERT OR IGNORE INTO users (user_id) VALUES (?)", (user,)).rowcount:
-      return True
-    if exist_ok:
-      return False
-    raise ValueError(f"user {user!r} is already in {self.where}{remedy}")
+    inserted = db.execute("INSERT OR IGNORE INTO users (user_id) VALUES (?)", (user,)).rowcount
+    if not inserted and not exist_ok:
+      raise ValueError(f"user {user!r} is already in {self.where}{remedy}")
+    return bool(inserted)
 
   def add_user(self, user: str, *, exist_ok: bool = False) -> None:
     with self._writing() as db:
@@ -140,19 +138,17 @@ class MemoryBank:
 
   # Sessions and turns -----------------------------------------------------------------------
 
-  def start_session(self, user: str, session_id: str, date: str, *,
-                    origin: str = "api") -> None:
-    """Opens a session of the given id; only writers of the same origin append to it."""
+  def start_session(self, user: str, session_id: str, date: str) -> None:
+    """Opens a session of the given id (origin api: only add_turns appends to it)."""
     with self._writing() as db:
-      rows.insert_session(db, self._require_user(db, user), session_id, date, origin)
+      rows.insert_session(db, self._require_user(db, user), session_id, date, "api")
 
-  def add_turns(self, user: str, session_id: str, turns: Iterable[tuple[str, str, str]], *,
-                origin: str = "api") -> None:
-    """Appends (turn_id, speaker, text) turns to a session of this origin that has not ended."""
+  def add_turns(self, user: str, session_id: str, turns: Iterable[tuple[str, str, str]]) -> None:
+    """Appends (turn_id, speaker, text) turns to a session of origin api that has not ended."""
     turns = turn_rows(turns)
     with self._writing() as db:
       info = rows.require_session(db, self._require_user(db, user), session_id)
-      self._own_session(info, user, origin)
+      self._own_session(info, user, "api")
       rows.insert_turns(db, self.cipher, user, info, turns)
 
   @staticmethod

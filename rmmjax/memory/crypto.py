@@ -9,7 +9,6 @@ environment (RMMJAX_BANK_KEY), and is never written to the bank or shown in a me
 
 from __future__ import annotations
 
-import abc
 import os
 from collections.abc import Mapping
 from typing import final
@@ -37,31 +36,9 @@ def key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
   return value.encode("ascii", "replace") if value else None
 
 
-class Cipher(abc.ABC):
-  """Seals and opens the bank's personal fields; the plain cipher leaves them as they are."""
-
-  encrypted: bool
-
-  @abc.abstractmethod
-  def seal_text(self, text: str) -> str:
-    """The text as stored."""
-
-  @abc.abstractmethod
-  def open_text(self, stored: str) -> str:
-    """The text that seal_text stored."""
-
-  @abc.abstractmethod
-  def seal_bytes(self, data: bytes) -> bytes:
-    """The bytes as stored."""
-
-  @abc.abstractmethod
-  def open_bytes(self, stored: bytes) -> bytes:
-    """The bytes that seal_bytes stored."""
-
-
-@final
-class PlainCipher(Cipher):
-  """No encryption: what is stored is what was given."""
+class Cipher:
+  """Seals and opens the bank's personal fields; this base, the plain cipher, stores them as
+  they are."""
 
   encrypted = False
 
