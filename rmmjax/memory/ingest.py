@@ -161,15 +161,8 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
                             f"in this run are kept: rerun the same command to resume", counts,
                             ) from err
       counts["sessions"] += 1
-      for key, value in (("topics", report.topics), ("memories_added", report.added),
-                         ("memories_merged", report.merged),
-                         ("memories_updated", report.updated),
-                         ("dropped_turn_ids", report.dropped_turn_ids),
-                         ("dropped_topics", report.dropped_topics),
-                         ("fallbacks", report.fallbacks),
-                         ("uncovered_turns", report.uncovered_turns),
-                         ("cut_summaries", report.cut_summaries)):
-        counts[key] += value
+      for key in COUNTS[4:]:  # the report's counts, by its field names
+        counts[key] += getattr(report, key.removeprefix("memories_"))
       bar.update(1)
   bar.close()
   seconds = time.perf_counter() - start

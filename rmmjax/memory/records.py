@@ -131,7 +131,6 @@ class Merge:
   embedding: np.ndarray
 
 
-
 def text_arg(value: object, name: str) -> str:
   if not isinstance(value, str) or not value:
     raise ValueError(f"{name} must be a non-empty string, got {value!r}")
@@ -147,17 +146,13 @@ def turn_rows(turns: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str
   return rows
 
 
-def chat_turn_rows(turns) -> tuple[list[tuple[str, str]], list[str]]:
+def chat_turn_rows(turns: Sequence[tuple[str, ...]]) -> tuple[list[tuple[str, str]], list[str]]:
   """(speaker, text) pairs and their kinds from (speaker, text) or (speaker, text, kind) turns
   (KINDS; a statement when not given)."""
-  texts, kinds = [], []
-  for i, (speaker, text, *kind) in enumerate(turns):
-    kind = kind[0] if kind else "statement"
-    if kind not in KINDS:
-      raise ValueError(f"turns[{i}] kind {kind!r} is not one of {', '.join(KINDS)}")
-    texts.append((speaker, text))
-    kinds.append(kind)
-  return texts, kinds
+  kinds = [(kind or ["statement"])[0] for _, _, *kind in turns]
+  if bad := [(i, k) for i, k in enumerate(kinds) if k not in KINDS]:
+    raise ValueError(f"turns[{bad[0][0]}] kind {bad[0][1]!r} is not one of {', '.join(KINDS)}")
+  return [(t[0], t[1]) for t in turns], kinds
 
 
 def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:

@@ -61,20 +61,17 @@ class LLMReflector(Reflector):
   whose text had to be cut.
   """
 
-  def __init__(self, llm: LLM, *, max_topics: int = MAX_TOPICS,
-               max_tokens: int = EXTRACTION_MAX_TOKENS, fallback: Reflector | None = None):
-    self.llm, self.max_topics, self.max_tokens, self.fallback = (llm, max_topics, max_tokens,
-                                                                 fallback)
-    self.cut_prompts = 0
+  def __init__(self, llm: LLM, *, fallback: Reflector | None = None):
+    self.llm, self.fallback, self.cut_prompts = llm, fallback, 0
 
   def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
     """The topics of the model's reply, restricted to the turn ids it was shown."""
-    prompt = topic_extraction(turns, date, self.max_topics,
-                              max_chars=self.llm.prompt_chars(self.max_tokens))
+    prompt = topic_extraction(turns, date, MAX_TOPICS,
+                              max_chars=self.llm.prompt_chars(EXTRACTION_MAX_TOKENS))
     self.cut_prompts += bool(prompt.cut)
     try:
       reply = self.llm.chat_structured(prompt.messages, prompt.schema,
-                                       max_tokens=self.max_tokens)
+                                       max_tokens=EXTRACTION_MAX_TOKENS)
     except LLMOutputError as err:  # a reply with no text: as unusable as one that is not JSON
       reply, why = "", str(err)
     else:
@@ -181,8 +178,7 @@ def _nearest(entries: list[_Entry], vector: np.ndarray, top_k: int) -> list[tupl
 
 def _refresh(entries: list[_Entry], encoder: Encoder) -> None:
   """Re-embeds every rewritten summary, in one call: encoders batch better than they loop."""
-  stale = [e for e in entries if e.stale]
-  if stale:
+  if stale := [e for e in entries if e.stale]:
     for entry, vector in zip(stale, encoder.encode([e.summary for e in stale]), strict=True):
       entry.vector, entry.stale = vector, False
 
@@ -199,16 +195,16 @@ def _check_decision(decision: Decision, n_candidates: int, reflector: Reflector)
 
 
 def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Reflector,
-                    encoder: Encoder, *, attempts: int = REFLECTION_ATTEMPTS) -> ReflectionReport:
+                    encoder: Encoder) -> ReflectionReport:
   """Extracts the session's topics, adds or merges each one, and ends the session atomically.
 
   Similar memories are found by cosine between the topic summary's embedding and the memories'
   embeddings by `encoder` (the bank refuses when some memory lacks one from it). Everything is
   computed from one snapshot of the bank and applied only if nothing it read has changed since
   (another process merged into the user's memories, or appended a turn to the session);
-  otherwise it is read and computed again, up to `attempts` times.
+  otherwise it is read and computed again, up to REFLECTION_ATTEMPTS times.
   """
-  for _ in range(attempts):
+  for _ in range(REFLECTION_ATTEMPTS):
     snapshot = bank.reflection_input(user, session_id, encoder.identity)  # or SessionEnded
     adds, merges, report = _plan(snapshot, reflector, encoder)
     try:
@@ -218,7 +214,7 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
       continue
     return dataclasses.replace(report, memory_ids=tuple(written))
   raise StaleRead(f"session {session_id!r} of user {user!r} could not be reflected: the user's "
-                  f"memories or the session changed during each of {attempts} attempts")
+                  f"memories or the session changed during each of {REFLECTION_ATTEMPTS} attempts")
 
 
 def _plan(snapshot: ReflectionInput, reflector: Reflector,

@@ -187,29 +187,24 @@ class LaceMem:
             or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
-    if not self._facts:
-      return []
-    dense = (self._graph.vectors @ self.query_vector(query)
-             if self.settings.retrieval != "bm25" else None)
-    return self._ranked(query, dense, k)
+    bm25 = self.settings.retrieval == "bm25" or not self._facts  # no query embedding needed
+    return self.search_vector(None if bm25 else self.query_vector(query), k, query)
 
-  def search_vector(self, vector: np.ndarray, k: int, bm25_query: str) -> list[tuple[int, float]]:
+  def search_vector(self, vector: np.ndarray | None, k: int,
+                    bm25_query: str) -> list[tuple[int, float]]:
     """The k facts ranked by their embeddings' dot product with `vector`, fused with BM25 over
     `bm25_query` under hybrid retrieval (BM25 alone ignores the vector)."""
-    if not self._facts:
-      return []
-    vector = np.asarray(vector, np.float32)
-    dense = self._graph.vectors @ vector if self.settings.retrieval != "bm25" else None
-    return self._ranked(bm25_query, dense, k)
-
-  def _ranked(self, query: str, dense: np.ndarray | None, k: int) -> list[tuple[int, float]]:
     mode, n = self.settings.retrieval, len(self._facts)
+    if not n:
+      return []
+    if mode != "bm25":
+      dense = self._graph.vectors @ np.asarray(vector, np.float32)
     if mode == "dense":
       final_scores = dense
     elif mode == "bm25":
-      final_scores = self._bm25_scores(query)
+      final_scores = self._bm25_scores(bm25_query)
     else:  # BM25 is credited only with facts that share a term with the query
-      bm25 = self._bm25_scores(query)
+      bm25 = self._bm25_scores(bm25_query)
       matched = np.flatnonzero(bm25 > 0)
       final_scores = rrf_scores([matched[np.lexsort((matched, -bm25[matched]))],
                                  np.argsort(-dense, kind="stable")], n, self.settings.fusion_c)
