@@ -1,11 +1,6 @@
-"""What every chat agent is to the chat loop and to `rmmjax answer`: it answers a user's question
-from their memory (recording the exchange), takes a statement, ends a session with Prospective
-Reflection, says what of its learning a run keeps, and closes.
-
-The RMM agent (`rmm.py`) retrieves topic memories and learns its reranker from the answers'
-citations; the IRIS agent (`iris.py`) retrieves iteratively over the user's LaceMem and learns
-nothing online (its models train with `rmmjax train --set learner=iris`).
-"""
+"""What every chat agent (RMM's in `rmm.py`, IRIS's in `iris.py`) is to the chat loop and to
+`rmmjax answer`: it answers a user's question from their memory (recording the exchange), takes a
+statement, ends a session with Prospective Reflection, says what of its learning a run keeps."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """The agent answering through IRIS over a user's LaceMem in the bank (`chat --iris`,
 `recall --iris`).
 
-Each question is retrieved iteratively (rmmjax.retrieve.iris) over the user's layered memory,
-kept in step with the user's turns in the bank (`rmmjax.memory.lace.sync`): the first M distinct turns of the
-final evidence are numbered for the LLM, verbatim with their dates and speakers. When IRIS
-abstains (its judge found the evidence missing) the prompt says so and asks for a refusal
-instead of a guess. With a learned model (`--iris-model`, a learner=iris workdir or its export)
-the anchor encoder embeds the questions, the refinement encoder writes the second search and the
-learned judge decides; without one, the rule refiner and the heuristic judge do. The exchange is
-recorded in the user's open chat session and added to the LaceMem at once, so the next question
-can retrieve it. Nothing learns here: IRIS's models train offline (`learner=iris`).
+The first M distinct turns of IRIS's final evidence are numbered for the LLM, verbatim and
+dated; when IRIS abstains the prompt asks for a refusal instead of a guess. A learned model
+(`--iris-model`) embeds the questions, refines and judges; without one the rule refiner and the
+heuristic judge do. Each exchange is added to the LaceMem at once, so the next question can
+retrieve it. Nothing learns here: IRIS's models train offline (`learner=iris`).
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ import dataclasses
 from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.lace import LaceMem
-from rmmjax.memory.lace import add_missing_turns, synced_lace
+from rmmjax.memory.lace import LaceMem, add_missing_turns, synced_lace
 from rmmjax.memory.reflection import OfflineReflector, Reflector
 from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
 from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve

@@ -1,15 +1,10 @@
 """The online RMM agent: retrieve, rerank, answer with citations, learn from them, reflect.
 
-`respond(user, query)` retrieves the top K of the user's memories (BM25, dense over the stored
-embeddings, or their fusion), selects M with the reranker (Gumbel sampling while learning, the
-top M when serving), asks the LLM for an answer that cites the numbered memories it used,
-records the exchange in the user's open chat session, turns the citations into rewards (+1
-cited, -1 shown but not cited), and after every `batch` rewarded responses applies one
-REINFORCE update through the core's `reinforce_update`. The exchange is written before its
-reward counts, so an update never learns from an answer the bank lost. Malformed replies and
-citations of memories that were not shown earn nothing and are counted; an LLM that fails after
-its retries, or replies with no text, is counted too, and the agent keeps serving.
-`end_session(user)` runs Prospective Reflection on the open chat session. With a workdir every
+`respond` selects M of the user's top K memories with the reranker (Gumbel sampling while
+learning, the top M when serving) and turns the answer's citations into rewards (+1 cited, -1
+shown but not cited): one REINFORCE update per `batch` rewarded responses. The exchange is
+written before its reward counts, so an update never learns from an answer the bank lost;
+unusable replies earn nothing and are counted, and the agent keeps serving. With a workdir every
 update is checkpointed and every rewarded answer kept (`workdir.py`).
 """
 
@@ -121,13 +116,12 @@ class Agent(ChatAgent):
     spec = with_model(core.CoreSpec(dim=encoder.dim, k=settings.k, m=settings.m,
                                     batch=settings.batch, rank_prior=True,
                                     prior_scale=settings.prior_scale))
-    self.mismatches = []
     # How the reranker reads its candidates: the embeddings (the agent's own reranker, the
     # linear and MLP ones), or the query beside each candidate's text (a cross reranker).
     self._reader = (reader(reranker, encoder) if reranker is not None
                     else EmbeddingReader(encoder.dim, "the agent's reranker"))
+    self.mismatches = [] if reranker is None else self._check_reranker(reranker, allow_mismatch)
     if reranker is not None:
-      self.mismatches = self._check_reranker(reranker, allow_mismatch)
       spec = dataclasses.replace(reranker.spec, m=settings.m, batch=settings.batch)
     self.state = core.init_state(spec, hp, reranker.params if reranker is not None else None)
     self.stats = dict.fromkeys(STATS, 0)
@@ -153,8 +147,7 @@ class Agent(ChatAgent):
                        f"{self.encoder.dim}")
     wanted = {"units": UNITS, "retriever": self.settings.retriever,
               "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
-              "k": self.settings.k,
-              "query_encoder": self.tuned_query_encoder}
+              "k": self.settings.k, "query_encoder": self.tuned_query_encoder}
     found = check_fit(f"the reranker {reranker.source}", reranker.record, wanted, True,
                       use="this agent's memories", used="served")
     if found and not allow_mismatch:
@@ -263,15 +256,6 @@ class Agent(ChatAgent):
     top = [int(s) for s in selected_M if s >= 0]
     return [candidates[s] for s in top], [float(scores_K[s]) for s in top]
 
-  def ask(self, user: str, query: str) -> Response:
-    """Retrieve, select, answer and learn, without recording the exchange in the bank."""
-    return self._exchange(user, query, record=False)
-
-  def respond(self, user: str, query: str) -> Response:
-    """Answers one query, records the exchange in the user's open chat session (opening one
-    when there is none), then learns from it."""
-    return self._exchange(user, query, record=True)
-
   def tell(self, user: str, text: str) -> str:
     """Records something the user says (a statement: nothing is retrieved or answered) in
     their open chat session, where reflection takes it into the topic memories; returns the
@@ -281,7 +265,9 @@ class Agent(ChatAgent):
     self.save()
     return session_id
 
-  def _exchange(self, user: str, query: str, record: bool) -> Response:
+  def respond(self, user: str, query: str, *, record: bool = True) -> Response:
+    """Answers one query, records the exchange in the user's open chat session (opening one
+    when there is none; `record=False`: nowhere), then learns from it."""
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=self.learning)

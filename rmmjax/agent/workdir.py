@@ -3,12 +3,11 @@
 `W/checkpoints/` holds an Orbax checkpoint of the reranker after every update; `W/pending.npz`
 the rewarded answers of the batch not yet complete (their query and candidate memory vectors),
 with the step they build on; `W/agent.json` the counters and the settings the agent learns with.
-The agent of an encrypted bank seals `pending.npz` with the bank's key (vectors can be inverted
-back to text), so the workdir holds nothing of the bank in the clear. Each file is replaced whole (written
-aside, then renamed), and the agent writes them before it returns an answer, so after SIGKILL
-or Ctrl-C at most the answer being computed is lost. A pending batch whose step a newer
-checkpoint has passed was applied already and is dropped; a full one (killed between its last
-answer and its update) is applied on restore. One process learns in a workdir at a time (an
+An encrypted bank's agent seals `pending.npz` with the bank's key (vectors can be inverted back
+to text). Each file is replaced whole (written aside, then renamed) before an answer is returned,
+so after SIGKILL or Ctrl-C at most the answer being computed is lost. A pending batch whose step
+a newer checkpoint has passed was applied already and is dropped; a full one (killed between its
+last answer and its update) is applied on restore. One process learns in a workdir at a time (an
 exclusive lock); a restart with other settings is refused with the differences.
 """
 
@@ -65,10 +64,8 @@ class AgentWorkdir:
 
   def _read_json(self) -> dict | None:
     file = self.path / "agent.json"
-    if not file.is_file():
-      return None
     return read_json(file, "it is not an agent workdir, or it was damaged: use another "
-                     "--workdir")
+                     "--workdir") if file.is_file() else None
 
   def _check_settings(self, saved: dict) -> None:
     keys = FIXED_SETTINGS if self.learning else SERVING_SETTINGS

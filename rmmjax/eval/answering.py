@@ -72,7 +72,7 @@ class BankAnswerer(Answerer):
 
   def __call__(self, conv, question) -> Answered:
     cut_before = self.agent.stats["cut_prompts"]
-    response = self.agent.ask(conv.conversation_id, question.question)
+    response = self.agent.respond(conv.conversation_id, question.question, record=False)
     return Answered(response.answer, [{s.turn_id for s in m.snippets} for m in response.memories],
                     tuple(response.cited), [m.id for m in response.memories], response.failure,
                     response.error, self.agent.stats["cut_prompts"] > cut_before)

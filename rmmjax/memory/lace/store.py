@@ -1,14 +1,9 @@
 """LaceMem: a layered memory of one conversation (one user), built turn by turn or at once.
 
-Index: atomic facts cut from each turn (`lace_facts`), embedded with the encoder. Edge: links
-between facts, of three kinds; a pair linked twice keeps the larger weight.
-- same turn (`same_turn`, 1.0) and same session (`same_session`, 0.7), both only between facts
-  at most `session_window` apart in their session's order: a fact has at most 2 x window such
-  links, so a long session costs linear, not quadratic, edges (a turn with more clauses than
-  the window links each clause to its nearest ones only);
-- semantic (weight = cosine >= `min_cosine`, at most `max_semantic` per node under the default
-  "mutual" rule): see `lace_links` for the order-free definition and its cost.
-Raw: the verbatim turns, reached from every fact through its turn id.
+Index: atomic facts cut from each turn (`facts.py`), embedded with the encoder. Edge: same-turn
+and same-session links, only between facts at most `session_window` apart in their session (a
+long session costs linear, not quadratic, edges), and semantic ones (`links.py`); a pair linked
+twice keeps the larger weight. Raw: the verbatim turns, reached from a fact by its turn id.
 
 Streaming (`add_turn`) and batch (`from_conversation`) give identical layers: the same facts
 in the same order and the same edges with bit-identical weights, whenever the encoder embeds a
@@ -74,22 +69,16 @@ class LaceMem:
                        f"{raw.turn_id!r} gives {raw.date!r}; a session has one date")
     return raw
 
-  def _add_raw(self, raw: RawTurn) -> None:
-    self._session_dates.setdefault(raw.session_id, raw.date)
-    self._raw[raw.turn_id] = raw
-
-  def _add_fact(self, fact: Fact) -> None:
-    self._facts.append(fact)
-    in_session = self._session_facts.setdefault(fact.session_id, [])
-    self._session_pos.append(len(in_session))
-    in_session.append(fact.fact_id)
-
   def _fill(self, turns: list[RawTurn], facts: list[Fact]) -> None:
-    """Turns and facts made elsewhere (a saved LaceMem, `from_facts`), fact ids 0..N-1."""
+    """Adds turns, then facts (ids continuing this LaceMem's), to the layers' lists."""
     for turn in turns:
-      self._add_raw(self._check_raw(turn))
+      self._raw[self._check_raw(turn).turn_id] = turn
+      self._session_dates.setdefault(turn.session_id, turn.date)
     for fact in facts:
-      self._add_fact(fact)
+      self._facts.append(fact)
+      in_session = self._session_facts.setdefault(fact.session_id, [])
+      self._session_pos.append(len(in_session))
+      in_session.append(fact.fact_id)
 
   def _new_facts(self, raw: RawTurn, drafts: list[Draft], before: int = 0) -> list[Fact]:
     start = len(self._facts) + before  # `before` facts are still to be added ahead of these
@@ -122,10 +111,7 @@ class LaceMem:
     vectors = self.encoder.encode([f.text for f in facts]) if facts else None
     if vectors is not None:  # checked (snapped to the grid) before anything changes
       vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
-    for raw in raws.values():
-      self._add_raw(raw)
-    for fact in facts:
-      self._add_fact(fact)
+    self._fill(list(raws.values()), facts)
     if vectors is not None and self._graph is None:
       self._graph = self._new_graph(vectors)
     elif vectors is not None:

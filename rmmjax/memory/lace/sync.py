@@ -1,17 +1,11 @@
 """A user's LaceMem kept in step with the user's turns in the bank.
 
-The bank's turns are the record; a saved LaceMem is derived from them (facts cut from each turn,
-embedded, linked). `synced_lace` loads the saved one (or starts an empty one), adds every turn
-of the bank it does not hold yet, in the bank's order, through `LaceMem.add_turns` (streaming,
-CHUNK turns per encoder call: the same layers as a batch build), and saves it when it grew.
-A save replaces the user's whole LaceMem in one transaction, so two processes that both add
-turns can overwrite each other's additions, but never lose a turn: the bank keeps it, and the
-next sync adds it back.
-
-Only statements become evidence (a turn's kind, set by its writer: every dataset turn, and what
-a user tells the agent with chat's /tell), never a question put to the agent, which asked again
-would find itself as its best evidence, nor the agent's answers, which came from the memory (a
-wrong one would be cited back as proof). The turns are read in one snapshot.
+The bank's turns are the record; a saved LaceMem is derived from them. `synced_lace` loads the
+saved one (or starts an empty one), adds every bank turn it lacks, in the bank's order, through
+`LaceMem.add_turns` (CHUNK turns per encoder call: the same layers as a batch build), and saves
+it when it grew. Two processes that both add turns can overwrite each other's additions, but
+never lose a turn: the bank keeps it, and the next sync adds it back. Only statements become
+evidence (records.KINDS says why).
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from rmmjax.memory.records import EncoderMismatch, UnknownRecord
 # A progress bar from this many missing turns on; turns are embedded this many at a time.
 PROGRESS_FROM = 20
 CHUNK = 64
+EVIDENCE = "statement"  # the kind of turn a LaceMem takes
 
 
 def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings | None = None,
@@ -34,7 +29,7 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
   added (0: it was up to date, and nothing was written). `settings` apply to a LaceMem built
   here; a saved one keeps its own. `rebuild` builds it afresh from the bank's turns (a saved
   one embedded by another encoder is refused without it); the bank refuses a user it lacks."""
-  lace = None
+  lace = LaceMem(encoder, settings=settings)  # unless a saved one loads
   if not rebuild:
     try:
       lace = LaceMem.load(bank, user, encoder)
@@ -43,14 +38,10 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
     except EncoderMismatch as err:
       raise EncoderMismatch(f"{err} (--rebuild-lace rebuilds it from the user's turns with "
                             f"this encoder)") from None
-  lace = lace if lace is not None else LaceMem(encoder, settings=settings)
   added = add_missing_turns(lace, bank, user, progress=progress)
   if rebuild and not added:
     lace.save(bank, user)  # replaces the saved one even when the user has no turns
   return lace, added
-
-
-EVIDENCE = "statement"  # the kind of turn a LaceMem takes (see the module's text)
 
 
 def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *,
