@@ -1,15 +1,12 @@
-"""LaceMem's three layers as rows of the memory bank file, per user (tables of schema version 2).
+"""LaceMem's three layers as rows of the memory bank file, per user, in the caller's transaction.
 
-The functions run inside the caller's transaction (the bank's save_lace and load_lace, a user's
-export and import). A save either replaces the user's whole layered memory or, when the bank
-still holds the revision the LaceMem last saved or loaded, appends what is new since (turns,
-facts, and the neighbour lists that changed): a turn added to a LaceMem of 10,000 facts writes
-a few rows, not all of them. The Raw layer is its own
-table rather than the bank's turns: a layered memory is rebuilt and replaced as a unit, apart
-from the sessions that Prospective Reflection ends. The Edge layer is stored as each fact's
-ranked semantic neighbour list; same-turn and same-session links follow from the facts' order
-and the saved settings. Text, vectors and the links' cosines (a cosine says how alike two facts
-are) go through the bank's cipher, as its other rows do.
+A save either replaces the user's whole layered memory or, when the bank still holds the
+revision the LaceMem last saved or loaded, appends what is new since (turns, facts, and the
+neighbour lists that changed): a turn added to a LaceMem of 10,000 facts writes a few rows. The
+Raw layer is its own table, not the bank's turns: a layered memory is rebuilt and replaced as a
+unit. The Edge layer is stored as each fact's ranked semantic neighbour list (same-turn and
+same-session links follow from the facts' order and the settings). The links' cosines go
+through the bank's cipher like text and vectors do: a cosine says how alike two facts are.
 """
 
 from __future__ import annotations

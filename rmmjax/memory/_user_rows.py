@@ -1,10 +1,8 @@
-"""One user's rows of the sessions, turns and memories tables: who opened each session, and ids
-allocated where they are written.
+"""One user's rows of the sessions, turns and memories tables, inside the caller's transaction.
 
-Every function runs inside the caller's transaction. Ids that a writer does not bring itself
-(a chat session's id, the ids of its turns) are chosen here from what the table holds at that
-moment, so two processes that append to one user at once queue on the bank's write lock and
-never pick the same id.
+Ids that a writer does not bring itself (a chat session's, its turns') are chosen here from what
+the table holds at that moment: two processes appending to one user queue on the bank's write
+lock and never pick the same id.
 """
 
 from __future__ import annotations
@@ -36,16 +34,14 @@ def session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo |
 
 
 def require_session(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo:
-  found = session(db, user, session_id)
-  if found is None:
+  if (found := session(db, user, session_id)) is None:
     raise UnknownRecord(f"user {user!r} has no session {session_id!r}")
   return found
 
 
 def require_unended(db: sqlite3.Connection, user: str, session_id: str) -> SessionInfo:
   """The session, refused once its reflection is applied (by this process or another one)."""
-  found = require_session(db, user, session_id)
-  if found.ended:
+  if (found := require_session(db, user, session_id)).ended:
     raise SessionEnded(f"session {session_id!r} of user {user!r} has ended: its reflection "
                        f"is already applied")
   return found
@@ -115,16 +111,13 @@ def insert_turns(db: sqlite3.Connection, cipher: Cipher, user: str, info: Sessio
   seal = cipher.seal_text
   kinds = kinds or ["statement"] * len(rows)
   db.executemany("INSERT INTO turns (user_id, session_id, turn_id, speaker, text, date, ordinal, "
-                 "kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
-                     (user, info.session_id, t, seal(speaker), seal(text), info.date, start + i,
-                      kind)
-                     for i, ((t, speaker, text), kind) in enumerate(zip(rows, kinds,
-                                                                        strict=True))])
+                 "kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 [(user, info.session_id, t, seal(speaker), seal(text), info.date, start + i, k)
+                  for i, ((t, speaker, text), k) in enumerate(zip(rows, kinds, strict=True))])
 
 
 def turns(db: sqlite3.Connection, cipher: Cipher, user: str,
           session_id: str | None) -> list[BankTurn]:
-  """The user's turns (of one session where given), in session then turn order."""
   rows = db.execute(
       "SELECT t.turn_id, t.session_id, t.speaker, t.text, t.date, t.kind FROM turns t JOIN "
       "sessions s USING (user_id, session_id) WHERE t.user_id = ? AND (? IS NULL OR "
@@ -150,7 +143,6 @@ def turns_not_in(db: sqlite3.Connection, cipher: Cipher, user: str, have: set[st
 
 
 def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
-  """The user's topic memories, oldest first, each with its snippets in the order added."""
   snippets: dict[int, list[Snippet]] = {}
   for m, t, s, d, text in db.execute(
       "SELECT memory_id, turn_id, session_id, date, text FROM snippets WHERE user_id = ? "
@@ -165,8 +157,7 @@ def memories(db: sqlite3.Connection, cipher: Cipher, user: str) -> list[Memory]:
 def check_unchanged(db: sqlite3.Connection, user: str, session_id: str,
                     expect: ReflectionInput, version: int) -> None:
   """StaleRead when the user's memories (now at `version`) or the session's turns changed
-  since `expect` was read (inside the write transaction that would apply what was computed
-  from it)."""
+  since `expect` was read."""
   held = turn_count(db, user, session_id)
   if version != expect.version or held != len(expect.turns):
     raise StaleRead(f"user {user!r} changed while session {session_id!r} was being reflected "

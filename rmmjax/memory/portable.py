@@ -20,8 +20,7 @@ from rmmjax.memory import _embedding_rows as emb
 from rmmjax.memory import _lace_rows as lace_rows
 from rmmjax.memory import _user_rows as user_rows
 from rmmjax.memory.crypto import Cipher
-from rmmjax.memory.records import (KINDS, ORIGINS, BankTurn, LaceSnapshot, Memory, SessionInfo,
-                                   repeated)
+from rmmjax.memory.records import KINDS, ORIGINS, LaceSnapshot, repeated
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
 FORMAT = "rmmjax-memory-bank-user"
@@ -49,12 +48,10 @@ class Parsed:
 def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dict:
   """The export_user document of one user, read inside the caller's transaction; memory ids
   are left out (a bank numbers its own)."""
-  sessions: list[SessionInfo] = user_rows.sessions(db, user)
-  turns: list[BankTurn] = user_rows.turns(db, cipher, user, None)
-  memories: list[Memory] = user_rows.memories(db, cipher, user)
+  sessions = user_rows.sessions(db, user)
   embeddings = emb.by_memory(db, cipher, user, where)
   by_session: dict[str, list[dict]] = {s.session_id: [] for s in sessions}
-  for t in turns:
+  for t in user_rows.turns(db, cipher, user, None):
     by_session[t.session_id].append({"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text,
                                      "kind": t.kind})
   return {
@@ -67,7 +64,7 @@ def export(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> dic
           # float32 -> Python float is exact, and so is JSON's shortest repr of it.
           "embeddings": [{"encoder": e, "vector": v.tolist()}
                          for e, v in sorted(embeddings.get(m.id, {}).items())],
-      } for m in memories],
+      } for m in user_rows.memories(db, cipher, user)],
       "lace": _lace_doc(lace_rows.read_rows(db, cipher, user, where)),
   }
 
@@ -118,17 +115,13 @@ def parse(data: object) -> Parsed:
   sessions, turns, stored = [], [], {}
   for i, session in enumerate(require(doc, "sessions", "top level", _SOURCE, LIST)):
     where = f"sessions[{i}]"
-    s = _text(session, "session_id", where)
-    d = require(session, "date", where, _SOURCE, STRING)
-    origin = _one_of(require(session, "origin", where, _SOURCE, STRING), ORIGINS,
-                     f"{where}: origin")
+    s, d = _text(session, "session_id", where), _str(session, "date", where)
+    origin = _one_of(session, "origin", where, ORIGINS)
     sessions.append((s, d, require(session, "ended", where, _SOURCE, _BOOL), origin))
     for j, turn in enumerate(require(session, "turns", where, _SOURCE, LIST)):
       at = f"{where}.turns[{j}]"
-      t = _text(turn, "turn_id", at)
-      text = require(turn, "text", at, _SOURCE, STRING)
-      speaker = require(turn, "speaker", at, _SOURCE, STRING)
-      kind = _one_of(require(turn, "kind", at, _SOURCE, STRING), KINDS, f"{at}: kind")
+      t, text = _text(turn, "turn_id", at), _str(turn, "text", at)
+      speaker, kind = _str(turn, "speaker", at), _one_of(turn, "kind", at, KINDS)
       turns.append((s, d, j, t, speaker, text, kind))
       stored[t] = (t, s, d, text)
   _unique("sessions", [s[0] for s in sessions])
@@ -150,8 +143,7 @@ def _memory(memory: object, where: str, stored: dict) -> tuple:
   snippets = []
   for j, snippet in enumerate(require(memory, "snippets", where, _SOURCE, LIST)):
     at = f"{where}.snippets[{j}]"
-    row = tuple(require(snippet, k, at, _SOURCE, STRING)
-                for k in ("turn_id", "session_id", "date", "text"))
+    row = tuple(_str(snippet, k, at) for k in ("turn_id", "session_id", "date", "text"))
     if stored.get(row[0]) != row:
       raise MalformedData(f"{_SOURCE}: {at}: turn {row[0]!r} is not among the sessions' turns "
                           f"with that session, date and text (a snippet is a stored turn)")
@@ -169,14 +161,13 @@ def _lace(doc: object) -> LaceSnapshot:
   where = "lace"
   check(doc, OBJECT, "field 'lace'", "top level", _SOURCE, "an object or null")
   settings = require(doc, "settings", where, _SOURCE, OBJECT)
-  encoder = require(doc, "encoder", where, _SOURCE, STRING)
+  encoder = _str(doc, "encoder", where)
   fallbacks = require(doc, "fallbacks", where, _SOURCE, _INT)
   turns = []
   for i, turn in enumerate(require(doc, "turns", where, _SOURCE, LIST)):
     at = f"lace.turns[{i}]"
     turns.append(RawTurn(_text(turn, "turn_id", at), _text(turn, "session_id", at),
-                         *(require(turn, k, at, _SOURCE, STRING)
-                           for k in ("date", "speaker", "text"))))
+                         *(_str(turn, k, at) for k in ("date", "speaker", "text"))))
   _unique("lace.turns", [t.turn_id for t in turns])
   sessions = {t.turn_id: t.session_id for t in turns}
   facts, vectors = [], []
@@ -187,13 +178,13 @@ def _lace(doc: object) -> LaceSnapshot:
       raise MalformedData(f"{_SOURCE}: {at}: fact_id {fact['fact_id']!r} of turn {turn_id!r}; "
                           f"expected fact_id {i} (facts are numbered from 0 in order) and a "
                           f"turn of lace.turns")
-    facts.append(Fact(i, *(require(fact, k, at, _SOURCE, STRING)
+    facts.append(Fact(i, *(_str(fact, k, at)
                            for k in ("subject", "predicate", "object", "time")),
-                      turn_id, sessions[turn_id], require(fact, "text", at, _SOURCE, STRING)))
+                      turn_id, sessions[turn_id], _str(fact, "text", at)))
     vectors.append(_vector(fact, at))
-  if len({v.size for v in vectors}) > 1:
-    raise MalformedData(f"{_SOURCE}: lace.facts: vectors of sizes {sorted({v.size for v in vectors})}"
-                        f"; one encoder gives one size")
+  if len(sizes := sorted({v.size for v in vectors})) > 1:
+    raise MalformedData(f"{_SOURCE}: lace.facts: vectors of sizes {sizes}; one encoder gives "
+                        f"one size")
   links = []
   for i, link in enumerate(require(doc, "links", where, _SOURCE, LIST)):
     ok = (isinstance(link, list) and len(link) == 3
@@ -217,9 +208,13 @@ def _vector(item: object, at: str) -> np.ndarray:
   return np.asarray(vector, np.float32)
 
 
-def _one_of(value: str, allowed: tuple[str, ...], at: str) -> str:
-  if value not in allowed:
-    raise MalformedData(f"{_SOURCE}: {at} {value!r} is not one of {', '.join(allowed)}")
+def _str(record: object, key: str, at: str) -> str:
+  return require(record, key, at, _SOURCE, STRING)
+
+
+def _one_of(record: object, key: str, at: str, allowed: tuple[str, ...]) -> str:
+  if (value := _str(record, key, at)) not in allowed:
+    raise MalformedData(f"{_SOURCE}: {at}: {key} {value!r} is not one of {', '.join(allowed)}")
   return value
 
 
@@ -230,7 +225,6 @@ def _unique(where: str, ids: list[str]) -> None:
 
 
 def _text(record: object, key: str, where: str) -> str:
-  value = require(record, key, where, _SOURCE, STRING)
-  if not value:
+  if not (value := _str(record, key, where)):
     raise MalformedData(f"{_SOURCE}: {where}: field {key!r} is empty; expected a non-empty string")
   return value
