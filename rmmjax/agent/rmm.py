@@ -210,19 +210,19 @@ class Agent(ChatAgent):
                           f"{len(known)} users{': ' + ', '.join(known[:5]) if known else ''}"
                           f"{'...' if len(known) > 5 else ''}); add the user first")
 
-  def _batch(self, q_D, mem_KxD, mask_K, arrays) -> core.Batch:
-    """One query's candidates as a batch of one (with the reranker's own inputs, if any)."""
-    inputs = None if arrays is None else self._reader.inputs(tuple(x[None] for x in arrays))
-    batch = core.Batch(q_BxD=q_D[None], mem_BxKxD=mem_KxD[None], mask_BxK=mask_K[None],
-                       inputs=inputs)
-    return self._reader.pack(batch)
+  def _batch(self, q_BxD, mem_BxKxD, mask_BxK, arrays) -> core.Batch:
+    """Queries' candidates as a batch, with the reranker's own inputs if any (no labels:
+    citations teach)."""
+    inputs = self._reader.inputs(tuple(arrays)) if arrays else None
+    return self._reader.pack(core.Batch(q_BxD, mem_BxKxD, mask_BxK, inputs=inputs))
 
   def _select(self, q_D: np.ndarray, mem_KxD: np.ndarray, mask_K: np.ndarray, tokens,
               sample: bool) -> tuple:
     """(the candidates' scores, the M positions selected: Gumbel-sampled or the top M)."""
     spec = self.state.spec
-    scores_K = np.asarray(self._scores(self.state.params,
-                                       self._batch(q_D, mem_KxD, mask_K, tokens), spec))[0]
+    batch = self._batch(q_D[None], mem_KxD[None], mask_K[None],
+                        None if tokens is None else [x[None] for x in tokens])
+    scores_K = np.asarray(self._scores(self.state.params, batch, spec))[0]
     if sample:
       key = jax.random.fold_in(jax.random.PRNGKey(self.settings.seed), self.stats["queries"])
       selected = core.gumbel_top_m(key, jnp.asarray(scores_K), spec.m, self.state.hparams.tau,
@@ -299,10 +299,7 @@ class Agent(ChatAgent):
     batch_size = self.state.spec.batch
     q, mem, mask, selected, rewards, *tokens = (np.stack(x)
                                                 for x in zip(*self._pending[:batch_size]))
-    batch = core.Batch(q_BxD=q, mem_BxKxD=mem, mask_BxK=mask,  # no labels: citations teach
-                       inputs=self._reader.inputs(tuple(tokens)) if tokens else None)
-    batch = self._reader.pack(batch)
-    state, _ = self._update(self.state, batch, selected, rewards)
+    state, _ = self._update(self.state, self._batch(q, mem, mask, tokens), selected, rewards)
     if self.workdir is not None:  # the pending answers left follow in save()
       self.workdir.save_checkpoint(state)
     # Only now is the batch dropped: an interrupt before this line (the first update compiles,

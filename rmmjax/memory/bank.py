@@ -1,14 +1,12 @@
 """The persistent per-user memory bank: raw turns, topic memories, their snippets and embeddings.
 
-One SQLite file (WAL mode, so readers never wait for a writer, and a busy timeout, so writers
-queue instead of failing). Every call names one user and every query filters by that user; a
-memory id of another user is refused exactly like one that does not exist. Every write is one
-transaction, so a process killed in the middle leaves the bank as it was before the call.
-
-Several processes may write one user at once: ids a writer does not bring (a chat session's,
-its turns') are chosen inside the transaction that writes them, a session takes turns only from
-the kind of writer that opened it (chat, ingest, api), and a reflection computed from rows that
-changed before it was applied is refused (StaleRead), to be recomputed.
+One SQLite file (`_connection.py`). Every call names one user and every query filters by that
+user: a memory id of another user is refused exactly like one that does not exist. Every write
+is one transaction, so a process killed in the middle leaves the bank as it was before the call.
+Several processes may write one user at once: ids a writer does not bring are chosen inside the
+transaction that writes them, a session takes turns only from the kind of writer that opened it
+(chat, ingest, api), and a reflection computed from rows that changed before it was applied is
+refused (StaleRead), to be recomputed.
 """
 
 from __future__ import annotations

@@ -52,13 +52,11 @@ class ReflectionFailed(LLMError):
 class LLMReflector(Reflector):
   """Asks a chat model for the topics and for each add-or-merge decision.
 
-  A topic list that cannot be used (not JSON, no text at all, or topics none of which has a
-  summary and a turn id it was shown) is a fallback: `fallback`'s topics replace it, counted in
-  the report; without a fallback ReflectionFailed is raised, so the
-  session is not marked reflected with nothing in it. An unusable decision adds the topic. A
-  call that fails (LLMError) propagates, so the reflection is not applied and can be retried.
-  Prompts are fitted to the model's context (`llm.prompt_chars`); `cut_prompts` counts those
-  whose text had to be cut.
+  An unusable topic list (not JSON, no text, or no topic with a summary and a turn id it was
+  shown) is replaced by `fallback`'s topics, counted in the report, or raises ReflectionFailed,
+  so the session is not marked reflected with nothing in it. An unusable decision adds the
+  topic. A failed call (LLMError) propagates: nothing is applied, and it can be retried.
+  `cut_prompts` counts the prompts cut to fit the model's context (`llm.prompt_chars`).
   """
 
   def __init__(self, llm: LLM, *, fallback: Reflector | None = None):

@@ -1,26 +1,21 @@
 """LaceMem's semantic links: each fact's top neighbours by cosine, kept exactly under streaming.
 
-Node i ranks the other facts j with cosine >= min_cosine by (cosine descending, fact id
-ascending) and keeps the first `max_neighbours`: its list S(i). That rule looks at all facts at
-once, so it cannot depend on the order they arrived in; a streaming insert reproduces it
-exactly: the new fact ranks every older one, and it enters an older list only when it beats that
-list's weakest entry (on a tie the older id wins, so it must be strictly better), evicting the
-weakest. The reverse index R(i) = {j : i in S(j)} changes with every such entry and eviction, so
-both ends of a link always agree. Edges are then S(i) and R(i) intersected ("mutual": at most
-`max_neighbours` per node) or united ("either": every node keeps its own list).
+Fact i ranks the other facts j with cosine >= min_cosine by (cosine descending, fact id
+ascending) and keeps the first `max_neighbours`: its list S(i). A streaming insert reproduces
+that order-free rule exactly: the new fact ranks every older one, and enters an older list only
+when it beats the list's weakest entry (on a tie the older id wins), evicting that entry. The
+reverse index R(i) = {j : i in S(j)} follows every entry and eviction. Edges are S(i) and R(i)
+intersected ("mutual": at most `max_neighbours` per fact) or united ("either").
 
 Exactness: vectors are rounded to multiples of 2^-11 (GRID_BITS), so for rows of norm < 2 every
-product is a multiple of 2^-22 and every partial sum of a dot product is one of magnitude < 4:
-all representable in float32. A dot product is then exact whatever the summation order, so the
-matrix-vector product of a streaming insert, the blocked matrix products of a batch build, any
-BLAS and any device give bit-identical cosines, and equal inputs give equal graphs. The rounding
-moves a cosine by about 1e-4 at D = 384.
+product is a multiple of 2^-22 and every partial sum of a dot product one of magnitude < 4, all
+representable in float32: a dot product is exact in any summation order, so streaming inserts,
+batch builds, any BLAS and any device give bit-identical cosines. The rounding moves a cosine
+by about 1e-4 at D = 384.
 
-Cost: a streaming insert compares the new fact with the N older ones, 2 N D FLOPs (N x D reads,
-in row blocks of `chunk`), plus O(C k) for the C of them above the threshold. A batch build
-computes the upper block triangle of the N x N cosine matrix, chunk x chunk at a time: N^2 D
-FLOPs in all (the same as N streaming inserts) in O(chunk^2) memory, keeping only entries above
-the threshold and pruning to the top k per node as they accumulate.
+Cost: a streaming insert compares the new fact with the N older ones (2 N D FLOPs, in row blocks
+of `chunk`); a batch build computes the upper block triangle of the N x N cosine matrix, chunk x
+chunk at a time (N^2 D FLOPs in O(chunk^2) memory), pruning to the top k per fact as it goes.
 """
 
 from __future__ import annotations
