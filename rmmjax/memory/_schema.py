@@ -74,10 +74,8 @@ SCHEMA: tuple[str, ...] = (
     """CREATE TRIGGER embeddings_follow_memory AFTER DELETE ON memories
          BEGIN DELETE FROM embeddings WHERE kind = 'memory'
            AND owner_id = OLD.memory_id; END""",
-    # LaceMem's layers (rmmjax.memory._lace_rows): its own raw turns (a layered memory is saved
-    # and replaced as a whole, apart from the sessions reflection ends), atomic facts with their
-    # vectors, and each fact's ranked semantic neighbours; a revision per saved LaceMem, so a
-    # save writes only what is new when nobody else saved in between.
+    # LaceMem's layers (`_lace_rows.py`): a revision per saved LaceMem, so a save writes only
+    # what is new when nobody else saved in between.
     """CREATE TABLE lace_meta (
          user_id TEXT PRIMARY KEY REFERENCES users (user_id) ON DELETE CASCADE,
          settings TEXT NOT NULL, encoder TEXT NOT NULL,

@@ -59,17 +59,16 @@ class MemoryBank:
       self._db = connect(self.path, BUSY_TIMEOUT_S, where)
       with self._writing() as db:
         schema_sql.open_schema(db, self.cipher, self.where)
-    except sqlite3.Error as err:
+    except BaseException as err:
       self.close()
+      if not isinstance(err, sqlite3.Error):
+        raise
       if not can_create_in(self.path.parent):
         raise BankFileError(f"{where} cannot be opened: its folder {self.path.parent} is not "
                             f"writable, and SQLite keeps a -wal and a -shm file beside a bank, "
                             f"even to read it; copy the bank to a writable folder") from None
       raise BankFileError(f"{where} cannot be opened (sqlite: {err}): the file is corrupt or "
                           f"not a memory bank; pick another path") from None
-    except BaseException:
-      self.close()
-      raise
 
   def close(self) -> None:
     if self._db is not None:
@@ -129,8 +128,7 @@ class MemoryBank:
 
   def memory_version(self, user: str) -> int:
     """A number that changes in every transaction that changes the user's memories or their
-    embeddings, and never repeats; one row lookup (a search index is rebuilt only when it
-    changes)."""
+    embeddings, and never repeats: one row lookup tells a search index to rebuild."""
     with self._reading() as db:
       return self._version(db, user)
 
@@ -159,9 +157,8 @@ class MemoryBank:
                   date: str) -> tuple[str, list[str]]:
     """Appends (speaker, text) or (speaker, text, kind) turns (KINDS: statements by default)
     to the user's open chat session, opening one (dated `date`) when there is none; returns
-    (session id, turn ids). The ids are chosen inside the write, so concurrent chats of one
-    user never collide, and a session that another process ended meanwhile is never written
-    to."""
+    (session id, turn ids). The ids are chosen inside the write: concurrent chats of one user
+    never collide, and a session that another process ended meanwhile is never written to."""
     texts, kinds = chat_turn_rows(turns)
     with self._writing() as db:
       self._require_user(db, user)
@@ -185,9 +182,8 @@ class MemoryBank:
     turns = turn_rows(turns)
     with self._writing() as db:
       self._require_user(db, user)
-      info = rows.session(db, user, session_id)
-      if info is None:
-        info = rows.insert_session(db, user, session_id, date, "ingest")
+      info = rows.session(db, user, session_id) or rows.insert_session(
+          db, user, session_id, date, "ingest")
       self._own_session(info, user, "ingest")
       stored, wanted = rows.turn_ids(db, user, session_id), [t[0] for t in turns]
       if info.date != date or stored != wanted[:len(stored)] or (

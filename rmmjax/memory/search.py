@@ -35,8 +35,7 @@ class UserIndex:
   def rank(self, query: str, q_D: np.ndarray, retriever: str, k: int) -> np.ndarray:
     """Row indices of the k best memories for the query, best first (fewer if the bank is)."""
     n = len(self.memories)
-    k = min(k, n)
-    if k == 0:
+    if (k := min(k, n)) == 0:
       return np.zeros(0, np.int64)
     if retriever == "bm25":
       return self.bm25.rank([query], k)[0]
@@ -65,13 +64,11 @@ class BankSearch:
     self._indexes: dict[str, UserIndex] = {}
 
   def index(self, user: str) -> UserIndex:
-    version = self.bank.memory_version(user)
     cached = self._indexes.get(user)
-    if cached is not None and cached.version == version:
+    if cached is not None and cached.version == self.bank.memory_version(user):
       return cached
     version, memories, emb = self.bank.memory_snapshot(user, self.encoder_identity)
-    memories = tuple(memories)
     bm25 = (BM25Retriever([memory_text(m) for m in memories])
             if memories and self.retriever != "dense" else None)
-    self._indexes[user] = UserIndex(memories, emb, bm25, version)
+    self._indexes[user] = UserIndex(tuple(memories), emb, bm25, version)
     return self._indexes[user]

@@ -15,13 +15,7 @@ from rmmjax.memory.topics import turn_text
 
 def embedded_texts(bank: MemoryBank, user: str) -> set[str]:
   """The user's texts, in every form ingest, chat, reflection and LaceMem embed."""
-  texts: set[str] = set()
-  for turn in bank.turns(user):
-    texts |= {turn.text, turn_text(turn, turn.date)}
-  for memory in bank.memories(user):
-    texts.add(memory.summary)
-    texts |= {s.text for s in memory.snippets}
   lace = bank.load_lace(user)
-  if lace is not None:
-    texts |= {f.text for f in lace.facts}  # LaceMem embeds its facts only
-  return texts
+  return ({x for t in bank.turns(user) for x in (t.text, turn_text(t, t.date))}
+          | {x for m in bank.memories(user) for x in (m.summary, *(s.text for s in m.snippets))}
+          | {f.text for f in (lace.facts if lace is not None else ())})  # LaceMem: facts only

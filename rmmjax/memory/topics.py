@@ -138,12 +138,10 @@ class OfflineReflector(Reflector):
     if not turns:
       return Extraction(())
     vectors = np.asarray(self.encoder.encode([turn_text(t, date) for t in turns]), np.float32)
-    topics = []
-    for part in segment(vectors, split_below=self.split_below, min_turns=self.min_turns,
-                        max_turns=self.max_turns):
-      summary = extractive_summary([turns[i] for i in part], date)
-      topics.append(Topic(summary, tuple(turns[i].turn_id for i in part)))
-    return Extraction(tuple(topics))
+    parts = segment(vectors, split_below=self.split_below, min_turns=self.min_turns,
+                    max_turns=self.max_turns)
+    return Extraction(tuple(Topic(extractive_summary([turns[i] for i in part], date),
+                                  tuple(turns[i].turn_id for i in part)) for part in parts))
 
   def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
     """Merge into the most similar candidate at or above merge_at that has room, else add."""

@@ -66,11 +66,8 @@ def _split_connectors(text: str, min_words: int) -> list[str]:
 
 def split_clauses(text: str, min_words: int = MIN_SIDE_WORDS) -> list[str]:
   """The clauses of a text, in order; text with no word at all stays one clause (or none)."""
-  pieces = []
-  for sentence in _SENTENCE_END.split(text.strip()):
-    for part in sentence.split(";"):
-      pieces += _split_connectors(part.strip(), min_words)
-  clauses = [p for p in pieces if any(ch.isalnum() for ch in p)]
+  clauses = [p for sentence in _SENTENCE_END.split(text.strip()) for part in sentence.split(";")
+             for p in _split_connectors(part.strip(), min_words) if any(c.isalnum() for c in p)]
   return clauses or ([text.strip()] if text.strip() else [])
 
 
@@ -80,11 +77,8 @@ def _verb(token: str) -> str | None:
   for suffix, verb in _CONTRACTIONS.items():
     if low.endswith(suffix) and len(low) > len(suffix):
       return verb
-  if low in _VERBS or low.endswith("n't"):
-    return low
-  if low in _NOT_VERBS:
-    return None
-  if (low.endswith("ed") and len(low) >= 4) or (low.endswith("ing") and len(low) >= 5):
+  regular = (low.endswith("ed") and len(low) >= 4) or (low.endswith("ing") and len(low) >= 5)
+  if low in _VERBS or low.endswith("n't") or (regular and low not in _NOT_VERBS):
     return low
   return None
 

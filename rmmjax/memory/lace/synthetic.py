@@ -6,22 +6,22 @@ import math
 
 import numpy as np
 
-from rmmjax.memory.lace.settings import LaceSettings, fact_text
+from rmmjax.memory.lace.settings import fact_text
 from rmmjax.memory.lace.store import LaceMem
 from rmmjax.retrieve.evidence import Fact, RawTurn
 
+CLUSTER_SIZE, FACTS_PER_TURN, TURNS_PER_SESSION = 20, 2, 25
 
-def synthetic_lace(num_facts: int, dim: int = 384, *, seed: int = 0, cluster_size: int = 20,
-                   facts_per_turn: int = 2, turns_per_session: int = 25,
-                   settings: LaceSettings | None = None) -> LaceMem:
+
+def synthetic_lace(num_facts: int, dim: int = 384) -> LaceMem:
   """A LaceMem of random facts for scale checks, built in one batch without an encoder.
 
-  Facts fall into random topics of about `cluster_size`: a topic's facts have cosine about 0.8
+  Facts fall into random topics of about CLUSTER_SIZE: a topic's facts have cosine about 0.8
   with each other and about 0 with the rest, so every fact has semantic candidates above the
-  default threshold. Turns hold `facts_per_turn` facts, sessions `turns_per_session` turns.
+  default threshold.
   """
-  rng = np.random.default_rng(seed)
-  centres = rng.standard_normal((math.ceil(num_facts / cluster_size), dim)).astype(np.float32)
+  rng = np.random.default_rng(0)
+  centres = rng.standard_normal((math.ceil(num_facts / CLUSTER_SIZE), dim)).astype(np.float32)
   centres /= np.linalg.norm(centres, axis=1, keepdims=True)
   topic = rng.integers(0, centres.shape[0], num_facts)
   # Noise of squared norm about 0.25: cosine within a topic about 1 / 1.25.
@@ -29,9 +29,9 @@ def synthetic_lace(num_facts: int, dim: int = 384, *, seed: int = 0, cluster_siz
       0.5 / math.sqrt(dim))
   vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
   turns, facts = [], []
-  for first in range(0, num_facts, facts_per_turn):
-    turn, ids = first // facts_per_turn, range(first, min(first + facts_per_turn, num_facts))
-    session = turn // turns_per_session
+  for first in range(0, num_facts, FACTS_PER_TURN):
+    turn, ids = first // FACTS_PER_TURN, range(first, min(first + FACTS_PER_TURN, num_facts))
+    session = turn // TURNS_PER_SESSION
     clauses = [f"fact {i} of topic {topic[i]}" for i in ids]
     raw = RawTurn(f"T{turn}", f"S{session}", f"day {session}", "AB"[turn % 2],
                   "; ".join(clauses))
@@ -39,4 +39,4 @@ def synthetic_lace(num_facts: int, dim: int = 384, *, seed: int = 0, cluster_siz
     facts += [Fact(i, raw.speaker, "states", clause, raw.date, raw.turn_id, raw.session_id,
                    fact_text(raw.date, raw.speaker, clause))
               for i, clause in zip(ids, clauses, strict=True)]
-  return LaceMem.from_facts(turns, facts, vectors, settings=settings)
+  return LaceMem.from_facts(turns, facts, vectors)
