@@ -27,9 +27,10 @@ class Reply(abc.ABC):
   session_id: str | None  # where the exchange was recorded
 
   @property
-  @abc.abstractmethod
   def abstained(self) -> bool:
-    """Whether retrieval judged the evidence missing (the LLM was asked to say so)."""
+    """Whether retrieval judged the evidence missing (the LLM was asked to say so): only a
+    search through IRIS does."""
+    return False
 
   @property
   @abc.abstractmethod

@@ -81,10 +81,6 @@ class Response(Reply):
   session_id: str | None = None  # where respond recorded the exchange
 
   @property
-  def abstained(self) -> bool:
-    return False  # only a search through IRIS abstains (rmmjax.agent.iris)
-
-  @property
   def shown_texts(self) -> list[str]:
     return [memory.summary for memory in self.memories]
 

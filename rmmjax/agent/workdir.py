@@ -13,6 +13,7 @@ exclusive lock); a restart with other settings is refused with the differences.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -93,11 +94,8 @@ class AgentWorkdir:
   def restore(self, template: TrainState) -> tuple[TrainState, list[tuple], dict]:
     """(the newest checkpoint's state or the template, the pending rewarded answers that build
     on it, the saved counters)."""
-    checkpointer = Checkpointer(self.path / "checkpoints", read_only=True)
-    try:
-      step, state, _ = checkpointer.restore_latest(template)
-    finally:
-      checkpointer.close()
+    with contextlib.closing(Checkpointer(self.path / "checkpoints", read_only=True)) as ckpt:
+      _, state, _ = ckpt.restore_latest(template)
     state = template if state is None else state
     saved = self._read_json() or {}
     return state, self._pending(int(state.step)), dict(saved.get("stats", {}))

@@ -133,38 +133,35 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
   for name in dict.fromkeys(u for u, _ in plan):
     bank.add_user(name, exist_ok=True)
     counts["users"] += 1
-  bar = tqdm(total=sum(len(s) for _, s in plan), desc="sessions", unit="session",
-             disable=not progress)
-  for name, sessions in plan:
-    todo = []
-    for session in sessions:  # each checked against the bank, stored if it is not yet
-      done, added = bank.ingest_session(name, session.session_id, session.date,
-                                        [(t.turn_id, t.speaker, bank_text(t))
-                                         for t in session.turns])
-      counts["turns"] += added
-      if not done:
-        todo.append(session)
-    counts["sessions_skipped"] += len(sessions) - len(todo)
-    bar.update(len(sessions) - len(todo))
-    run_reflector, run_encoder = _ahead(reflector, encoder, todo)
-    for session in todo:
-      try:
-        report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder)
-      except SessionEnded:
-        counts["sessions_skipped"] += 1
+  with tqdm(total=sum(len(s) for _, s in plan), desc="sessions", unit="session",
+            disable=not progress) as bar:
+    for name, sessions in plan:
+      todo = []
+      for session in sessions:  # each checked against the bank, stored if it is not yet
+        turns = [(t.turn_id, t.speaker, bank_text(t)) for t in session.turns]
+        done, added = bank.ingest_session(name, session.session_id, session.date, turns)
+        counts["turns"] += added
+        if not done:
+          todo.append(session)
+      counts["sessions_skipped"] += len(sessions) - len(todo)
+      bar.update(len(sessions) - len(todo))
+      run_reflector, run_encoder = _ahead(reflector, encoder, todo)
+      for session in todo:
+        try:
+          report = reflect_session(bank, name, session.session_id, run_reflector, run_encoder)
+        except SessionEnded:
+          counts["sessions_skipped"] += 1
+          bar.update(1)
+          continue
+        except LLMError as err:
+          raise IngestStopped(f"{err}; session {session.session_id} of user {name!r} was not "
+                              f"reflected, the {counts['sessions']} sessions reflected before it "
+                              f"in this run are kept: rerun the same command to resume",
+                              counts) from err
+        counts["sessions"] += 1
+        for key in COUNTS[4:]:  # the report's counts, by its field names
+          counts[key] += getattr(report, key.removeprefix("memories_"))
         bar.update(1)
-        continue
-      except LLMError as err:
-        bar.close()
-        raise IngestStopped(f"{err}; session {session.session_id} of user {name!r} was not "
-                            f"reflected, the {counts['sessions']} sessions reflected before it "
-                            f"in this run are kept: rerun the same command to resume", counts,
-                            ) from err
-      counts["sessions"] += 1
-      for key in COUNTS[4:]:  # the report's counts, by its field names
-        counts[key] += getattr(report, key.removeprefix("memories_"))
-      bar.update(1)
-  bar.close()
   seconds = time.perf_counter() - start
   return {**counts, "seconds": round(seconds, 3),
           "turns_per_s": round(counts["turns"] / seconds, 2) if seconds > 0 else 0.0}
