@@ -86,7 +86,6 @@ class IrisAgent(ChatAgent):
                          refiner=refiner), store
 
   def respond(self, user: str, query: str) -> IrisResponse:
-    """Answers one query through IRIS and records the exchange in the user's chat session."""
     result, store = self.recall(user, query)
     turns = tuple(store.raw(t) for t in result.top_turns(self.m)) if result else ()
     self.stats["queries"] += 1
@@ -98,8 +97,7 @@ class IrisAgent(ChatAgent):
     return IrisResponse(answer, turns, cited, result, failure, error, session_id)
 
   def tell(self, user: str, text: str) -> str:
-    """Records something the user says (a statement) in their chat session and adds it to
-    their LaceMem at once, as evidence for later questions; returns the session's id."""
+    """Records a statement and adds it to the LaceMem at once, as evidence for later questions."""
     store = self.store(user)
     session_id = self._record(user, [("user", text, "statement")])
     self.stats["lace_turns_added"] += add_missing_turns(store, self.bank, user)

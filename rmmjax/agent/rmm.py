@@ -253,17 +253,14 @@ class Agent(ChatAgent):
     return [candidates[s] for s in top], [float(scores_K[s]) for s in top]
 
   def tell(self, user: str, text: str) -> str:
-    """Records something the user says (a statement: nothing is retrieved or answered) in
-    their open chat session, where reflection takes it into the topic memories; returns the
-    session's id."""
+    """Records a statement, which reflection takes into the topic memories."""
     self._require_user(user)
     session_id = self._record(user, [("user", text, "statement")])
     self.save()
     return session_id
 
   def respond(self, user: str, query: str, *, record: bool = True) -> Response:
-    """Answers one query, records the exchange in the user's open chat session (opening one
-    when there is none; `record=False`: nowhere), then learns from it."""
+    """Answers one query, records the exchange (unless `record` is False), then learns."""
     self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=self.learning)

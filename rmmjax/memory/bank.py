@@ -1,6 +1,6 @@
 """The persistent per-user memory bank: raw turns, topic memories, their snippets and embeddings.
 
-One SQLite file (`_connection.py`). Every call names one user and every query filters by that
+One SQLite file (`_schema.py`). Every call names one user and every query filters by that
 user: a memory id of another user is refused exactly like one that does not exist. Every write
 is one transaction, so a process killed in the middle leaves the bank as it was before the call.
 Several processes may write one user at once: ids a writer does not bring are chosen inside the
@@ -26,7 +26,7 @@ from rmmjax.memory import _lace_rows as lace_rows
 from rmmjax.memory import _schema as schema_sql
 from rmmjax.memory import _user_rows as rows
 from rmmjax.memory import portable
-from rmmjax.memory._connection import connect, transaction
+from rmmjax.memory._schema import connect, transaction
 from rmmjax.memory.crypto import Cipher, FernetCipher
 from rmmjax.memory.records import (
     BankFileError, BankTurn, LaceSaved, LaceSnapshot, Memory, Merge, NewMemory, ReflectionInput,

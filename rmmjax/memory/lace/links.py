@@ -130,19 +130,17 @@ class SemanticGraph:
 
   @classmethod
   def _holding(cls, vectors: np.ndarray, **settings) -> SemanticGraph:
-    """A graph of these vectors (snapped) with no lists yet."""
+    """A graph of these vectors (snapped) with no lists yet; `settings` are __init__'s."""
     rows = snap(vectors)
     graph = cls(rows.shape[1], **settings)
     graph._store(rows)
     return graph
 
   @classmethod
-  def build(cls, vectors: np.ndarray, *, min_cosine: float, max_neighbours: int,
-            chunk: int) -> SemanticGraph:
+  def build(cls, vectors: np.ndarray, **settings) -> SemanticGraph:
     """All facts at once: the blocked upper triangle of the cosine matrix, pruned as it goes."""
-    graph = cls._holding(vectors, min_cosine=min_cosine, max_neighbours=max_neighbours,
-                         chunk=chunk)
-    n, v, k = graph._n, graph.vectors, graph.k
+    graph = cls._holding(vectors, **settings)
+    n, v, k, chunk = graph._n, graph.vectors, graph.k, graph.chunk
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     pending, limit = 0, max(1 << 20, 4 * n * max(k, 1))
     for r0 in range(0, n if k else 0, chunk):
@@ -174,17 +172,16 @@ class SemanticGraph:
       self._refresh_worst(i)
 
   @classmethod
-  def restore(cls, vectors: np.ndarray, lists: list[tuple[int, int, float]], *,
-              min_cosine: float, max_neighbours: int, chunk: int) -> SemanticGraph:
+  def restore(cls, vectors: np.ndarray, lists: list[tuple[int, int, float]],
+              **settings) -> SemanticGraph:
     """A graph from stored vectors and (fact, neighbour, cosine) entries in list order."""
-    graph = cls._holding(vectors, min_cosine=min_cosine, max_neighbours=max_neighbours,
-                         chunk=chunk)
+    graph = cls._holding(vectors, **settings)
     rows, cols, cos = zip(*lists) if lists else ((), (), ())
     rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
     bad = (rows < 0) | (rows >= graph._n) | (cols < 0) | (cols >= graph._n) | (rows == cols)
-    if bad.any() or np.any(np.bincount(rows, minlength=graph._n) > max_neighbours):
+    if bad.any() or np.any(np.bincount(rows, minlength=graph._n) > graph.k):
       raise ValueError(f"stored neighbour lists do not fit {graph._n} facts with at most "
-                       f"{max_neighbours} neighbours each")
+                       f"{graph.k} neighbours each")
     graph._set_lists(rows, cols, cos)
     return graph
 
@@ -196,9 +193,7 @@ class SemanticGraph:
 
   def lists(self) -> Iterator[tuple[int, int, float]]:
     """Every (fact, neighbour, cosine) entry of every S(i), in list order."""
-    for i, top in enumerate(self._top):
-      for c, j in top:
-        yield i, j, c
+    return ((i, j, c) for i, top in enumerate(self._top) for c, j in top)
 
   def list_of(self, i: int) -> list[tuple[int, float]]:
     """S(i) as (neighbour, cosine) entries, in list order."""
