@@ -16,7 +16,7 @@ from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem, add_missing_turns, synced_lace
-from rmmjax.memory.reflection import OfflineReflector, Reflector
+from rmmjax.memory.reflection import OfflineReflector
 from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
 from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
@@ -48,12 +48,11 @@ class IrisAgent(ChatAgent):
   """Serves questions of any user of one bank through IRIS over the user's LaceMem."""
 
   def __init__(self, bank: MemoryBank, encoder, *, m: int = 5, llm: LLM | None = None,
-               settings: IrisSettings = IrisSettings(), model=None,
-               reflector: Reflector | None = None, progress: bool = True,
+               settings: IrisSettings = IrisSettings(), model=None, progress: bool = True,
                rebuild: bool = False):
     self.bank, self.encoder, self.m, self.llm = bank, encoder, m, llm
     self.settings, self.model, self.progress = settings, model, progress
-    self.reflector = reflector or OfflineReflector(encoder)
+    self.reflector = OfflineReflector(encoder)
     self._rebuild = rebuild
     self._stores: dict[str, LaceMem] = {}
     self.stats = dict.fromkeys(STATS, 0) | {"abstained": 0, "lace_turns_added": 0}

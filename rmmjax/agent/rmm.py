@@ -25,7 +25,7 @@ from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
-from rmmjax.memory.reflection import OfflineReflector, Reflector
+from rmmjax.memory.reflection import OfflineReflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
@@ -95,16 +95,15 @@ class Agent(ChatAgent):
   """The RMM loop over one memory bank (every call names the user it serves)."""
 
   def __init__(self, bank: MemoryBank, encoder, settings: AgentSettings = AgentSettings(), *,
-               llm: LLM | None = None, reflector: Reflector | None = None,
-               workdir: Path | None = None, reranker: LoadedReranker | None = None,
-               query_encoder=None, allow_mismatch: bool = False):
+               llm: LLM | None = None, workdir: Path | None = None, query_encoder=None,
+               reranker: LoadedReranker | None = None, allow_mismatch: bool = False):
     self.bank, self.encoder, self.settings, self.llm = bank, encoder, settings, llm
     self.query_encoder = query_encoder or encoder
     # A tuned query encoder's identity; None when queries are embedded by the memories' encoder
     # (an uncached copy of it included).
     tuned = encoder_identity(self.query_encoder)
     self.tuned_query_encoder = None if tuned == encoder_identity(encoder) else tuned
-    self.reflector = reflector or OfflineReflector(encoder)
+    self.reflector = OfflineReflector(encoder)
     self.search = BankSearch(bank, encoder_identity(encoder), settings.retriever)
     self.learning = settings.learn and llm is not None
     hp = core.HParams.create(tau=settings.tau, lr=settings.lr, baseline=settings.baseline,

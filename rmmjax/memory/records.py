@@ -183,11 +183,9 @@ def repeated(values: list) -> list:
 
 def select_in(db: sqlite3.Connection, sql: str, params: tuple, values: list) -> list[tuple]:
   """Rows of sql, whose IN ({}) takes values, in chunks."""
-  rows = []
-  for start in range(0, len(values), _CHUNK):
-    chunk = values[start:start + _CHUNK]
-    rows += db.execute(sql.format(",".join("?" * len(chunk))), [*params, *chunk]).fetchall()
-  return rows
+  chunks = (values[i:i + _CHUNK] for i in range(0, len(values), _CHUNK))
+  return [row for chunk in chunks
+          for row in db.execute(sql.format(",".join("?" * len(chunk))), [*params, *chunk])]
 
 
 # LaceMem's layers as plain values: what LaceMem hands the bank to save and gets back.

@@ -79,8 +79,7 @@ def segment(vectors: np.ndarray, *, split_below: float, min_turns: int,
   cosine to the current range's centroid (so one off-topic reply does not end it) is below
   `split_below` once the range has min_turns rows, and always when it has max_turns."""
   vectors = np.asarray(vectors, np.float32)
-  n = len(vectors)
-  if n == 0:
+  if not (n := len(vectors)):
     return []
   ranges, start, total = [], 0, vectors[0].astype(np.float64)
   for i in range(1, n):

@@ -23,7 +23,7 @@ from rmmjax.data.schema import Conversation
 from rmmjax.encode.protocol import Encoder
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.ingest import bank_text
-from rmmjax.memory.lace.facts import Draft, turn_drafts
+from rmmjax.memory.lace.facts import turn_drafts
 from rmmjax.memory.lace.links import SemanticGraph, snap
 from rmmjax.memory.lace.settings import LaceSettings, fact_text
 from rmmjax.memory.records import EncoderMismatch, LaceSaved, LaceSnapshot, UnknownRecord
@@ -80,12 +80,6 @@ class LaceMem:
       self._session_pos.append(len(in_session))
       in_session.append(fact.fact_id)
 
-  def _new_facts(self, raw: RawTurn, drafts: list[Draft], before: int = 0) -> list[Fact]:
-    start = len(self._facts) + before  # `before` facts are still to be added ahead of these
-    return [Fact(start + n, d.subject, d.predicate, d.object, raw.date, raw.turn_id,
-                 raw.session_id, fact_text(raw.date, raw.speaker, d.clause))
-            for n, d in enumerate(drafts)]
-
   def _new_graph(self, vectors: np.ndarray) -> SemanticGraph:
     s = self.settings
     return SemanticGraph.build(vectors, min_cosine=s.min_cosine, max_neighbours=s.max_semantic,
@@ -107,7 +101,10 @@ class LaceMem:
         raise ValueError(f"turn {raw.turn_id!r} repeats a turn id, or gives session "
                          f"{raw.session_id!r} another date, among the turns added together")
       raws[raw.turn_id] = raw
-      facts += self._new_facts(raw, turn_drafts(raw.speaker, raw.text), len(facts))
+      start = len(self._facts) + len(facts)
+      facts += [Fact(start + n, d.subject, d.predicate, d.object, raw.date, raw.turn_id,
+                     raw.session_id, fact_text(raw.date, raw.speaker, d.clause))
+                for n, d in enumerate(turn_drafts(raw.speaker, raw.text))]
     vectors = self.encoder.encode([f.text for f in facts]) if facts else None
     if vectors is not None:  # checked (snapped to the grid) before anything changes
       vectors = snap(vectors) if self._graph is None else self._graph.check(vectors)
