@@ -81,8 +81,7 @@ class IrisAgent(ChatAgent):
       judge, refiner = LearnedJudge(self.model.judge, store), EmbeddingRefiner(self.model.refine)
     else:
       judge, refiner = HeuristicJudge(), None
-    return iris_retrieve(store, query, judge=judge, settings=self.settings,
-                         refiner=refiner), store
+    return iris_retrieve(store, query, judge=judge, settings=self.settings, refiner=refiner), store
 
   def respond(self, user: str, query: str) -> IrisResponse:
     result, store = self.recall(user, query)

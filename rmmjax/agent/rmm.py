@@ -129,8 +129,7 @@ class Agent(ChatAgent):
       fixed = dataclasses.asdict(settings) | {
           "reranker": reranker.source if reranker else None,
           "query_encoder": self.tuned_query_encoder, "encrypted": bank.cipher.encrypted}
-      self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning,
-                                  cipher=bank.cipher)
+      self.workdir = AgentWorkdir(Path(workdir), fixed, learning=self.learning, cipher=bank.cipher)
       self._restore()
 
   def _check_reranker(self, reranker: LoadedReranker, allow_mismatch: bool) -> list[str]:

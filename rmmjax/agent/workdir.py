@@ -40,8 +40,7 @@ class AgentWorkdir:
   """The agent's files in one folder; `learning=False` reads them and never writes."""
 
   def __init__(self, path: Path, settings: dict, *, learning: bool, cipher: Cipher = Cipher()):
-    self.path, self.settings, self.learning = Path(path), settings, learning
-    self.cipher = cipher
+    self.path, self.settings, self.learning, self.cipher = Path(path), settings, learning, cipher
     self._lock = self._checkpointer = None
     if self.path.exists() and not self.path.is_dir():
       raise ValueError(f"--workdir {self.path} is a file; expected a folder for the agent's "

@@ -149,15 +149,13 @@ class _Entry:
 def _restrict(topics: Sequence[Topic], turn_ids: Sequence[str]) -> tuple[list[Topic], int, int]:
   """Topics keeping only the session's turn ids (once each); (topics, ids dropped, topics
   dropped). The LLM parser already does this; a custom reflector may not."""
-  shown, kept, dropped_ids, dropped_topics = set(turn_ids), [], 0, 0
+  shown, kept, dropped_ids = set(turn_ids), [], 0
   for topic in topics:
-    ids = list(dict.fromkeys(t for t in topic.turn_ids if t in shown))
+    ids = tuple(dict.fromkeys(t for t in topic.turn_ids if t in shown))
     dropped_ids += sum(t not in shown for t in topic.turn_ids)
     if ids and isinstance(topic.summary, str) and topic.summary.strip():
-      kept.append(Topic(topic.summary.strip(), tuple(ids)))
-    else:
-      dropped_topics += 1
-  return kept, dropped_ids, dropped_topics
+      kept.append(Topic(topic.summary.strip(), ids))
+  return kept, dropped_ids, len(topics) - len(kept)
 
 
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:

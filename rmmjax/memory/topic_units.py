@@ -22,8 +22,7 @@ def topic_text(memory: Memory) -> str:
   return memory.summary
 
 
-def conversation_units(conversation: Conversation, granularity: str,
-                       encoder=None) -> list[Unit]:
+def conversation_units(conversation: Conversation, granularity: str, encoder=None) -> list[Unit]:
   """All units of one conversation at a granularity of UNITS, in conversation order: a topic
   unit is a memory that replaying the sessions through a fresh bank with the offline reflector
   leaves, as its text covering all its snippets' turns."""

@@ -125,8 +125,7 @@ class SemanticGraph:
   def _refresh_worst(self, i: int) -> None:
     top = self._top[i]
     # inf: a list of capacity 0 takes nothing; -inf: a list with room takes any candidate.
-    self._worst[i] = (np.inf if self.k == 0 else top[-1][0] if len(top) == self.k
-                      else -np.inf)
+    self._worst[i] = (np.inf if self.k == 0 else top[-1][0] if len(top) == self.k else -np.inf)
 
   @classmethod
   def _holding(cls, vectors: np.ndarray, **settings) -> SemanticGraph:

@@ -166,8 +166,7 @@ class LaceMem:
 
   def facts_about(self, entity: str) -> list[int]:
     pattern = re.compile(rf"(?<!\w){re.escape(entity.strip())}(?!\w)", re.IGNORECASE)
-    return [f.fact_id for f in self._facts if pattern.search(f.subject)
-            or pattern.search(f.object)]
+    return [f.fact_id for f in self._facts if pattern.search(f.subject) or pattern.search(f.object)]
 
   def search(self, query: str, k: int) -> list[tuple[int, float]]:
     bm25 = self.settings.retrieval == "bm25" or not self._facts  # no query embedding needed

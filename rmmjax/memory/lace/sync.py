@@ -44,8 +44,7 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
   return lace, added
 
 
-def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *,
-                      progress: bool = False) -> int:
+def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *, progress: bool = False) -> int:
   """Adds the user's bank turns that `lace` lacks, in the bank's order, and saves it when any
   were; returns how many."""
   missing = bank.turns_not_in(user, lace.turn_ids(), EVIDENCE)

@@ -33,8 +33,7 @@ def synthetic_lace(num_facts: int, dim: int = 384) -> LaceMem:
     turn, ids = first // FACTS_PER_TURN, range(first, min(first + FACTS_PER_TURN, num_facts))
     session = turn // TURNS_PER_SESSION
     clauses = [f"fact {i} of topic {topic[i]}" for i in ids]
-    raw = RawTurn(f"T{turn}", f"S{session}", f"day {session}", "AB"[turn % 2],
-                  "; ".join(clauses))
+    raw = RawTurn(f"T{turn}", f"S{session}", f"day {session}", "AB"[turn % 2], "; ".join(clauses))
     turns.append(raw)
     facts += [Fact(i, raw.speaker, "states", clause, raw.date, raw.turn_id, raw.session_id,
                    fact_text(raw.date, raw.speaker, clause))
