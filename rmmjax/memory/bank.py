@@ -222,11 +222,6 @@ class MemoryBank:
     with self._reading() as db:
       return rows.memories(db, self.cipher, self._require_user(db, user))
 
-  def memory_embeddings(self, user: str, encoder: str) -> tuple[list[int], np.ndarray]:
-    """(memory ids, float32 N x D matrix) of the user's memories as embedded by encoder."""
-    with self._reading() as db:
-      return emb.matrix(db, self.cipher, self._require_user(db, user), encoder, self.where)
-
   def memory_snapshot(self, user: str, encoder: str) -> tuple[int, list[Memory], np.ndarray]:
     """(memory_version, memories oldest first, their encoder embeddings in that order, N x D)
     from one snapshot: what a search index is built from (three reads could mix two writes)."""

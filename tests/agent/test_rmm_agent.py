@@ -314,7 +314,7 @@ def test_an_encrypted_banks_workdir_holds_no_vector_in_the_clear(tmp_path):
   from rmmjax.memory import generate_key
   key, encoder = generate_key(), HashEncoder()
   secret = _bank(tmp_path / "sealed.sqlite", encoder, key)
-  vectors = [v for user in TOPICS for v in secret.memory_embeddings(user, encoder.identity)[1]]
+  vectors = [v for user in TOPICS for v in secret.memory_snapshot(user, encoder.identity)[2]]
   settings = dataclasses.replace(SETTINGS, batch=4)
   agent = Agent(secret, encoder, settings, llm=ScriptedLLM([_cite(1, 2)] * 6),
                 workdir=tmp_path / "agent")

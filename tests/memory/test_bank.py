@@ -76,8 +76,9 @@ def test_sessions_turns_memories_and_merges(tmp_path):
     assert [s.turn_id for s in first.snippets] == ["ann:D0:0", "ann:D0:1", "ann:D1:3", "ann:D2:3"]
     assert first.snippets[2] == ("ann:D1:3", "ann-S1", "2024-03-02", "ann told story 1.3")
     assert (first.created, first.updated) == (1000.0, 1002.0)
-    got_ids, matrix = bank.memory_embeddings("ann", "enc-a")
-    assert got_ids == ids and matrix.dtype == np.float32 and matrix.shape == (len(ids), 8)
+    _, memories, matrix = bank.memory_snapshot("ann", "enc-a")
+    assert [m.id for m in memories] == ids
+    assert matrix.dtype == np.float32 and matrix.shape == (len(ids), 8)
     np.testing.assert_array_equal(matrix[0], _vec(202))  # the last merge's embedding
     with pytest.raises(ValueError, match="has ended"):
       bank.add_turns("ann", "ann-S0", [("x", "me", "late")])
@@ -256,7 +257,7 @@ def test_four_processes_write_four_users_at_once(tmp_path):
       assert [s.turn_id for s in memories[0].snippets] == [f"D0:{j}" for j in range(10)] + [
           "D1:0", "D2:0"]
       assert all(s.text.startswith(f"{u} said") for m in memories for s in m.snippets)
-      assert bank.memory_embeddings(u, "enc")[1].shape == (30, 4)
+      assert bank.memory_snapshot(u, "enc")[2].shape == (30, 4)
   with sqlite3.connect(path) as db:
     order = [r[0] for r in db.execute("SELECT user_id FROM turns ORDER BY rowid")]
   switches = sum(a != b for a, b in zip(order, order[1:], strict=False))
@@ -303,7 +304,7 @@ def test_another_encoder_is_refused_until_re_embedded(tmp_path):
     bank.add_user("ann")
     ids = _fill(bank, "ann")
     with pytest.raises(EncoderMismatch) as err:
-      bank.memory_embeddings("ann", "enc-b")
+      bank.memory_snapshot("ann", "enc-b")
     message = str(err.value)
     assert "'enc-a'" in message and "'enc-b'" in message and "must be re-embedded" in message
     bank.start_session("ann", "S9", "2024-07-01")
@@ -312,16 +313,16 @@ def test_another_encoder_is_refused_until_re_embedded(tmp_path):
       bank.apply_reflection("ann", "S9", [NewMemory("x", ["t"], _vec(1, 3))], [], "enc-b")
     bank.put_embeddings("ann", "enc-b", ids[:2], np.ones((2, 3), np.float32))
     with pytest.raises(EncoderMismatch, match=r"2 of the 4 memories of user 'ann' \(ids \[3, 4"):
-      bank.memory_embeddings("ann", "enc-b")
+      bank.memory_snapshot("ann", "enc-b")
     with pytest.raises(ValueError, match=r"sizes \[3, 5\]"):
       bank.put_embeddings("ann", "enc-b", ids[2:], np.ones((2, 5), np.float32))
     bank.put_embeddings("ann", "enc-b", ids[2:], np.ones((2, 3), np.float32))
-    assert bank.memory_embeddings("ann", "enc-b")[1].shape == (4, 3)
-    assert bank.memory_embeddings("ann", "enc-a")[1].shape == (4, 8)
+    assert bank.memory_snapshot("ann", "enc-b")[2].shape == (4, 3)
+    assert bank.memory_snapshot("ann", "enc-a")[2].shape == (4, 8)
     # A merge rewrites the summary: the other encoder's vector of it is stale and goes.
     bank.apply_reflection("ann", "S9", [], [Merge(ids[0], "new", ["t"], _vec(1, 3))], "enc-b")
     with pytest.raises(EncoderMismatch, match=r"1 of the 4 memories of user 'ann' \(ids \[1\]\)"):
-      bank.memory_embeddings("ann", "enc-a")
+      bank.memory_snapshot("ann", "enc-a")
 
 
 def test_export_import_round_trips_exactly(tmp_path):
@@ -467,7 +468,7 @@ def test_a_search_index_is_read_from_one_snapshot(tmp_path, monkeypatch):
     _fill(bank, "ann")
     expected = [m.id for m in bank.memories("ann")]
     # The version lookup says whether a kept index is current; the index itself is one read.
-    for name in ("memories", "memory_embeddings"):
+    for name in ("memories",):
       monkeypatch.setattr(bank, name, lambda *a, name=name: pytest.fail(f"{name} read apart"))
     index = BankSearch(bank, "enc-a", "hybrid").index("ann")
     assert [m.id for m in index.memories] == expected

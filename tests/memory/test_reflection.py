@@ -113,7 +113,7 @@ def test_near_duplicate_topic_merges_and_keeps_every_snippet(tmp_path):
   assert f"[{DATE1}]" in garden.summary and f"\n[{DATE2}] Caroline: " in garden.summary
   assert [s.turn_id for s in guitar.snippets] == ["D1:4", "D1:5", "D1:6"]
   assert [s.turn_id for s in cooking.snippets] == ["D2:4", "D2:5", "D2:6"]
-  ids, vectors = bank.memory_embeddings("u", encoder.identity)
+  _, _, vectors = bank.memory_snapshot("u", encoder.identity)
   np.testing.assert_allclose(vectors[0], encoder.encode([garden.summary])[0], atol=1e-6)
   assert all(s.session_id == "S2" for s in garden.snippets[3:])
   with pytest.raises(ValueError, match="has ended"):
