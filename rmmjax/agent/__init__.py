@@ -4,9 +4,8 @@ abstract chat agent; the RMM agent's workdir keeps what it learns."""
 
 from __future__ import annotations
 
-from rmmjax.agent.base import STATS, ChatAgent, Reply
-from rmmjax.agent.iris import IrisAgent, IrisResponse
-from rmmjax.agent.rmm import Agent, AgentSettings, Response
+from rmmjax.agent.base import ChatAgent, Reply
+from rmmjax.agent.iris import IrisAgent
+from rmmjax.agent.rmm import Agent, AgentSettings
 
-__all__ = ["STATS", "Agent", "AgentSettings", "ChatAgent", "IrisAgent", "IrisResponse", "Reply",
-           "Response"]
+__all__ = ["Agent", "AgentSettings", "ChatAgent", "IrisAgent", "Reply"]

@@ -4,10 +4,9 @@ user's turns (`synced_lace`), the bank alone writing its rows."""
 
 from __future__ import annotations
 
-from rmmjax.memory.lace.settings import RETRIEVALS, LaceSettings, fact_text
+from rmmjax.memory.lace.settings import LaceSettings
 from rmmjax.memory.lace.store import LaceMem
 from rmmjax.memory.lace.sync import add_missing_turns, synced_lace
 from rmmjax.memory.lace.synthetic import synthetic_lace
 
-__all__ = ["RETRIEVALS", "LaceMem", "LaceSettings", "add_missing_turns", "fact_text",
-           "synced_lace", "synthetic_lace"]
+__all__ = ["LaceMem", "LaceSettings", "add_missing_turns", "synced_lace", "synthetic_lace"]
