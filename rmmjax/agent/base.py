@@ -10,7 +10,7 @@ import datetime
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.reflection import Encoder, ReflectionReport, Reflector, reflect_session
+from rmmjax.memory.reflection import Encoder, OfflineReflector, ReflectionReport, reflect_session
 
 # Every agent's counters: questions asked, reranker updates, the cited-answer exchange's
 # (rmmjax.llm.exchange.COUNTERS), turns it wrote to the bank.
@@ -43,7 +43,6 @@ class ChatAgent(abc.ABC):
 
   bank: MemoryBank
   llm: LLM | None
-  reflector: Reflector
   encoder: Encoder
   stats: dict  # STATS and the agent's own counters
 
@@ -57,11 +56,11 @@ class ChatAgent(abc.ABC):
 
   def end_session(self, user: str) -> ReflectionReport:
     """Prospective Reflection over the user's open chat session; returns its report."""
-    info = self.bank.open_session(user, "chat")
-    if info is None:
+    if (info := self.bank.open_session(user, "chat")) is None:
       raise ValueError(f"user {user!r} has no open chat session to end")
     # A session another process reflected meanwhile is refused by the bank (SessionEnded).
-    return reflect_session(self.bank, user, info.session_id, self.reflector, self.encoder)
+    reflector = OfflineReflector(self.encoder)
+    return reflect_session(self.bank, user, info.session_id, reflector, self.encoder)
 
   @abc.abstractmethod
   def kept(self) -> str:

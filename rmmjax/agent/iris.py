@@ -16,7 +16,6 @@ from rmmjax.agent.base import STATS, ChatAgent, Reply
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.lace import LaceMem, add_missing_turns, synced_lace
-from rmmjax.memory.reflection import OfflineReflector
 from rmmjax.retrieve.evidence import RawTurn, turn_prompt_text
 from rmmjax.retrieve.iris import IrisResult, IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
@@ -52,7 +51,6 @@ class IrisAgent(ChatAgent):
                rebuild: bool = False):
     self.bank, self.encoder, self.m, self.llm = bank, encoder, m, llm
     self.settings, self.model, self.progress = settings, model, progress
-    self.reflector = OfflineReflector(encoder)
     self._rebuild = rebuild
     self._stores: dict[str, LaceMem] = {}
     self.stats = dict.fromkeys(STATS, 0) | {"abstained": 0, "lace_turns_added": 0}

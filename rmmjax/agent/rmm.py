@@ -25,7 +25,6 @@ from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.base import LLM
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import Memory, UnknownRecord
-from rmmjax.memory.reflection import OfflineReflector
 from rmmjax.memory.search import BankSearch
 from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
@@ -103,7 +102,6 @@ class Agent(ChatAgent):
     # (an uncached copy of it included).
     tuned = encoder_identity(self.query_encoder)
     self.tuned_query_encoder = None if tuned == encoder_identity(encoder) else tuned
-    self.reflector = OfflineReflector(encoder)
     self.search = BankSearch(bank, encoder_identity(encoder), settings.retriever)
     self.learning = settings.learn and llm is not None
     hp = core.HParams.create(tau=settings.tau, lr=settings.lr, baseline=settings.baseline,

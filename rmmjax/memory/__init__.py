@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.crypto import KEY_ENV, generate_key, key_from_env
-from rmmjax.memory.records import EncoderMismatch, NewMemory, UnknownRecord
+from rmmjax.memory.crypto import KEY_ENV, BankKeyError, generate_key, key_from_env
+from rmmjax.memory.records import (
+    ORIGINS, BankError, BankFileError, BankTurn, EncoderMismatch, Memory, Merge, NewMemory,
+    SessionEnded, SessionInfo, Snippet, StaleRead, UnknownRecord)
+from rmmjax.memory._schema import VERSION as SCHEMA_VERSION
 
-__all__ = ["KEY_ENV", "EncoderMismatch", "MemoryBank", "NewMemory", "UnknownRecord",
-           "generate_key", "key_from_env"]
+__all__ = [
+    "KEY_ENV", "ORIGINS", "SCHEMA_VERSION", "BankError", "BankFileError", "BankKeyError",
+    "BankTurn", "EncoderMismatch", "Memory", "MemoryBank", "Merge", "NewMemory", "SessionEnded",
+    "SessionInfo", "Snippet", "StaleRead", "UnknownRecord", "generate_key", "key_from_env",
+]

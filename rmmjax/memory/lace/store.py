@@ -260,8 +260,7 @@ class LaceMem:
   @classmethod
   def load(cls, bank: MemoryBank, user: str, encoder: Encoder | None) -> LaceMem:
     """The user's saved LaceMem; `encoder` must be the one its facts were embedded with."""
-    snap = bank.load_lace(user)
-    if snap is None:
+    if (snap := bank.load_lace(user)) is None:
       raise UnknownRecord(f"user {user!r} has no saved LaceMem in {bank.where}; save one first")
     if encoder is not None and snap.encoder and encoder.identity != snap.encoder:
       raise EncoderMismatch(f"the LaceMem of user {user!r} was embedded with encoder "

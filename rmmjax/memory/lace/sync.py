@@ -47,8 +47,7 @@ def synced_lace(bank: MemoryBank, user: str, encoder, *, settings: LaceSettings 
 def add_missing_turns(lace: LaceMem, bank: MemoryBank, user: str, *, progress: bool = False) -> int:
   """Adds the user's bank turns that `lace` lacks, in the bank's order, and saves it when any
   were; returns how many."""
-  missing = bank.turns_not_in(user, lace.turn_ids(), EVIDENCE)
-  if not missing:
+  if not (missing := bank.turns_not_in(user, lace.turn_ids(), EVIDENCE)):
     return 0
   with tqdm(total=len(missing), desc=f"LaceMem of {user}", unit="turn",
             disable=not progress or len(missing) < PROGRESS_FROM) as bar:
