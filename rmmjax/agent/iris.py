@@ -57,12 +57,11 @@ class IrisAgent(ChatAgent):
 
   def store(self, user: str) -> LaceMem:
     """The user's LaceMem with every turn of theirs in the bank (built or extended here)."""
-    if user not in self._stores:
+    if (lace := self._stores.get(user)) is None:
       lace, added = synced_lace(self.bank, user, self.encoder, progress=self.progress,
                                 rebuild=self._rebuild)
       self._stores[user] = lace
     else:
-      lace = self._stores[user]
       added = add_missing_turns(lace, self.bank, user)
     self.stats["lace_turns_added"] += added
     # Questions are embedded afresh (never cached): by the model's anchor when there is one.

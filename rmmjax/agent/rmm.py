@@ -162,15 +162,12 @@ class Agent(ChatAgent):
       self.save()
     self.stats["updates"] = int(self.state.step)
 
-  def save(self) -> None:
-    """Writes the counters (and any pending answers) to the workdir; updates are already
-    checkpointed when they happen."""
+  def save(self, pending: bool = True) -> None:
+    """Writes the pending answers (unless `pending` is False), then the counters, to the
+    workdir; updates are already checkpointed when they happen."""
     if self.workdir is not None and self.learning:
-      self.workdir.save_pending(int(self.state.step), self._pending)
-      self._save_stats()
-
-  def _save_stats(self) -> None:
-    if self.workdir is not None and self.learning:
+      if pending:
+        self.workdir.save_pending(int(self.state.step), self._pending)
       self.workdir.save_stats(self.stats, int(self.state.step))
 
   def kept(self) -> str:
@@ -277,7 +274,7 @@ class Agent(ChatAgent):
         # The counters first: a kill between the update's checkpoint and save() must not leave
         # a restored agent with fewer queries than its updates learnt from (the next query's
         # Gumbel noise is keyed by that count).
-        self._save_stats()
+        self.save(pending=False)
         self._learn()
         updated = True
     self.save()

@@ -145,10 +145,8 @@ class AgentWorkdir:
                       {"settings": self.settings, "stats": stats, "step": step})
 
   def close(self) -> None:
-    if self._checkpointer is not None:
-      self._checkpointer.close()
-      self._checkpointer = None
-    if self._lock is not None:
-      self._lock.close()
-      self._lock = None
+    for held in (self._checkpointer, self._lock):
+      if held is not None:
+        held.close()
+    self._checkpointer = self._lock = None
 

@@ -1,9 +1,8 @@
 """One user's memory bank as plain JSON values, and the checked reading of it back.
 
-An export holds everything the bank keeps of the user: sessions (with who opened them) and raw
-turns, topic memories with their snippets and every encoder's embedding, and the user's saved
-LaceMem (atomic facts with their vectors, semantic links, its own raw turns). Import fills a new
-user with exactly that. A document of another version is refused naming it.
+An export holds everything the bank keeps of the user, every encoder's embeddings and the saved
+LaceMem included; import fills a new user with exactly that. A document of another version is
+refused naming it.
 """
 
 from __future__ import annotations

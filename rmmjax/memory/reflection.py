@@ -1,11 +1,10 @@
 """Prospective Reflection: when a session ends, its topics become memories of the user's bank.
 
-A reflector extracts topic memories (a summary and the turns it came from) from the session's
-turns; each topic is then compared with the user's most similar memories and either added as a
-new memory or merged into one of them. Topics are decided one after another, each against the
-bank as the earlier topics left it, so two topics of one session that belong to the same memory
-end up in one merged summary (the second merge sees the first one's result). Everything is
-written by one `apply_reflection` call: the session ends with all of it or with none of it.
+Each topic a reflector extracts is added as a new memory or merged into one of the user's most
+similar memories. Topics are decided one after another, each against the bank as the earlier
+topics left it, so two topics of one session that belong to the same memory end up in one merged
+summary. Everything is written by one `apply_reflection` call: the session ends with all of it
+or with none of it.
 """
 
 from __future__ import annotations

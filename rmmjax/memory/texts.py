@@ -1,10 +1,9 @@
 """Every text of one user that the memory commands embed, in the form they embed it.
 
 An embedding cache keyed by a text's hash tells whoever reads it which texts were embedded, and
-its vectors can be inverted towards the text. Deleting a user therefore also deletes, from a
-plain bank's cache, the embeddings of the texts the bank holds of them: each turn as a bare text
-and as the dated line reflection embeds, each memory summary and snippet, and each LaceMem
-fact. (Encrypted banks never use the cache; queries are never written to it.)
+its vectors can be inverted towards the text: deleting a user also deletes, from a plain bank's
+cache, the embeddings of these texts. (Encrypted banks never use the cache; queries are never
+written to it.)
 """
 
 from __future__ import annotations
