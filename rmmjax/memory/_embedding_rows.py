@@ -28,7 +28,6 @@ def open_vector(cipher: Cipher, dim: int, blob: bytes, where: str) -> np.ndarray
 
 def put_vector(db: sqlite3.Connection, cipher: Cipher, user: str, memory_id: int, encoder: str,
                vector: np.ndarray) -> None:
-  """Stores (or replaces) encoder's embedding of one memory."""
   db.execute("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?, ?, ?)",
              (MEMORY, memory_id, user, encoder, vector.size,
               cipher.seal_bytes(np.ascontiguousarray(vector, np.float32).tobytes())))

@@ -72,7 +72,6 @@ def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSna
 
 def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot, since: LaceSaved,
             lists: dict[int, list[tuple[int, float]]]) -> None:
-  """Inserts snap's turns and facts beyond `since`'s counts and the given neighbour lists."""
   seal, seal_bytes = cipher.seal_text, cipher.seal_bytes
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
   db.executemany("INSERT INTO lace_turns VALUES (?, ?, ?, ?, ?, ?, ?)", [

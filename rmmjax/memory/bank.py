@@ -82,7 +82,6 @@ class MemoryBank:
     self.close()
 
   def _writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-    """One write transaction: every write of the bank is one."""
     return transaction(self._db, "BEGIN IMMEDIATE", self.where)
 
   def _reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:

@@ -218,7 +218,6 @@ def _one_of(record: object, key: str, at: str, allowed: tuple[str, ...]) -> str:
 
 
 def _unique(where: str, ids: list[str]) -> None:
-  """Refuses ids that repeat: sessions and turns are unique per user."""
   if dup := repeated(ids):
     raise MalformedData(f"{_SOURCE}: {where}: id {dup[0]!r} appears twice; expected each once")
 

@@ -138,7 +138,6 @@ def text_arg(value: object, name: str) -> str:
 
 
 def turn_rows(turns: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-  """turns checked: turn ids non-empty and distinct."""
   rows = [(text_arg(t, f"turns[{i}] turn_id"), speaker, text)
           for i, (t, speaker, text) in enumerate(turns)]
   if dup := repeated([r[0] for r in rows]):
@@ -167,7 +166,6 @@ def vector_arg(value: object, name: str, ndim: int = 1) -> np.ndarray:
 
 def reflection_items(adds: Sequence[NewMemory],
                      merges: Sequence[Merge]) -> tuple[list[NewMemory], list[Merge]]:
-  """A reflection's adds and merges, checked."""
   adds, merges = list(adds), list(merges)
   for i, item in enumerate([*adds, *merges]):
     what = f"adds[{i}]" if i < len(adds) else f"merges[{i - len(adds)}]"

@@ -214,7 +214,6 @@ def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Ref
 
 def _plan(snapshot: ReflectionInput, reflector: Reflector,
           encoder: Encoder) -> tuple[list[NewMemory], list[Merge], ReflectionReport]:
-  """The adds and merges that reflecting the snapshot's session gives, and its report."""
   turns, info = snapshot.turns, snapshot.session
   extraction = reflector.extract(turns, info.date) if turns else Extraction(())
   topics, dropped_ids, dropped_topics = _restrict(extraction.topics, [t.turn_id for t in turns])

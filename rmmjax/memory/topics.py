@@ -99,7 +99,6 @@ def segment(vectors: np.ndarray, *, split_below: float, min_turns: int,
 
 
 def extractive_summary(turns: Sequence[BankTurn], date: str) -> str:
-  """The turns verbatim under the session's date: "[date] A: ...\\nB: ..."."""
   return f"[{date}] " + "\n".join(f"{t.speaker}: {t.text}" for t in turns)
 
 
@@ -133,7 +132,6 @@ class OfflineReflector(Reflector):
     return other
 
   def extract(self, turns: Sequence[BankTurn], date: str) -> Extraction:
-    """One topic per segment, its summary the segment's turns under the date."""
     if not turns:
       return Extraction(())
     vectors = np.asarray(self.encoder.encode([turn_text(t, date) for t in turns]), np.float32)

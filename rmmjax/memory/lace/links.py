@@ -84,7 +84,6 @@ class SemanticGraph:
     self._n = need
 
   def check(self, vectors: np.ndarray) -> np.ndarray:
-    """The vectors snapped to the grid, after checking they fit this graph."""
     rows = snap(vectors)
     if rows.shape[1] != self.dim:
       raise ValueError(f"expected vectors of dimension {self.dim} (the graph's), got "
