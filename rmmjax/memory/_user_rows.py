@@ -133,8 +133,6 @@ def turns_not_in(db: sqlite3.Connection, cipher: Cipher, user: str, have: set[st
   ids = [t for t, k in db.execute(
       "SELECT t.turn_id, t.kind FROM turns t JOIN sessions s USING (user_id, session_id) WHERE "
       "t.user_id = ? ORDER BY s.ordinal, t.ordinal", (user,)) if k == kind and t not in have]
-  if not ids:
-    return []
   rows = {r[0]: r for r in select_in(
       db, "SELECT turn_id, session_id, speaker, text, date, kind FROM turns WHERE user_id = ? "
       "AND turn_id IN ({})", (user,), ids)}
