@@ -132,15 +132,14 @@ def open_schema(db: sqlite3.Connection, cipher: Cipher, where: str) -> None:
     db.execute("INSERT INTO schema_version VALUES (?)", (VERSION,))
     for statement in SCHEMA:
       db.execute(statement)
+    check = cipher.seal_bytes(KEY_CHECK).decode("ascii", "replace")
+    db.executemany("INSERT INTO bank_meta VALUES (?, ?)", [
+        ("encryption", "fernet" if cipher.encrypted else "none"), ("key_check", check)])
   version = db.execute("SELECT version FROM schema_version").fetchone()[0]
   if version != VERSION:
     raise another_version(where, f"schema version {version}", f"schema version {VERSION}",
                           "open it with the rmmjax that wrote it, or start a new bank",
                           BankFileError)
-  if new:
-    check = cipher.seal_bytes(KEY_CHECK).decode("ascii", "replace")
-    db.executemany("INSERT INTO bank_meta VALUES (?, ?)", [
-        ("encryption", "fernet" if cipher.encrypted else "none"), ("key_check", check)])
   meta = dict(db.execute("SELECT name, value FROM bank_meta"))
   if meta["encryption"] == "fernet" and not cipher.encrypted:
     raise BankKeyError(f"{where} is encrypted: open it with its key (set {KEY_ENV})")

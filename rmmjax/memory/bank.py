@@ -312,11 +312,9 @@ class MemoryBank:
     in between: then snap replaces the whole."""
     with self._writing() as db:
       self._require_user(db, user)
-      if since is not None:
-        revision = lace_rows.append_rows(db, self.cipher, user, snap, since, lists or {})
-        if revision is not None:
-          return revision
-      return lace_rows.write_rows(db, self.cipher, user, snap)
+      revision = None if since is None else lace_rows.append_rows(
+          db, self.cipher, user, snap, since, lists or {})
+      return lace_rows.write_rows(db, self.cipher, user, snap) if revision is None else revision
 
   # The whole user ---------------------------------------------------------------------------
 

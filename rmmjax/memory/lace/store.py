@@ -247,8 +247,7 @@ class LaceMem:
         self.fallbacks, self.turns, self.facts,
         graph.vectors if graph is not None else np.zeros((0, 0), np.float32),
         graph.lists() if graph is not None else ())
-    since = self._saved
-    lists = {}
+    since, lists = self._saved, {}
     if since is not None and graph is not None:
       lists = {i: graph.list_of(i) for i in sorted(
           {i for i in graph.changed if i < since.facts} | set(range(since.facts, len(graph))))}
