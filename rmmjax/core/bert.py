@@ -152,16 +152,11 @@ class BertEncoder(nn.Module):
 
 
 class BertCrossEncoder(nn.Module):
-  """Pairs "[CLS] A [SEP] B [SEP]" packed into rows -> one score per pair: the [CLS] state
-  through BERT's pooler (dense, tanh) and a dense layer to one number, as Hugging Face's
-  BertForSequenceClassification with one label computes it.
-
-  A row of T positions holds up to C pairs (`rmmjax.core.types.PackedPairs`): each token
-  carries its position within its own pair, its segment (0 the first text, 1 the second) and
-  its slot (which pair of the row it belongs to, 1..C; 0 padding), and attends only to the
-  tokens of its own pair, so a packed pair scores as it would alone in a row of its own.
-  Returns the scores of the rows' slots (R, C). `dtype` is the computation's (bfloat16 on an
-  accelerator); the parameters stay float32."""
+  """Pairs "[CLS] A [SEP] B [SEP]" packed up to C to a row -> their scores (R, C), as Hugging
+  Face's BertForSequenceClassification with one label computes them. A token's slot says which
+  pair of the row it belongs to (1..C; 0 padding) and it attends only to its own pair, so a
+  packed pair scores as it would alone (`rmmjax.learners.cross.model.PackedPairs`). `dtype` is
+  the computation's; the parameters stay float32."""
 
   cfg: BertConfig
   dtype: str = "float32"

@@ -1,10 +1,5 @@
-"""Adam as an optax transformation that also accepts gradients in low-rank form.
-
-A batch of B queries gives the linear reranker gradients that are sums of B outer products.
-Passed as factors (`LowRank`), the dense gradient is formed inside Adam's elementwise update
-and never written to memory: one step then reads and writes the parameters and both moments
-once, the floor for Adam.
-"""
+"""Adam as an optax transformation that also accepts gradients in low-rank form (`LowRank`);
+why: docs/implemented.md, Optimizer."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Replay of recorded conversations: their questions streamed through the reranker in order.
-
-A stream is a Batch with a leading step axis, stream_SxB: step s holds the B questions asked
-s-th, each with its K candidates from the base retriever and evidence labels for relevance.
-Streams of different conversations are padded to one length with absent queries (no
-candidate), which no update sees, so many conversations replay in one vmapped program.
-"""
+"""Replay of recorded conversations (docs/implemented.md, Replay). A stream is a Batch with a
+leading step axis, stream_SxB: step s holds the B questions asked s-th, each with its K
+candidates and evidence labels; absent queries (no candidate) pad streams to one length."""
 
 from __future__ import annotations
 

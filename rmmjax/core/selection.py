@@ -1,11 +1,5 @@
-"""Stochastic top-M selection (Gumbel top-M) and its Plackett-Luce log-probability.
-
-Adding Gumbel noise to the logits s/tau and taking the M largest draws an exact ordered sample
-without replacement from the Plackett-Luce distribution with those logits. The paper's literal
-recipe ranks s + g and divides by tau only afterwards; its samples then ignore tau and disagree
-with the softmax(s/tau) probabilities the loss uses unless tau = 1. It is kept as `paper=True` so
-the difference can be measured.
-"""
+"""Stochastic top-M selection (Gumbel top-M) and its Plackett-Luce log-probability; why the
+paper's literal recipe (`paper=True`) differs: docs/implemented.md, Selection."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Latent simulator: users with memory banks, queries with known relevance, a citation model.
-
-Each user owns a bank of unit-norm memory embeddings (banks differ in size; padding is masked).
-A training batch is one user's session: spec.batch queries, each about 1..max_relevant of that
-user's memories. Its embedding mixes a weak copy of their mean direction with a strong copy
-passed through a hidden rotation, plus noise: the base dot-product retriever sees only the weak
-part, so it finds relevant memories among its top K but ranks them poorly, while a reranker
-whose (I+Wm)^T (I+Wq) learns to undo the rotation can rank them first. The citation model cites
-a relevant selected memory with p_rel and an irrelevant one with p_irr.
-"""
+"""Latent simulator: users with memory banks, queries with known relevance, a citation model
+(its design: docs/implemented.md, Latent simulator)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Pytrees the core passes around: the static spec, sweepable hyperparameters, batches, state.
-
-`CoreSpec` holds everything that fixes a compiled program (shapes and discrete choices); changing
-it recompiles. `HParams` holds every value a sweep varies; its leaves are arrays, so a sweep vmaps
-over them instead of recompiling.
-"""
+"""Pytrees the core passes around: `CoreSpec` fixes a compiled program (changing it
+recompiles); `HParams` holds every value a sweep varies, as arrays a sweep vmaps over."""
 
 from __future__ import annotations
 
@@ -98,17 +94,9 @@ class HParams(struct.PyTreeNode):
 
 
 class Batch(struct.PyTreeNode):
-  """B queries with their K base-retriever candidates, in base order (best first).
-
-  A query whose mask row is all False is absent: padding of a replayed stream that ran out of
-  questions. It is selected from, rewarded, averaged and learnt from nowhere.
-
-  What a reranker reads (the query, its candidates and their mask, and a learner's own inputs)
-  is apart from what training and evaluation add (the labels: relevant_BxK,
-  num_relevant_B, evidence_BxKxE). Serving scores and learns from citations without labels, so
-  it leaves them None; anything that reads them (recall, simulated citations, the listwise
-  loss) is given a labelled batch.
-  """
+  """B queries with their K base-retriever candidates, in base order (best first). A query whose
+  mask row is all False is absent (padding of a replayed stream) and enters nothing. The labels
+  (relevant_BxK, num_relevant_B, evidence_BxKxE) are None where serving learns from citations."""
 
   q_BxD: jax.Array
   mem_BxKxD: jax.Array
