@@ -1,13 +1,5 @@
-"""Answer-level evaluation (the papers' headline metric): every question of a labelled dataset
-answered by the agent from the asker's memory bank (as a server, through its `ask`, which
-records nothing in the bank) or by IRIS, then judged by the LLM, scored by token F1 and ROUGE-L,
-and its citations compared with the evidence labels.
-
-A question without an answer (the LLM failed, or gave no text) is wrong, counted apart, and
-never sent to the judge; a judge that fails leaves its question unjudged. When the LLM fails
-on MAX_FAILURES_IN_A_ROW questions in a row (a server that is down) the run stops, and the
-report of the questions before says so (`complete: false`).
-"""
+"""Answer-level evaluation (the papers' headline metric), `rmmjax answer`: its rules for failed
+answers, judges and stopping are in docs/command-line.md, answer."""
 
 from __future__ import annotations
 

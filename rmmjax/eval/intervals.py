@@ -1,14 +1,10 @@
 """The one interval every results table prints: a paired bootstrap that resamples what shares a
 fitted model.
 
-Questions of one conversation share a memory, and the conversations of one cross-validation fold
-share a trained model, so neither questions nor (with folds) conversations are independent. The
-interval resamples folds where there are at least `MIN_FOLDS` of them; with fewer (2 folds give 3
-distinct draws) it resamples conversations, which understates the uncertainty, and says the
-comparison is indicative. Where a row has several seeds (each its own trained model), each drawn
-cluster also draws its seeds with replacement, so seed-to-seed training variance is in the
-interval too. `Interval.over` says which of these it did, and `str()` prints it beside the
-numbers.
+Questions of one conversation share a memory, and the conversations of one fold share a trained
+model: it resamples folds where there are at least `MIN_FOLDS` (2 folds give 3 distinct draws),
+else conversations, which understates the uncertainty (`over` says "indicative"). Each drawn
+cluster also draws its seeds with replacement, so seed-to-seed variance is in the interval too.
 """
 
 from __future__ import annotations

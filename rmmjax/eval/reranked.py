@@ -1,11 +1,6 @@
-"""Evaluation through a trained reranker: its order over the base retriever's K candidates.
-
-The reranked list is the K candidates by reranker score, then the base ranking beyond K. With
-`online` each conversation is replayed prequentially by `heldout_replay`, the same function the
-training summary's `recall_at_m_prequential` comes from: a fresh optimizer under the trained
-run's hyperparameters and batch size, each batch ranked before the reranker learns from its
-simulated citations.
-"""
+"""Evaluation through a trained reranker: the K candidates by its score, then the base ranking
+beyond K. `online` replays each conversation by `heldout_replay`, the function the training
+summary's `recall_at_m_prequential` comes from (docs/command-line.md, eval --online)."""
 
 from __future__ import annotations
 

@@ -39,23 +39,9 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        iris: bool | str = False, judge: str = "heuristic", llm=None,
                        rerank_mode: str = "fused", iris_model: Path | None = None,
                        per_question: bool = False) -> dict:
-  """Retrieves for every question from its own conversation's units; returns the report.
-
-  `query_encoder` (a query_encoder workdir or its export) embeds the questions of dense search.
-  With a reranker (a training workdir or an exported file) its order over the retriever's K
-  candidates replaces theirs; a reranker trained on a tuned query encoder's candidates gets that
-  encoder (from its workdir, or --encoder). Conversations a model trained on (the same id, or
-  the same turns under another id) are left out and counted, unless `in_sample`; a model
-  trained on other units, another base retriever or encoder is refused, unless
-  `allow_mismatch` (the report then lists the mismatches). `online` replays each conversation
-  prequentially. Units `lace` retrieve atomic facts of a LaceMem built per conversation, in
-  one search, or with `iris` iteratively (True or a name of IRIS_PRESETS; `judge`: heuristic,
-  oracle or llm), where a reranker trained on units lace orders the evidence IRIS gathers
-  (`rerank_mode`: fused with IRIS's own order, or alone; see `FactReranker`). `iris_model` (a
-  learner=iris workdir or its export) gives IRIS its learned judge, refiner and anchor encoder;
-  with units lace `query_encoder` may be such a model too (its anchor embeds the questions).
-  Which settings go together is the caller's to check (the command line's check_flags).
-  """
+  """Retrieves for every question from its own conversation's units; returns the report. Each
+  argument is an `rmmjax eval` flag (docs/command-line.md, eval); `iris` is True or a name of
+  IRIS_PRESETS. Which settings go together is the caller's to check (the CLI's check_flags)."""
   iris = "default" if iris is True else (iris or None)
   loaded = load_reranker(Path(reranker)) if reranker is not None else None
   if loaded and query_encoder is None and loaded.record.get("query_encoder_path"):

@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rmmjax.retrieve.fusion import RRF_C, rrf_top
+from rmmjax.retrieve.fusion import rrf_top
 
 QUERY_CHUNK = 64  # queries scored together: bounds the (chunk x N) score matrix
 BANK_ROWS = 256  # the fewest rows a bank is padded to
@@ -103,17 +103,15 @@ class DenseRetriever:
 
 
 class FusionRetriever:
-  """Reciprocal-rank fusion of BM25 and dense search: score = sum over the rankers that matched a
-  text of 1 / (c + rank), ranks from 1 (`retrieve/fusion.py`); BM25 vouches only for texts that
-  share a term with the query."""
+  """Reciprocal-rank fusion of BM25 and dense search (`retrieve/fusion.py`)."""
 
-  def __init__(self, bm25, dense: DenseRetriever, size: int, c: float = RRF_C):
-    self._bm25, self._dense, self._size, self._c = bm25, dense, size, c
+  def __init__(self, bm25, dense: DenseRetriever, size: int):
+    self._bm25, self._dense, self._size = bm25, dense, size
 
   def rank(self, queries: list[str], k: int) -> np.ndarray:
     k = min(k, self._size)
     dense = self._dense.rank(queries, self._size)
     matched = self._bm25.matched(queries, self._size)
     # Dense search ranks every text, so every row below has k entries.
-    return np.stack([rrf_top([m, d], k, self._c) for m, d in zip(matched, dense, strict=True)]
+    return np.stack([rrf_top([m, d], k) for m, d in zip(matched, dense, strict=True)]
                     ) if len(queries) else np.zeros((0, k), np.int64)
