@@ -2,9 +2,8 @@
 questions. Evidence ids are parsed leniently; every repair or drop is counted in a LoadReport.
 
 Field types follow the released schema (a null session_<N> is absent; answer and
-adversarial_answer may be a string or a number, as in the release); anything else is refused
-with a MalformedData naming the file, the record (index and sample_id), the field, the value and
-what was expected. Two departures are read and counted as repairs:
+adversarial_answer may be a string or a number); anything else is a MalformedData. Two
+departures are read and counted as repairs:
 - evidence given as one string instead of a list ("D1:3", or "D1:3; D2:4") is read as a list
   holding that string;
 - category given as its digit string ("2") or as the name the loader gives it ("temporal";

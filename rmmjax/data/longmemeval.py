@@ -5,10 +5,7 @@ haystack_session_ids, haystack_dates, haystack_sessions (lists of {role, content
 answer_session_ids. Evidence turns are those marked has_answer; where none is marked, every turn
 of the answer sessions is evidence (counted). Abstention questions have no evidence and are
 skipped (counted).
-
-Field types are those documented (answer may be a string or a number); anything else is refused
-with a MalformedData naming the file, the record (index and question_id), the field, the value
-and what was expected. Fields the loader does not use (question_date) are not checked.
+Fields the loader does not use (question_date) are not checked.
 """
 
 from __future__ import annotations

@@ -2,11 +2,8 @@
 
 Sessions 1 and 2 come without speakers (the two alternate, Speaker 1 first); a few session-3
 turns carry a number instead of "Speaker 1/2" and are given the alternating speaker, counted.
-MSC has no questions; its per-speaker persona summaries are kept as `personas`.
-
-Field types follow the release (a session-3 turn's id may be a string or a number); anything
-else is refused with a MalformedData naming the file, the record (index, counting records from
-0, and initial_data_id), the field, the value and what was expected.
+MSC has no questions; its per-speaker persona summaries are kept as `personas`. A session-3
+turn's id may be a string or a number, as in the release.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Reading a dataset file's records: a JSON list (LoCoMo, LongMemEval) or JSON Lines (MSC).
 
-Records come back exactly as written (nested objects, per-record keys and every value's JSON
-type), for the loaders to check and convert. The standard `json` module reads them: a columnar
-reader (Arrow, as Hugging Face `datasets` uses) gives each field one type across records, so it
-turns "2" into 2 beside other numbers, 2 into 2.0 beside a 2.5, an ISO date string into a
-timestamp and a null record into a record of nulls, and the loaders could then neither check
-types nor name the record at fault.
-
-A file that cannot be records fails with a MalformedData (a FileNotFoundError for a path that
-does not exist) naming the file, the line or record, what was found and what was expected.
+Records come back exactly as written, every value with its JSON type, for the loaders to check:
+hence the standard `json` module, not a columnar reader (docs/command-line.md, Loaders).
 """
 
 from __future__ import annotations

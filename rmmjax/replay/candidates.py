@@ -1,12 +1,7 @@
-"""Candidate tensors for replaying labelled conversations through the core.
-
-For every question of a conversation the base retriever ranks that conversation's memory units;
-the top K become the reranker's candidates, with their embeddings and whether each covers an
-evidence turn, and which of the question's evidence turns each covers: recall everywhere
-counts evidence turns found, so a session or topic unit counts every evidence turn it holds.
-Conversations then become padded streams (`to_streams`) or one pool of questions
-(`to_questions`) in the core's Batch layout.
-"""
+"""Candidate tensors for replaying labelled conversations through the core: each question's top
+K units from the base retriever, with their embeddings and which of the question's evidence
+turns each covers (recall everywhere counts evidence turns), as padded streams (`to_streams`)
+or one pool of questions (`to_questions`) in the core's Batch layout."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Training protocols on replayed conversations, and their cross-validation over conversations.
 
-One fold: the reranker learns from the training conversations (offline pretraining on labelled
-relevance, then online REINFORCE from simulated citations, or either alone) and is measured on
-held-out conversations it never saw, replayed prequentially (`heldout_replay`, the one definition
-training summaries, sweeps, cross-validation and `eval --online` use): each starts from the
-trained reranker with a fresh optimizer (Adam and the running baseline at zero: what a new user
-of a deployed reranker gets) and its own randomness (its id folded into the key), so
-conversations and configurations replay in parallel (vmap); each batch of questions is ranked,
-then (with `adapt`) learnt from its simulated citations.
+One fold: the reranker learns from the training conversations (pretraining, online REINFORCE,
+or both) and is measured on held-out ones replayed prequentially by `heldout_replay`, the one
+definition summaries, sweeps, cross-validation and `eval --online` share (docs/command-line.md,
+eval --online); each conversation's id is folded into its key, so they replay in one vmap.
 """
 
 from __future__ import annotations
