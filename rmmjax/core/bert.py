@@ -1,9 +1,6 @@
-"""A BERT-family encoder as pure Flax modules: the sentence encoder (mean pooling over tokens,
-then L2 normalisation) and the cross-encoder (the [CLS] state of a pair through BERT's pooler and
-a scoring layer). Both build the same embeddings and layers under the same names, so one set of
-pretrained weights (the packaged MiniLM's) starts either; loading those weights from a file is
-the shell's (`rmmjax.encode.bert`).
-"""
+"""A BERT-family encoder as pure Flax modules: the sentence encoder and the cross-encoder build
+the same layers under the same names, so one set of pretrained weights starts either (loading
+them is the shell's, `rmmjax.encode.bert`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Writes a (possibly fine-tuned) encoder as a Hugging Face / sentence-transformers directory.
-
-The result loads unchanged with `SentenceEncoder(model_dir=DIR)`,
-`sentence_transformers.SentenceTransformer(DIR)` and embedding servers that read that layout:
-config.json, model.safetensors, the tokenizer files, and the sentence-transformers modules
-(Transformer -> mean Pooling -> Normalize), which is exactly what `BertEncoder` computes.
-"""
+"""Writes a (possibly fine-tuned) encoder as a Hugging Face / sentence-transformers directory
+(docs/command-line.md, export): its modules (Transformer -> mean Pooling -> Normalize) are
+exactly what `BertEncoder` computes."""
 
 from __future__ import annotations
 

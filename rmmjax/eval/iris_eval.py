@@ -1,12 +1,6 @@
 """Evaluation over LaceMem (units `lace`): single-pass retrieval of atomic facts, or IRIS's
-iterative retrieval, each question's ranked evidence mapped to the turns the facts came from.
-
-Recall@k counts the evidence turns among the first k distinct turns of the final ranked
-evidence. Beside the retrieval metrics every row carries the iterations used, whether IRIS
-abstained, and the time spent retrieving (search, edge expansion, entity buffers, store reads,
-embedding queries, an offline judge and refiner: not an LLM judge's time), so single-pass and
-IRIS compare on the same units.
-"""
+iterative retrieval, each question's ranked evidence mapped to the turns the facts came from
+(Recall@k over the first k distinct turns; docs/command-line.md, eval --iris)."""
 
 from __future__ import annotations
 

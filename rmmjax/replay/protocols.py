@@ -57,13 +57,9 @@ def train_reranker(spec: core.CoreSpec, hparams: core.HParams, pretrain_hparams:
   return state, logs
 
 
-def stream_id(conversation_id: str) -> int:
-  """A stable 31-bit number for a conversation, folded into its replay's key."""
-  return zlib.crc32(conversation_id.encode()) & 0x7FFFFFFF
-
-
 def stream_ids(convs: list[ConversationReplay]) -> np.ndarray:
-  return np.array([stream_id(c.conversation_id) for c in convs], np.int32)
+  """A stable 31-bit number per conversation, folded into its replay's key."""
+  return np.array([zlib.crc32(c.conversation_id.encode()) & 0x7FFFFFFF for c in convs], np.int32)
 
 
 def heldout_replay(state: core.TrainState, streams_CxSxB: core.Batch, ids_C: jax.Array,

@@ -1,12 +1,5 @@
-"""IRIS, iterative retrieval via insufficiency signals, over any `EvidenceStore`.
-
-Each iteration i searches with a budget of base + step * (i - 1) facts along two paths: the anchor
-path (the original question) and the refinement path (a query written from the judge's note on
-what is missing and the question type's schedule). The refinement path starts at iteration 2,
-once there is a diagnosis to chase (`refine_from_first` starts it at 1 with the schedule's first
-stage). Each path's hits are expanded along strong edges, facts of thinly covered entities are
-added, and a judge labels the accumulated evidence; the loop stops when the judge is confident
-enough and abstains when, after the last iteration, evidence is still judged absent.
+"""IRIS, iterative retrieval via insufficiency signals, over any `EvidenceStore`: the loop's
+paths, budgets, judge and stopping are described in docs/command-line.md (eval --iris).
 
 Merge order (the final ranking without a reranker): evidence keeps the order it entered. Within
 an iteration, new facts enter as search hits merged by rank (the anchor's first at equal rank),

@@ -1,10 +1,6 @@
-"""Evidence retrieval metrics over ranked memory units.
-
-A question's evidence turn counts as found when it lies in one of the top-k units (a session
-unit covers many turns). `all` is the fraction of a question's evidence turns found, `any`
-whether at least one was. NDCG and MRR treat a unit as relevant when it covers an evidence turn.
-The words retrieved are always reported beside recall: larger units buy recall with context.
-"""
+"""Evidence retrieval metrics over ranked memory units (docs/command-line.md, eval): a unit is
+relevant when it covers an evidence turn; the words retrieved are reported beside recall, since
+larger units buy recall with context."""
 
 from __future__ import annotations
 
