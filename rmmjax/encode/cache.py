@@ -2,9 +2,7 @@
 
 Several processes may share one cache file (parallel evaluations, a training run beside an
 evaluation): the file is in WAL mode, so readers never wait for a writer, and writers wait for
-each other (busy timeout) instead of failing. A file that cannot be used (corrupt, not a
-database, in a folder that cannot be created or written) fails with a CacheError naming the file
-and the remedy: the cache only saves recomputation, so deleting or moving it loses nothing.
+each other (busy timeout) instead of failing.
 """
 
 from __future__ import annotations

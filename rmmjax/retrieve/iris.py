@@ -1,13 +1,11 @@
 """IRIS, iterative retrieval via insufficiency signals, over any `EvidenceStore`: the loop's
 paths, budgets, judge and stopping are described in docs/command-line.md (eval --iris).
 
-Merge order (the final ranking without a reranker): evidence keeps the order it entered. Within
-an iteration, new facts enter as search hits merged by rank (the anchor's first at equal rank),
-then their edge neighbours (by seed rank, then edge weight), then entity-buffer facts; facts of
-earlier iterations stay ahead of later ones. A reranker (any `reranker(question, facts) ->
-scores`, e.g. the RMM reranker over fact embeddings) instead reorders the whole accumulated
-evidence before each verdict: it receives the facts in the order the loop would otherwise end
-with (`final_order`, over the searches so far) and its scores decide (ties keep that order).
+Entry order: within an iteration, new facts enter as search hits merged by rank (the anchor's
+first at equal rank), then their edge neighbours (by seed rank, then edge weight), then
+entity-buffer facts, after earlier iterations' facts. A reranker (`reranker(question, facts) ->
+scores`) reorders the whole accumulated evidence before each verdict, given in the order the
+loop would otherwise end with (`final_order`, over the searches so far; ties keep it).
 """
 
 from __future__ import annotations
