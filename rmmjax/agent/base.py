@@ -10,7 +10,8 @@ import datetime
 from rmmjax.llm.base import LLM
 from rmmjax.llm.exchange import COUNTERS, ask_cited
 from rmmjax.memory.bank import MemoryBank
-from rmmjax.memory.reflection import Encoder, OfflineReflector, ReflectionReport, reflect_session
+from rmmjax.memory.reflection import Encoder, ReflectionReport, reflect_session
+from rmmjax.memory.topics import OfflineReflector
 
 # Every agent's counters: questions asked, reranker updates, the cited-answer exchange's
 # (rmmjax.llm.exchange.COUNTERS), turns it wrote to the bank.

@@ -1,12 +1,5 @@
-"""The agent answering through IRIS over a user's LaceMem in the bank (`chat --iris`,
-`recall --iris`).
-
-The first M distinct turns of IRIS's final evidence are numbered for the LLM, verbatim and
-dated; when IRIS abstains the prompt asks for a refusal instead of a guess. A learned model
-(`--iris-model`) embeds the questions, refines and judges; without one the rule refiner and the
-heuristic judge do. Each exchange is added to the LaceMem at once, so the next question can
-retrieve it. Nothing learns here: IRIS's models train offline (`learner=iris`).
-"""
+"""The agent answering through IRIS over a user's LaceMem in the bank (`chat --iris` and
+`recall --iris` in docs/command-line.md); nothing learns here: IRIS's models train offline."""
 
 from __future__ import annotations
 

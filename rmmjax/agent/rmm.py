@@ -1,12 +1,6 @@
-"""The online RMM agent: retrieve, rerank, answer with citations, learn from them, reflect.
-
-`respond` selects M of the user's top K memories with the reranker (Gumbel sampling while
-learning, the top M when serving) and turns the answer's citations into rewards (+1 cited, -1
-shown but not cited): one REINFORCE update per `batch` rewarded responses. The exchange is
-written before its reward counts, so an update never learns from an answer the bank lost;
-unusable replies earn nothing and are counted, and the agent keeps serving. With a workdir every
-update is checkpointed and every rewarded answer kept (`workdir.py`).
-"""
+"""The online RMM agent: retrieve, rerank, answer with citations, learn from them, reflect
+(**chat** in docs/command-line.md). The exchange is written before its reward counts, so an
+update never learns from an answer the bank lost."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from rmmjax.io.outputs import check_output_file
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.ingest import IngestStopped, ingest_conversations, plan_ingest
 from rmmjax.memory.lace import synced_lace
-from rmmjax.memory.reflection import LLMReflector, OfflineReflector
+from rmmjax.memory.reflection import LLMReflector
+from rmmjax.memory.topics import OfflineReflector
 from rmmjax.memory.texts import embedded_texts
 
 

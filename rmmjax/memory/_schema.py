@@ -1,10 +1,8 @@
 """The memory bank's SQLite file: its connection and transactions, and its schema (version 4).
 
-The connection: WAL (readers never wait for a writer), a busy timeout (writers queue instead of
-failing), foreign keys, full syncs and zeroed deletions; each transaction is begun explicitly.
-The schema is created whole in a new file. Every table that holds a user's data has a user_id
-column: delete_user removes a user by it, so a new table needs nothing more to be covered. A
-bank of another schema version is refused naming it: there is no migration from an older one.
+With WAL readers never wait for a writer; with the busy timeout writers queue, not fail.
+Every table that holds a user's data has a user_id column: delete_user removes a user by it,
+so a new table needs nothing more to be covered. Another schema version is refused, not migrated.
 """
 
 from __future__ import annotations

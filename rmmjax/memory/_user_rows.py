@@ -1,9 +1,5 @@
-"""One user's rows of the sessions, turns and memories tables, inside the caller's transaction.
-
-Ids that a writer does not bring itself (a chat session's, its turns') are chosen here from what
-the table holds at that moment: two processes appending to one user queue on the bank's write
-lock and never pick the same id.
-"""
+"""One user's rows of the sessions, turns and memories tables, inside the caller's transaction
+(ids a writer does not bring are chosen here, under the bank's write lock: docs/memory.md)."""
 
 from __future__ import annotations
 

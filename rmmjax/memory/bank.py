@@ -1,13 +1,8 @@
 """The persistent per-user memory bank: raw turns, topic memories, their snippets and embeddings.
 
-One SQLite file (`_schema.py`). Every call names one user and every query filters by that
-user: a memory id of another user is refused exactly like one that does not exist. Every write
-is one transaction, so a process killed in the middle leaves the bank as it was before the call.
-Several processes may write one user at once: ids a writer does not bring are chosen inside the
-transaction that writes them, a session takes turns only from the kind of writer that opened it
-(chat, ingest, api), and a reflection computed from rows that changed before it was applied is
-refused (StaleRead), to be recomputed.
-"""
+One SQLite file (`_schema.py`); every query filters by the user it names, so another user's
+memory id is refused like one that does not exist. Its promises to concurrent writers:
+docs/memory.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""One user's memory bank as plain JSON values, and the checked reading of it back.
-
-An export holds everything the bank keeps of the user, every encoder's embeddings and the saved
-LaceMem included; import fills a new user with exactly that. A document of another version is
-refused naming it.
-"""
+"""One user's memory bank as plain JSON values (everything the bank keeps of them, every
+encoder's embeddings and the LaceMem included), and the checked reading of it back."""
 
 from __future__ import annotations
 

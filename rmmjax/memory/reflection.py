@@ -1,10 +1,7 @@
 """Prospective Reflection: when a session ends, its topics become memories of the user's bank.
 
-Each topic a reflector extracts is added as a new memory or merged into one of the user's most
-similar memories. Topics are decided one after another, each against the bank as the earlier
-topics left it, so two topics of one session that belong to the same memory end up in one merged
-summary. Everything is written by one `apply_reflection` call: the session ends with all of it
-or with none of it.
+Topics are decided one after another, each against the bank as the earlier topics left it, so
+two topics of one session that belong to the same memory end up in one merged summary.
 """
 
 from __future__ import annotations
@@ -21,14 +18,7 @@ from rmmjax.llm.parse import LLMOutputError, Topic, parse_merge, parse_topics
 from rmmjax.llm.prompts import MAX_TOPICS, add_or_merge, topic_extraction
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.records import BankTurn, Merge, NewMemory, ReflectionInput, StaleRead
-# The reflector interface and the offline reflector live beside the topic segmentation; they are
-# importable from here with the rest of Prospective Reflection.
-from rmmjax.memory.topics import (ADD, Candidate, Decision, Encoder, Extraction, OfflineReflector,
-                                  Reflector)
-
-__all__ = ["ADD", "MAX_SUMMARY_CHARS", "Candidate", "Decision", "Encoder", "Extraction",
-           "LLMReflector", "OfflineReflector", "ReflectionFailed", "ReflectionReport", "Reflector",
-           "cap_summary", "reflect_session"]
+from rmmjax.memory.topics import ADD, Candidate, Decision, Encoder, Extraction, Reflector
 
 # A topic list of a long session outgrows the default reply length; a cut reply is unusable.
 EXTRACTION_MAX_TOKENS = 2048

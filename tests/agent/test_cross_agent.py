@@ -24,7 +24,7 @@ from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.fake import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
-from rmmjax.memory.reflection import OfflineReflector
+from rmmjax.memory.topics import OfflineReflector
 from rmmjax.memory.topic_units import conversation_units
 from rmmjax.learners.cross.pairs import pair_tokens
 

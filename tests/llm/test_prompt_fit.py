@@ -17,7 +17,8 @@ from rmmjax.llm.context import CUT_MARK, MIN_ITEM_CHARS, fit_texts
 from rmmjax.llm.prompts import answer_with_citations, topic_extraction
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
-from rmmjax.memory.reflection import MAX_SUMMARY_CHARS, OfflineReflector
+from rmmjax.memory.reflection import MAX_SUMMARY_CHARS
+from rmmjax.memory.topics import OfflineReflector
 
 
 def _brute_cap(lengths, budget):

@@ -14,7 +14,8 @@ from hash_encoder import HashEncoder
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
-from rmmjax.memory.reflection import OfflineReflector, Reflector, reflect_session
+from rmmjax.memory.reflection import Reflector, reflect_session
+from rmmjax.memory.topics import OfflineReflector
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -111,7 +112,7 @@ from hash_encoder import HashEncoder
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.memory import MemoryBank
 from rmmjax.memory.ingest import ingest_conversations
-from rmmjax.memory.reflection import OfflineReflector
+from rmmjax.memory.topics import OfflineReflector
 sessions = json.loads(sys.argv[2])
 conv = Conversation("c", tuple(Session(s, d, tuple(Turn(*t) for t in turns))
                                for s, d, turns in sessions), ())

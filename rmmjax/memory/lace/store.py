@@ -1,14 +1,11 @@
 """LaceMem: a layered memory of one conversation (one user), built turn by turn or at once.
 
-Index: atomic facts cut from each turn (`facts.py`), embedded with the encoder. Edge: same-turn
-and same-session links, only between facts at most `session_window` apart in their session (a
-long session costs linear, not quadratic, edges), and semantic ones (`links.py`); a pair linked
-twice keeps the larger weight. Raw: the verbatim turns, reached from a fact by its turn id.
-
-Streaming (`add_turn`) and batch (`from_conversation`) give identical layers: the same facts
-in the same order and the same edges with bit-identical weights, whenever the encoder embeds a
-text alike alone and in a batch (a padded BERT batch may move a vector by ~1e-7; its embedding
-cache removes even that).
+Index: atomic facts cut from each turn (`facts.py`), embedded. Edge: same-turn and same-session
+links between facts at most `session_window` apart in their session (linear, not quadratic, in
+a long session), and semantic ones (`links.py`); a pair linked twice keeps the larger weight.
+Raw: the verbatim turns. Streaming and batch builds give identical layers, bit for bit, whenever
+the encoder embeds a text alike alone and in a batch (a padded BERT batch may move a vector by
+~1e-7; its embedding cache removes even that).
 """
 
 from __future__ import annotations
