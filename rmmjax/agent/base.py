@@ -29,8 +29,7 @@ class Reply(abc.ABC):
 
   @property
   def abstained(self) -> bool:
-    """Whether retrieval judged the evidence missing (the LLM was asked to say so): only a
-    search through IRIS does."""
+    """Whether retrieval judged the evidence missing (only IRIS does)."""
     return False
 
   @property

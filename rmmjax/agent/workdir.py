@@ -1,14 +1,9 @@
-"""Where the online agent's learning lives, so that a kill loses no answer that was shown.
+"""Where the online agent's learning lives, so that a kill loses no answer that was shown
+(**chat** in docs/command-line.md).
 
-`W/checkpoints/` holds an Orbax checkpoint of the reranker after every update; `W/pending.npz`
-the rewarded answers of the batch not yet complete (their query and candidate memory vectors),
-with the step they build on; `W/agent.json` the counters and the settings the agent learns with.
-An encrypted bank's agent seals `pending.npz` with the bank's key (vectors can be inverted back
-to text). Each file is replaced whole (written aside, then renamed) before an answer is returned,
-so after SIGKILL or Ctrl-C at most the answer being computed is lost. A pending batch whose step
-a newer checkpoint has passed was applied already and is dropped; a full one (killed between its
-last answer and its update) is applied on restore. One process learns in a workdir at a time (an
-exclusive lock); a restart with other settings is refused with the differences.
+`W/checkpoints/`: the reranker after every update; `W/pending.npz`: the rewarded answers of the
+unfinished batch with the step they build on (sealed with an encrypted bank's key: vectors can be
+inverted back to text); `W/agent.json`: the counters and settings. Each is replaced whole.
 """
 
 from __future__ import annotations

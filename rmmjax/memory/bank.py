@@ -149,10 +149,8 @@ class MemoryBank:
 
   def append_chat(self, user: str, turns: Sequence[tuple[str, ...]],
                   date: str) -> tuple[str, list[str]]:
-    """Appends (speaker, text) or (speaker, text, kind) turns (KINDS: statements by default)
-    to the user's open chat session, opening one (dated `date`) when there is none; returns
-    (session id, turn ids). The ids are chosen inside the write: concurrent chats of one user
-    never collide, and a session that another process ended meanwhile is never written to."""
+    """Appends (speaker, text[, kind]) turns to the user's open chat session, opening one
+    (dated `date`) when there is none; returns (session id, turn ids)."""
     texts, kinds = chat_turn_rows(turns)
     with self._writing() as db:
       self._require_user(db, user)
@@ -259,12 +257,9 @@ class MemoryBank:
   def apply_reflection(self, user: str, session_id: str, adds: Sequence[NewMemory],
                        merges: Sequence[Merge], encoder: str, *, now: float | None = None,
                        expect: ReflectionInput | None = None) -> list[int]:
-    """Adds and merges memories and marks the session ended, all in one transaction; returns
-    the ids written: one per add (new), then one per merge.
-
-    With `expect` (the reflection_input the changes were computed from), StaleRead is raised
-    and nothing is written when the user's memories or the session's turns changed since.
-    """
+    """Adds and merges memories and ends the session, in one transaction; returns the ids
+    written, adds then merges. With `expect` (the reflection_input they were computed from),
+    StaleRead when the user's memories or the session's turns changed since."""
     adds, merges = reflection_items(adds, merges)
     now = time.time() if now is None else float(now)
     turn_ids = list(dict.fromkeys(t for item in [*adds, *merges] for t in item.turn_ids))
@@ -301,10 +296,9 @@ class MemoryBank:
   def save_lace(self, user: str, snap: LaceSnapshot,
                 since: LaceSaved | None = None,
                 lists: dict[int, list[tuple[int, float]]] | None = None) -> int:
-    """Stores snap as the user's LaceMem in one transaction; returns its revision. With
-    `since` (what the LaceMem last saved or loaded) and `lists` (the neighbour lists of new
-    facts and of old ones that changed) only what is new is written, unless another save came
-    in between: then snap replaces the whole."""
+    """Stores snap as the user's LaceMem; returns its revision. With `since` (its last save or
+    load) and `lists` (the neighbour lists that are new or changed) only what is new is
+    written, unless another save came in between (LaceMem.save)."""
     with self._writing() as db:
       self._require_user(db, user)
       revision = None if since is None else lace_rows.append_rows(

@@ -122,11 +122,8 @@ def ingest_conversations(bank: MemoryBank, conversations: Sequence[Conversation]
                          user_per_conversation: bool = False, progress: bool = False) -> dict:
   """Replays each conversation's sessions in order: store the session with its turns, then
   reflect; returns counts (of this run: skipped sessions add nothing) and the time taken.
-
-  Safe beside other writers of the same users (chat, another ingest): each session is stored
-  in one transaction (a session of the same id that differs is refused), a session ingest did
-  not open is never appended to, and one that another process reflected meanwhile counts as
-  skipped."""
+  Safe beside other writers of the same users (docs/memory.md): a session that another process
+  reflected meanwhile counts as skipped."""
   plan = plan_ingest(conversations, user, user_per_conversation)
   counts = dict.fromkeys(COUNTS, 0)
   start = time.perf_counter()

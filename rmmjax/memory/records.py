@@ -41,17 +41,13 @@ class SessionEnded(BankError):
 
 @final
 class StaleRead(BankError):
-  """A reflection computed from rows that another writer changed before it could be applied;
-  Prospective Reflection reads again and recomputes."""
+  """A reflection computed from rows that another writer changed before it was applied."""
 
 
 # Who opened a session: only that kind of writer appends to it. "chat" sessions hold the
 # agent's exchanges, "ingest" sessions a dataset's, "api" those opened through start_session.
 ORIGINS = ("api", "chat", "ingest")
-# What a turn is, set by its writer: something said (a dataset's turns, a user telling the
-# agent something), a question put to the agent, or the agent's answer. Only statements are
-# evidence of what happened: a question asked again would find itself, and an answer came from
-# the memory (a wrong one would be cited back as proof).
+# What a turn is, set by its writer; only statements are evidence (docs/memory.md says why).
 KINDS = ("statement", "question", "answer")
 
 
