@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from rmmjax.llm.base import DEFAULT_MAX_TOKENS, LLM, LLMError
+from rmmjax.llm.base import LLMError
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
 from rmmjax.llm.fake import ScriptedLLM, ScriptExhausted
 from rmmjax.llm.parse import (
-    CitedAnswer, LLMOutputError, MergeDecision, Sufficiency, Topic, TopicExtraction, Verdict,
-    extract_json, parse_answer, parse_merge, parse_sufficiency, parse_topics, parse_verdict)
+    LLMOutputError, Verdict, extract_json, parse_answer, parse_merge, parse_sufficiency,
+    parse_topics, parse_verdict)
 from rmmjax.llm.prompts import (
-    Prompt, add_or_merge, answer_judge, answer_with_citations, sufficiency_judge,
-    topic_extraction)
+    add_or_merge, answer_judge, answer_with_citations, sufficiency_judge, topic_extraction)
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS", "LLM", "CitedAnswer", "LLMError", "LLMOutputError", "LLMSettings",
-    "MergeDecision", "OpenAICompatibleLLM", "Prompt", "ScriptExhausted", "ScriptedLLM",
-    "Sufficiency", "Topic", "TopicExtraction", "Verdict", "add_or_merge", "answer_judge",
-    "answer_with_citations", "extract_json", "parse_answer", "parse_merge", "parse_sufficiency",
-    "parse_topics", "parse_verdict", "sufficiency_judge", "topic_extraction"]
+    "LLMError", "LLMOutputError", "LLMSettings", "OpenAICompatibleLLM", "ScriptExhausted",
+    "ScriptedLLM", "Verdict", "add_or_merge", "answer_judge", "answer_with_citations",
+    "extract_json", "parse_answer", "parse_merge", "parse_sufficiency", "parse_topics",
+    "parse_verdict", "sufficiency_judge", "topic_extraction"]

@@ -1,12 +1,11 @@
 """LaceMem's three layers as rows of the memory bank file, per user, in the caller's transaction.
 
-A save either replaces the user's whole layered memory or, when the bank still holds the
-revision the LaceMem last saved or loaded, appends what is new since (turns, facts, and the
-neighbour lists that changed): a turn added to a LaceMem of 10,000 facts writes a few rows. The
-Raw layer is its own table, not the bank's turns: a layered memory is rebuilt and replaced as a
-unit. The Edge layer is stored as each fact's ranked semantic neighbour list (same-turn and
-same-session links follow from the facts' order and the settings). The links' cosines go
-through the bank's cipher like text and vectors do: a cosine says how alike two facts are.
+A save replaces the whole or appends what is new (docs/memory.md): a turn added to a LaceMem of
+10,000 facts writes a few rows. The Raw layer is its own table, not the bank's turns: a layered
+memory is rebuilt and replaced as a unit. The Edge layer is stored as each fact's ranked semantic
+neighbour list (the other links follow from the facts' order and the settings). The links'
+cosines go through the bank's cipher like text and vectors do: a cosine says how alike two facts
+are.
 """
 
 from __future__ import annotations

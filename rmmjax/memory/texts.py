@@ -1,10 +1,5 @@
-"""Every text of one user that the memory commands embed, in the form they embed it.
-
-An embedding cache keyed by a text's hash tells whoever reads it which texts were embedded, and
-its vectors can be inverted towards the text: deleting a user also deletes, from a plain bank's
-cache, the embeddings of these texts. (Encrypted banks never use the cache; queries are never
-written to it.)
-"""
+"""Every text of one user that the memory commands embed, in the form they embed it: deleting
+a user also deletes their embeddings from a plain bank's cache (docs/memory.md says why)."""
 
 from __future__ import annotations
 

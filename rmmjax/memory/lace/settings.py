@@ -1,5 +1,4 @@
-"""LaceMem's settings (every weight, threshold and cap of its layers, and how search ranks facts)
-and the checks of what it is given."""
+"""LaceMem's settings and the checks of what it is given."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""A user's LaceMem kept in step with the user's turns in the bank.
-
-The bank's turns are the record; a saved LaceMem is derived from them. `synced_lace` loads the
-saved one (or starts an empty one), adds every bank turn it lacks, in the bank's order, through
-`LaceMem.add_turns` (CHUNK turns per encoder call: the same layers as a batch build), and saves
-it when it grew. Two processes that both add turns can overwrite each other's additions, but
-never lose a turn: the bank keeps it, and the next sync adds it back. Only statements become
-evidence (records.KINDS says why).
-"""
+"""A user's LaceMem kept in step with the user's turns in the bank, which are the record it is
+derived from (docs/memory.md: IRIS's layered memory follows the bank)."""
 
 from __future__ import annotations
 
