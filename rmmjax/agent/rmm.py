@@ -217,6 +217,7 @@ class Agent(ChatAgent):
   def _candidates(self, user: str, query: str) -> tuple:
     """The query's embedding, its K candidates (padded, masked), their memories, and (for a
     cross reranker) the pair tokens of the query with each memory's text."""
+    self._require_user(user)
     spec = self.state.spec
     index = self.search.index(user)
     q_D = self.query_encoder.encode([query])[0]
@@ -233,7 +234,6 @@ class Agent(ChatAgent):
 
   def recall(self, user: str, query: str) -> tuple[list[Memory], list[float]]:
     """The M memories that would be handed to the LLM and their scores (top M, no learning)."""
-    self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=False)
     top = [int(s) for s in selected_M if s >= 0]
@@ -248,7 +248,6 @@ class Agent(ChatAgent):
 
   def respond(self, user: str, query: str, *, record: bool = True) -> Response:
     """Answers one query, records the exchange (unless `record` is False), then learns."""
-    self._require_user(user)
     q_D, mem_KxD, mask_K, candidates, tokens = self._candidates(user, query)
     scores_K, selected_M = self._select(q_D, mem_KxD, mask_K, tokens, sample=self.learning)
     taken = [int(s) for s in selected_M if s >= 0]

@@ -1,11 +1,9 @@
 """The prompts: each builds chat messages and the JSON Schema of the reply it asks for.
 
-Items the model may point at (turns, memories, evidence) are shown with labels: turn ids as
-given, memories and evidence numbered from 1. The matching parsers in `parse.py` turn the
-numbers back into 0-based positions. Schemas keep every property required and no extra ones, so
-they are valid for strict structured output on every server form. With `max_chars` (from
-`LLM.prompt_chars`) a prompt's variable texts are cut to fit, longest first (`llm/context.py`), and
-`Prompt.cut` says how many were.
+Items the model may point at are labelled: turn ids as given, memories and evidence numbered
+from 1 (`parse.py` turns them back into 0-based positions). Schemas keep every property required
+and no extra ones: valid for strict structured output on every server form. With `max_chars` a
+prompt's variable texts are cut to fit (`context.py`).
 """
 
 from __future__ import annotations

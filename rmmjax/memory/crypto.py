@@ -1,10 +1,7 @@
-"""Encryption at rest of the memory bank's personal data, with a Fernet key.
+"""Encryption at rest of the memory bank's personal data, with a Fernet key (docs/memory.md).
 
-The bank holds what users said. With a key, every text field (turn text and speaker, memory
-summaries, snippet texts) and every embedding (vectors can be inverted back to text) is stored as
-a Fernet token (AES-128-CBC with an HMAC-SHA256 tag); ids, dates and timestamps stay plain so
-rows can still be found and ordered. The key comes from the caller, usually from the
-environment (RMMJAX_BANK_KEY), and is never written to the bank or shown in a message.
+Texts and embeddings (vectors can be inverted back to text) are sealed; ids, dates and timestamps
+stay plain so rows can still be found and ordered. The key is never written or shown.
 """
 
 from __future__ import annotations

@@ -39,14 +39,10 @@ class ReflectionFailed(LLMError):
 
 @final
 class LLMReflector(Reflector):
-  """Asks a chat model for the topics and for each add-or-merge decision.
-
-  An unusable topic list (not JSON, no text, or no topic with a summary and a turn id it was
-  shown) is replaced by `fallback`'s topics, counted in the report, or raises ReflectionFailed,
-  so the session is not marked reflected with nothing in it. An unusable decision adds the
-  topic. A failed call (LLMError) propagates: nothing is applied, and it can be retried.
-  `cut_prompts` counts the prompts cut to fit the model's context (`llm.prompt_chars`).
-  """
+  """Asks a chat model for the topics and for each add-or-merge decision. An unusable topic
+  list is replaced by `fallback`'s topics or raises ReflectionFailed; an unusable decision adds
+  the topic; a failed call (LLMError) propagates, nothing applied. `cut_prompts` counts the
+  prompts cut to fit the model's context."""
 
   def __init__(self, llm: LLM, *, fallback: Reflector | None = None):
     self.llm, self.fallback, self.cut_prompts = llm, fallback, 0

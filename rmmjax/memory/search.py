@@ -1,7 +1,5 @@
 """Retrieval over one user's memory bank: BM25 over the memories' text, dense search over the
 embeddings stored beside them (never re-embedded at query time), or their reciprocal-rank fusion.
-
-An index is built per user from the bank and rebuilt only when the user's memories change.
 """
 
 from __future__ import annotations

@@ -104,19 +104,12 @@ def extractive_summary(turns: Sequence[BankTurn], date: str) -> str:
 
 @final
 class OfflineReflector(Reflector):
-  """Embedding-based topic segmentation, extractive summaries and a similarity merge rule.
+  """Embedding-based topic segmentation (`segment`), extractive summaries and a similarity
+  merge rule (`decide`).
 
-  Args:
-    encoder: embeds each turn as "[date] Speaker: text" to find the topic boundaries.
-    split_below: a turn whose cosine to the running topic is below this starts a new topic.
-      0.6 cuts LoCoMo sessions (22 turns on average) into topics of about 5 turns with
-      all-MiniLM-L6-v2, whose cosines between dated turns of one session are mostly 0.5-0.8.
-    min_turns: no topic ends before it has this many turns (the session's last may be shorter).
-    max_turns: a topic ends when it has this many turns, whatever the similarity.
-    merge_at: a topic merges into the most similar memory when the cosine of their summaries'
-      embeddings is at least this; otherwise it is added.
-    max_merged_turns: no merge makes a memory hold more turns than this (the topic merges into
-      the next similar enough memory, or is added), so summaries stay readable.
+  split_below 0.6 cuts LoCoMo sessions (22 turns on average) into topics of about 5 turns with
+  all-MiniLM-L6-v2, whose cosines between dated turns of one session are mostly 0.5-0.8.
+  max_merged_turns caps the turns one memory holds, so summaries stay readable.
   """
 
   def __init__(self, encoder: Encoder, *, split_below: float = 0.6, min_turns: int = 2,
@@ -141,7 +134,8 @@ class OfflineReflector(Reflector):
                                   tuple(turns[i].turn_id for i in part)) for part in parts))
 
   def decide(self, topic: Topic, candidates: Sequence[Candidate]) -> Decision:
-    """Merge into the most similar candidate at or above merge_at that has room, else add."""
+    """Merge into the most similar candidate at or above merge_at (the cosine of the summaries'
+    embeddings) that has room for the topic's turns, else add."""
     for position, candidate in enumerate(candidates):
       if candidate.similarity < self.merge_at:
         break
