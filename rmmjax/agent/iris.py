@@ -17,8 +17,6 @@ from rmmjax.retrieve.learned import EmbeddingRefiner, LearnedJudge
 
 @dataclasses.dataclass(frozen=True)
 class IrisResponse(Reply):
-  """One answer through IRIS."""
-
   answer: str | None  # None without an LLM, or when the LLM failed
   turns: tuple[RawTurn, ...]  # the M turns shown, in the order they were numbered
   cited: tuple[int, ...]  # positions in `turns` the answer cited

@@ -12,9 +12,7 @@ from rmmjax.llm.base import LLM, LLMError
 from rmmjax.llm.parse import LLMOutputError, parse_answer
 from rmmjax.llm.prompts import answer_with_citations
 
-# Counters of the exchange, in an agent's stats: exchanges whose reply came back, texts shown
-# (every exchange asked), citations (of well-formed answers), malformed replies, citations of
-# texts not shown, failed requests, prompts cut to fit the context.
+# The exchange's counters in an agent's stats (Exchange.count says what each one counts).
 COUNTERS = ("answered", "shown", "cited", "malformed", "invalid_citations", "llm_errors",
             "cut_prompts")
 

@@ -209,9 +209,8 @@ def parse_verdict(reply: Reply) -> Verdict:
   value = data.get("correct") if isinstance(data, dict) else None
   if isinstance(value, str) and value.strip().lower() in ("true", "false"):
     value = value.strip().lower() == "true"
-  if not isinstance(value, bool):
-    return Verdict(False, malformed=True)
-  return Verdict(value, malformed=False)
+  usable = isinstance(value, bool)
+  return Verdict(usable and value, malformed=not usable)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,8 +34,7 @@ def _open_cosine(cipher: Cipher, stored: float | bytes) -> float:
 
 
 def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot) -> int:
-  """Replaces the user's layered memory with snap, inside the caller's write transaction;
-  returns its revision."""
+  """Replaces the user's layered memory with snap; returns its revision."""
   vectors = np.ascontiguousarray(snap.vectors, np.float32)
   revision = next_write(db)
   db.execute("DELETE FROM lace_meta WHERE user_id = ?", (user,))  # cascades to the layers
@@ -53,9 +52,8 @@ def write_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnap
 def append_rows(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapshot,
                 since: LaceSaved, lists: dict[int, list[tuple[int, float]]]) -> int | None:
   """Writes what snap added since `since` (its turns and facts beyond those counts, and the
-  neighbour lists in `lists`, old facts' whose lists changed included), inside the caller's
-  write transaction; returns the new revision, or None (nothing written) when the bank no
-  longer holds revision `since.revision`: another process saved in between."""
+  neighbour lists in `lists`); returns the new revision, or None (nothing written) when another
+  process saved after `since.revision`."""
   row = db.execute("SELECT revision, dim FROM lace_meta WHERE user_id = ?", (user,)).fetchone()
   if row is None or row[0] != since.revision or (row[1] == 0 and len(snap.facts)):
     return None  # (a LaceMem saved before it had facts has no dimension yet: write it whole)
@@ -86,8 +84,7 @@ def _insert(db: sqlite3.Connection, cipher: Cipher, user: str, snap: LaceSnapsho
 
 
 def read_rows(db: sqlite3.Connection, cipher: Cipher, user: str, where: str) -> LaceSnapshot | None:
-  """The user's layered memory as stored, or None when none is; inside the caller's
-  transaction."""
+  """The user's layered memory as stored, or None when none is."""
   opened = cipher.open_text
   meta = db.execute("SELECT settings, encoder, dim, fallbacks, revision FROM lace_meta WHERE "
                     "user_id = ?", (user,)).fetchone()

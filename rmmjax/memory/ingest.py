@@ -2,8 +2,7 @@
 
 Resumable at session granularity: a session the bank already holds as ended is checked against
 the data and skipped; one that was stored but not reflected (a run stopped between the two
-writes) gets its missing turns and its reflection. Embeddings are computed per conversation in
-bulk where the reflector allows it: one encoder call per session pads each to a full batch.
+writes) gets its missing turns and its reflection.
 """
 
 from __future__ import annotations
@@ -100,10 +99,8 @@ class MemoEncoder:
 
 def _ahead(reflector: Reflector, encoder: Encoder,
            sessions: Sequence[Session]) -> tuple[Reflector, Encoder]:
-  """The reflector and encoder to replay these sessions with, their embeddings done in bulk.
-
-  The offline reflector's topics depend on the session alone, so its turn and summary
-  embeddings are computed ahead for all the sessions at once; other reflectors run as given."""
+  """The reflector and encoder to replay these sessions with: the offline reflector's topics
+  depend on the session alone, so its embeddings are computed ahead for all sessions at once."""
   memo = MemoEncoder(encoder)
   if not isinstance(reflector, OfflineReflector) or not sessions:
     return reflector, memo

@@ -186,8 +186,6 @@ def select_in(db: sqlite3.Connection, sql: str, params: tuple, values: list) -> 
 @final
 @dataclasses.dataclass(frozen=True)
 class LaceSnapshot:
-  """Everything a LaceMem holds, as plain values."""
-
   settings: dict
   encoder: str  # the identity of the encoder that embedded the facts ("" when none did)
   fallbacks: int  # turns the LLM extractor handed to the offline one

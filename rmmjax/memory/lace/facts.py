@@ -1,10 +1,8 @@
 """LaceMem's Index layer input: a turn cut into atomic statements (subject, predicate, object).
 
 Offline extraction is deterministic and cheap: sentences, then semicolons, then the connectors
-"and", "but" and "because" where both sides are long enough to stand alone. The subject is the
-speaker unless the clause opens with a name followed by a verb; the predicate is the clause's
-first verb-like word; the object is what follows it. An image a turn shares becomes a statement
-of its own.
+"and", "but" and "because" where both sides are long enough to stand alone (`parse_clause` then
+finds each clause's parts).
 """
 
 from __future__ import annotations

@@ -14,12 +14,9 @@ CLUSTER_SIZE, FACTS_PER_TURN, TURNS_PER_SESSION = 20, 2, 25
 
 
 def synthetic_lace(num_facts: int, dim: int = 384) -> LaceMem:
-  """A LaceMem of random facts for scale checks, built in one batch without an encoder.
-
-  Facts fall into random topics of about CLUSTER_SIZE: a topic's facts have cosine about 0.8
-  with each other and about 0 with the rest, so every fact has semantic candidates above the
-  default threshold.
-  """
+  """Facts in random topics of about CLUSTER_SIZE, built in one batch: a topic's facts have
+  cosine about 0.8 with each other and about 0 with the rest, so every fact has semantic
+  candidates above the default threshold."""
   rng = np.random.default_rng(0)
   centres = rng.standard_normal((math.ceil(num_facts / CLUSTER_SIZE), dim)).astype(np.float32)
   centres /= np.linalg.norm(centres, axis=1, keepdims=True)
