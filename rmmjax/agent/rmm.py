@@ -157,8 +157,8 @@ class Agent(ChatAgent):
     self.stats["updates"] = int(self.state.step)
 
   def save(self, pending: bool = True) -> None:
-    """Writes the pending answers (unless `pending` is False), then the counters, to the
-    workdir; updates are already checkpointed when they happen."""
+    """Writes the pending answers (unless `pending` is False), then the counters (updates are
+    checkpointed when they happen)."""
     if self.workdir is not None and self.learning:
       if pending:
         self.workdir.save_pending(int(self.state.step), self._pending)

@@ -19,8 +19,7 @@ class LLMError(RuntimeError):
 
 
 def check_messages(messages: list[dict]) -> None:
-  """Raises ValueError naming the first message that is not {"role": ..., "content": str}
-  (messages[0] when there is none)."""
+  """ValueError naming the first message (or none) that is not {"role": ..., "content": str}."""
   for i, message in enumerate(messages or [None]):
     if (not isinstance(message, dict) or message.get("role") not in ROLES
         or not isinstance(message.get("content"), str)):

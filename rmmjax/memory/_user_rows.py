@@ -124,8 +124,8 @@ def turns(db: sqlite3.Connection, cipher: Cipher, user: str,
 
 def turns_not_in(db: sqlite3.Connection, cipher: Cipher, user: str, have: set[str],
                  kind: str) -> list[BankTurn]:
-  """The user's turns of this kind whose ids are not in `have`, in session then turn order:
-  the ids are listed first (no text is opened), then only the missing rows are read."""
+  """MemoryBank.turns_not_in: the ids are listed first (no text is opened), then only the
+  missing rows are read."""
   ids = [t for t, k in db.execute(
       "SELECT t.turn_id, t.kind FROM turns t JOIN sessions s USING (user_id, session_id) WHERE "
       "t.user_id = ? ORDER BY s.ordinal, t.ordinal", (user,)) if k == kind and t not in have]

@@ -75,8 +75,7 @@ def _lace_doc(snap: LaceSnapshot | None) -> dict | None:
 
 
 def write(db: sqlite3.Connection, cipher: Cipher, parsed: Parsed, user: str) -> None:
-  """Writes a parsed document as the user (new, inserted), inside the caller's write
-  transaction."""
+  """Writes a parsed document as the user (new, inserted), in the caller's transaction."""
   seal = cipher.seal_text
   db.executemany("INSERT INTO sessions (user_id, session_id, date, ordinal, ended, origin) "
                  "VALUES (?, ?, ?, ?, ?, ?)",

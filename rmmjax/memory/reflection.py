@@ -177,14 +177,9 @@ def _check_decision(decision: Decision, n_candidates: int, reflector: Reflector)
 
 def reflect_session(bank: MemoryBank, user: str, session_id: str, reflector: Reflector,
                     encoder: Encoder) -> ReflectionReport:
-  """Extracts the session's topics, adds or merges each one, and ends the session atomically.
-
-  Similar memories are found by cosine between the topic summary's embedding and the memories'
-  embeddings by `encoder` (the bank refuses when some memory lacks one from it). Everything is
-  computed from one snapshot of the bank and applied only if nothing it read has changed since
-  (another process merged into the user's memories, or appended a turn to the session);
-  otherwise it is read and computed again, up to REFLECTION_ATTEMPTS times.
-  """
+  """Extracts the session's topics, adds or merges each one (into the memories whose `encoder`
+  embeddings are nearest), and ends the session atomically; computed from one snapshot, and
+  recomputed when another writer changed what it read (docs/memory.md)."""
   for _ in range(REFLECTION_ATTEMPTS):
     snapshot = bank.reflection_input(user, session_id, encoder.identity)  # or SessionEnded
     adds, merges, report = _plan(snapshot, reflector, encoder)
