@@ -3,8 +3,7 @@
 The offline reflector needs no model. A session is cut into topics where a turn stops resembling
 the topic so far, and a topic's summary is its own turns, verbatim, under the session's date:
 questions name people and dates, and on LoCoMo a unit reading "[date] Speaker: ..." is found far
-more often than the bare utterance. A new topic merges into the most similar memory when their
-summaries' cosine reaches a threshold.
+more often than the bare utterance.
 """
 
 from __future__ import annotations
