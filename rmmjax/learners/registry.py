@@ -1,7 +1,5 @@
-"""Name -> learner: the one place a learner's name is looked up. The training loop asks a
-learner here how it trains (its task); the agent, `eval` and the command line how a trained
-reranker reads its candidates (its reader), exports and whether it learns online where it
-serves; none of them names a family."""
+"""Name -> learner: the one place a learner's name is looked up (docs/layout.md); no caller
+outside learners/ names a family."""
 
 from __future__ import annotations
 
@@ -101,7 +99,3 @@ def training_task(cfg) -> type[Task]:
     return LatentTask
   return found.iris_task if cfg.units == "lace" and found.iris_task else found.task
 
-
-def make_task(cfg, encoder=None, progress: bool = False, workdir=None) -> Task:
-  """The task of `cfg`, built (its data embedded, before the loop writes anything)."""
-  return training_task(cfg)(cfg, encoder, progress, workdir)

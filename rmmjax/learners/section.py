@@ -44,12 +44,8 @@ def check(obj, prefix: str = "") -> None:
       raise ValueError(f"{name}={value!r}: expected an integer")
     below = low is not None and (value <= low if low_open else value < low)
     if below or (high is not None and value > high):
-      raise ValueError(f"{name}={_shown(value, integer)}: expected "
+      raise ValueError(f"{name}={value:{',' if integer else '.12g'}}: expected "
                        + _limits(low, high, low_open, integer))
-
-
-def _shown(value, integer: bool) -> str:
-  return f"{value:,}" if integer else f"{value:.12g}"
 
 
 def _limits(low, high, low_open: bool, integer: bool) -> str:

@@ -30,7 +30,7 @@ from rmmjax.io.manifest import RECORD_FILE
 from rmmjax.io.workdir import (atomic_write_json, atomic_write_text, check_resumable, held,
                                write_run_record)
 from rmmjax import distributed
-from rmmjax.learners.registry import make_task, training_task
+from rmmjax.learners.registry import training_task
 
 STAGE_DIR = "query_encoder"  # the first stage's workdir, inside the run's
 FIRST_LAST_FRACTION = 0.1  # reward_first/last average the first/last tenth of the steps
@@ -124,7 +124,7 @@ def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config
                        f"asks for fewer; a run cannot be shortened: use a fresh workdir, or "
                        f"steps >= {found.step} to resume or extend it")
     logged = metrics_log.read_rows(log_path)  # a damaged log is refused here
-    task = make_task(task_cfg, encoder, progress, workdir)  # replay tasks embed data here
+    task = training_task(task_cfg)(task_cfg, encoder, progress, workdir)  # data embedded here
     _check_record(workdir, task.record)
     # Over several processes every one computes; process 0 writes the files (checkpoints go
     # through Orbax, which every process takes part in). They must agree on the run and on

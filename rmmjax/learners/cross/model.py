@@ -1,11 +1,5 @@
-"""The cross-encoder reranker's pure model: a BERT-family encoder reads the question and one
-candidate memory together, so it sees which words of the question a memory shares.
-
-Candidate k scores s_k = rank_bias_k + head(pooler(h_CLS)), h_CLS the encoder's output at the
-[CLS] of "[CLS] question [SEP] memory [SEP]". The head starts at zero and the prior flat or
-decreasing, so a fresh cross reranker keeps the base retriever's order. With compute_dtype
-bfloat16 the encoder computes in bfloat16; parameters, gradients and Adam's moments stay float32.
-"""
+"""The cross-encoder reranker's pure model (docs/implemented.md): candidate k scores
+s_k = rank_bias_k + head(pooler(h_CLS)) of "[CLS] question [SEP] memory [SEP]"."""
 
 from __future__ import annotations
 

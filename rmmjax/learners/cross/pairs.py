@@ -149,11 +149,9 @@ def pack(ids_NxKxL: np.ndarray, segments_NxKxL: np.ndarray, length: int,
   for p in order:
     size = int(lengths.flat[p])
     row = next((r for r in range(len(used)) if used[r] + size <= length and count[r] < slots),
-               None)
-    if row is None:
-      row = len(used)
-      used.append(0)
-      count.append(0)
+               len(used))
+    if row == len(used):
+      used, count = used + [0], count + [0]
     placed[p] = (row, count[row], used[row])
     used[row] += size
     count[row] += 1

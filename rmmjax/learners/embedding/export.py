@@ -68,10 +68,8 @@ def export_state(state: core.TrainState, out: str | Path, record: dict | None = 
   trained conversations of real data); by default it records nothing real was seen."""
   out = _check_out(out)
   hparams = jax.device_get(state.hparams)
-  values = {"tau": float(hparams.tau), "baseline": float(hparams.baseline),
-            "baseline_kind": core.BASELINE_KINDS[int(hparams.baseline_kind)],
-            "lr": float(hparams.lr), "seed": int(hparams.seed), "p_rel": float(hparams.p_rel),
-            "p_irr": float(hparams.p_irr)}
+  values = {f.name: getattr(hparams, f.name).item() for f in dataclasses.fields(hparams)}
+  values["baseline_kind"] = core.BASELINE_KINDS[values["baseline_kind"]]
   record = record if record is not None else {
       "kind": "in memory", "dataset": None, "units": None, "retriever": None,
       "encoder": None, "k": state.spec.k, "m": state.spec.m, "dim": state.spec.dim,

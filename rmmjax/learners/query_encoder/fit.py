@@ -130,12 +130,8 @@ def retrieval_recall(conversation: Conversation, units: str, retriever: str, enc
   pool = unit_builder(conversation, units)
   ranker = make_retriever(retriever, [u.text for u in pool], encoder, query_encoder)
   top_NxM = ranker.rank([q.question for q in conversation.questions], m)
-  recall = []
-  for question, top in zip(conversation.questions, top_NxM):
-    evidence = set(question.evidence)
-    found = evidence.intersection(t for i in top for t in pool[i].turn_ids)
-    recall.append(len(found) / len(evidence))
-  return np.array(recall)
+  return np.array([len(set(q.evidence).intersection(t for i in top for t in pool[i].turn_ids))
+                   / len(set(q.evidence)) for q, top in zip(conversation.questions, top_NxM)])
 
 
 def encoder_spec(cfg) -> core.CoreSpec:
