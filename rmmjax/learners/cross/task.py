@@ -1,10 +1,6 @@
-"""The cross reranker's training task (variant=cross): the embedding rerankers' replay task,
-with (question, memory) pair tokens in every batch and the encoder's weights to start from.
-One step of a six-layer encoder over K pairs costs seconds on a CPU, so the steps run from the
-host, one compiled step at a time (pretraining over a fresh subset of candidates each epoch:
-`pairs.candidate_subset`), drawing the randomness the other rerankers' scanned steps draw, so
-a resumed run ends where an uninterrupted one does.
-"""
+"""The cross reranker's training task: ReplayTask with (question, memory) pair tokens in every
+batch. A step costs seconds on a CPU, so steps run from the host one at a time, drawing the
+randomness the scanned steps draw, so a resumed run ends where an uninterrupted one does."""
 
 from __future__ import annotations
 

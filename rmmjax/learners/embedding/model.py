@@ -1,8 +1,5 @@
-"""The embedding rerankers' pure model: residual transforms of query and memories, scored by
-dot product, starting as the identity (a fresh reranker keeps the base retriever's order).
-Embeddings are row vectors and weights apply on the right, as in a Flax Dense layer: the linear
-variant is q' = q + q wq, m' = m + m wm (the paper's W q with W = wq^T).
-"""
+"""The embedding rerankers' pure model (docs/implemented.md): residual transforms of query and
+memories, starting as the identity. Embeddings are row vectors, weights apply on the right."""
 
 from __future__ import annotations
 

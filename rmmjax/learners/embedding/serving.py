@@ -1,9 +1,4 @@
-"""A NumPy-only scorer for an exported reranker: no JAX needed to serve it.
-
-    scorer = NumpyReranker.load("reranker.safetensors")
-    scores_K = scorer.score(q_D, m_KxD)
-    chosen_M = scorer.top_m(q_D, m_KxD)
-"""
+"""A NumPy-only scorer of an exported reranker (docs/command-line.md, export)."""
 
 from __future__ import annotations
 

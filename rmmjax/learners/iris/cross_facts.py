@@ -1,10 +1,5 @@
-"""The cross reranker inside IRIS: it reads the question beside the text of each fact IRIS has
-gathered (units `lace`), where the embedding rerankers compare two fixed embeddings. It learns
-from the logged episodes of episodes.py, each (question, fact) pair tokenised once
-(`with_pair_tokens`). Inside IRIS (`CrossFactReranker`) a fact already read with the question
-keeps its pair score, so a question's run reads each of its facts once; only the rank prior of
-its new position is added afresh.
-"""
+"""The cross reranker inside IRIS (units `lace`): the question beside each fact's text, each
+episode's pairs tokenised once; inside IRIS a fact read once per question keeps its pair score."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The RMM reranker inside IRIS: it ranks the evidence the loop accumulated (an episode: one
-question's IRIS run, logged), learning by REINFORCE from simulated citations (which need the
-evidence labels), from the sufficiency judge's verdicts on the M facts it selected (which need
-none), or both: reward = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts).
-"""
+"""The RMM reranker inside IRIS: it ranks the evidence of an episode (one question's IRIS run,
+logged). reward = citation * (+1 cited, -1 not) + verdict * verdict_reward(M facts)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Saving, loading and exporting the learned IRIS models of a learner=iris workdir: the anchor
-query encoder (`anchor_encoder/`, a Hugging Face directory), the judge (`judge.safetensors`) and
-the refinement encoder as the run's checkpoints (it learns online). `rmmjax export` writes the
-refinement encoder as `refine_encoder/` beside the other two; `load_iris_model` reads either.
-"""
+"""The learned IRIS models of a learner=iris workdir or its export: anchor_encoder/,
+judge.safetensors and the refinement encoder (the run's checkpoints, or refine_encoder/)."""
 
 from __future__ import annotations
 

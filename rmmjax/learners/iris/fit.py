@@ -1,10 +1,6 @@
-"""Training data and supervised fitting of IRIS's learned parts, from labelled questions: the
-anchor query encoder (the question against the conversation's facts), the refinement encoder
-(the question joined with the best facts the anchor found, against the facts of the evidence
-turns not yet found) and the sufficiency judge (every iteration of IRIS runs, labelled by
-whether the facts shown cover every evidence turn). Both encoders learn with
-`core.losses.grouped_listwise_loss`: a turn's facts share its label.
-"""
+"""Training data and supervised fits of IRIS's learned parts, from labelled questions: the
+anchor and refinement query encoders and the sufficiency judge (docs/command-line.md,
+learner=iris)."""
 
 from __future__ import annotations
 

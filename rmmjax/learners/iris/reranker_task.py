@@ -1,8 +1,5 @@
-"""A reranker learning to rank the evidence IRIS gathers (units `lace`): an embedding reranker,
-or the cross reranker (cross_facts.py). Every question's IRIS run over its conversation's LaceMem,
-with the offline heuristic judge, is logged as an episode (episodes.py); the reranker pretrains
-on the training episodes' labels, then learns online from simulated citations plus, with
-verdict_reward > 0, the judge's verdict on the facts it selected."""
+"""A reranker learning to rank the evidence IRIS gathers (units `lace`; docs/command-line.md):
+an embedding reranker, or the cross reranker (cross_facts.py), over logged episodes."""
 
 from __future__ import annotations
 

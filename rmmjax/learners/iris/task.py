@@ -1,8 +1,5 @@
-"""learner=iris: IRIS's gap diagnosis learned from a replayed dataset's labels (units lace).
-The anchor and refinement encoders are fitted first (`initial_state`); the refinement encoder
-is the run's state, learning online; the judge is fitted at the end (`finish`) on IRIS runs
-with the final refinement encoder, whose iterations it will judge.
-"""
+"""learner=iris: IRIS's gap diagnosis learned from a replayed dataset's labels (units lace;
+docs/command-line.md). The refinement encoder is the run's state, learning online."""
 
 from __future__ import annotations
 

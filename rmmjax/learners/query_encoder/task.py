@@ -1,7 +1,5 @@
 """Training the retriever's query encoder on a replayed dataset (learner=query_encoder), with
-the reranker's protocol: pretrained on the training conversations' labelled evidence over the
-base retriever's K candidates, then online REINFORCE from simulated citations. Held-out
-evaluation retrieves with the tuned query encoder over each held-out conversation."""
+the reranker's protocol; held-out evaluation retrieves with the tuned encoder."""
 
 from __future__ import annotations
 
