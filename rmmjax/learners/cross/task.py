@@ -73,12 +73,9 @@ class CrossRerankerTask(ReplayTask):
 
   def initial_state(self) -> core.TrainState:
     """Listwise pretraining on the training labels (`pretrain_cross`), the optimizer reset."""
-    state = self.template
     if self.cfg.mode != "rl" and self.cfg.cross.pretrain_epochs > 0:
-      state, self.pretrain_loss, real = pretrain_cross(state, self.train_qs, self.cfg, self.mesh,
-                                                       self._progress)
-      self.pretrain_notes = {"cross_real_positions": real}
-    return core_replay.restart_optimizer(state, self.hp)
+      return pretrain_cross(self, self.train_qs)
+    return core_replay.restart_optimizer(self.template, self.hp)
 
   def _step_batch(self, index: int) -> core.Batch:
     """The packed batch of step `index` (modulo the stream's length), placed on the mesh."""
@@ -136,12 +133,12 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
   return init_cross_params(weights, k, prior_scale)
 
 
-def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
-                   progress: bool) -> tuple[core.TrainState, np.ndarray, float]:
-  """Listwise pretraining at the cross section's rates, one compiled step at a time (packed
-  shapes vary), each epoch over a subset of candidates in an order drawn from (seed, epoch)
-  alone. Returns the state (optimizer not reset), each step's loss and the share of real tokens."""
-  state = state.replace(hparams=state.hparams.replace(
+def pretrain_cross(task, questions: core.Batch) -> core.TrainState:
+  """`task`'s template pretrained listwise at the cross section's rates, one compiled step at a
+  time (packed shapes vary), each epoch over a subset of candidates in an order drawn from (seed,
+  epoch) alone; the optimizer reset, the task's pretraining loss and notes set."""
+  cfg, mesh = task.cfg, task.mesh
+  state = task.template.replace(hparams=task.template.hparams.replace(
       lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
       tau=jnp.asarray(cfg.cross.pretrain_tau, jnp.float32)))
   b = state.spec.batch
@@ -164,10 +161,11 @@ def pretrain_cross(state: core.TrainState, questions: core.Batch, cfg, mesh,
   # No donation: the hyperparameters are shared with the task's.
   step = functools.partial(core.supervised_step,
                            loss_fn=core.losses.PRETRAIN_LOSSES[cfg.cross.pretrain_loss])
-  state, losses = fit(state, step, epoch_batches,
-                      Fit(cfg.cross.pretrain_epochs, desc="cross"), mesh, progress,
-                      compiler_options())
-  return state, losses, positions["real"] / max(positions["computed"], 1)
+  state, task.pretrain_loss = fit(state, step, epoch_batches,
+                                  Fit(cfg.cross.pretrain_epochs, desc="cross"), mesh,
+                                  task._progress, compiler_options())
+  task.pretrain_notes = {"cross_real_positions": positions["real"] / max(positions["computed"], 1)}
+  return core_replay.restart_optimizer(state, task.hp)
 
 
 def check_cross_workdir(cfg, encoder, workdir) -> None:

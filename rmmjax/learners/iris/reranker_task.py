@@ -14,7 +14,6 @@ from rmmjax import core, distributed
 from rmmjax.config import Config
 from rmmjax.learners.cross.config import Cross
 from rmmjax.memory.lace import LaceMem, LaceSettings
-from rmmjax.core import replay as core_replay
 from rmmjax.encode.protocol import require_bert
 from rmmjax.replay.candidates import conversation_fingerprint
 from rmmjax.learners.iris.cross_facts import episode_scores, with_pair_tokens
@@ -79,8 +78,13 @@ class IrisTask(Task):
         "citation_reward": cfg.iris_evidence.citation_reward,
         "verdict_reward": cfg.iris_evidence.verdict_reward}
     params = None
-    if self.cross:
-      self._cross_inputs(encoder)
+    if self.cross:  # every episode's (question, fact) pairs tokenised and counted
+      (self.train_episodes, train), (self.test_episodes, test) = (
+          with_pair_tokens(e, encoder.tokenizer, cfg.cross.max_length)
+          for e in (self.train_episodes, self.test_episodes))
+      counts = {key: train[key] + test[key] for key in ("pairs", "truncated")}
+      self.record, self.input_notes = with_pairs_read(self.record, cfg, encoder, train["length"],
+                                                      counts)
       params = cross_initial_params(encoder, cfg.k, cfg.cross.prior_scale)
     self.mix = RewardMix(cfg.iris_evidence.citation_reward, cfg.iris_evidence.verdict_reward)
     self.judge = judge
@@ -89,15 +93,6 @@ class IrisTask(Task):
     self._scores = jax.jit(batch_scores, static_argnums=3)
     self._data_parallel(cfg.devices, {"batch": cfg.batch})  # each update's batch split over it
 
-  def _cross_inputs(self, encoder) -> None:
-    """Every episode's (question, fact) pairs tokenised, counted in the record and summary."""
-    (self.train_episodes, train), (self.test_episodes, test) = (
-        with_pair_tokens(e, encoder.tokenizer, self.cfg.cross.max_length)
-        for e in (self.train_episodes, self.test_episodes))
-    counts = {key: train[key] + test[key] for key in ("pairs", "truncated")}
-    self.record, self.input_notes = with_pairs_read(self.record, self.cfg, encoder,
-                                                    train["length"], counts)
-
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training episodes' labels (mode pretrain+rl), optimizer reset."""
     cfg, state, learning = self.cfg, self.template, self.cfg.learning
@@ -105,10 +100,7 @@ class IrisTask(Task):
     if self.cross and pretrains:
       # From the host over a few candidates per episode: one step over all K pairs of every
       # episode would not fit in one program.
-      state, self.pretrain_loss, real = pretrain_cross(
-          state, episodes_batch(self.train_episodes), cfg, self.mesh, self._progress)
-      self.pretrain_notes = {"cross_real_positions": real}
-      return core_replay.restart_optimizer(state, self.hp)
+      return pretrain_cross(self, episodes_batch(self.train_episodes))
     if pretrains:
       state, self.pretrain_loss = pretrain_on_episodes(
           state, self.train_episodes, learning.pretrain_epochs, learning.pretrain_lr,
