@@ -1,8 +1,7 @@
 """What every config section is made of: each key's limits, declared beside its default
-(`key(default, choices=...)` or `key(default, low=..., high=...)`), the one check that reads
-them, and the rates every learner's section has (`Learning`). A subclass that only changes a
-key's default declares it plainly: the limits are those of the class that declared them.
-Limits that depend on another key (a count of candidates up to `k`) stay in the owner's `check`.
+(`key`), the one check that reads them, and the rates every learner's section has (`Learning`).
+A subclass that only changes a key's default declares it plainly: the limits are those of the
+class that declared them. Limits that depend on another key stay in the owner's `check`.
 
 The sections sit in the learners' folders, outside rmmjax/config/, because importing any module
 there first runs the config package, which imports them: a circle.

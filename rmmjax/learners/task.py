@@ -1,7 +1,5 @@
 """What the training loop asks of every task (the latent simulator, reranker replay, the query
-encoder, the reranker inside IRIS, IRIS's learned models). A task is built from a config
-(embedding its data there, before the loop writes anything) and splits its batches over the
-data mesh (`distributed.data_mesh`) set up here."""
+encoder, the reranker inside IRIS, IRIS's learned models), and the mesh its batches split over."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """A trained cross reranker as a Hugging Face directory that sentence-transformers' CrossEncoder
-loads (BertForSequenceClassification with one label), the base encoder's tokenizer files, and
-the export's manifest `rmmjax.json`. The CrossEncoder scores a pair by its logit (its config
-names the identity as the activation under the keys of sentence-transformers 3.x and 4+, which
-otherwise put a sigmoid on a one-label model); rmmjax's score of the candidate at base position
-k adds the rank prior `rank_bias[k]`, listed in the manifest."""
+loads (docs/command-line.md, export), with the export's manifest `rmmjax.json`. Its config names
+the identity as the activation, under the keys of sentence-transformers 3.x and 4+, which
+otherwise put a sigmoid on a one-label model."""
 
 from __future__ import annotations
 

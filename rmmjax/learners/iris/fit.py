@@ -114,9 +114,8 @@ def _adam_fit(loss_fn, params, lr: float, epoch_batches, plan: Fit, mesh):
 
 def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: int, batch: int,
                         lr: float, tau: float, seed: int, mesh=None) -> tuple[dict, np.ndarray]:
-  """Fine-tunes a query encoder (from `params`) with the grouped listwise loss over `epochs`
-  passes of batches in a new order each (the tail that does not fill a batch left out).
-  Returns the parameters and every step's loss."""
+  """(parameters, every step's loss) of a query encoder fine-tuned from `params` by the grouped
+  listwise loss, each epoch's batches in a new order (the tail that fills no batch left out)."""
   if epochs and len(examples) < batch:
     raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, 128)
@@ -218,23 +217,19 @@ class IrisFit:
 def fit_iris_encoders(encoder, stores, conversations, fit: IrisFit = IrisFit(),
                       anchor=None, mesh=None) -> tuple[dict, dict, dict]:
   """(anchor, refine, losses), the anchor fitted unless given; the stores then search with it."""
+  def fit_from(params, query_encoder, seed: int, hops):
+    for store in stores:
+      store.query_encoder = query_encoder
+    examples = ranking_examples(stores, conversations, fit.k, fit.max_evidence, seed,
+                                fit.hard_share, hops)
+    return fit_ranking_encoder(encoder, examples, params, epochs=fit.epochs, batch=fit.batch,
+                               lr=fit.lr, tau=fit.tau, seed=seed, mesh=mesh)
+
   losses = {}
-  for store in stores:
-    store.query_encoder = None
   if anchor is None:
-    examples = ranking_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed,
-                                fit.hard_share)
-    anchor, losses["anchor"] = fit_ranking_encoder(
-        encoder, examples, encoder.params, epochs=fit.epochs, batch=fit.batch, lr=fit.lr,
-        tau=fit.tau, seed=fit.seed, mesh=mesh)
-  tuned = TunedQueryEncoder(encoder, anchor)
-  for store in stores:
-    store.query_encoder = tuned
-  examples = ranking_examples(stores, conversations, fit.k, fit.max_evidence, fit.seed + 1,
-                              fit.hard_share, HOP_STATES)
-  refine, losses["refine"] = fit_ranking_encoder(
-      encoder, examples, anchor, epochs=fit.epochs, batch=fit.batch, lr=fit.lr, tau=fit.tau,
-      seed=fit.seed + 1, mesh=mesh)
+    anchor, losses["anchor"] = fit_from(encoder.params, None, fit.seed, (0,))
+  refine, losses["refine"] = fit_from(anchor, TunedQueryEncoder(encoder, anchor), fit.seed + 1,
+                                      HOP_STATES)
   return anchor, refine, losses
 
 

@@ -53,12 +53,11 @@ class IrisLearnedTask(Task):
     self.stores = [LaceMem.from_conversation(c, encoder,
                                              settings=LaceSettings(retrieval=cfg.retriever))
                    for c in conversations]
-    held = cfg.holdout or cfg.iris_models.validation
-    if len(conversations) - held < 1:
+    split = len(conversations) - (cfg.holdout or cfg.iris_models.validation)
+    if split < 1:
       raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                        f"iris_models.validation={cfg.iris_models.validation} would leave none "
                        "to fit (set iris_models.validation=0)")
-    split = len(conversations) - held
     self.train_data, self.test_data = conversations[:split], conversations[split:]
     # With holdout=0 the evaluated conversations are a validation split, not a test.
     self.validating = cfg.holdout == 0 and bool(self.test_data)
@@ -159,10 +158,8 @@ class IrisLearnedTask(Task):
     return self._online.run(self._replicated(state), self._online_stream(), n)
 
   def evaluate(self, state: core.TrainState) -> dict:
-    """Recall@M (and @10, `iris_*` keys) over turns of the held-out (or validation)
-    conversations: single-pass with the base encoder (recall_at_m_base), IRIS with the learned
-    models (recall_at_m), single-pass with the anchor encoder; before the models are fitted
-    every entry is the base single pass. Warns when the anchor is worse than the base."""
+    """Recall@M and @10 over turns of the held-out (or validation) conversations (its keys:
+    docs/command-line.md); before the models are fitted every entry is the base single pass."""
     if not self.test_data:
       return {}
     # The models once `finish` wrote the judge; the template is the run before fitting (the

@@ -63,9 +63,8 @@ PRETRAIN_CHUNK = 16  # batches per compiled scan of the query encoder's pretrain
 def pretrain_query_encoder(encoder, convs: list[ConversationReplay], spec: core.CoreSpec,
                            hparams: core.HParams, epochs: int, params=None,
                            mesh=None, progress: bool = False) -> tuple[dict, np.ndarray]:
-  """Listwise fine-tuning of the query encoder on labelled evidence: `epochs` passes over
-  batches of spec.batch consecutive questions in a new order each pass, in scans of
-  PRETRAIN_CHUNK batches."""
+  """Listwise fine-tuning of the query encoder on labelled evidence, each epoch's batches of
+  consecutive questions in a new order, in scans of PRETRAIN_CHUNK batches."""
   stream_SxB = jax.tree.map(np.asarray, to_sequence(convs, spec.batch))
   ids_SxBxT, mask_SxBxT = (np.asarray(x) for x in question_tokens(encoder, convs, spec.batch))
   state = encoder_state(encoder, spec, hparams, params)
