@@ -6,29 +6,23 @@ import dataclasses
 
 from rmmjax.learners.section import Learning, key
 
-COMPUTE_DTYPES = ("float32", "bfloat16")  # besides auto (see Cross.compute_dtype)
+COMPUTE_DTYPES = ("float32", "bfloat16")  # besides auto: bfloat16 on an accelerator, else float32
 PRETRAIN_LOSSES = ("softmax", "lambda", "weakest")  # rmmjax.core.losses.PRETRAIN_LOSSES
-OBSERVATIONS = ("auto", "true", "false")  # see Cross.observations
+OBSERVATIONS = ("auto", "true", "false")  # auto: over turns where the training data hold some
 
 
 @dataclasses.dataclass(frozen=True)
 class Cross(Learning):
-  """The cross reranker (variant=cross), at the rates of fine-tuning an encoder. The defaults
-  were chosen on the dev file's 2-fold cross-validation, so optimistic (Recall@5 by
-  experiments/sweep_cross.py --arm NAME; experiments/README.md): two pretraining epochs (0.658
-  against 0.634); no online steps (60 REINFORCE steps from simulated citations lowered it from
-  0.575 to 0.555: they repeat the pretraining's labels, with noise); `observations`, LoCoMo's
-  statements of what each session established joining the training questions as labelled
-  pairs (+0.008, for 2.2 times the pretraining; auto reads them over turns where the training
-  conversations hold some); K = 50 in the locomo_cross config (0.694 against 0.667 at 20);
-  `prior_scale` 0, a flat starting prior that still learns (+0.009); `head_lr_scale` 50, since
-  the scoring layer starts at zero and passes the encoder no gradient until it grows (10:
-  -0.012). Pretraining reads `pretrain_candidates` of each question's K, its negatives from base
-  rank `negatives_from_rank` down (the top of a tuned retriever's list holds evidence the labels
-  missed). `pretrain_loss` weakest takes each question's hardest relevant candidate (Recall@5
-  counts a question only when every piece is found). `compute_dtype` auto: bfloat16 on an
-  accelerator, float32 on a CPU (no fast bfloat16 matmul).
-  """
+  """The cross reranker (variant=cross; its keys: docs/command-line.md). The defaults were
+  chosen on the dev file's 2-fold cross-validation, so optimistic (Recall@5 by
+  experiments/sweep_cross.py --arm NAME): two pretraining epochs (0.658 against 0.634); no
+  online steps (60 REINFORCE steps lowered it from 0.575 to 0.555: they repeat the
+  pretraining's labels, with noise); observations (+0.008, for 2.2 times the pretraining);
+  K = 50 in the locomo_cross config (0.694 against 0.667 at 20); a flat starting prior
+  (+0.009); `head_lr_scale` 50 (10: -0.012). Negatives come from base rank
+  `negatives_from_rank` down: the top of a tuned retriever's list holds evidence the labels
+  missed. `pretrain_loss` weakest takes each question's hardest relevant candidate (Recall@5
+  counts a question only when every piece is found)."""
 
   NAME = "cross"
   tau: float = 1.0
