@@ -32,12 +32,9 @@ class IrisEvidence(Section):
 
 @dataclasses.dataclass(frozen=True)
 class IrisModels(Section):
-  """IRIS's own models (learner=iris, rmmjax.learners.iris.fit): each example ranks `k` candidate
-  facts, up to a quarter of them evidence; of the rest, `hard_share` are the search's own top
-  hits, the others random facts of the conversation. 64 and 0.5 were chosen on one split of the
-  dev file (held-out Recall@10 of the anchor 0.704, against 0.666 with hard negatives only and
-  0.595 for the base encoder). With holdout=0 the last `validation` training conversations are
-  kept out of the fits, to compare the tuned anchor with the base encoder (warning when worse)."""
+  """IRIS's own models (learner=iris; its keys: docs/command-line.md). `k` 64 and `hard_share`
+  0.5 were chosen on one split of the dev file (held-out Recall@10 of the anchor 0.704, against
+  0.666 with hard negatives only and 0.595 for the base encoder)."""
 
   NAME = "iris_models"
   k: int = 64

@@ -12,12 +12,8 @@ TUNES = ("query", "both")  # which side of retrieval a tuned encoder embeds
 
 @dataclasses.dataclass(frozen=True)
 class EncoderTuning(Learning):
-  """The retriever's query encoder: listwise pretraining on labelled evidence in batches of
-  `pretrain_batch` questions, then online REINFORCE, at the rates of the cross-validated
-  ablation's exploratory runs (experiments/replay_ablation.py). `tune`: query, the memories keep
-  the base encoder's embeddings; both, the tuned encoder re-embeds the bank after training
-  (training back-propagates through the questions alone either way: through the K candidates
-  too would cost about K times as much per step)."""
+  """The retriever's query encoder (its keys, `tune` among them: docs/command-line.md), at the
+  rates of the cross-validated ablation's exploratory runs (experiments/replay_ablation.py)."""
 
   NAME = "encoder_tuning"
   tau: float = 0.05
