@@ -1,6 +1,5 @@
-"""Loading a trained reranker for evaluation or serving: from a training workdir (its newest
-readable checkpoint, config and record, in the structure its learner says), from an exported
-.safetensors file (its header) or from an exported cross reranker's directory."""
+"""Loading a trained reranker for evaluation or serving: from a training workdir, an exported
+.safetensors file (its header) or an exported cross reranker's directory."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The cross reranker's inputs: each question paired with the text of each of its K candidates,
-tokenised once on the host as "[CLS] question [SEP] memory [SEP]" and padded to one of a few
-lengths, so that a run compiles once. A pair longer than `max_length` tokens is cut, the longer
-side first, and counted; a missing candidate (fewer than K units) has no tokens.
-"""
+"""The cross reranker's inputs (docs/command-line.md): each question paired with each of its K
+candidates' text, tokenised once on the host and padded to one of a few lengths, so that a run
+compiles once; packed several to a row for the encoder."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """How a trained cross reranker reads candidates where it serves (the agent, `eval`, IRIS): the
-question beside each candidate's text, cut by the tokenizer it trained with to the length it
-trained at, and packed for its encoder."""
+question beside each candidate's text, cut by its own tokenizer and length, packed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The embedding rerankers' export for serving: safetensors weights whose header holds the
-description (variant, shapes, hyperparameters, batch, and the record of what it was trained on),
-plus a readable JSON copy of that description beside it."""
+description (`_description`), and a readable JSON copy of it beside them."""
 
 from __future__ import annotations
 

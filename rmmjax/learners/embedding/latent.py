@@ -29,8 +29,7 @@ class LatentTask(Task):
     self._data_parallel(cfg.devices, {"batch": cfg.batch})
     self._sharding = distributed.batch_sharding(self.mesh) if self._parallel else None
     if self._parallel:
-      self.world = distributed.replicate(self.world, self.mesh)
-      self.eval_batch = distributed.replicate(self.eval_batch, self.mesh)
+      self.world, self.eval_batch = distributed.replicate((self.world, self.eval_batch), self.mesh)
     self._evaluate = jax.jit(core.evaluate, static_argnums=2)
     self._advance = jax.jit(core.run_steps, static_argnums=(2, 3, 4), donate_argnums=0)
 

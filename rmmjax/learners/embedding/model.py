@@ -78,8 +78,7 @@ def score(params: dict, q_D: jax.Array, m_KxD: jax.Array, variant: str = "linear
 
 
 def score_naive(params: dict, q_D: jax.Array, m_KxD: jax.Array) -> jax.Array:
-  """The linear reranker as the paper states it, all K memories transformed (formulation
-  naive: the reference of the fast one's tests and benchmark)."""
+  """The linear reranker as the paper states it, all K memories transformed (formulation naive)."""
   _check_shapes(params, q_D, m_KxD, "linear")
   q_D = q_D + q_D @ params["wq"]
   m_KxD = m_KxD + m_KxD @ params["wm"]

@@ -1,6 +1,5 @@
-"""The embedding rerankers (linear, MLP) where they serve: they read the embeddings a batch
-already holds (their model scores them: model.py), so their reader adds nothing and
-checks only that the encoder's dimension is theirs."""
+"""The embedding rerankers where they serve: they read the embeddings a batch already holds,
+so their reader adds nothing and checks only that the encoder's dimension is theirs."""
 
 from __future__ import annotations
 

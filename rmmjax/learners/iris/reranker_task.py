@@ -36,7 +36,7 @@ from rmmjax.learners.task import Task
 class LoggedConversation:
   conversation_id: str
   fingerprint: str
-  episodes: tuple[IrisEpisode, ...]
+  episodes: tuple[IrisEpisode, ...]  # (empty where only the record names the conversation)
 
 
 class IrisTask(Task):

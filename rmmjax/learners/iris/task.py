@@ -20,6 +20,7 @@ from rmmjax.retrieve.metrics import turn_metrics
 from rmmjax.io.workdir import atomic_write_json
 from rmmjax.memory.lace import LaceMem, LaceSettings
 from rmmjax.replay.candidates import conversation_fingerprint
+from rmmjax.learners.iris.reranker_task import LoggedConversation
 from rmmjax.learners.iris.files import ANCHOR_DIR, JUDGE_FILE, load_judge, save_judge
 from rmmjax.learners.iris.fit import (HOP_STATES, IrisFit, fit_iris_encoders, fit_iris_judge,
                                        ranking_examples)
@@ -34,12 +35,6 @@ from rmmjax.replay.inputs import replay_inputs
 from rmmjax.learners.task import Task
 
 EVAL_AT = 10  # held-out Recall@10 over turns, as every IRIS table reports
-
-
-@dataclasses.dataclass(frozen=True)
-class _Conv:
-  conversation_id: str
-  fingerprint: str
 
 
 class IrisLearnedTask(Task):
@@ -62,7 +57,7 @@ class IrisLearnedTask(Task):
     # With holdout=0 the evaluated conversations are a validation split, not a test.
     self.validating = cfg.holdout == 0 and bool(self.test_data)
     self.train_convs, self.test_convs = (
-        [_Conv(c.conversation_id, conversation_fingerprint(c)) for c in part]
+        [LoggedConversation(c.conversation_id, conversation_fingerprint(c), ()) for c in part]
         for part in (self.train_data, self.test_data))
     record = replay_record(cfg, data, encoder, self.train_convs, self.test_convs) | {
         "learner": "iris", "iris": "learned", "query_encoder_path": cfg.query_encoder or None,

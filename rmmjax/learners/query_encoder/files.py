@@ -1,6 +1,5 @@
-"""Tuned query encoders as a run or an export holds them: loading one from a learner=query_encoder
-workdir (its newest readable checkpoint) or from the Hugging Face directory `rmmjax export`
-writes, what it was trained on, and writing that directory."""
+"""Tuned query encoders as a learner=query_encoder workdir (its newest readable checkpoint) or
+the Hugging Face directory `rmmjax export` writes from one holds them, and what they trained on."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Fine-tuning the retriever's query encoder, without a reranker: the reranker's core steps
-(`core.supervised_step`, `core.train_step`) with the encoder as the scorer, a candidate's score
-the dot product of the tuned query embedding with the memory's. Only the query side is tuned:
-the memories keep the embeddings they were indexed with, so a bank needs no re-embedding."""
+"""Fine-tuning the retriever's query encoder by the reranker's core steps (`core.supervised_step`,
+`core.train_step`), the encoder as the scorer: a candidate scores its memory's embedding dot the
+tuned query's."""
 
 from __future__ import annotations
 
@@ -124,8 +123,7 @@ def retrieval_encoders(encoder, tuned: "TunedQueryEncoder | None", tune: str) ->
 def retrieval_recall(conversation: Conversation, units: str, retriever: str, encoder,
                      query_encoder=None, m: int = 5,
                      unit_builder: Callable = build_units) -> np.ndarray:
-  """Recall@m (all) of each question of a conversation, retrieving with `retriever` over its
-  units; dense scores use `query_encoder` for the questions when given."""
+  """Recall@m (all) of each question of a conversation, retrieving over its units."""
   pool = unit_builder(conversation, units)
   ranker = make_retriever(retriever, [u.text for u in pool], encoder, query_encoder)
   top_NxM = ranker.rank([q.question for q in conversation.questions], m)

@@ -58,11 +58,10 @@ class QueryEncoderTask(Task):
   def check_run(cls, cfg, encoder, workdir) -> None:
     """The training questions fill a batch of online steps and one of pretraining."""
     num = training_questions(cfg)
-    tuning = cfg.encoder_tuning
     pretrained = bool(saved_steps(Path(workdir) / "checkpoints"))  # (a resume skips it)
     batches = {"batch": cfg.batch} if cfg.steps else {}
-    if cfg.mode != "rl" and tuning.pretrain_epochs and not pretrained:
-      batches["encoder_tuning.pretrain_batch"] = tuning.pretrain_batch
+    if cfg.mode != "rl" and cfg.encoder_tuning.pretrain_epochs and not pretrained:
+      batches["encoder_tuning.pretrain_batch"] = cfg.encoder_tuning.pretrain_batch
     for key, size in batches.items():
       if size > num:
         raise ValueError(f"{key}={size}: the {num} training questions cannot fill one batch; "
