@@ -61,10 +61,9 @@ def _logits(params, pairs: PackedPairs, bert: core.BertConfig, dtype: str):
 
 @final
 class CrossFactReranker(FactReranker):
-  """A trained cross reranker as IRIS's `reranker(question, facts) -> scores`, as FactReranker
-  with the same modes: each fact's pair score (read once per question and fact, then kept)
-  plus the rank prior of its position in the order given. Pairs are cut to the run's
-  max_length and padded to one length, so one program serves every call."""
+  """FactReranker's cross reranker: each fact's pair score (read once per question and fact)
+  plus the rank prior of its position in the order given. Pairs are padded to the run's
+  max_length, so one program serves every call."""
 
   def __init__(self, params, spec: core.CoreSpec, tokenizer, max_length: int,
                mode: str = "fused"):

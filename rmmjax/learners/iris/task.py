@@ -114,8 +114,7 @@ class IrisLearnedTask(Task):
     judge, loss = fit_iris_judge(self.encoder, self._train_stores(anchored=True),
                                  self.train_data, self._host(state.params), self.fit, self.mesh)
     if distributed.is_writer():
-      save_judge(judge, self.workdir / JUDGE_FILE,
-                 {"record": self.record, "step": int(state.step)})
+      save_judge(judge, path, {"record": self.record, "step": int(state.step)})
       losses_file = self.workdir / "fit_losses.json"
       atomic_write_json(losses_file, json.loads(losses_file.read_text()) | {
           "judge": loss.tolist()})
