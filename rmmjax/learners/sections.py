@@ -38,8 +38,7 @@ def check_learner(learner: str) -> None:
 
 
 def section_names(learner: str, units: str, latent: bool) -> tuple[str, ...]:
-  """The sections of a run that trains `learner`, in the order it trains them; the last is the
-  one whose online steps the training loop runs (the latent simulator trains a family alone)."""
+  """The sections of a run that trains `learner`, in order (config latent: its family's alone)."""
   names = []
   for stage in stages(learner):
     if stage in NOT_RERANKERS:

@@ -219,9 +219,8 @@ def _score_one(params, q_D: jax.Array, m_KxD: jax.Array, spec: core.CoreSpec) ->
 
 
 class FactReranker:
-  """A trained reranker as IRIS's `reranker(question, facts) -> scores`: the first spec.k facts
-  (in the order given, which its rank prior learnt) are scored, later ones rank after them.
-  mode "fused" fuses the reranker's order with the order given (reciprocal rank), so it lifts
+  """A trained reranker as IRIS's `reranker(question, facts) -> scores` of the first spec.k facts
+  (later ones rank after them). mode "fused" fuses its order with the order given, so it lifts
   facts without discarding what IRIS's searches knew (alone, it starts from dense similarity,
   below IRIS's hybrid order: experiments/results/iris_reranker.md)."""
 
