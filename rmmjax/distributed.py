@@ -1,8 +1,5 @@
-"""More than one device, more than one host, on JAX's own runtime (`jax.distributed`,
-`jax.sharding`): nothing here reduces a gradient or moves a shard by hand. A jitted step fed
-arrays split over the one-axis "data" mesh and replicated parameters is partitioned by the
-compiler, which inserts the gradient all-reduce.
-"""
+"""More than one device, more than one host, on JAX's own runtime: the compiler partitions a
+step over the one-axis "data" mesh and inserts the gradient all-reduce (docs/distributed.md)."""
 
 from __future__ import annotations
 

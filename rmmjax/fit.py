@@ -1,13 +1,6 @@
-"""The two loops every learner trains in: the supervised fit (epochs over a learner's batches,
-data parallel over a mesh) and the online loop (`Online`: a learner's step over its stream).
-
-Every learner's supervised fit (the cross reranker's and the query encoder's pretraining, IRIS's
-anchor, refinement encoder and judge) runs here: the learner gives the step and each epoch's
-batches (drawn from the seed and the epoch alone), this loop everything else.
-The embedding rerankers' pretraining stays one compiled program (rmmjax.core.replay.pretrain),
-since the replay experiments vmap it over configurations and folds; so do the latent simulator's
-runs (rmmjax.core.sweep), whose batches are drawn inside the program.
-"""
+"""The two loops learners train in: the supervised fit (epochs over a learner's batches, data
+parallel over a mesh) and the online loop (`Online`). The embedding rerankers' pretraining and
+the latent simulator's runs stay one compiled program each (rmmjax.core), since sweeps vmap them."""
 
 from __future__ import annotations
 
@@ -38,10 +31,8 @@ class Fit:
 def fit(state: Any, step: Callable, epoch_batches: Callable[[int], Sequence], plan: Fit,
         mesh=None, progress: bool = False, compiler_options: dict | None = None
         ) -> tuple[Any, np.ndarray]:
-  """Runs `step(state, batch) -> (state, metrics)` (pure; metrics hold the step's "loss") over
-  the batches `epoch_batches(epoch)` lists (host arrays, the batch axis first) for each epoch.
-  With a mesh of several devices the state is replicated and each batch split over them.
-  Returns the state (on the devices) and every step's loss."""
+  """Runs the pure `step(state, batch) -> (state, metrics with "loss")` over each epoch's host
+  batches (batch axis first); the state (on the devices) and every step's loss."""
   parallel = mesh is not None and mesh.devices.size > 1
   if parallel:
     state = distributed.replicate(state, mesh)
@@ -73,11 +64,8 @@ def fit(state: Any, step: Callable, epoch_batches: Callable[[int], Sequence], pl
 
 
 class Online:
-  """The online loop: `step(state, batch) -> (state, metrics)` (pure), compiled once, the state
-  donated. A learner hands it its step, then its batches on each call of `run`: a stream on the
-  devices (step t on stream step t, all n steps one scan) or, where each batch is built on the
-  host (a cross reranker's packed pairs), one compiled step per batch. The host waits for the
-  devices once per call, when it gathers the metrics."""
+  """The online loop: a pure step compiled once, the state donated, over a stream on the devices
+  (`run`: one scan) or batches built on the host (`run_from_host`: one call per batch)."""
 
   def __init__(self, step: Callable, compiler_options: dict | None = None):
     self._scan = jax.jit(functools.partial(stream_steps, step), static_argnums=2,
@@ -85,8 +73,7 @@ class Online:
     self._one = jax.jit(step, donate_argnums=0, compiler_options=compiler_options)
 
   def run(self, state: Any, stream: Any, num_steps: int) -> tuple[Any, dict]:
-    """num_steps steps over `stream` (leaves with the step axis first, on the devices); the
-    state and each step's metrics, (num_steps,) numpy arrays."""
+    """The state and each step's metrics, (num_steps,) arrays; `stream`'s leaves step axis first."""
     state, metrics = self._scan(state, stream, num_steps)
     return state, distributed.gather(metrics)
 

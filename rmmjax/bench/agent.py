@@ -1,7 +1,4 @@
-"""`rmmjax bench agent`: how fast memories go in and answers' contexts come out: the respond
-path without the LLM over banks of 10,000 and 100,000 random memories (with the query embedded
-by MiniLM, and with a random query vector), beside dense search and BM25 alone; `chat --iris`
-statements over a LaceMem; offline ingestion of LoCoMo sessions. The method and its counts:
+"""`rmmjax bench agent`: how fast memories go in and answers' contexts come out. The method:
 docs/benchmarks.md, "Memory and agent benchmarks"."""
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""`rmmjax bench cross`: the cross reranker's pairs per second, scoring (batches of 4 questions x
-20 candidates) and training (4 x 8, one listwise step), against sentence-transformers' PyTorch
-CrossEncoder on the same LoCoMo pairs, in one run; its real tokens and XLA-counted FLOPs per
-second beside one large matmul's rate on the device; and the milliseconds a trained reranker
-takes to serve one question at K = 50 and 20. The method: docs/benchmarks.md, "The cross
-reranker"."""
+"""`rmmjax bench cross`: the cross reranker's scoring, training and serving speed against
+sentence-transformers' CrossEncoder. The method: docs/benchmarks.md, "The cross reranker"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`rmmjax bench iris`: LaceMem's streaming ingestion and IRIS's retrieval latency (heuristic
-judge) against single-pass retrieval, on a LoCoMo conversation and on synthetic stores of up to
-100,000 facts. Every timed query runs once untimed first, per store, so no timed run pays a
-one-time cost (an index build, an encoder compile, a first embedding). The method and its
-counts: docs/benchmarks.md, "Memory and agent benchmarks"."""
+"""`rmmjax bench iris`: LaceMem's streaming ingestion and IRIS's retrieval latency against
+single-pass retrieval. The method: docs/benchmarks.md, "Memory and agent benchmarks"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`rmmjax bench search` (top-20 over 1,000,000 memories against FAISS flat search, else NumPy)
-and `rmmjax bench encode` (the Flax encoder against sentence-transformers, and the query
-encoder's training steps). The method and its counts: docs/benchmarks.md, "Retrieval
+"""`rmmjax bench search` and `rmmjax bench encode`. The method: docs/benchmarks.md, "Retrieval
 benchmarks"."""
 
 from __future__ import annotations

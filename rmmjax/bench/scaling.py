@@ -1,8 +1,5 @@
-"""`rmmjax bench scaling`: data-parallel throughput on 1, 2 and 4 devices of a latent sweep
-(configuration-steps/s) and of the query encoder's REINFORCE step through MiniLM (questions/s),
-each device count in a process of its own (JAX fixes the count at start-up). On a CPU the
-devices are fake (`--xla_force_host_platform_device_count`): they share the same cores, so the
-table measures the overhead of sharding, not a speed-up."""
+"""`rmmjax bench scaling`: data-parallel throughput on 1, 2 and 4 devices, each count in a
+process of its own (JAX fixes the count at start-up). See docs/distributed.md."""
 
 from __future__ import annotations
 

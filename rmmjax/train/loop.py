@@ -1,15 +1,7 @@
-"""The training loop: scanned segments of steps, logged, checkpointed, resumable.
-
-The task (rmmjax.learners.task; each learner's own, found in rmmjax.learners.registry) says
-what the steps learn from.
-
-A run advances in segments that end on multiples of `checkpoint_every`, each one compiled
-`lax.scan`. After a segment its metrics go to metrics.jsonl and TensorBoard and the state to an
-Orbax checkpoint. A restarted run resumes from the newest checkpoint that reads back, rewinding
-metrics.jsonl to it and rebuilding TensorBoard from what is kept; since step t always draws the
-randomness of step t, it ends with exactly the outputs of an uninterrupted run. So does a run
-extended with more steps, as `steps` must be a multiple of `log_every`.
-"""
+"""The training loop: segments of steps ending on multiples of `checkpoint_every`, each logged
+and checkpointed; the task (rmmjax.learners.task) says what the steps learn from. A restarted
+run resumes from the newest checkpoint that reads back, rewinding metrics.jsonl to it; since
+step t always draws step t's randomness, it ends with an uninterrupted run's outputs."""
 
 from __future__ import annotations
 

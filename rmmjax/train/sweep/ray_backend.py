@@ -1,9 +1,5 @@
-"""Where a sweep's runs execute with `--on ray`: each run of the run-by-run path, each fold
-program of the vmapped path and best/ is a Ray task, as many at once as the cluster holds. It
-decides where a run executes, never what it computes: a task calls the function the sweep calls
-in one process (runs.run_one, replay.fold_task, train), and the driver writes the same records.
-What a task does (its cores pinned, its data file checked, ray/<task>.json) and how failures
-are retried or reported: docs/ray.md."""
+"""Where a sweep's runs execute with `--on ray`, never what they compute: a task calls the
+function the sweep calls in one process (runs.run_one, replay.fold_task, train). See docs/ray.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Sweeps over replayed conversations, cross-validated over contiguous folds of them (the split
-`train --set folds=N --set fold=I` makes, so any row can be trained again alone): an embedding
-reranker's grid over its rates trains every configuration of a fold as `train` does, in one
-compiled program, scored on the held-out conversations frozen and learning online, its file
-(folds/fold_<i>.npz: every held-out question's scores, the online curves) written as the fold
-finishes; any other sweep runs run by run (sweep.runs).
-"""
+"""Sweeps over replayed conversations, cross-validated over contiguous folds (the split of
+`train --set folds=N --set fold=I`): an embedding reranker's rates in one compiled program per
+fold, its scores written to folds/fold_<i>.npz as the fold finishes; any other sweep run by run
+(sweep.runs). What is recorded: docs/command-line.md, `sweep`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""A replay sweep whose configurations cannot share one compiled program (the query encoder, the
-cross reranker, two stages, or a grid over keys that change shapes: k, epochs, candidates):
-every configuration x fold is a training run of its own (`train --set folds=N --set fold=I`, in
-`runs/<configuration>/fold_<I>`), measured by `eval` on the conversations its fold holds out,
-one after another. A run killed midway resumes from its checkpoints; a finished run's held-out
-metrics (`heldout.json`) are not computed again. A run's own summary holds no held-out scores:
-`eval`'s are its measure."""
+"""A replay sweep whose configurations cannot share one compiled program: every configuration x
+fold a `train --set folds=N --set fold=I` run of its own in `runs/<configuration>/fold_<I>`,
+scored by `eval` on its held-out fold (docs/command-line.md, `sweep`)."""
 
 from __future__ import annotations
 
