@@ -27,9 +27,7 @@ def read_record(workdir: Path) -> dict:
 
 
 def export_manifest(workdir: Path) -> dict:
-  """The manifest of an export of a training workdir (less its format, which writing adds):
-  the run's learner and stages, what it trained on (its record, which names the models it was
-  built from) and its resolved config."""
+  """The manifest of an export of a training workdir (less its format, which writing adds)."""
   run = read_run_record(workdir)
   return {"kind": "export", "learner": run["learner"], "stages": run["stages"],
           "record": read_record(workdir), "config": json.loads(read_config(workdir).to_json())}

@@ -300,8 +300,7 @@ def check_resumable(workdir: Path, cfg: Config, stage: bool = False) -> None:
 def sweep_record(grid: dict[str, list], seeds: int, folds: int = 0,
                  data_sha256: str | None = None) -> dict:
   """What the manifest says of a sweep: its grid as JSON reads it back (for comparisons); over
-  replayed conversations, the folds, the data's hash and the grid's order (its folds are saved
-  by configuration number)."""
+  replayed conversations also the grid's order (its folds are saved by configuration number)."""
   return {"kind": "sweep", "grid": json.loads(json.dumps(grid)), "seeds": seeds} | (
       {"folds": folds, "data_sha256": data_sha256, "grid_order": list(grid)} if folds else {})
 

@@ -60,10 +60,9 @@ def check_run(cfg: Config, encoder, workdir: Path) -> None:
 
 def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
           measure_heldout: bool = True) -> dict:
-  """Trains (or resumes) a reranker on the config's task; returns the summary it writes. The
-  workdir is held by this process until it returns (a second run into it is refused).
-  measure_heldout=False leaves the held-out conversations unscored, for a caller that measures
-  them itself (a sweep of runs, by `eval`): for the cross reranker that is minutes."""
+  """Trains (or resumes) the config's run into workdir, held until it returns; the summary.
+  measure_heldout=False leaves the held-out conversations to a caller that scores them itself
+  (a sweep of runs, by `eval`): for the cross reranker that is minutes."""
   locks = {}  # workdir -> this process's lock on it (the writer's only)
   with contextlib.ExitStack() as holding:
     # Every check of every stage runs before anything is written, on every process, and a
@@ -99,10 +98,9 @@ def train(cfg: Config, workdir: Path, progress: bool = True, encoder=None,
 
 def _train(cfg: Config, workdir: Path, progress: bool, encoder, task_cfg: Config | None = None,
            measure_heldout: bool = True, lock=None) -> dict:
-  """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records
-  (a two-stage run's query-encoder stage is a workdir inside its own, held with it). `lock`,
-  this process's on workdir, is checked before each write: a folder removed under the run
-  stops it rather than letting it write into the one another process made there."""
+  """One stage: the task of `task_cfg` (default cfg) trained into workdir, which cfg records.
+  `lock` is checked before each write: a folder removed under the run stops it rather than
+  letting it write into the one another process made there."""
   check = lock.check if lock is not None else (lambda: None)
   task_cfg = task_cfg or cfg
   log_path = workdir / "metrics.jsonl"

@@ -46,9 +46,8 @@ def _chunks(hparams_C, world, chunk_size: int, devices: list | None):
 
 def run_chunks(run_chunk, hparams_C, world, chunk_size: int, devices: list | None = None,
                progress: bool = False, desc: str = "sweep chunks", first=None) -> dict:
-  """Runs C configurations (hparams_C: arrays with a leading axis C) through a jit(vmap(run))
-  in equal chunks, `world` the same for all; numpy results (C, ...). `first`: the first
-  chunk's output, already computed (`time_first_chunk`'s)."""
+  """Numpy results (C, ...) of C configurations (hparams_C's leading axis) in equal chunks;
+  `first`: the first chunk's output, already computed (`time_first_chunk`'s)."""
   c, chunks, world = _chunks(hparams_C, world, chunk_size, devices)
   host = []
   with tqdm(total=len(chunks), desc=desc, unit="chunk", disable=not progress) as bar:

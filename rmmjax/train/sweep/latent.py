@@ -28,9 +28,8 @@ nothing_kept_in_flight = False
 
 def sweep(cfg: Config, grid: dict[str, list], seeds: int, workdir: Path,
           progress: bool = True, made_by: dict | None = None) -> dict:
-  """Runs the sweep; writes sweep.json (with `made_by`, the command and commit that ran it),
-  curves.png and tb/<configuration>/ under workdir, which this process holds until it returns
-  (a second sweep or run into it is refused)."""
+  """Runs the sweep into workdir (sweep.json, curves.png, tb/<configuration>/), held by this
+  process until it returns."""
   global nothing_kept_in_flight
   with contextlib.ExitStack() as holding:
     with distributed.preflight("configs, grids or workdirs") as found:

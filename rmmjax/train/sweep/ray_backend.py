@@ -46,9 +46,8 @@ def parse_resources(text: str | None) -> dict[str, float]:
 
 
 class RayBackend:
-  """Runs a sweep's tasks on a Ray cluster: the one at `address`, else one started on this
-  machine (and stopped by `close`). `resources`: what each task reserves (parse_resources);
-  by default one GPU where the cluster has GPUs, else one CPU."""
+  """Runs a sweep's tasks on the Ray cluster at `address`, else one started here (stopped by
+  `close`). `resources`: what each task reserves (parse_resources)."""
 
   def __init__(self, address: str | None, resources: dict[str, float], progress: bool = True):
     try:

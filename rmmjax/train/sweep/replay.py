@@ -72,10 +72,8 @@ def replay_sweep(cfg: Config, grid: dict[str, list], seeds: int, num_folds: int,
                  workdir: Path, progress: bool = True, dry_run: bool = False,
                  report=print, best: bool = True, made_by: dict | None = None,
                  on=None) -> dict | None:
-  """Runs the sweep (dry_run: says what it would run, a vmapped one compiling and timing its
-  first chunk); returns sweep.json's content (None if dry). `best`: then trains the best
-  configuration on every conversation into best/; `made_by`: the command and commit sweep.json
-  records; `on`: a backend (ray_backend.RayBackend) running each run, fold and best/."""
+  """Runs the sweep; returns sweep.json's content (None for a dry run, which a vmapped sweep ends
+  after timing its first chunk). `on`: a backend (ray_backend.RayBackend) running each task."""
   check_learner(cfg)
   if on is not None:  # (a task runs in another working folder, maybe on another node)
     cfg, workdir = cfg.resolved(), Path(workdir).resolve()

@@ -150,10 +150,9 @@ def _evaluate(cfg: Config, model: Path | None) -> list[dict]:
 
 
 def _share_stage(cfg: Config, where: Path, others: list[Path]) -> None:
-  """A run's query encoder stage (two stages), copied from another configuration's run of the
-  same fold whose stage is the same run, finished (a grid over the cross reranker's keys then
-  trains one stage per fold, not one per configuration); the run resumes it as finished, with
-  the outputs it would have trained to (training is deterministic)."""
+  """A run's query encoder stage, copied from another configuration's finished run of the same
+  fold whose stage is the same run (a grid over the cross reranker's keys then trains one stage
+  per fold); training is deterministic, so the copy is what it would have trained to."""
   stage = where / "query_encoder"
   if stage.exists() or cfg.first_stage is None:
     return

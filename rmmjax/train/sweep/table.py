@@ -1,7 +1,5 @@
-"""A sweep's record: sweep.json, and over replayed conversations the table (sweep.md) of every
-configuration x fold x seed's metrics (those `rmmjax eval` reports, rmmjax.retrieve.metrics) with
-paired intervals (rmmjax.eval.intervals: over folds, or conversations where the folds are few,
-and seeds); its curves (tb/, curves.png, online.png)."""
+"""A sweep's record: sweep.json, the table of a replay sweep (sweep.md: eval's metrics with paired
+intervals, rmmjax.eval.intervals) and its curves (tb/, curves.png, online.png)."""
 
 from __future__ import annotations
 
@@ -48,11 +46,10 @@ def fold_metrics(test, scores_CxQxK: np.ndarray, m: int) -> dict[str, np.ndarray
 
 def by_part(diff_SxQ: np.ndarray, clusters_Q: list[str], groups_Q: list[str], folds_Q,
             parts: int = POSITION_BINS) -> list[Interval]:
-  """paired_interval of a per-question difference in each of `parts` parts of the replay
-  (clusters_Q: each question's conversation): every group of a conversation's questions (a category:
-  LoCoMo lists a conversation's questions category by category) is cut into `parts` equal
-  parts in its order, so part p holds every category's p-th share and parts differ by how
-  far the replay has gone, not by kind of question. Parts empty everywhere are left out."""
+  """paired_interval of a per-question difference in each of `parts` parts of the replay: each
+  conversation's questions of each category (LoCoMo lists them category by category) are cut
+  into `parts` equal parts in order, so parts differ by how far the replay has gone, not by kind
+  of question. Parts empty everywhere are left out."""
   clusters, groups, folds = np.array(clusters_Q), np.array(groups_Q), np.asarray(folds_Q)
   diff_SxQ = np.atleast_2d(diff_SxQ)
   part_Q = np.zeros(len(clusters), int)
@@ -88,8 +85,7 @@ def replay_fold(test, data: dict, m: int) -> FoldResult:
 def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: str,
               made_by: dict | None = None) -> dict:
   """sweep.json's content: a run per configuration x fold, a row per grid point, and how it was
-  made (`made_by`: the commands, working folders and commits that started and wrote it; every
-  key of the base config, each run setting the grid's; the data file and its content's hash)."""
+  made (`made_by`: the commands, working folders and commits that started and wrote it)."""
   keys, m = list(grid), cfg.m
   runs = []
   for f, fold in enumerate(folds):
@@ -249,10 +245,9 @@ def start(workdir: Path, cfg, record: dict) -> None:
 
 def write(workdir: Path, result: dict, logged: list[tuple[str, list[dict]]], prefix: str,
           title: str) -> None:
-  """sweep.json, the table (sweep.md) and the learning-online curve (online.png) where the
-  sweep has them, and the curves of every run's logged rows (its label, its rows), the mean of
-  each configuration's: tb/ (a fresh one each time: the same sweep run again leaves no second
-  copy of its points) and curves.png (`title`, {} the number of configurations)."""
+  """sweep.json, sweep.md and online.png where the sweep has them, and the mean curves of each
+  configuration's `logged` (label, rows): tb/ (rewritten whole: a rerun leaves no second copy of
+  its points) and curves.png (`title`, {} the number of configurations)."""
   lines = {}  # label -> metric -> (runs, T)
   for name, rows in logged:
     for metric in (k for k in rows[0] if k != "step"):
