@@ -24,7 +24,7 @@ from rmmjax.memory.topic_units import topic_text
 from rmmjax.learners.embedding.reader import EmbeddingReader
 from rmmjax.learners.registry import reader, with_model
 from rmmjax.encode.protocol import encoder_identity
-from rmmjax.io.record import check_fit
+from rmmjax.io.record import mismatches
 
 # What the agent's memories are, for the fit check of a trained reranker.
 UNITS = "topic"
@@ -134,8 +134,7 @@ class Agent(ChatAgent):
     wanted = {"units": UNITS, "retriever": self.settings.retriever,
               "encoder": encoder_identity(self.encoder), "dim": self.encoder.dim,
               "k": self.settings.k, "query_encoder": self.tuned_query_encoder}
-    found = check_fit(f"the reranker {reranker.source}", reranker.record, wanted, True,
-                      use="this agent's memories", used="served")
+    found = mismatches(reranker.record, wanted, "served")
     if found and not allow_mismatch:
       units = ("; a bank's memories are topics (what Prospective Reflection keeps of each "
                "session, scored by their summary): train a reranker for a bank with --set "

@@ -83,14 +83,12 @@ def mismatches(record: dict, wanted: dict, used: str = "evaluated") -> list[str]
           for key in FIT_KEYS if key in wanted and record.get(key) != wanted[key]]
 
 
-def check_fit(source: str, record: dict, wanted: dict, allow_mismatch: bool, *,
-              use: str = "this evaluation", used: str = "evaluated") -> list[str]:
-  """The mismatches between a model's record and the settings it is used with (eval, the
-  agent's chat and recall), refused unless allowed."""
-  found = mismatches(record, wanted, used)
+def check_fit(source: str, record: dict, wanted: dict, allow_mismatch: bool) -> list[str]:
+  """The mismatches between a model's record and an evaluation's settings, refused unless
+  allowed."""
+  found = mismatches(record, wanted)
   if found and not allow_mismatch:
-    raise ValueError(f"{source} does not fit {use} (" + "; ".join(found) + "): use it with the "
-                     "settings it was trained with, or pass --allow-mismatch to "
-                     + ("record the mismatch in the report" if use == "this evaluation"
-                        else "use it anyway"))
+    raise ValueError(f"{source} does not fit this evaluation (" + "; ".join(found) + "): use it "
+                     "with the settings it was trained with, or pass --allow-mismatch to record "
+                     "the mismatch in the report")
   return found
