@@ -22,6 +22,7 @@ from rmmjax.io.workdir import (in_recorded_order, read_config, refuse_if_trainin
                                write_run_record)
 from rmmjax.learners.registry import learner as learner_of, training_task
 from rmmjax.train.loop import STAGE_DIR, train
+from rmmjax.train.sweep.chunks import minutes
 from rmmjax.train.sweep.grid import label, parse_grid, sweep_configs
 from rmmjax.train.sweep.latent import sweep
 from rmmjax.train.sweep.replay import replay_sweep
@@ -108,11 +109,10 @@ def cmd_train(args) -> None:
     print("no conversation was held out (holdout=0): evaluate on another file with\n  "
           + eval_hint(cfg, args.workdir))
   workdir = Path(args.workdir)
-  took = f"{took:.0f} s" if took < 120 else f"{took / 60:.1f} min"
-  print(f"\ntrained in {took} (this command, held-out evaluation included; a resumed run: the "
-        f"part it ran)\nsummary     {workdir / 'summary.json'}\ncurves      {workdir / 'curves.png'}\n"
-        f"metrics     {workdir / 'metrics.jsonl'}\ntensorboard {workdir / 'tb'}\n"
-        f"checkpoints {workdir / 'checkpoints'}")
+  print(f"\ntrained in {minutes(took)} (this command, held-out evaluation included; a resumed "
+        f"run: the part it ran)\nsummary     {workdir / 'summary.json'}\n"
+        f"curves      {workdir / 'curves.png'}\nmetrics     {workdir / 'metrics.jsonl'}\n"
+        f"tensorboard {workdir / 'tb'}\ncheckpoints {workdir / 'checkpoints'}")
 
 
 def eval_hint(cfg, workdir: str) -> str:

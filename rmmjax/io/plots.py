@@ -10,44 +10,43 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-CURVE_METRICS = ("reward", "citation_rate", "recall_at_m", "entropy")
 TITLES = {"reward": "reward (mean over selected)", "citation_rate": "citation rate",
-          "recall_at_m": "recall@M of the sampled selection", "entropy": "selection entropy",
-          "loss": "loss", "grad_norm": "gradient norm"}
+          "recall_at_m": "recall@M of the sampled selection", "entropy": "selection entropy"}
+CURVE_METRICS = tuple(TITLES)
 
 
 def _smooth(x_SxT: np.ndarray, window: int) -> np.ndarray:
-  if window <= 1:
-    return x_SxT
-  kernel = np.ones(window) / window
   # 'valid' keeps only full windows, so the ends are not dragged toward zero.
-  return np.stack([np.convolve(row, kernel, mode="valid") for row in x_SxT])
+  return np.stack([np.convolve(row, np.ones(window) / window, mode="valid") for row in x_SxT])
+
+
+def _save(fig, path: Path) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def plot_curves(path: Path, steps_T: np.ndarray, curves: dict[str, dict[str, np.ndarray]],
-                metrics: tuple[str, ...] = CURVE_METRICS, title: str = "") -> None:
+                title: str = "") -> None:
   """One panel per metric, one line per configuration (curves[label][metric] is seeds x T)."""
   steps_T = np.asarray(steps_T)
   window = max(1, len(steps_T) // 40)
-  fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
-  for ax, metric in zip(axes[0], metrics):
+  fig, axes = plt.subplots(1, len(TITLES), figsize=(4.2 * len(TITLES), 3.4), squeeze=False)
+  for ax, metric in zip(axes[0], CURVE_METRICS):
     for label, by_metric in curves.items():
       y = _smooth(np.atleast_2d(by_metric[metric]), window)
-      x = steps_T[window - 1:] if window > 1 else steps_T
       mean, std = y.mean(0), y.std(0)
-      ax.plot(x, mean, label=label, lw=1.4)
+      ax.plot(steps_T[window - 1:], mean, label=label, lw=1.4)
       if y.shape[0] > 1:
-        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-    ax.set_title(TITLES.get(metric, metric), fontsize=10)
+        ax.fill_between(steps_T[window - 1:], mean - std, mean + std, alpha=0.2)
+    ax.set_title(TITLES[metric], fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
   if len(curves) > 1:
     axes[0][-1].legend(fontsize=7, loc="best")
   if title:
     fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def plot_parts(path: Path, parts: dict[str, list[tuple[float, float, float]]], ylabel: str,
@@ -67,6 +66,4 @@ def plot_parts(path: Path, parts: dict[str, list[tuple[float, float, float]]], y
     ax.legend(fontsize=7, loc="best")
   if title:
     ax.set_title(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
