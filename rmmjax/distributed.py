@@ -103,8 +103,7 @@ def _wait_for(coordinator: str, timeout_s: int) -> None:
 
 
 def host_cache(path: Path) -> Path:
-  """The embedding cache this process uses: `path` itself on one process; over several, this
-  host's own file beside it (`rmmjax.encode.cache.per_host`)."""
+  """The embedding cache this process uses: over several, this host's own file beside `path`."""
   if jax.process_count() == 1:
     return path
   return per_host(Path(path), socket.gethostname())
@@ -208,9 +207,8 @@ class Preflight:
 
 @contextlib.contextmanager
 def preflight(what: str):
-  """Runs the checks in its block on every process, then compares what each found: a refusal
-  raised on any process is raised on all (the others name it and the process), and processes
-  whose digests or resumed steps differ are refused on all. One process: the block alone."""
+  """Runs the checks in its block on every process: a refusal raised on any is raised on all,
+  and processes whose digests or resumed steps differ are refused on all."""
   found = Preflight()
   if jax.process_count() == 1:
     yield found

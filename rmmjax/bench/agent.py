@@ -92,8 +92,7 @@ def bench_respond(sizes, queries: int, query_encoder) -> list[dict]:
 
 
 def bench_statements(encoder, num_facts: int = 10_000, statements: int = 30) -> dict:
-  """`chat --iris` over a LaceMem of num_facts facts: a statement's cost (recorded in the bank,
-  embedded, linked, saved) and IRIS's respond path after each, p50/p95."""
+  """`chat --iris` over a LaceMem of num_facts facts: a statement's p50/p95, and IRIS's after."""
   lace = synthetic_lace(num_facts)
   rng = np.random.default_rng(2)
   told = [f"I went to the {a} with my {b} and we talked about {c}"

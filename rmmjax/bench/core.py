@@ -54,10 +54,8 @@ def write_result(result: dict, out: Path | None) -> None:
 
 
 def measure_bandwidth(megabytes: int = 256, repeats: int = 15) -> float:
-  """Bytes/s of a streaming kernel (x <- a * x: one read and one write per element) over an
-  array far larger than the caches, updated in place (donated) so no time goes to page faults
-  of fresh output buffers. The median repeat, like every throughput here: on this shared
-  machine single repeats have read up to 1.6x the typical bandwidth."""
+  """Bytes/s of x <- a * x over an array far larger than the caches, donated so no time goes to
+  page faults of fresh output buffers; the median repeat (docs/benchmarks.md says why)."""
   n = megabytes * 2**20 // BYTES_F32
   scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
   box = [scale(jnp.ones((n,), jnp.float32)).block_until_ready()]

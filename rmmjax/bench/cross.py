@@ -172,8 +172,8 @@ def _params(encoder, k: int) -> dict:
 
 
 def _served_ms(encoder, data: Path, k: int, questions: int):
-  """Median milliseconds per question from texts to scores, as a trained reranker serves
-  (tokenised to its reader's length, packed, scored), and the (question, texts) it read."""
+  """Median milliseconds per question from texts to scores, as a trained reranker serves, and
+  the (question, texts) it read."""
   from rmmjax.learners.cross.reader import CrossReader
   reader = CrossReader(encoder.tokenizer, MAX_LENGTH, "bench")
   params = _params(encoder, k)

@@ -143,10 +143,8 @@ def _sweep_config(args) -> tuple[Config, dict[str, list]]:
 
 
 def sweep_runs(args) -> dict[str, Config]:
-  """The configuration of every run `rmmjax sweep` with these flags trains (grid point x seed,
-  x fold over replayed conversations: the `train --set folds=N --set fold=I` it equals),
-  resolved as the sweep resolves it, without reading its data or touching its workdir: what a
-  results file records of its runs, and what its test resolves again."""
+  """The config of every run `rmmjax sweep` with these flags trains, by name, resolved as the sweep
+  resolves it but without reading its data or touching its workdir (what a results file records)."""
   cfg, grid = _sweep_config(args)
   runs = {}
   for c in sweep_configs(cfg, grid, args.seeds):

@@ -133,8 +133,7 @@ class Config:
 
   @property
   def first_stage(self) -> "Config | None":
-    """The config of the stage trained before this run's last, in a workdir of its own (the
-    query encoder of learner=query_encoder,FAMILY), or None."""
+    """The config of learner=query_encoder,FAMILY's query encoder stage, or None."""
     return encoder_stage(self).validate() if len(sections.stages(self.learner)) > 1 else None
 
   @property

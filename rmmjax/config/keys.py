@@ -67,8 +67,7 @@ def _did_you_mean(name: str, known, prefix: str = "") -> str:
 
 
 def qualified(cfg, key: str) -> str:
-  """A key as config.json names it (`section.key`, or a shared key alone): one name per field,
-  however `--set` spelled it."""
+  """A key as config.json names it (`section.key`, or a shared key alone)."""
   return ".".join(filter(None, _locate(cfg, key)))
 
 
