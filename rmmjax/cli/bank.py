@@ -137,20 +137,18 @@ def add_parsers(sub) -> None:
 
   p = sub.add_parser("memory", help="a bank's users: list, export, import, delete")
   commands = p.add_subparsers(dest="memory_command", required=True)
-  q = commands.add_parser("list", help="the bank's users, with their sessions and memories")
-  q.add_argument("--db", required=True)
-  q.set_defaults(func=_cmd_list)
-  q = commands.add_parser("export", help="everything the bank holds of a user, as JSON")
-  q.add_argument("--db", required=True)
-  q.add_argument("--user", required=True)
-  q.add_argument("--out", required=True)
-  q.set_defaults(func=_cmd_export)
-  q = commands.add_parser("import", help="a user from an export, into a bank without them")
-  q.add_argument("--db", required=True)
-  q.add_argument("--in", required=True, help="a file written by rmmjax memory export")
-  q.add_argument("--user", default=None, help="import under this user id (default: the file's)")
-  q.set_defaults(func=_cmd_import)
-  q = commands.add_parser("delete", help="every row of a user, and their cached embeddings")
-  q.add_argument("--db", required=True)
-  q.add_argument("--user", required=True)
-  q.set_defaults(func=_cmd_delete)
+  q = {}
+  for name, func, what in (
+      ("list", _cmd_list, "the bank's users, with their sessions and memories"),
+      ("export", _cmd_export, "everything the bank holds of a user, as JSON"),
+      ("import", _cmd_import, "a user from an export, into a bank without them"),
+      ("delete", _cmd_delete, "every row of a user, and their cached embeddings")):
+    q[name] = commands.add_parser(name, help=what)
+    q[name].add_argument("--db", required=True)
+    q[name].set_defaults(func=func)
+  q["export"].add_argument("--user", required=True)
+  q["export"].add_argument("--out", required=True)
+  q["import"].add_argument("--in", required=True, help="a file written by rmmjax memory export")
+  q["import"].add_argument("--user", default=None,
+                           help="import under this user id (default: the file's)")
+  q["delete"].add_argument("--user", required=True)
