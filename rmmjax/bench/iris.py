@@ -36,8 +36,9 @@ def _latencies(store, questions, categories) -> dict:
     return iris_retrieve(store, question, category=category, judge=HeuristicJudge(),
                          settings=IrisSettings())
 
-  # The warm-up (see the module docstring): every timed query once, untimed. The judge, the
-  # refiner and the query vectors are deterministic, so the timed runs ask exactly these texts.
+  # Every timed query once untimed first, so none pays a one-time cost (an index build, a
+  # compile, a first embedding). The judge, the refiner and the query vectors are
+  # deterministic, so the timed runs ask exactly these texts.
   warmed = []
   for question, category in zip(questions, categories):
     store.search(question, 100)

@@ -249,15 +249,13 @@ NAMED_SECTIONS["locomo_cross"] = NAMED_SECTIONS["locomo"]
 
 CONFIGS = {
     "latent": Config(),
-    # LoCoMo replay: MiniLM embeddings, BM25 candidates, a linear reranker with a rank prior,
-    # pretrained on labelled evidence and then trained online from simulated citations.
-    # How each default was chosen: k, m, batch and the Adam optimizer are the paper's. The
-    # running baseline (and the reranker's section below) were picked by looking at the held-out
-    # folds of experiments/replay_ablation.py and its exploratory runs, so the cross-validated
-    # numbers of these settings are optimistic and conversations outside the dev file are the
-    # unbiased test. The default learner is the best measured one: the query encoder, over
-    # hybrid candidates (experiments/learners_ablation.py: +0.10 over the hybrid order at K=20,
-    # the reranker +0.02). learner=linear with retriever=bm25 is the paper's reranker setting.
+    # LoCoMo replay with MiniLM embeddings. k, m, batch and the Adam optimizer are the paper's.
+    # The running baseline (and the reranker's section above) were picked by looking at the
+    # held-out folds of experiments/replay_ablation.py and its exploratory runs, so the
+    # cross-validated numbers of these settings are optimistic and conversations outside the dev
+    # file are the unbiased test. The default learner is the best measured one: the query
+    # encoder, over hybrid candidates (experiments/learners_ablation.py: +0.10 over the hybrid
+    # order at K=20, the reranker +0.02). learner=linear with retriever=bm25 is the paper's.
     "locomo": Config(config="locomo", dim=384, k=20, m=5, batch=4, learner="query_encoder",
                      retriever="hybrid", baseline=0.0, baseline_kind="running",
                      checkpoint_every=100, log_every=10, eval_sessions=1,

@@ -26,8 +26,6 @@ REPLAY_KEYS = ("data", "dataset", "units", "retriever", "holdout", "folds", "fol
                "query_encoder")
 
 # Citation model calibrated to the paper's citation-versus-judge agreement: the generator cites
-# 91.1% of the memories a judge finds useful (recall of "useful") and leaves uncited 84.6% of
-# the ones it finds not useful (recall of "not useful"): it cites an irrelevant one 15.4% of
-# the time.
+# 91.1% of the memories a judge finds useful and leaves uncited 84.6% of the others.
 P_REL_DEFAULT = 0.911
 P_IRR_DEFAULT = 1.0 - 0.846

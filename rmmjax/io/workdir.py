@@ -49,12 +49,9 @@ class FolderLock:
 
 def take_lock(folder: Path, holder: str) -> tuple[FolderLock | None, str]:
   """(the lock on `folder`, made if missing, with `holder` written to folder/.lock for whoever
-  is refused next); or (None, the holder's words) when another process holds it.
-
-  Opening a folder and locking it are two steps: between them the folder may be removed (a
-  refused run cleans up what it made) and made again, and a lock on the removed one would hold
-  nothing another process cannot also hold. So the lock is kept only once the folder it locks
-  is the one at the path (the same device and inode), and taken again otherwise."""
+  is refused next); or (None, the holder's words) when another process holds it. Between
+  opening and locking, the folder may be removed and made again (a refused run cleans up), so
+  the lock is kept only once its folder is the one at the path (same device and inode)."""
   folder = Path(folder)
   for _ in range(100):
     folder.mkdir(parents=True, exist_ok=True)
