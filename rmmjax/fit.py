@@ -93,9 +93,7 @@ class Online:
 
 def _runs_of_one_shape(batches: Iterable, chunk: int) -> list[list]:
   """Consecutive batches grouped while their shapes agree, at most `chunk` to a group."""
-  def shapes(batch):
-    return [np.shape(x) for x in jax.tree.leaves(batch)]
-
+  shapes = lambda batch: [np.shape(x) for x in jax.tree.leaves(batch)]  # noqa: E731
   groups: list[list] = []
   for batch in batches:
     if groups and len(groups[-1]) < chunk and shapes(groups[-1][0]) == shapes(batch):

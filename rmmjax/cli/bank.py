@@ -1,7 +1,5 @@
-"""`rmmjax ingest` and `rmmjax memory list|export|import|delete`: a dataset into a bank (with
-Prospective Reflection at each session's end), and a bank's users as whole units: an export is
-everything the bank keeps of one user as plain JSON; delete also forgets, for a plain bank, the
-embedding cache's vectors of their texts."""
+"""`rmmjax ingest` (a dataset into a bank) and `rmmjax memory list|export|import|delete` (a
+bank's users as whole units; docs/command-line.md, **memory**)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`rmmjax chat`: the agent on stdin, one line a question; /tell TEXT records a statement (what
-the user tells the agent: evidence for later questions), /end reflects the session, /quit
-leaves. Everything an answer earned is kept before the answer is printed, so SIGKILL loses at
-most the answer being computed, and Ctrl-C saves and says what was kept."""
+"""`rmmjax chat`: the agent on stdin, one line a question; /tell TEXT records a statement, /end
+reflects the session, /quit leaves. What an answer earned is kept before it is printed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The training loop: segments of steps ending on multiples of `checkpoint_every`, each logged
-and checkpointed; the task (rmmjax.learners.task) says what the steps learn from. A restarted
-run resumes from the newest checkpoint that reads back, rewinding metrics.jsonl to it; since
-step t always draws step t's randomness, it ends with an uninterrupted run's outputs."""
+and checkpointed; the task (rmmjax.learners.task) says what the steps learn from. Resuming is
+described in docs/command-line.md, **train**."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The latent simulator's sweep: every configuration x seed through one compiled program
-(`core.make_sweep`, jit(vmap(run))) in chunks sharded over the devices of every process; process
-0 writes the outputs, all at the end."""
+(`core.make_sweep`) in chunks; process 0 writes the outputs, all at the end."""
 
 from __future__ import annotations
 
