@@ -1,10 +1,7 @@
-"""Ctrl-C that always stops a command: Python raises KeyboardInterrupt in whatever Python code
-runs when the signal arrives, and in two kinds of place that code cannot pass it on. Where an
-exception can only be reported (a garbage-collector callback such as jaxlib's, a `__del__`, a
-weakref callback) it goes to sys.unraisablehook and is lost, and the command runs on to its end;
-inside an import, an extension module interrupted mid-initialisation fails with "ImportError:
-initialization failed". In both the interrupt is sent again a moment later, until it lands where
-it can be raised."""
+"""Ctrl-C that always stops a command. KeyboardInterrupt is lost where an exception can only be
+reported (a garbage-collector callback such as jaxlib's, a `__del__`: sys.unraisablehook), and
+breaks an extension module interrupted mid-import ("ImportError: initialization failed"); in
+both the interrupt is sent again a moment later, until it lands where it can be raised."""
 
 from __future__ import annotations
 

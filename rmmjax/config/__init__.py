@@ -1,6 +1,5 @@
-"""Experiment configuration: one frozen dataclass of shared keys and learners' sections (each
-learner's in rmmjax/learners/<name>/config.py), named configs, `key=value` overrides. `validate`
-builds the core's CoreSpec, SimSpec and HParams, so bad values fail before any compile."""
+"""Experiment configuration: shared keys and learners' sections (rmmjax/learners/<name>/config.py),
+named configs, `key=value` overrides; `validate` fails on bad values before any compile."""
 
 from __future__ import annotations
 

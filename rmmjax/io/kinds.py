@@ -1,6 +1,5 @@
 """What a model path given on the command line holds, as its manifest says, so that a model
-passed to the flag of another kind is refused with what it is and which flag takes it (not with
-"tree structures do not match" or "unknown config keys" from deep inside a loader)."""
+passed to the flag of another kind is refused saying which flag takes it, not deep in a loader."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The manifest every workdir and export holds, rmmjax.json: its kind (a training run, a sweep
-or an export; a run's and an export's learner and stages) and format. A folder without one, or
-of another format, is refused in one line naming the format rather than guessed at."""
+"""The manifest every workdir and export holds, rmmjax.json: its kind, learner, stages and format.
+A folder without one, or of another format, is refused in one line rather than guessed at."""
 
 from __future__ import annotations
 

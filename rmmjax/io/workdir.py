@@ -1,6 +1,5 @@
-"""A run's working directory: its lock, its config.json, and files written whole or not at all.
-Its manifest (io/manifest.py) says whether it holds a "train" run (resumable, extendable) or a
-"sweep" (rerun only with the same grid, seeds and config)."""
+"""A run's working directory: its lock, its config.json, and files written whole or not at all;
+its manifest (io/manifest.py) says whether it holds a "train" run or a "sweep"."""
 
 from __future__ import annotations
 

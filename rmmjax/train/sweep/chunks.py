@@ -1,6 +1,5 @@
 """Configurations through one compiled jit(vmap(run)) in equal chunks (the last padded with
-copies: nothing recompiles), each sharded over the devices of every process (results equal the
-one-device run); and the time a sweep takes."""
+copies: nothing recompiles), each sharded over the devices; and the time a sweep takes."""
 
 from __future__ import annotations
 
