@@ -146,8 +146,7 @@ def shard_leading(tree, mesh: Mesh, axis: int = 0):
 
 
 def replicate(tree, mesh: Mesh):
-  """Every array of tree whole on every device of the mesh (left as it is where it already
-  is: a state that comes back from a step on the mesh is not copied again)."""
+  """Every array of tree whole on every device of the mesh (not copied where it already is)."""
   sharding = NamedSharding(mesh, PartitionSpec())
 
   def place(x):

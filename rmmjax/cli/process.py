@@ -1,6 +1,5 @@
 """The flags of a run over several processes (train, sweep), and starting JAX's runtime from
-them before anything else asks JAX for a device (the other commands' imports do: bm25s runs a
-JAX op when imported)."""
+them before anything else asks JAX for a device (as bm25s does when imported)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""How `--set` names a key of a config (rmmjax.config.Config): a shared key by its name, a
-learner's as section.key or by its name alone (the run's own learner first), and parsing and
-setting values by those names."""
+"""How `--set` names a key of a config: a shared key by its name, a learner's as section.key or
+by its name alone (the run's own learner first); parsing and setting values by those names."""
 
 from __future__ import annotations
 

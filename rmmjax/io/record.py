@@ -1,6 +1,5 @@
-"""What a trained model fits: the record written with every run and export. Evaluation reads it
-to refuse a model on data it does not fit (other units, base retriever, encoder or K) and to
-leave out every conversation it trained on, by id or by the fingerprint of its turns."""
+"""What a trained model fits: the record written with every run and export, by which evaluation
+refuses a model on data it does not fit and leaves out every conversation it trained on."""
 
 from __future__ import annotations
 

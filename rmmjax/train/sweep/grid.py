@@ -126,8 +126,7 @@ def _names_a_grid_key(cfg: Config, keys: list[str], error: ValueError) -> bool:
 
 def shares_a_program(cfg: Config, grid: dict) -> bool:
   """Whether every configuration of a replay sweep runs in one compiled program per fold: the
-  embedding reranker's alone (no stage before it), with a grid over its rates (SWEEPABLE,
-  REPLAY_SWEEPABLE)."""
+  embedding reranker's alone (no stage before it), with a grid over its rates."""
   return (cfg.section_names() == (Reranker.NAME,)
           and all(k.rpartition(".")[2] in SWEEPABLE + REPLAY_SWEEPABLE for k in grid))
 

@@ -165,9 +165,8 @@ def _execute(fn, args, record: Path, data: Path, sha256: str, cpus: int):
 
 
 def _take_cores(n: int) -> list[int] | None:
-  """Pins this process to n of its node's cores that no other task holds (a lock file per
-  core, released when the process ends, SIGKILL included), before JAX sizes its thread pool by
-  them; None (unpinned) where it has no more than n, or n are not free."""
+  """Pins this process to n of its node's cores that no other task holds (docs/ray.md), before
+  JAX sizes its thread pool; None (unpinned) where it has no more than n, or n are not free."""
   cores = sorted(os.sched_getaffinity(0))
   if n >= len(cores):
     return None

@@ -139,8 +139,7 @@ def _fold_program(cfg: Config, configs: list[Config]):
 
 def fold_task(cfg: Config, configs: list[Config], tests: list[list[int]], f: int,
               workdir: Path) -> None:
-  """Fold f's program run and its file written, everything built again where it runs (a
-  task's: the replays come from the encoder's disk cache where it has one)."""
+  """Fold f's program run and its file written, everything built again where the task runs."""
   apply_precision(cfg.precision)
   replays = build_replays(cfg)[4]
   program, hparams, devices = _fold_program(cfg, configs)

@@ -37,8 +37,7 @@ def _with_fold(cfg: Config, num_folds: int, fold: int) -> Config:
 def prepare(cfg: Config, configs: list[Config], conversations: list, tests: list[list[int]],
             workdir: Path, progress: bool, report, heading: str, on=None):
   """Checks every run before anything is written, says what is left to run; returns the run of
-  it, which gives every fold's results. `on`: where the runs execute (a backend's `run`, as
-  train/sweep/ray_backend.py's), else here, one after another."""
+  it, which gives every fold's results. `on`: a backend running them, else here in turn."""
   # k against every conversation's units, built as each run builds them (topics from the
   # replay's base encoder, whose disk cache then serves the runs).
   encoder = base_encoder() if cfg.units == "topic" else None
@@ -60,9 +59,8 @@ def prepare(cfg: Config, configs: list[Config], conversations: list, tests: list
 
 
 def _unfinished(configs: list[Config], num_folds: int, workdir: Path) -> list[tuple[int, int]]:
-  """(configuration, fold) of every run without its held-out measurement, fold by fold. A
-  finished run of other settings, or trained with another encoder than the one the sweep would
-  use now, is refused (its row would mix two sweeps), as is a measurement that cannot be read."""
+  """(configuration, fold) of every run without its held-out measurement, fold by fold; a
+  finished run of other settings or encoder is refused (its row would mix two sweeps)."""
   ours = model_identity()
   todo = []
   for f in range(num_folds):
