@@ -33,7 +33,6 @@ def timed(fn) -> float:
 
 
 def median_time(fn, repeats: int) -> float:
-  """Median wall time of fn over repeats calls."""
   return float(np.median([timed(fn) for _ in range(repeats)]))
 
 
@@ -77,7 +76,6 @@ def _random_batch(batch: int) -> core.Batch:
 
 
 def bench_train(repeats: int, min_seconds: float, bar) -> list[dict]:
-  """Steps/s of the jitted, donated train_step for each batch size and formulation."""
   results = []
   for batch in TRAIN_BATCHES:
     bar.set_description(f"train_step, batch {batch}")
@@ -111,8 +109,6 @@ def bench_train(repeats: int, min_seconds: float, bar) -> list[dict]:
 
 
 def bench_sweep(chunks: tuple[int, ...], repeats: int, bandwidth: float, bar) -> dict:
-  """Configuration-steps/s of a 64-configuration sweep, for several chunk sizes."""
-
   spec = core.CoreSpec(dim=D, k=K, m=M, batch=SWEEP_BATCH, model=EMBEDDING)
   sim = core.SimSpec()
   world = core.make_world(sim, D)

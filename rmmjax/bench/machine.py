@@ -1,7 +1,6 @@
 """The machine a benchmark ran on, named in its JSON and under its table: a speed ratio means
 little without the CPU's vector extensions (the encoder's ratio to sentence-transformers moves
-from 1.05 on a 2-core AVX2 host to 1.89 on an AVX-512 one) or the accelerator's kind and count.
-"""
+from 1.05 on a 2-core AVX2 host to 1.89 on an AVX-512 one) or the accelerator's kind and count."""
 
 from __future__ import annotations
 

@@ -237,8 +237,6 @@ def cmd_answer(args) -> None:
 
 
 def add_parsers(sub) -> None:
-  """recall, chat, answer."""
-
   def iris_flags(p):
     p.add_argument("--iris", action="store_true",
                    help="retrieve through IRIS over the user's LaceMem (built from the user's "

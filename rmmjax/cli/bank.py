@@ -116,7 +116,6 @@ def _cmd_delete(args) -> None:
 
 
 def add_parsers(sub) -> None:
-  """ingest, memory."""
   p = sub.add_parser("ingest", help="build a memory bank from a dataset's sessions")
   p.add_argument("--dataset", default="locomo", choices=("locomo", "msc"))
   p.add_argument("--data", required=True)

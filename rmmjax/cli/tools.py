@@ -62,7 +62,6 @@ BENCHES = {
 
 
 def add_parsers(sub) -> None:
-  """embed, bench."""
   p = sub.add_parser("embed", help="embed one text per line with the sentence encoder")
   p.add_argument("--in", dest="inp", required=True, help="TEXTS.txt, one text per line")
   p.add_argument("--out", required=True, help="EMB.npy")

@@ -241,8 +241,6 @@ def cmd_export(args) -> None:
 
 
 def add_parsers(sub) -> None:
-  """train, sweep, export."""
-
   def with_config(p):
     p.add_argument("--config", default="latent", choices=sorted(CONFIGS),
                    help="named config (default: latent)")
