@@ -24,9 +24,8 @@ MAX_CUTOFF = 1000  # recall at more units than a long conversation holds measure
 
 
 def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
-  """The rules between eval's flags that argparse cannot express: the first one broken is
-  refused. Flags that would change nothing are refused, not ignored (a ceiling asked for with
-  --judge oracle must not quietly come back as single-pass numbers)."""
+  """Refuses the first broken rule between eval's flags; flags that would change nothing are
+  refused, not ignored (a ceiling asked for with --judge oracle must not come back single-pass)."""
   lace = args.units == "lace"
   # Learned IRIS models given where another model is expected (with units lace --encoder
   # takes them for their anchor encoder).

@@ -58,9 +58,8 @@ def model_kind(path: Path) -> str | None:
 
 def refuse_unless(path: Path, flag: str, wanted: tuple[str, ...],
                   expected: str | None = None) -> str | None:
-  """The kind of `path` when it is one of `wanted` (or None when unrecognised: the loader's
-  own checks then say what is missing); refused, naming what it is and its flag (or, where the
-  path is not given to a flag, `expected`), otherwise."""
+  """The kind of `path` when it is one of `wanted` (None when unrecognised: the loader then says
+  what is missing); else refused, naming what it is and `expected` or the flag that takes it."""
   kind = model_kind(path)
   if kind is None or kind in wanted:
     return kind

@@ -35,9 +35,8 @@ def export_manifest(workdir: Path) -> dict:
 
 def load_trained_params(workdir: Path, spec: core.CoreSpec,
                         template: dict | None = None) -> tuple[dict, "object", int]:
-  """The newest checkpointed parameters of a training workdir, with its config and step.
-  `spec` and `template` (parameters in the checkpoint's structure; None: the spec's model's
-  initial ones have it) are the run's learner's."""
+  """The newest checkpointed parameters of a training workdir, with its config and step;
+  `template`: parameters in the checkpoint's structure (None: the spec's model's initial ones)."""
   cfg = read_config(workdir)  # (a reranker's: its learner's export or loader reached here)
   checkpoints = Path(workdir) / "checkpoints"
   checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
