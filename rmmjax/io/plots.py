@@ -16,6 +16,8 @@ CURVE_METRICS = tuple(TITLES)
 
 
 def _smooth(x_SxT: np.ndarray, window: int) -> np.ndarray:
+  if window <= 1:  # (also a run without rows: steps=0)
+    return x_SxT
   # 'valid' keeps only full windows, so the ends are not dragged toward zero.
   return np.stack([np.convolve(row, np.ones(window) / window, mode="valid") for row in x_SxT])
 
