@@ -134,7 +134,9 @@ def cmd_eval(args) -> None:
     print(f"\nthe {retriever} order the reranker reranks, over the same candidates:\n"
           + format_table(result | {"metrics": result["base_order"]}, ks))
     ceiling = result["ceiling"]
-    print(f"\nceiling, every evidence unit among the K = {ceiling['k']} candidates (R all): "
+    print(f"\nceiling, the best order of the same K = {ceiling['k']} candidates (it uses the "
+          "labels):\n" + format_table(result | {"metrics": ceiling}, ks))
+    print(f"ceiling, every evidence unit among the K = {ceiling['k']} candidates (R all): "
           f"overall {ceiling['overall']['ceiling']:.3f}; " + ", ".join(
               f"{c} {m['ceiling']:.3f}" for c, m in ceiling["by_category"].items()))
   counts = result["load_report"]["counts"]

@@ -124,8 +124,9 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
   out = {"config": config,
          "load_report": {"counts": dict(report.counts), "examples": report.examples},
          "metrics": metrics} | beside
-  if ceiling:  # (each question's, in its rows of per_question)
-    rows = [(c, m | r) for (c, m), (_, r) in zip(rows, ceiling)]
+  if ceiling:  # (each question's, in its row of per_question)
+    rows = [(c, m | {"ceiling": r.pop("ceiling"), "base_order": b, "best_order": r})
+            for (c, m), (_, b), (_, r) in zip(rows, base, ceiling)]
   if per_question:  # each question's metrics in order, for intervals over conversations
     asked = [c for c in conversations for _ in c.questions]
     out["per_question"] = [{"conversation": c.conversation_id, "category": category} | metrics
@@ -158,10 +159,23 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
   return rows
 
 
+def _best_orders(conv, pool, order_NxR, k: int) -> list[list[int]]:
+  """Each question's K candidates with its evidence first (ties keep the base order), then the
+  base order beyond them: the ranking a perfect reranker of those K would give."""
+  orders = []
+  for question, row in zip(conv.questions, order_NxR):
+    evidence = set(question.evidence)
+    head = sorted((i for i in row[:k] if i >= 0),
+                  key=lambda i: not evidence.intersection(pool[i].turn_ids))
+    orders.append(head + [i for i in row[k:] if i >= 0])
+  return orders
+
+
 def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
                    budget_words, progress, tuned, text_encoder) -> tuple[list, list, list]:
-  """The reranked order's rows, the base order's over the same candidates, and each question's
-  recall of all K candidates ("ceiling": what any reranker of them is capped at)."""
+  """The reranked order's rows, the base order's over the same candidates, and the ceiling's:
+  each metric of the best order of the K candidates (it uses the labels), with each question's
+  recall of all K ("ceiling"), what any reranker of them is capped at."""
   # A word budget may reach past the first 100 units: keep the whole base ranking then.
   replays = build_replay(conversations, units, retriever, encoder, loaded.spec.k,
                          depth=None if budget_words else max(max(ks), 10, MRR_DEPTH),
@@ -173,8 +187,10 @@ def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, onli
     pool = pools[conv.conversation_id]
     rows += _rows_from_orders(conv, pool, orders, ks, budget_words)
     base += _rows_from_orders(conv, pool, replay.order_NxR, ks, budget_words)
-    ceiling += [(q.category, {"ceiling": float(r)})
-                for q, r in zip(conv.questions, ceiling_recall(replay))]
+    best = _rows_from_orders(conv, pool, _best_orders(conv, pool, replay.order_NxR,
+                                                      loaded.spec.k), ks, budget_words)
+    ceiling += [(c, m | {"ceiling": float(r)})
+                for (c, m), r in zip(best, ceiling_recall(replay))]
   return rows, base, ceiling
 
 

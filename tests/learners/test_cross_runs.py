@@ -558,6 +558,12 @@ def test_a_cross_sweep_trains_and_measures_each_run_then_its_best(three, tmp_pat
   heldout = json.loads((wd / "runs" / "001" / "fold_1" / "heldout.json").read_text())
   assert run["recall_all@2"] == pytest.approx(
       np.mean([q["recall_all@2"] for q in heldout["per_question"]]), abs=1e-9)
+  # Both runs reranked the same candidates: beside them, their best order's every metric.
+  best = result["beside"]["best order of the K candidates"]
+  assert best["mrr"]["overall"] == pytest.approx(np.mean(
+      [q["best_order"]["mrr"] for f in range(3) for q in json.loads(
+          (wd / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())["per_question"]]))
+  assert all(r["mrr"] <= best["mrr"]["overall"] + 1e-9 for r in result["rows"])
   assert json.loads((wd / "best" / "config.json").read_text())["cross"]["pretrain_lr"] == (
       result["best"]["settings"]["cross.pretrain_lr"])
   capsys.readouterr()

@@ -131,6 +131,14 @@ def test_train_locomo_config_then_eval_through_the_trained_reranker(tmp_path):
                              summary["recall_at_m_base"], atol=1e-6)
   np.testing.assert_allclose(report["ceiling"]["overall"]["ceiling"],
                              summary["recall_at_k"], atol=1e-6)
+  # The ceiling's every metric, of the best order of the same K: above the reranker's and the
+  # base order's, and finding no more than all K hold.
+  best = report["ceiling"]["overall"]
+  assert best["recall_all@5"] <= best["ceiling"] + 1e-9
+  for name in ("recall_all@5", "recall_any@5", "ndcg@10", "mrr"):
+    assert max(report["metrics"]["overall"][name],
+               report["base_order"]["overall"][name]) <= best[name] + 1e-9, name
+  assert best["mrr"] > report["base_order"]["overall"]["mrr"]
   held = tmp_path / "held.json"
   held.write_text(json.dumps([c for c in json.loads(data.read_text())
                               if c["sample_id"] == "syn-3"]))

@@ -49,9 +49,9 @@ def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept, three):
   for run in result["runs"]:
     assert run["heldout_conversations"] == result["fold_conversations"][run["fold"]]
     assert 0.0 <= run["recall_all@5"] <= run["recall_at_k"] + 1e-9
-  # A row per grid point in the table, by category and in the learning-online table along the
-  # conversations.
-  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 3 * 2
+  # A row per grid point in the table, in each metric's table by category (R@5, R@10, NDCG@10,
+  # MRR) and in the learning-online table along the conversations.
+  assert len(result["rows"]) == 2 and (swept / "sweep.md").read_text().count("| lr=") == 6 * 2
   # By category: each row's figures, weighted by the questions of each category, are its
   # overall one; the base order and the candidates' ceiling beside them.
   from rmmjax.data.locomo import load_locomo
@@ -63,6 +63,21 @@ def test_every_configuration_fold_and_seed_is_a_row_of_sweep_json(swept, three):
         questions.values()) == pytest.approx(row["recall"], abs=1e-9)
   table = (swept / "sweep.md").read_text()
   assert "| base order |" in table and f"| all K={result['base_config']['k']} candidates |" in table
+  # Every metric, overall and by category, of the base order and of the K candidates' best
+  # order: no reranker of the same K beats the best order, which finds no more than all K hold.
+  base, best = (result["beside"][n] for n in ("base order", "best order of the K candidates"))
+  assert base["recall_all@5"]["overall"] == pytest.approx(result["recall_at_m_base"], abs=1e-9)
+  assert base["recall_all@5"] != best["recall_all@5"]
+  for c in ["overall", *questions]:
+    assert best["recall_all@5"][c] <= best["recall_all@10"][c] + 1e-9
+    assert best["recall_all@10"][c] <= ({"overall": result["recall_at_k"]}
+                                        | result["ceiling_by_category"])[c] + 1e-9
+    for row in result["rows"]:
+      for metric, values in row["metrics_by_category"].items():
+        if c in values:
+          assert values[c] <= best[metric][c] + 1e-9, (metric, c)
+  for metric in ("MRR", "NDCG@10", "R@10 all"):
+    assert f"\n{metric} by category, beside the base order and the best order of the K" in table
   for name in ("curves.png", "online.png", "tb", "best/summary.json", "folds/fold_2.npz"):
     assert (swept / name).exists(), name
 

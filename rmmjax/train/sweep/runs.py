@@ -108,23 +108,26 @@ def _run_all(cfg: Config, configs: list[Config], tests: list[list[int]], workdir
   for f in range(len(tests)):
     per_run = [json.loads((run_dir(workdir, i, f) / HELDOUT_FILE).read_text())["per_question"]
                for i in range(len(configs))]
-    held = {q["conversation"] for q in per_run[0]}
+    held = [q for q in base if q["conversation"] in {q["conversation"] for q in per_run[0]}]
+    shared = _shared(per_run, "ceiling")
+    best = _shared(per_run, "best_order")
     results.append(FoldResult([q["conversation"] for q in per_run[0]],
                               [q["category"] for q in per_run[0]],
-                              np.array([q[f"recall_all@{cfg.m}"] for q in base
-                                        if q["conversation"] in held]),
-                              _shared_ceiling(per_run),
+                              {name: np.array([q[name] for q in held]) for name in names},
+                              None if shared is None else np.array(shared),
                               {name: np.array([[q[name] for q in rows] for rows in per_run])
-                               for name in names}))
+                               for name in names},
+                              best=None if best is None else {
+                                  name: np.array([q[name] for q in best]) for name in names}))
   return results
 
 
-def _shared_ceiling(per_run: list[list[dict]]) -> np.ndarray | None:
-  """Each question's recall of all K candidates, where every run of the fold reranked the same
-  candidates (a grid over k or the query encoder's keys gives each run its own: None)."""
-  ceilings = {tuple(q.get("ceiling") for q in rows) for rows in per_run}
-  (only,) = ceilings if len(ceilings) == 1 else (None,)
-  return None if only is None or None in only else np.array(only)
+def _shared(per_run: list[list[dict]], key: str) -> list | None:
+  """Each question's `key` (its recall of all K candidates, or its best order's metrics),
+  where every run of the fold reranked the same candidates (a grid over k or the query
+  encoder's keys gives each run its own: None)."""
+  values = [[q.get(key) for q in rows] for rows in per_run]
+  return values[0] if all(v == values[0] for v in values) and None not in values[0] else None
 
 
 def run_one(one: Config, where: Path, others: list[Path], progress: bool = False) -> None:

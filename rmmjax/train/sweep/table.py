@@ -12,11 +12,12 @@ from rmmjax.eval.intervals import Interval, paired_interval
 from rmmjax.retrieve.metrics import question_metrics
 from rmmjax.io import plots, tensorboard
 from rmmjax.io.workdir import atomic_write_json, atomic_write_text, write_run_record
-from rmmjax.replay.candidates import base_recall, ceiling_recall
+from rmmjax.replay.candidates import ceiling_recall
 from rmmjax.train.sweep.grid import label, settings
 
 POSITION_BINS = 5  # parts of each held-out conversation in the learning-online curve
 METRICS = ("recall_all@{m}", "recall_any@{m}", "recall_all@10", "ndcg@10", "mrr")
+_TITLES = {"ndcg@10": "NDCG@10", "mrr": "MRR"}
 
 
 def metric_names(m: int) -> list[str]:
@@ -63,23 +64,32 @@ def by_part(diff_SxQ: np.ndarray, clusters_Q: list[str], groups_Q: list[str], fo
 @dataclasses.dataclass
 class FoldResult:
   """One fold's held-out questions, in order, and every configuration's metrics of each:
-  metrics[name] is (configurations, questions); prequential (learning online) if measured."""
+  metrics[name] is (configurations, questions); prequential (learning online) if measured.
+  `base` and `best` hold the same metrics, (questions,), of the base order and of the best
+  order of the K candidates (where every configuration reranked the same ones)."""
 
   conversations: list[str]  # each question's conversation
   categories: list[str]
-  base: np.ndarray  # the base order's recall of each question
+  base: dict[str, np.ndarray]
   ceiling: np.ndarray | None  # the K candidates' recall, where known
   metrics: dict[str, np.ndarray]
   prequential: np.ndarray | None = None
+  best: dict[str, np.ndarray] | None = None
 
 
 def replay_fold(test, data: dict, m: int) -> FoldResult:
-  """A fold of a vmapped replay sweep from its file: eval's metrics from the saved scores."""
+  """A fold of a vmapped replay sweep from its file: eval's metrics from the saved scores, and
+  of the base order (descending scores in its order) and the best order (evidence first)."""
+  k = data["scores"].shape[-1]
+  base_QxK = np.broadcast_to(-np.arange(k, dtype=np.float32), data["scores"].shape[1:])
+  best_QxK = np.concatenate([c.relevant_NxK for c in test]).astype(np.float32)
+  both = fold_metrics(test, np.stack([base_QxK, best_QxK]), m)
   return FoldResult([c.conversation_id for c in test for _ in c.questions],
                     [cat for c in test for cat in c.categories],
-                    np.concatenate([base_recall(c, m) for c in test]),
+                    {name: v[0] for name, v in both.items()},
                     np.concatenate([ceiling_recall(c) for c in test]),
-                    fold_metrics(test, data["scores"], m), data["prequential"])
+                    fold_metrics(test, data["scores"], m), data["prequential"],
+                    {name: v[1] for name, v in both.items()})
 
 
 def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: str,
@@ -93,7 +103,8 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
     for i, c in enumerate(configs):
       run = {"settings": settings(c, keys), "seed": c.seed, "fold": f,
              "heldout_conversations": list(dict.fromkeys(fold.conversations)),
-             "questions": len(cats), "recall_at_m_base": float(fold.base.mean())}
+             "questions": len(cats),
+             "recall_at_m_base": float(fold.base[f"recall_all@{m}"].mean())}
       if fold.ceiling is not None:
         run["recall_at_k"] = float(fold.ceiling.mean())
       if fold.prequential is not None:
@@ -110,7 +121,11 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
             for name in folds[0].metrics}
   if folds[0].prequential is not None:
     pooled["prequential"] = np.concatenate([fold.prequential for fold in folds], axis=1)
-  base_Q = np.concatenate([fold.base for fold in folds])
+  names = metric_names(m)
+  base = {name: np.concatenate([fold.base[name] for fold in folds]) for name in names}
+  best_order = ({name: np.concatenate([fold.best[name] for fold in folds]) for name in names}
+                if all(fold.best is not None for fold in folds) else None)
+  base_Q = base[f"recall_all@{m}"]
   ceiling_Q = (np.concatenate([fold.ceiling for fold in folds])
                if all(fold.ceiling is not None for fold in folds) else None)
   rows = _rows(configs, keys, pooled, m)
@@ -123,6 +138,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
   for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
     row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
     row["by_category"] = by_category(row["per_seed_question"])
+    row["metrics_by_category"] = {name: by_category(row[f"per_{name}"]) for name in names}
     row["vs_best"] = paired_interval(row["per_seed_question"] - best["per_seed_question"],
                                      conversations, folds_Q)
     if "prequential_per_seed_question" in row:
@@ -144,6 +160,12 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
                       for k, v in r.items() if not k.startswith("per_")} | {
                          "interval_over": r["vs_base"].over} for r in rows],
             "best": {"settings": best["settings"], "recall_all": best["recall"]}}
+  # Each metric overall and by category: of the base order, and of the best order of the K.
+  result["beside"] = {name: {metric: {"overall": float(v.mean())} | by_category(v)
+                             for metric, v in values.items()}
+                      for name, values in (("base order", base),
+                                             ("best order of the K candidates", best_order))
+                      if values is not None}
   if ceiling_Q is not None:
     result["recall_at_k"] = float(ceiling_Q.mean())
     result["ceiling_by_category"] = by_category(ceiling_Q)
@@ -163,7 +185,8 @@ def _rows(configs, keys, pooled, m) -> list[dict]:
                  "per_seed_question": pooled[f"recall_all@{m}"][idx],
                  "recall": mean(f"recall_all@{m}"), "recall_any": mean(f"recall_any@{m}"),
                  "recall_10": mean("recall_all@10"),
-                 "ndcg": mean("ndcg@10"), "mrr": mean("mrr")})
+                 "ndcg": mean("ndcg@10"), "mrr": mean("mrr")}
+                | {f"per_{n}": pooled[n][idx] for n in metric_names(m)})
     if "prequential" in pooled:
       rows[-1] |= {"prequential": mean("prequential"),
                    "prequential_per_seed_question": pooled["prequential"][idx]}
@@ -213,15 +236,22 @@ def table(cfg, result, rows, m) -> list[str]:
   lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(f.format(**r) for f in columns.values()) + " |" for r in ranked]
   categories = list(result["base_by_category"])
-  lines += ["", f"R@{m} all by category, beside the base order"
-            + (f" and the ceiling of all K={cfg.k} candidates:" if "recall_at_k" in result
-               else ":"), "", "| | " + " | ".join(categories) + " |",
-            "|---|" + "---|" * len(categories)]
-  beside = [("base order", result["base_by_category"])] + (
-      [(f"all K={cfg.k} candidates", result["ceiling_by_category"])]
-      if "recall_at_k" in result else [])
-  for name, values in [(r["label"], r["by_category"]) for r in ranked] + beside:
-    lines.append(f"| {name} | " + " | ".join(f"{values[c]:.3f}" for c in categories) + " |")
+  for metric in metric_names(m):
+    if metric.startswith("recall_any"):
+      continue
+    title = _TITLES.get(metric) or f"R@{metric.rpartition('@')[2]} all"
+    beside = [(name, values[metric]) for name, values in result["beside"].items()]
+    if metric == f"recall_all@{m}" and "recall_at_k" in result:
+      beside.append((f"all K={cfg.k} candidates",
+                     {"overall": result["recall_at_k"]} | result["ceiling_by_category"]))
+    lines += ["", f"{title} by category, beside the " + " and the ".join(
+        name for name, _ in beside) + ":", "",
+              "| | overall | " + " | ".join(categories) + " |",
+              "|---|---|" + "---|" * len(categories)]
+    for name, values in [(r["label"], {"overall": float(np.mean(r[f"per_{metric}"]))}
+                          | r["metrics_by_category"][metric]) for r in ranked] + beside:
+      lines.append(f"| {name} | " + " | ".join(
+          f"{values[c]:.3f}" for c in ["overall", *categories]) + " |")
   if online:
     parts = len(rows[0]["online_vs_frozen_by_part"])
     lines += ["", f"Learning online - frozen along the replay of the held-out conversations: "
