@@ -54,7 +54,7 @@ The arms:
   every candidate does not ask for (about 30 minutes a run).
 - defaults-weakest: the weakest loss over today's defaults (K = 50, the observations, the
   flat prior): whether its multi-hop gain at K = 20 holds where the defaults stand (over an
-  hour a run).
+  hour a run); compared with the k50-observations-prior0 arm's own runs, which run first.
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -87,11 +87,15 @@ from replay_common import RESULTS, fold_clusters, write_markdown
 from rmmjax.cli import main as rmmjax_main
 from rmmjax.eval.intervals import paired_interval
 
-# The same recipe at K = 20: the recipe arm's own held-out questions (results/RECIPE_FILE,
+# The same recipe at K = 20: the recipe arm's own held-out questions (baseline_file('recipe'),
 # trained as every arm is), or, before it was rerun, experiments/cross_reranker.py's row of
 # the same folds (made before the pairs were packed).
 K20_ROW = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
-RECIPE_FILE = "sweep_cross_recipe.json"
+# The arms others are compared with, each keeping its held-out questions in
+# results/sweep_cross_<arm>.json: the recipe, and the defaults (k50-observations-prior0), the
+# baseline of the arms that change one thing in the defaults.
+BASELINES = ("recipe", "k50-observations-prior0")
+BASELINE_OF = {"defaults-weakest": "k50-observations-prior0"}
 
 RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20", "m=5",
           "batch=4",
@@ -171,22 +175,30 @@ def sweep_args(data: Path, workdir: Path, arm: str) -> list[str]:
           + [a for s in sets for a in ("--set", s)])
 
 
-def against_recipe(workdir: Path, arm: str) -> list[str]:
-  """Each question's Recall@5 of the arm's runs against the recipe unchanged (K = 20), paired
-  question by question (both in the file's order), with the one interval (2 folds:
-  conversations resampled, indicative)."""
+def baseline_file(arm: str) -> Path:
+  return RESULTS / f"sweep_cross_{arm}.json"
+
+
+def against_baseline(workdir: Path, arm: str) -> list[str]:
+  """Each question's Recall@5 of the arm's runs against its baseline arm (the recipe unchanged
+  at K = 20, or the defaults), paired question by question (both in the file's order), with the
+  one interval (2 folds: conversations resampled, indicative). A baseline arm keeps its own."""
   ours = [q for f in range(FOLDS) for q in json.loads(
       (workdir / "runs" / "000" / f"fold_{f}" / "heldout.json").read_text())["per_question"]]
-  if arm == "recipe":
-    (RESULTS / RECIPE_FILE).write_text(json.dumps({key: [q[field] for q in ours] for key, field in (
+  if arm in BASELINES:
+    baseline_file(arm).write_text(json.dumps({key: [q[field] for q in ours] for key, field in (
         ("per_question", "recall_all@5"), ("conversations", "conversation"),
         ("categories", "category"))}))
-  if arm != "recipe" and (RESULTS / RECIPE_FILE).exists():
-    stored = json.loads((RESULTS / RECIPE_FILE).read_text())
-    source = f"`--arm recipe`, {RECIPE_FILE}"
-  else:
+  base_arm = BASELINE_OF.get(arm, "recipe")
+  if arm != base_arm and baseline_file(base_arm).exists():
+    stored = json.loads(baseline_file(base_arm).read_text())
+    source = f"`--arm {base_arm}`, {baseline_file(base_arm).name}"
+  elif base_arm == "recipe":
     stored = json.loads((RESULTS / "cross_reranker.json").read_text())["results"][K20_ROW]
     source = f"`experiments/cross_reranker.py`'s row \"{K20_ROW}\""
+  else:
+    raise SystemExit(f"--arm {arm} is compared with --arm {base_arm}, whose held-out questions "
+                     f"({baseline_file(base_arm)}) are not there: run that arm first")
   if ([q["conversation"] for q in ours] != stored["conversations"]
       or [q["category"] for q in ours] != stored["categories"]):
     raise SystemExit(f"the sweep's held-out questions are not those of {source}")
@@ -195,7 +207,8 @@ def against_recipe(workdir: Path, arm: str) -> list[str]:
   conv, cats = stored["conversations"], np.array(stored["categories"])
   folds = fold_clusters(conv, FOLDS)
   interval = paired_interval(a - b, conv, [folds[c] for c in conv])
-  lines = ["", f"Against the recipe unchanged ({source}, the same folds and questions; made "
+  lines = ["", f"Against {'the defaults' if base_arm != 'recipe' else 'the recipe unchanged'} "
+           f"({source}, the same folds and questions; made "
            "by the code of its own commit), Recall@5 all:", "", "| | overall | " + " | ".join(sorted(set(cats))) + " |",
            "|---|---|" + "---|" * len(set(cats))]
   for name, v in ((arm_name(arm), a), ("unchanged", b)):
@@ -238,7 +251,7 @@ def main() -> None:
     raise SystemExit("the cross reranker's sweep failed")
   table = (workdir / "sweep.md").read_text().strip().splitlines()
   lines = [f"# {TITLES[args.arm]} (2-fold cross-validation)", "",
-           "`rmmjax " + " ".join(command) + "`", "", *table, *against_recipe(workdir, args.arm)]
+           "`rmmjax " + " ".join(command) + "`", "", *table, *against_baseline(workdir, args.arm)]
   RESULTS.mkdir(parents=True, exist_ok=True)
   write_markdown(RESULTS / RESULT_FILES[args.arm], lines)
   argv = ["--arm", args.arm] + (["--data", args.data] if args.data != relative_data() else [])

@@ -63,6 +63,9 @@ def check_flags(args, ks: tuple[int, ...], retriever: str) -> None:
        "a reranker over LaceMem orders the evidence IRIS gathers: pass --iris (and not --online)"),
       (args.budget_words is not None and args.budget_words < 1,
        f"--budget-words {args.budget_words}: expected a positive number of words"),
+      (args.candidates is not None and (not args.reranker or lace or args.online),
+       f"--candidates {args.candidates} cuts a reranker's K candidates to the base order's "
+       "first N: pass --reranker, without --units lace or --online"),
       (args.online and not args.reranker,
        "--online replays a reranker's online learning: pass --reranker as well"),
       (args.in_sample and not (args.reranker or args.encoder or args.iris_model),
@@ -102,7 +105,7 @@ def cmd_eval(args) -> None:
                               progress=not args.quiet, query_encoder=args.encoder,
                               iris=args.iris, judge=args.judge or "heuristic",
                               llm=llm_from_flags(args), rerank_mode=args.rerank_mode or "fused",
-                              iris_model=args.iris_model)
+                              iris_model=args.iris_model, candidates=args.candidates)
   config = result["config"]
   models = [f"{flag} {path}" for flag, path in (("--reranker", args.reranker),
                                                  ("--iris-model", args.iris_model),
@@ -185,6 +188,9 @@ def add_parser(sub) -> None:
                       help="a tuned query encoder (a learner=query_encoder workdir or its export; "
                            "with --units lace also a learner=iris workdir, for its anchor "
                            "encoder) for the questions of dense search")
+  p.add_argument("--candidates", type=int, default=None,
+                 help="with a cross reranker: it reads the base order's first N of its K "
+                      "candidates, the rest follow in the base order (a cheaper cascade)")
   p.add_argument("--online", action="store_true",
                  help="with --reranker: replay each conversation prequentially, learning online")
   p.add_argument("--in-sample", action="store_true",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from tqdm import tqdm
@@ -17,6 +18,7 @@ from rmmjax.eval.iris_eval import lace_rows, summarise
 from rmmjax.retrieve.metrics import MRR_DEPTH, aggregate, question_metrics
 from rmmjax.eval.reranked import reranked_orders
 from rmmjax.learners.loading import load_reranker
+from rmmjax.learners.registry import reader
 from rmmjax.replay.candidates import build_replay, ceiling_recall
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
 from rmmjax.learners.query_encoder.fit import retrieval_encoders
@@ -38,7 +40,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                        progress: bool = False, query_encoder: Path | None = None,
                        iris: bool | str = False, judge: str = "heuristic", llm=None,
                        rerank_mode: str = "fused", iris_model: Path | None = None,
-                       per_question: bool = False) -> dict:
+                       per_question: bool = False, candidates: int | None = None) -> dict:
   """Retrieves for every question from its own conversation's units; returns the report. Each
   argument is an `rmmjax eval` flag (docs/command-line.md, eval); `iris` is True or a name of
   IRIS_PRESETS. Which settings go together is the caller's to check (the CLI's check_flags)."""
@@ -54,6 +56,10 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                      "for retrieval")
   if (retriever != "bm25" or loaded or units in ("topic", "lace")) and encoder is None:
     encoder = SentenceEncoder(cache=EmbeddingCache(cache_path()))  # loads weights: only here
+  if candidates is not None and candidates != loaded.spec.k:
+    # A cascade: the base order's first N of the K candidates read, the rest after them.
+    _check_candidates(loaded, candidates, encoder)
+    loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, k=candidates))
   lace_anchor = (query_encoder is not None and units == "lace"
                  and is_iris_model(Path(query_encoder)))
   model = load_iris_model(Path(iris_model), encoder) if iris_model is not None else None
@@ -88,6 +94,7 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
                                       allow_mismatch)
     models.append((loaded.source, loaded.record))
     config |= {"reranker": loaded.source, "reranker_record": loaded.record, "online": online,
+               "candidates_read": loaded.spec.k,
                "reranker_step": loaded.step, "reranker_steps_planned": loaded.planned_steps,
                # (a cross reranker's encoder computes in bfloat16 on an accelerator under auto)
                "compute_dtype": getattr(loaded.spec.model, "compute_dtype", None)}
@@ -132,6 +139,19 @@ def evaluate_retrieval(dataset: str, data: Path, units: str, retriever: str, ks:
     out["per_question"] = [{"conversation": c.conversation_id, "category": category} | metrics
                            for c, (category, metrics) in zip(asked, rows)]
   return out
+
+
+def _check_candidates(loaded, candidates: int, encoder) -> None:
+  """Refuses --candidates a reranker cannot read: more than the K it trained on, fewer than the
+  M it selects, or fewer than K for one whose rank prior scores K positions at once (all but
+  the cross reranker, which reads each packed pair's own position)."""
+  k, m = loaded.spec.k, loaded.spec.m
+  if not m <= candidates <= k:
+    raise ValueError(f"--candidates {candidates}: the reranker {loaded.source} reads from "
+                     f"{m} (the M it selects) to {k} (the K it trained on) candidates")
+  if not getattr(reader(loaded, encoder), "batchwise", False):
+    raise ValueError(f"--candidates {candidates}: the reranker {loaded.source} scores the K = "
+                     f"{k} positions it trained on together; only a cross reranker reads fewer")
 
 
 def recorded_query_encoder(reranker: Path, record: dict) -> Path:

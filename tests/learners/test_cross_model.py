@@ -91,8 +91,12 @@ def test_positions_pick_the_rank_prior_of_the_base_order():
   positions = jnp.asarray(np.tile([0, 2, 3, 6, 7], (B, 1)), jnp.int32)
   scores = _scores(params, _packed(), TINY, positions_BxK=positions)
   np.testing.assert_allclose(np.asarray(scores[0]), -2.0 * np.log1p([0, 2, 3, 6, 7]), rtol=1e-6)
-  with pytest.raises(ValueError, match="k=8"):
-    _scores(params, _packed(), TINY)
+  # Without positions, the candidates are the base order's first (fewer than it trained on:
+  # a cascade's cut), never more.
+  np.testing.assert_allclose(np.asarray(_scores(params, _packed(), TINY)[0]),
+                             -2.0 * np.log1p(np.arange(5)), rtol=1e-6)
+  with pytest.raises(ValueError, match="5 candidates, but the rank prior was trained for k=4"):
+    _scores(init_cross_params(_encoder_params(), 4, prior_scale=2.0), _packed(), TINY)
 
 
 def test_packed_pairs_score_as_each_alone_in_a_row_of_its_own():

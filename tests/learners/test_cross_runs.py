@@ -100,6 +100,36 @@ def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, thr
   assert a == b and a["overall"]["recall_all@5"] > 0
 
 
+def test_eval_reads_the_first_candidates_of_the_base_order_and_ranks_the_rest_after(
+    cross_run, three, tmp_path, capsys):
+  """--candidates N, a cascade: the reranker orders the base order's first N of its K, the
+  others follow in the base order. So N = K is the plain reading, and with N = 3 the top 5 hold
+  the base order's first 5 whatever the order within them."""
+  def evaluate(*extra):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--data", str(three), "--units", "turn", "--reranker", str(cross_run),
+                 "--k", "3,5", "--quiet", "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+  full, same, three_read = evaluate(), evaluate("--candidates", "5"), evaluate("--candidates", "3")
+  assert same["metrics"] == full["metrics"] and full["config"]["candidates_read"] == 5
+  assert three_read["config"]["candidates_read"] == 3
+  got, base = three_read["metrics"]["overall"], three_read["base_order"]["overall"]
+  assert got["recall_all@5"] == pytest.approx(base["recall_all@5"])
+  assert got["recall_all@3"] == pytest.approx(three_read["ceiling"]["overall"]["ceiling"])
+  assert base["recall_all@3"] == pytest.approx(three_read["ceiling"]["overall"]["ceiling"])
+  assert three_read["ceiling"]["overall"]["ceiling"] < full["ceiling"]["overall"]["ceiling"]
+  for bad, message in (("6", "from 2 (the M it selects) to 5 (the K it trained on)"),
+                       ("1", "from 2 (the M it selects) to 5")):
+    capsys.readouterr()
+    assert main(["eval", "--data", str(three), "--reranker", str(cross_run), "--candidates",
+                 bad]) == 2
+    assert f"--candidates {bad}: the reranker {cross_run} reads {message}" in (
+        capsys.readouterr().err)
+  assert main(["eval", "--data", str(three), "--candidates", "3"]) == 2
+  assert "--candidates 3 cuts a reranker's K candidates" in capsys.readouterr().err
+
+
 def test_eval_takes_the_retriever_from_the_run_and_refuses_another_tokenizer(
     cross_run, three, tmp_path, capsys):
   out = tmp_path / "report.json"

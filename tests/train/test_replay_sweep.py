@@ -500,3 +500,13 @@ def test_sweep_json_says_how_the_sweep_was_made(swept, three):
   assert made["data"] == str(three.resolve()) and len(made["data_sha256"]) == 64
   assert made["base_config"]["retriever"] == "bm25" and made["base_config"]["k"] == 10
   assert json.loads((swept / "config.json").read_text())["data"] == str(three.resolve())
+
+
+def test_eval_reads_fewer_candidates_only_where_a_reranker_scores_pairs_alone(swept, three,
+                                                                              capsys):
+  """An embedding reranker's rank prior scores its K positions together: --candidates below K
+  is refused before anything is read (a cross reranker reads fewer: tests/learners)."""
+  assert main(["eval", "--data", str(three), "--reranker", str(swept / "best"), "--candidates",
+               "5", "--in-sample"]) == 2
+  assert "scores the K = 10 positions it trained on together; only a cross reranker reads fewer" \
+      in capsys.readouterr().err

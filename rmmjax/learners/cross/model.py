@@ -66,14 +66,15 @@ def init_cross_params(encoder_params: dict, k: int, prior_scale: float) -> dict:
 def cross_scores(params: dict, pairs: PackedPairs, cfg: BertConfig, dtype: str = "float32",
                  positions_BxK: jax.Array | None = None) -> jax.Array:
   """scores_BxK: the encoder's score of each packed pair plus the rank prior of the
-  candidate's base position (positions_BxK; default 0..K-1). A missing candidate's score is
-  meaningless: the candidate mask keeps it out of every selection."""
+  candidate's base position (positions_BxK; default 0..K-1, the first K of a prior trained
+  for as many or more). A missing candidate's score is meaningless: the candidate mask keeps it
+  out of every selection."""
   b, k = pairs.where_BxK.shape
   prior = params["rank_bias"]
   if positions_BxK is None:
-    if prior.shape[0] != k:
+    if prior.shape[0] < k:
       raise ValueError(f"{k} candidates, but the rank prior was trained for k={prior.shape[0]}")
-    prior_BxK = jnp.broadcast_to(prior, (b, k))
+    prior_BxK = jnp.broadcast_to(prior[:k], (b, k))
   else:
     prior_BxK = prior[positions_BxK]
   return pair_logits(params, pairs, cfg, dtype) + prior_BxK
