@@ -138,7 +138,8 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
   for row in rows:  # (each seed of a row is its own model: paired with the best row's same seed)
     row["vs_base"] = paired_interval(row["per_seed_question"] - base_Q, conversations, folds_Q)
     row["by_category"] = by_category(row["per_seed_question"])
-    row["metrics_by_category"] = {name: by_category(row[f"per_{name}"]) for name in names}
+    row["metrics_by_category"] = {name: {"overall": float(row[f"per_{name}"].mean())}
+                                  | by_category(row[f"per_{name}"]) for name in names}
     row["vs_best"] = paired_interval(row["per_seed_question"] - best["per_seed_question"],
                                      conversations, folds_Q)
     if "prequential_per_seed_question" in row:
@@ -248,8 +249,8 @@ def table(cfg, result, rows, m) -> list[str]:
         name for name, _ in beside) + ":", "",
               "| | overall | " + " | ".join(categories) + " |",
               "|---|---|" + "---|" * len(categories)]
-    for name, values in [(r["label"], {"overall": float(np.mean(r[f"per_{metric}"]))}
-                          | r["metrics_by_category"][metric]) for r in ranked] + beside:
+    for name, values in [(r["label"], r["metrics_by_category"][metric])
+                         for r in ranked] + beside:
       lines.append(f"| {name} | " + " | ".join(
           f"{values[c]:.3f}" for c in ["overall", *categories]) + " |")
   if online:
