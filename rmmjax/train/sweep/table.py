@@ -168,6 +168,7 @@ def summarise(cfg, grid, seeds, configs, folds: list[FoldResult], data_sha256: s
                                              ("best order of the K candidates", best_order))
                       if values is not None}
   if ceiling_Q is not None:
+    result["k"] = configs[0].k
     result["recall_at_k"] = float(ceiling_Q.mean())
     result["ceiling_by_category"] = by_category(ceiling_Q)
   result["table"] = table(cfg, result, rows, m)
@@ -215,7 +216,8 @@ def _resampled(over: str, result: dict) -> str:
 
 def table(cfg, result, rows, m) -> list[str]:
   online = "online_vs_frozen" in rows[0]
-  ceiling = (f", of all K={cfg.k} candidates {result['recall_at_k']:.3f}"
+  k = result.get("k")  # (the runs' K where they share their candidates, and so a ceiling)
+  ceiling = (f", of all K={k} candidates {result['recall_at_k']:.3f}"
              if "recall_at_k" in result else "")
   lines = [f"Held-out over {result['folds']} folds of the conversations (contiguous in the "
            f"file's order), {result['seeds']} seed(s) per configuration; learner="
@@ -243,7 +245,7 @@ def table(cfg, result, rows, m) -> list[str]:
     title = _TITLES.get(metric) or f"R@{metric.rpartition('@')[2]} all"
     beside = [(name, values[metric]) for name, values in result["beside"].items()]
     if metric == f"recall_all@{m}" and "recall_at_k" in result:
-      beside.append((f"all K={cfg.k} candidates",
+      beside.append((f"all K={k} candidates",
                      {"overall": result["recall_at_k"]} | result["ceiling_by_category"]))
     lines += ["", f"{title} by category, beside the " + " and the ".join(
         name for name, _ in beside) + ":", "",
