@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from rmmjax.config import EVALUABLE_DATASETS
@@ -179,16 +180,13 @@ def _rows_from_orders(conv, pool, orders, ks, budget_words) -> list:
   return rows
 
 
-def _best_orders(conv, pool, order_NxR, k: int) -> list[list[int]]:
-  """Each question's K candidates with its evidence first (ties keep the base order), then the
-  base order beyond them: the ranking a perfect reranker of those K would give."""
-  orders = []
-  for question, row in zip(conv.questions, order_NxR):
-    evidence = set(question.evidence)
-    head = sorted((i for i in row[:k] if i >= 0),
-                  key=lambda i: not evidence.intersection(pool[i].turn_ids))
-    orders.append(head + [i for i in row[k:] if i >= 0])
-  return orders
+def _best_orders(replay) -> np.ndarray:
+  """order_NxR with each question's K candidates reordered evidence first (ties keep the base
+  order): the ranking a perfect reranker of those K would give."""
+  k = replay.relevant_NxK.shape[1]
+  head = np.take_along_axis(replay.order_NxR[:, :k],
+                            np.argsort(~replay.relevant_NxK, 1, kind="stable"), 1)
+  return np.concatenate([head, replay.order_NxR[:, k:]], 1)
 
 
 def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, online, ks,
@@ -207,8 +205,7 @@ def _reranked_rows(conversations, pools, units, retriever, encoder, loaded, onli
     pool = pools[conv.conversation_id]
     rows += _rows_from_orders(conv, pool, orders, ks, budget_words)
     base += _rows_from_orders(conv, pool, replay.order_NxR, ks, budget_words)
-    best = _rows_from_orders(conv, pool, _best_orders(conv, pool, replay.order_NxR,
-                                                      loaded.spec.k), ks, budget_words)
+    best = _rows_from_orders(conv, pool, _best_orders(replay), ks, budget_words)
     ceiling += [(c, m | {"ceiling": float(r)})
                 for (c, m), r in zip(best, ceiling_recall(replay))]
   return rows, base, ceiling
