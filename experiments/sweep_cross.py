@@ -55,6 +55,11 @@ The arms:
 - defaults-weakest: the weakest loss over today's defaults (K = 50, the observations, the
   flat prior): whether its multi-hop gain at K = 20 holds where the defaults stand (over an
   hour a run); compared with the k50-observations-prior0 arm's own runs, which run first.
+- previous-turn: K = 20, each candidate turn read followed by the turn before it in its
+  session (`cross.previous_turn=true`, in pretraining and in the held-out evaluation): an
+  answer ("Went hiking with Mel!") often says what it answers only beside the question before
+  it ("What did you do last weekend?"), which the annotators do not mark as evidence. About
+  1.6 times the pairs' tokens, so about 1.6 times a run's pretraining and reading.
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -65,7 +70,8 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
     python experiments/sweep_cross.py [--arm k50|negatives5|encoder0|lr4e-5|observations|
                                              candidates16|lambda|k50-observations|
                                              head10|prior0|k50-observations-prior0|
-                                             k50-prior0|weakest|defaults-weakest]
+                                             k50-prior0|weakest|defaults-weakest|
+                                             previous-turn]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -104,6 +110,7 @@ RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20
           "cross.pretrain_epochs=2",
           "cross.pretrain_lr=2e-5", "cross.pretrain_tau=1.0", "cross.head_lr_scale=50.0",
           "cross.prior_scale=1.0", "cross.observations=false", "cross.pretrain_loss=softmax",
+          "cross.previous_turn=false",
           "cross.compute_dtype=float32",
           "cross.lr=1e-5",
           "cross.tau=1.0", "cross.steps=0",
@@ -123,7 +130,8 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "k50-prior0": ("k=50", "cross.prior_scale=0.0"), "recipe": "k=20",
         "weakest": "cross.pretrain_loss=weakest",
         "defaults-weakest": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
-                             "cross.pretrain_loss=weakest")}
+                             "cross.pretrain_loss=weakest"),
+        "previous-turn": "cross.previous_turn=true"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -134,7 +142,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "k50-observations-prior0": "sweep_cross_k50-observations-prior0.md",
                 "k50-prior0": "sweep_cross_k50-prior0.md", "recipe": "sweep_cross_recipe.md",
                 "weakest": "sweep_cross_weakest.md",
-                "defaults-weakest": "sweep_cross_defaults-weakest.md"}
+                "defaults-weakest": "sweep_cross_defaults-weakest.md",
+                "previous-turn": "sweep_cross_previous-turn.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -153,7 +162,8 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "recipe": "The recipe itself, trained again as the arms are trained",
           "weakest": "The cross reranker pretrained on each question's hardest evidence turn",
           "defaults-weakest": "The cross reranker's defaults pretrained on each question's "
-                              "hardest evidence turn"}
+                              "hardest evidence turn",
+          "previous-turn": "The cross reranker reading each turn after the one before it"}
 FOLDS, SEEDS = 2, 1
 
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from rmmjax.core.types import Batch
 from rmmjax.data.schema import Conversation
 from rmmjax.retrieve.rankers import make_retriever
-from rmmjax.retrieve.units import build_units
+from rmmjax.retrieve.units import build_units, turn_line
 
 RANK_DEPTH = 100  # base ranking kept per question beyond the K candidates (for NDCG, MRR)
 
@@ -41,11 +41,19 @@ class ConversationReplay:
   unit_words: tuple[int, ...]
   evidence: tuple[tuple[str, ...], ...]
   unit_texts: tuple[str, ...] = ()  # what a cross reranker reads beside each question
+  # The line of the turn before each unit's first, in its session ("" for a session's first).
+  unit_previous: tuple[str, ...] = ()
 
-  def candidate_texts(self) -> list[list[str | None]]:
-    """The text of each question's K candidates, base order (None: no candidate)."""
+  def candidate_texts(self, previous_turn: bool = False) -> list[list[str | None]]:
+    """The text of each question's K candidates, base order (None: no candidate); with
+    `previous_turn`, each followed by the turn before it in its session (an answer often
+    reads as one only beside the question it answers). The unit's own text comes first, so a
+    pair cut to the reader's length loses the neighbour before the candidate."""
     k = self.mask_NxK.shape[1]
-    return [[self.unit_texts[u] if u >= 0 else None for u in row[:k]] for row in self.order_NxR]
+    texts = self.unit_texts
+    if previous_turn:
+      texts = [f"{t} (after {p})" if p else t for t, p in zip(texts, self.unit_previous)]
+    return [[texts[u] if u >= 0 else None for u in row[:k]] for row in self.order_NxR]
 
 
 def conversation_fingerprint(conv: Conversation) -> str:
@@ -132,6 +140,8 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
       bad = conv.questions[int(np.argmin(num_relevant))]
       raise ValueError(f"conversation {conv.conversation_id}: question {bad.question!r} has no "
                        f"evidence among its {units} units")
+    before = {t.turn_id: turn_line(p) for s in conv.sessions
+              for p, t in zip(s.turns, s.turns[1:])}
     cand = order_NxR[:, :k]
     mask = cand >= 0
     safe = np.maximum(cand, 0)
@@ -145,7 +155,8 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
         num_evidence_N=np.array([len(e) for e in evidence], np.int32),
         num_relevant_N=num_relevant.astype(np.int32), order_NxR=order_NxR,
         unit_turns=tuple(u.turn_ids for u in pool), unit_words=tuple(u.words for u in pool),
-        evidence=tuple(evidence), unit_texts=tuple(texts)))
+        evidence=tuple(evidence), unit_texts=tuple(texts),
+        unit_previous=tuple(before.get(u.turn_ids[0], "") if u.turn_ids else "" for u in pool)))
   return out
 
 

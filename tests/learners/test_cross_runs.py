@@ -84,6 +84,37 @@ def test_pretraining_with_lambdaloss_learns_from_another_loss(cross_run, three, 
   assert float(np.abs(loaded.params["encoder"]["classifier"]["kernel"]).max()) > 0
 
 
+def test_a_run_reading_the_turn_before_each_candidate_reads_it_in_eval_too(
+    cross_run, three, tmp_path, capsys):
+  """cross.previous_turn=true: its pairs are longer (more are cut at max_length), the record
+  says how it reads, `eval` reads its candidates the same way (reading turns alone, the same
+  weights order them otherwise), and serving texts without their neighbours is refused."""
+  from rmmjax.learners.cross.reader import CrossReader
+  wd = tmp_path / "previous"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "previous_turn=true", "steps=0")]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  assert record["cross"]["previous_turn"] is True
+  plain = json.loads((cross_run / "record.json").read_text())["cross"]
+  assert record["cross"]["pairs"] == plain["pairs"]
+  assert record["cross"]["truncated"] > plain["truncated"]
+
+  def scores(workdir):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--data", str(three), "--units", "turn", "--reranker", str(workdir),
+                 "--k", "2,5", "--quiet", "--out", str(out)]) == 0
+    return json.loads(out.read_text())["metrics"]["overall"]
+
+  alone = tmp_path / "alone"
+  shutil.copytree(wd, alone)
+  record["cross"]["previous_turn"] = False
+  (alone / "record.json").write_text(json.dumps(record))
+  assert scores(wd)["mrr"] != scores(alone)["mrr"]
+  reader = CrossReader.for_reranker(load_reranker(wd), SentenceEncoder())
+  with pytest.raises(ValueError, match="reads each turn beside the one before it"):
+    reader.candidate_arrays("Where did she go?", ["[1 May 2023] Mel: to the beach"])
+
+
 def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, three, tmp_path,
                                                                  monkeypatch, capsys):
   """Held out without learning, eval packs each batch to its own rows rather than replaying
@@ -301,6 +332,9 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["pretrain_lr=10"], r"pretrain_lr=10: expected a value in \(0, 0.1\]"),
     (["prior_scale=1e30"], r"prior_scale=1e\+30: expected a value in \[0, 100\]"),
     (["lr=5"], r"lr=5: expected a value in \(0, 0.1\]"),
+    (["previous_turn=true", "units=session"],
+     "previous_turn=true reads each turn beside the one before it: expected units=turn, not "
+     "session"),
 ])
 def test_cross_settings_that_cannot_run_are_refused(overrides, message, three):
   with pytest.raises(ValueError, match=message):

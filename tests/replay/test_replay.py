@@ -58,6 +58,29 @@ def test_streams_hold_every_question_once_and_pad_with_absent_ones(two_conversat
   assert to_questions(replays).q_BxD.shape == (sum(counts), 32)
 
 
+def test_a_candidate_turn_is_read_followed_by_the_turn_before_it_in_its_session(locomo_path):
+  """cross.previous_turn's texts, against the real file's sessions: a turn, then the one
+  before it; a session's first turn alone (the previous session's last is another day)."""
+  conv = load_locomo(locomo_path)[0][0]
+  (replay,) = build_replay([conv], "turn", "bm25", HashEncoder(), k=20)
+  where = {t.turn_id: (s, i) for s in conv.sessions for i, t in enumerate(s.turns)}
+  plain, read = replay.candidate_texts(), replay.candidate_texts(previous_turn=True)
+  firsts = 0
+  for n, row in enumerate(replay.order_NxR[:, :20]):
+    for j, u in enumerate(row):
+      session, i = where[replay.unit_turns[u][0]]
+      turn = session.turns[i]
+      assert plain[n][j].startswith(f"[{session.date}] {turn.speaker}: {turn.text}")
+      if i == 0:
+        firsts += 1
+        assert read[n][j] == plain[n][j]
+        continue
+      before = session.turns[i - 1]
+      caption = f" [shares an image: {before.caption}]" if before.caption else ""
+      assert read[n][j] == f"{plain[n][j]} (after {before.speaker}: {before.text}{caption})"
+  assert 0 < firsts < replay.order_NxR[:, :20].size
+
+
 def test_identity_reranker_replays_the_dense_base_order(two_conversations):
   """Without a rank prior the fresh reranker scores by the same dot product as the dense base
   retriever, so its top-M recall equals the base order's, computed independently."""

@@ -22,7 +22,9 @@ class Cross(Learning):
   (+0.009); `head_lr_scale` 50 (10: -0.012). Negatives come from base rank
   `negatives_from_rank` down: the top of a tuned retriever's list holds evidence the labels
   missed. `pretrain_loss` weakest takes each question's hardest relevant candidate (Recall@5
-  counts a question only when every piece is found)."""
+  counts a question only when every piece is found). `previous_turn` reads each turn followed
+  by the one before it in its session, in training and wherever the reranker reads replayed
+  candidates (`eval`)."""
 
   NAME = "cross"
   tau: float = 1.0
@@ -40,6 +42,7 @@ class Cross(Learning):
   head_lr_scale: float = key(50.0, low=0.0, high=1e4, low_open=True)
   observations: str = key("auto", choices=OBSERVATIONS)
   pretrain_loss: str = key("softmax", choices=PRETRAIN_LOSSES)
+  previous_turn: bool = False
 
   def check(self, cfg) -> None:
     if cfg.config == "latent":
@@ -53,6 +56,9 @@ class Cross(Learning):
                        f"k={cfg.k} (the base rank from which pretraining draws negatives)")
     if self.observations == "true" and cfg.units != "turn":
       raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
+                       f"expected units=turn, not {cfg.units}")
+    if self.previous_turn and cfg.units != "turn":
+      raise ValueError(f"cross.previous_turn=true reads each turn beside the one before it: "
                        f"expected units=turn, not {cfg.units}")
 
   def reads_observations(self, cfg) -> bool:

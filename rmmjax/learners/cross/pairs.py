@@ -83,9 +83,12 @@ def pair_tokens(tokenizer, questions: Sequence[str], texts_NxK: Sequence[Sequenc
   return PairTokens(ids, segments, sum(len(e.ids) > max_length for e in whole), len(flat))
 
 
-def replay_pairs(tokenizer, convs, max_length: int) -> list[PairTokens]:
-  """The pair tokens of replayed conversations, padded alike so one program serves them all."""
-  first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(), max_length) for c in convs]
+def replay_pairs(tokenizer, convs, max_length: int, previous_turn: bool = False
+                 ) -> list[PairTokens]:
+  """The pair tokens of replayed conversations, padded alike so one program serves them all
+  (`previous_turn`: each turn read with the one before it, `candidate_texts`)."""
+  first = [pair_tokens(tokenizer, c.questions, c.candidate_texts(previous_turn), max_length)
+           for c in convs]
   length = max((p.ids_NxKxL.shape[2] for p in first), default=PAIR_BUCKETS[0])
   pad = lambda x: np.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2])))  # noqa: E731
   return [dataclasses.replace(p, ids_NxKxL=pad(p.ids_NxKxL), segments_NxKxL=pad(p.segments_NxKxL))

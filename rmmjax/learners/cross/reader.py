@@ -16,6 +16,7 @@ class CrossReader:
   tokenizer: object
   max_length: int
   source: str
+  previous_turn: bool = False  # reads each turn beside the one before it (replays only)
   batchwise = True  # held out, packed batch by batch (`pack_many`), not evened as streams
 
   @classmethod
@@ -30,13 +31,19 @@ class CrossReader:
     if trained != here:
       raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
                        f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")
-    return cls(encoder.tokenizer, reranker.record["cross"]["max_length"], reranker.source)
+    read = reranker.record["cross"]
+    return cls(encoder.tokenizer, read["max_length"], reranker.source,
+               read.get("previous_turn", False))
 
   def compiler_options(self):
     return compiler_options()  # the encoder's, as its training compiled it
 
   def candidate_arrays(self, question: str, texts_K):
     """(ids_KxL, segments_KxL) of a question's pairs, at max_length for every question."""
+    if self.previous_turn:
+      raise ValueError(f"the cross reranker {self.source} reads each turn beside the one before "
+                       "it (cross.previous_turn=true), which it is given only over replayed "
+                       "conversations (`rmmjax eval --reranker`); serve one trained without it")
     pairs = pair_tokens(self.tokenizer, [question], [texts_K], self.max_length,
                         length=self.max_length)
     return pairs.ids_NxKxL[0], pairs.segments_NxKxL[0]
@@ -63,7 +70,8 @@ class CrossReader:
                          f"{self.max_length} tokens), and one needs {need / 2**30:.1f} GiB where "
                          f"the device holds {limit / 2**30:.1f} GiB: evaluate without --online, "
                          "or on a larger device")
-    return [p.candidates() for p in replay_pairs(self.tokenizer, replays, self.max_length)]
+    return [p.candidates()
+            for p in replay_pairs(self.tokenizer, replays, self.max_length, self.previous_turn)]
 
   def pack_streams(self, streams):
     return pack_streams(streams)

@@ -63,7 +63,8 @@ class CrossRerankerTask(ReplayTask):
   def _inputs(self, convs) -> list | None:
     if not convs:
       return []
-    pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross.max_length)
+    pairs = replay_pairs(self.encoder.tokenizer, convs, self.cfg.cross.max_length,
+                         self.cfg.cross.previous_turn)
     for key in self._pair_counts:
       self._pair_counts[key] += sum(getattr(p, key) for p in pairs)
     return [p.candidates() for p in pairs]
@@ -121,7 +122,8 @@ def with_pairs_read(record: dict, cfg, encoder, length: int, counts: dict) -> tu
   dtype = effective_dtype(cfg.cross.compute_dtype)
   record = record | {"variant": "cross", "cross": {
       "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
-      "max_length": cfg.cross.max_length, "compute_dtype": dtype, "length": length, **counts}}
+      "max_length": cfg.cross.max_length, "compute_dtype": dtype, "length": length,
+      "previous_turn": cfg.cross.previous_turn, **counts}}
   return record, {"cross_compute_dtype": dtype, "cross_pairs": counts["pairs"],
                   "cross_pairs_truncated": counts["truncated"], "cross_pair_length": length}
 
