@@ -60,6 +60,12 @@ The arms:
   answer ("Went hiking with Mel!") often says what it answers only beside the question before
   it ("What did you do last weekend?"), which the annotators do not mark as evidence. About
   1.6 times the pairs' tokens, so about 1.6 times a run's pretraining and reading.
+- hard-negatives: K = 20, one epoch as the recipe's, then one whose negatives are the
+  candidates that epoch's reranker ranks highest (`cross.pretrain_epochs=1`,
+  `cross.hard_epochs=1`): the recipe's count of pretraining steps, the second epoch over the
+  negatives the reranker confuses rather than random ones, for one scoring of every training
+  question's K pairs (20 pairs read against an epoch's 8 read and trained: most of an epoch's
+  cost again).
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -71,7 +77,7 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
                                              candidates16|lambda|k50-observations|
                                              head10|prior0|k50-observations-prior0|
                                              k50-prior0|weakest|defaults-weakest|
-                                             previous-turn]
+                                             previous-turn|hard-negatives]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -110,7 +116,7 @@ RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20
           "cross.pretrain_epochs=2",
           "cross.pretrain_lr=2e-5", "cross.pretrain_tau=1.0", "cross.head_lr_scale=50.0",
           "cross.prior_scale=1.0", "cross.observations=false", "cross.pretrain_loss=softmax",
-          "cross.previous_turn=false",
+          "cross.previous_turn=false", "cross.hard_epochs=0",
           "cross.compute_dtype=float32",
           "cross.lr=1e-5",
           "cross.tau=1.0", "cross.steps=0",
@@ -131,7 +137,8 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "weakest": "cross.pretrain_loss=weakest",
         "defaults-weakest": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
                              "cross.pretrain_loss=weakest"),
-        "previous-turn": "cross.previous_turn=true"}
+        "previous-turn": "cross.previous_turn=true",
+        "hard-negatives": ("cross.pretrain_epochs=1", "cross.hard_epochs=1")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -143,7 +150,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "k50-prior0": "sweep_cross_k50-prior0.md", "recipe": "sweep_cross_recipe.md",
                 "weakest": "sweep_cross_weakest.md",
                 "defaults-weakest": "sweep_cross_defaults-weakest.md",
-                "previous-turn": "sweep_cross_previous-turn.md"}
+                "previous-turn": "sweep_cross_previous-turn.md",
+                "hard-negatives": "sweep_cross_hard-negatives.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -163,7 +171,9 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "weakest": "The cross reranker pretrained on each question's hardest evidence turn",
           "defaults-weakest": "The cross reranker's defaults pretrained on each question's "
                               "hardest evidence turn",
-          "previous-turn": "The cross reranker reading each turn after the one before it"}
+          "previous-turn": "The cross reranker reading each turn after the one before it",
+          "hard-negatives": "The cross reranker's second epoch over the negatives its first "
+                            "ranks highest"}
 FOLDS, SEEDS = 2, 1
 
 

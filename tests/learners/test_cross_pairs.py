@@ -98,6 +98,19 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
       assert all(j >= 5 for j in picked), (q, picked)
     else:  # all of those, then the rest from above
       assert set(deep_ones) <= chosen, (q, picked)
+  # Hard negatives: the highest scored of those, whatever the seed (ties absent).
+  scores = rng.standard_normal((n, k))
+  for seed in (1, 2):
+    hard = candidate_subset(batch, 4, seed=seed, negatives_from=5, hardness_NxK=scores)
+    np.testing.assert_array_equal(sub.relevant_BxK.sum(1), hard.relevant_BxK.sum(1))
+    for q in range(n):
+      negatives = [j for j in range(k) if mask[q, j] and not relevant[q, j]]
+      wanted = 4 - min(2, relevant[q].sum())
+      by_score = lambda js: sorted(js, key=lambda j: -scores[q, j])  # noqa: E731
+      best = (by_score([j for j in negatives if j >= 5])
+              + by_score([j for j in negatives if j < 5]))[:wanted]
+      picked = [j for j in hard.positions_BxK[q].tolist() if j in negatives]
+      assert sorted(picked) == sorted(best), (q, picked, best)
   assert not np.array_equal(deep.positions_BxK, pos)
 
 

@@ -115,6 +115,24 @@ def test_a_run_reading_the_turn_before_each_candidate_reads_it_in_eval_too(
     reader.candidate_arrays("Where did she go?", ["[1 May 2023] Mel: to the beach"])
 
 
+def test_hard_epochs_continue_the_pretraining_over_the_negatives_it_ranks_highest(
+    three, tmp_path):
+  """pretrain_epochs=1 and hard_epochs=1 against pretrain_epochs=2: the same first epoch,
+  then as many steps over other negatives (those the first epoch's reranker ranks highest)."""
+  def losses(name, *extra):
+    wd = tmp_path / name
+    assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+                 *_args(three, "steps=0", *extra)]) == 0
+    return np.array(json.loads((wd / "pretrain.json").read_text())["loss"])
+
+  random, hard = losses("random", "pretrain_epochs=2"), losses("hard", "hard_epochs=1")
+  assert len(hard) == len(random) and len(random) % 2 == 0
+  half = len(random) // 2
+  np.testing.assert_array_equal(hard[:half], random[:half])
+  # (the listwise loss over the candidates the reranker ranks highest is the larger one)
+  assert hard[half:].mean() > random[half:].mean()
+
+
 def test_eval_scores_batch_by_batch_as_the_replay_of_streams_does(cross_run, three, tmp_path,
                                                                  monkeypatch, capsys):
   """Held out without learning, eval packs each batch to its own rows rather than replaying
@@ -332,6 +350,10 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["pretrain_lr=10"], r"pretrain_lr=10: expected a value in \(0, 0.1\]"),
     (["prior_scale=1e30"], r"prior_scale=1e\+30: expected a value in \[0, 100\]"),
     (["lr=5"], r"lr=5: expected a value in \(0, 0.1\]"),
+    (["hard_epochs=1", "pretrain_epochs=0", "steps=4"],
+     "hard_epochs=1 mines negatives with the pretrained reranker: expected "
+     "cross.pretrain_epochs >= 1"),
+    (["hard_epochs=1", "mode=rl"], "not mode=rl"),
     (["previous_turn=true", "units=session"],
      "previous_turn=true reads each turn beside the one before it: expected units=turn, not "
      "session"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rmmjax.learners.section import Learning, key
+from rmmjax.learners.section import EPOCHS, Learning, key
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # besides auto: bfloat16 on an accelerator, else float32
 PRETRAIN_LOSSES = ("softmax", "lambda", "weakest")  # rmmjax.core.losses.PRETRAIN_LOSSES
@@ -22,9 +22,10 @@ class Cross(Learning):
   (+0.009); `head_lr_scale` 50 (10: -0.012). Negatives come from base rank
   `negatives_from_rank` down: the top of a tuned retriever's list holds evidence the labels
   missed. `pretrain_loss` weakest takes each question's hardest relevant candidate (Recall@5
-  counts a question only when every piece is found). `previous_turn` reads each turn followed
-  by the one before it in its session, in training and wherever the reranker reads replayed
-  candidates (`eval`)."""
+  counts a question only when every piece is found). `hard_epochs` more epochs follow the
+  pretraining, each question's negatives the candidates it then ranks highest.
+  `previous_turn` reads each turn followed by the one before it in its session, in training
+  and wherever the reranker reads replayed candidates (`eval`)."""
 
   NAME = "cross"
   tau: float = 1.0
@@ -43,6 +44,9 @@ class Cross(Learning):
   observations: str = key("auto", choices=OBSERVATIONS)
   pretrain_loss: str = key("softmax", choices=PRETRAIN_LOSSES)
   previous_turn: bool = False
+  # Epochs after the pretraining whose negatives are the ones the pretrained reranker scores
+  # highest (mined once, over every training question's K candidates).
+  hard_epochs: int = key(0, **EPOCHS)
 
   def check(self, cfg) -> None:
     if cfg.config == "latent":
@@ -57,6 +61,11 @@ class Cross(Learning):
     if self.observations == "true" and cfg.units != "turn":
       raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
                        f"expected units=turn, not {cfg.units}")
+    if self.hard_epochs and (cfg.mode == "rl" or not self.pretrain_epochs):
+      raise ValueError(f"cross.hard_epochs={self.hard_epochs} mines negatives with the "
+                       f"pretrained reranker: expected cross.pretrain_epochs >= 1 and a mode "
+                       f"that pretrains, not mode={cfg.mode} with cross.pretrain_epochs="
+                       f"{self.pretrain_epochs}")
     if self.previous_turn and cfg.units != "turn":
       raise ValueError(f"cross.previous_turn=true reads each turn beside the one before it: "
                        f"expected units=turn, not {cfg.units}")

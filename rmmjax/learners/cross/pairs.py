@@ -95,14 +95,19 @@ def replay_pairs(tokenizer, convs, max_length: int, previous_turn: bool = False
           for p in first]
 
 
-def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0):
+def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0,
+                     hardness_NxK: np.ndarray | None = None):
   """A pool of questions (a host `core.Batch`) with `n` of each one's K candidates, each keeping
   its base position (positions_BxK) and so its rank prior: a listwise loss over these costs n/K
-  of one over all K, what makes pretraining on every labelled question affordable."""
+  of one over all K, what makes pretraining on every labelled question affordable. With
+  `hardness_NxK` (a trained reranker's scores) the irrelevant candidates are taken highest
+  first rather than at random."""
   mask, relevant = np.asarray(questions_N.mask_BxK), np.asarray(questions_N.relevant_BxK)
   num, k = mask.shape  # (2 <= n <= k: the cross section's check)
   rng = np.random.default_rng(seed)
   keys = rng.random((num, k))
+  if hardness_NxK is not None:  # (a key in [0, 1): the highest score 0)
+    keys = np.where(relevant, keys, np.argsort(np.argsort(-hardness_NxK, 1), 1) / k)
   # Sort key per candidate: relevant ones (up to n // 2 of them) first, then the irrelevant
   # existing ones from base position `negatives_from` (0-based) on, then those above it (the top
   # of a tuned retriever's list holds evidence the labels missed), then the remaining relevant

@@ -138,7 +138,8 @@ def cross_initial_params(encoder, k: int, prior_scale: float) -> dict:
 def pretrain_cross(task, questions: core.Batch) -> core.TrainState:
   """`task`'s template pretrained listwise at the cross section's rates, one compiled step at a
   time (packed shapes vary), each epoch over a subset of candidates in an order drawn from (seed,
-  epoch) alone; the optimizer reset, the task's pretraining loss and notes set."""
+  epoch) alone, then `hard_epochs` more over the negatives the pretrained reranker scores
+  highest; the optimizer reset, the task's pretraining loss and notes set."""
   cfg, mesh = task.cfg, task.mesh
   state = task.template.replace(hparams=task.template.hparams.replace(
       lr=jnp.asarray(cfg.cross.pretrain_lr, jnp.float32),
@@ -149,10 +150,10 @@ def pretrain_cross(task, questions: core.Batch) -> core.TrainState:
   per_epoch = num // b  # at least 1: check_cross_workdir refused a batch too large
   positions = {"real": 0, "computed": 0}
 
-  def epoch_batches(epoch: int) -> list[core.Batch]:
+  def epoch_batches(epoch: int, hardness_NxK=None) -> list[core.Batch]:
     seed = np.random.SeedSequence([cfg.seed, epoch]).generate_state(1)[0]
     subset = candidate_subset(questions, cfg.cross.pretrain_candidates, int(seed),
-                              cfg.cross.negatives_from_rank - 1)
+                              cfg.cross.negatives_from_rank - 1, hardness_NxK)
     order = np.random.default_rng(seed).permutation(num)[:per_epoch * b]
     batches = [pack_batch(jax.tree.map(lambda x: x[order[i * b:(i + 1) * b]], subset),  # noqa: B023
                           mesh.devices.size) for i in range(per_epoch)]
@@ -166,8 +167,28 @@ def pretrain_cross(task, questions: core.Batch) -> core.TrainState:
   state, task.pretrain_loss = fit(state, step, epoch_batches,
                                   Fit(cfg.cross.pretrain_epochs, desc="cross"), mesh,
                                   task._progress, compiler_options())
+  if cfg.cross.hard_epochs:
+    hardness_NxK = reranker_scores(task, state, questions)
+    state, hard_loss = fit(
+        state, step, lambda e: epoch_batches(cfg.cross.pretrain_epochs + e, hardness_NxK),
+        Fit(cfg.cross.hard_epochs, desc="cross, hard negatives"), mesh, task._progress,
+        compiler_options())
+    task.pretrain_loss = np.concatenate([task.pretrain_loss, hard_loss])
   task.pretrain_notes = {"cross_real_positions": positions["real"] / max(positions["computed"], 1)}
   return core_replay.restart_optimizer(state, task.hp)
+
+
+def reranker_scores(task, state: core.TrainState, questions: core.Batch) -> np.ndarray:
+  """The scores_NxK of `state`'s reranker over every question's K candidates (batch by batch,
+  on one device)."""
+  params = jax.device_put(task._host(state.params))
+  score = jax.jit(core_replay.rerank_recall, static_argnums=2,
+                  compiler_options=compiler_options())
+  b, num = state.spec.batch, questions.mask_BxK.shape[0]
+  scores = [score(params, pack_batch(jax.tree.map(lambda x: x[i:i + b], questions)),  # noqa: B023
+                  state.spec)[1] for i in tqdm(range(0, num, b), desc="hard negatives (cross)",
+                                                unit="batch", disable=not task._progress)]
+  return np.concatenate(jax.device_get(scores))
 
 
 def check_cross_workdir(cfg, encoder, workdir) -> None:
