@@ -25,7 +25,8 @@ class Cross(Learning):
   counts a question only when every piece is found). `hard_epochs` more epochs follow the
   pretraining, each question's negatives the candidates it then ranks highest.
   `previous_turn` reads each turn followed by the one before it in its session, in training
-  and wherever the reranker reads replayed candidates (`eval`)."""
+  and wherever the reranker reads replayed candidates (`eval`): +0.017 at K = 20 for about 1.5
+  times a run, so not a default."""
 
   NAME = "cross"
   tau: float = 1.0
