@@ -66,6 +66,10 @@ The arms:
   negatives the reranker confuses rather than random ones, for one scoring of every training
   question's K pairs (20 pairs read against an epoch's 8 read and trained: most of an epoch's
   cost again).
+- defaults-hard: the hard-negatives arm over today's defaults (K = 50, the observations, the
+  flat prior, `cross.pretrain_epochs=1`, `cross.hard_epochs=1`), compared with the defaults'
+  own runs: at K = 50 the mining reads 50 pairs a question, about twice an epoch's cost, so
+  the arm pretrains about twice as long as the defaults (well over an hour a run).
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -77,7 +81,8 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
                                              candidates16|lambda|k50-observations|
                                              head10|prior0|k50-observations-prior0|
                                              k50-prior0|weakest|defaults-weakest|
-                                             previous-turn|hard-negatives]
+                                             previous-turn|hard-negatives|
+                                             defaults-hard]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -107,7 +112,8 @@ K20_ROW = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
 # results/sweep_cross_<arm>.json: the recipe, and the defaults (k50-observations-prior0), the
 # baseline of the arms that change one thing in the defaults.
 BASELINES = ("recipe", "k50-observations-prior0")
-BASELINE_OF = {"defaults-weakest": "k50-observations-prior0"}
+BASELINE_OF = {"defaults-weakest": "k50-observations-prior0",
+               "defaults-hard": "k50-observations-prior0"}
 
 RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20", "m=5",
           "batch=4",
@@ -138,7 +144,9 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "defaults-weakest": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
                              "cross.pretrain_loss=weakest"),
         "previous-turn": "cross.previous_turn=true",
-        "hard-negatives": ("cross.pretrain_epochs=1", "cross.hard_epochs=1")}
+        "hard-negatives": ("cross.pretrain_epochs=1", "cross.hard_epochs=1"),
+        "defaults-hard": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
+                          "cross.pretrain_epochs=1", "cross.hard_epochs=1")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -151,7 +159,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "weakest": "sweep_cross_weakest.md",
                 "defaults-weakest": "sweep_cross_defaults-weakest.md",
                 "previous-turn": "sweep_cross_previous-turn.md",
-                "hard-negatives": "sweep_cross_hard-negatives.md"}
+                "hard-negatives": "sweep_cross_hard-negatives.md",
+                "defaults-hard": "sweep_cross_defaults-hard.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -173,7 +182,9 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
                               "hardest evidence turn",
           "previous-turn": "The cross reranker reading each turn after the one before it",
           "hard-negatives": "The cross reranker's second epoch over the negatives its first "
-                            "ranks highest"}
+                            "ranks highest",
+          "defaults-hard": "The cross reranker's defaults with a second epoch over the "
+                           "negatives their first ranks highest"}
 FOLDS, SEEDS = 2, 1
 
 
