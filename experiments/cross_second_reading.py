@@ -1,10 +1,11 @@
 """A second reading of the cross reranker's candidates, beside the evidence it ranks first: each
 held-out question is read once as the reranker serves it, then again with the text of its first
 candidate appended to the question, and the other candidates are ordered by the sum of their
-two scores (or by the second alone), the first one kept first. Nothing is trained for it: the
-reranker is the one a sweep of `sweep_cross.py` trained on each of its 2 folds, and the second
-reading asks whether what it has found already tells it where the rest of a question's
-evidence is (multi-hop questions need every turn of theirs in the top 5).
+two scores (or by the second alone), the first one kept first. Nothing is trained here: the
+reranker is the one a sweep of `sweep_cross.py` trained on each of its 2 folds (for the arm
+second-reading, trained on such readings too: `cross.second_reading`), and the second reading
+asks whether what it has found already tells it where the rest of a question's evidence is
+(multi-hop questions need every turn of theirs in the top 5).
 
 The first reading must give each question the Recall@5 the sweep measured for it (its
 heldout.json): the script refuses otherwise, so both readings are of the model the sweep
@@ -34,6 +35,7 @@ from rmmjax.encode.cache import EmbeddingCache, cache_path
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.eval.intervals import paired_interval
 from rmmjax.eval.retrieval import recorded_query_encoder
+from rmmjax.learners.cross.pairs import second_reading_query
 from rmmjax.learners.cross.reader import CrossReader
 from rmmjax.learners.loading import load_reranker
 from rmmjax.learners.query_encoder.files import load_query_encoder, query_encoder_record
@@ -78,7 +80,8 @@ def fold_readings(run: Path, data: Path, encoder) -> dict:
       first = np.where(conv.mask_NxK[q], read(question, texts), -np.inf)
       top = int(np.argmax(first))
       rest = [None if j == top else t for j, t in enumerate(texts)]
-      second = np.where(conv.mask_NxK[q], read(f"{question} {texts[top]}", rest), -np.inf)
+      second = np.where(conv.mask_NxK[q], read(second_reading_query(question, texts[top]), rest),
+                        -np.inf)
       for name, s in zip(READINGS, (first, first + second, second)):
         s = s.copy()
         s[top] = np.inf  # (what the first reading ranks first stays first)

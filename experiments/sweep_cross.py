@@ -70,6 +70,11 @@ The arms:
   flat prior, `cross.pretrain_epochs=1`, `cross.hard_epochs=1`), compared with the defaults'
   own runs: at K = 50 the mining reads 50 pairs a question, about twice an epoch's cost, so
   the arm pretrains about twice as long as the defaults (well over an hour a run).
+- second-reading: K = 20, pretraining also on each training question read beside one of its
+  evidence turns among the K, the rest of its evidence the targets and that turn no longer a
+  candidate (`cross.second_reading=true`): what a second reading beside the evidence ranked
+  first needs to learn (experiments/cross_second_reading.py measures it on this arm's runs).
+  About half as many rows again as questions, so about 1.5 times the pretraining.
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -82,7 +87,7 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
                                              head10|prior0|k50-observations-prior0|
                                              k50-prior0|weakest|defaults-weakest|
                                              previous-turn|hard-negatives|
-                                             defaults-hard]
+                                             defaults-hard|second-reading]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -123,6 +128,7 @@ RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20
           "cross.pretrain_lr=2e-5", "cross.pretrain_tau=1.0", "cross.head_lr_scale=50.0",
           "cross.prior_scale=1.0", "cross.observations=false", "cross.pretrain_loss=softmax",
           "cross.previous_turn=false", "cross.hard_epochs=0",
+          "cross.second_reading=false",
           "cross.compute_dtype=float32",
           "cross.lr=1e-5",
           "cross.tau=1.0", "cross.steps=0",
@@ -146,7 +152,8 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "previous-turn": "cross.previous_turn=true",
         "hard-negatives": ("cross.pretrain_epochs=1", "cross.hard_epochs=1"),
         "defaults-hard": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
-                          "cross.pretrain_epochs=1", "cross.hard_epochs=1")}
+                          "cross.pretrain_epochs=1", "cross.hard_epochs=1"),
+        "second-reading": "cross.second_reading=true"}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -160,7 +167,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "defaults-weakest": "sweep_cross_defaults-weakest.md",
                 "previous-turn": "sweep_cross_previous-turn.md",
                 "hard-negatives": "sweep_cross_hard-negatives.md",
-                "defaults-hard": "sweep_cross_defaults-hard.md"}
+                "defaults-hard": "sweep_cross_defaults-hard.md",
+                "second-reading": "sweep_cross_second-reading.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -184,7 +192,9 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "hard-negatives": "The cross reranker's second epoch over the negatives its first "
                             "ranks highest",
           "defaults-hard": "The cross reranker's defaults with a second epoch over the "
-                           "negatives their first ranks highest"}
+                           "negatives their first ranks highest",
+          "second-reading": "The cross reranker also pretrained on questions read beside one "
+                            "of their evidence turns"}
 FOLDS, SEEDS = 2, 1
 
 

@@ -9,7 +9,7 @@ from rmmjax import core
 from rmmjax.learners.cross import pairs as cross_pairs
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.learners.cross.pairs import (PAIR_BUCKETS, CandidateTokens, bucket, candidate_subset,
-                                         pair_tokens)
+                                         pair_tokens, with_second_readings)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,37 @@ def test_a_subset_keeps_relevant_candidates_first_and_their_positions():
       picked = [j for j in hard.positions_BxK[q].tolist() if j in negatives]
       assert sorted(picked) == sorted(best), (q, picked, best)
   assert not np.array_equal(deep.positions_BxK, pos)
+
+
+def test_second_readings_pair_each_found_evidence_turn_with_the_rest(locomo_path):
+  """cross.second_reading's rows on the real file, enumerated from each question's evidence
+  and candidate turns: one per evidence turn among the K whose question has another there,
+  reading the question beside its text, without it among the candidates, the rest the
+  targets; the conversation's own questions unchanged before them."""
+  from hash_encoder import HashEncoder
+  from rmmjax.data.locomo import load_locomo
+  from rmmjax.replay.candidates import build_replay
+  conv = load_locomo(locomo_path)[0][0]
+  (replay,) = build_replay([conv], "turn", "bm25", HashEncoder(), k=20)
+  out = with_second_readings(replay)
+  n = len(replay.questions)
+  assert out.questions[:n] == replay.questions and (out.mask_NxK[:n] == replay.mask_NxK).all()
+  texts = replay.candidate_texts()
+  expected = []  # (question index, found column, the evidence left, the columns holding it)
+  for q, question in enumerate(conv.questions):
+    turns = [replay.unit_turns[u][0] for u in replay.order_NxR[q, :20]]
+    found = [j for j, t in enumerate(turns) if t in question.evidence]
+    if len(found) > 1:
+      expected += [(q, j, set(question.evidence) - {turns[j]}, set(found) - {j}) for j in found]
+  assert len(expected) > 10 and len(out.questions) == n + len(expected)
+  assert out.categories[n:] == ("found evidence",) * len(expected)
+  read = out.candidate_texts()
+  for row, (q, j, rest, targets) in enumerate(expected, n):
+    assert out.questions[row] == f"{conv.questions[q].question} {texts[q][j]}"
+    assert read[row] == [None if i == j else t for i, t in enumerate(texts[q])]
+    assert not out.mask_NxK[row, j] and out.mask_NxK[row].sum() == replay.mask_NxK[q].sum() - 1
+    assert set(np.flatnonzero(out.relevant_NxK[row])) == targets
+    assert set(out.evidence[row]) == rest and out.num_evidence_N[row] == len(rest)
 
 
 MINILM = core.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6,

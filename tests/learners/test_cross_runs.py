@@ -115,6 +115,21 @@ def test_a_run_reading_the_turn_before_each_candidate_reads_it_in_eval_too(
     reader.candidate_arrays("Where did she go?", ["[1 May 2023] Mel: to the beach"])
 
 
+def test_second_readings_join_the_pretraining_and_the_record(cross_run, three, tmp_path):
+  """cross.second_reading=true: the rows of each question beside one of its evidence turns
+  join the pretraining (more steps an epoch) and the record and summary say so."""
+  wd = tmp_path / "second"
+  assert main(["train", "--config", "locomo", "--workdir", str(wd), "--quiet",
+               *_args(three, "second_reading=true", "steps=0")]) == 0
+  record = json.loads((wd / "record.json").read_text())
+  summary = json.loads((wd / "summary.json").read_text())
+  assert record["cross"]["second_reading"] is True
+  assert json.loads((cross_run / "record.json").read_text())["cross"]["second_reading"] is False
+  assert summary["cross_second_readings"] > 0
+  plain = json.loads((cross_run / "pretrain.json").read_text())["loss"]
+  assert len(json.loads((wd / "pretrain.json").read_text())["loss"]) > len(plain)
+
+
 def test_hard_epochs_continue_the_pretraining_over_the_negatives_it_ranks_highest(
     three, tmp_path):
   """pretrain_epochs=1 and hard_epochs=1 against pretrain_epochs=2: the same first epoch,
@@ -351,9 +366,14 @@ def test_a_run_that_takes_no_online_step_compiles_none(three, tmp_path, monkeypa
     (["prior_scale=1e30"], r"prior_scale=1e\+30: expected a value in \[0, 100\]"),
     (["lr=5"], r"lr=5: expected a value in \(0, 0.1\]"),
     (["hard_epochs=1", "pretrain_epochs=0", "steps=4"],
-     "hard_epochs=1 mines negatives with the pretrained reranker: expected "
-     "cross.pretrain_epochs >= 1"),
+     "cross.hard_epochs=1 changes the pretraining: expected cross.pretrain_epochs >= 1"),
+    (["second_reading=true", "mode=rl", "steps=4"], "cross.second_reading=true changes the "
+     "pretraining: expected cross.pretrain_epochs >= 1 and a mode that pretrains, not mode=rl"),
+    (["second_reading=true", "units=session"], "second_reading=true reads a question beside "
+     "an evidence turn it found: expected units=turn, not session"),
     (["hard_epochs=1", "mode=rl"], "not mode=rl"),
+    (["observations=true", "units=session"], "cross.observations=true pairs each observation "
+     "with the turn it names: expected units=turn, not session"),
     (["previous_turn=true", "units=session"],
      "previous_turn=true reads each turn beside the one before it: expected units=turn, not "
      "session"),

@@ -27,7 +27,8 @@ class Cross(Learning):
   epoch and one hard: +0.012 over two random at K = 20; not measured over the defaults).
   `previous_turn` reads each turn followed by the one before it in its session, in training
   and wherever the reranker reads replayed candidates (`eval`): +0.017 at K = 20 for about 1.5
-  times a run, so not a default."""
+  times a run, so not a default. `second_reading` adds pretraining rows of a question read
+  beside one of its evidence turns, the rest its targets (for a second reading)."""
 
   NAME = "cross"
   tau: float = 1.0
@@ -49,6 +50,9 @@ class Cross(Learning):
   # Epochs after the pretraining whose negatives are the ones the pretrained reranker scores
   # highest (mined once, over every training question's K candidates).
   hard_epochs: int = key(0, **EPOCHS)
+  # Training rows beside each question: the question read with one of its evidence turns, the
+  # rest of its evidence the targets (`pairs.with_second_readings`).
+  second_reading: bool = False
 
   def check(self, cfg) -> None:
     if cfg.config == "latent":
@@ -60,17 +64,20 @@ class Cross(Learning):
     if not 1 <= self.negatives_from_rank <= cfg.k:
       raise ValueError(f"cross.negatives_from_rank={self.negatives_from_rank}: expected 1 to "
                        f"k={cfg.k} (the base rank from which pretraining draws negatives)")
-    if self.observations == "true" and cfg.units != "turn":
-      raise ValueError(f"cross.observations=true pairs each observation with the turn it names: "
-                       f"expected units=turn, not {cfg.units}")
-    if self.hard_epochs and (cfg.mode == "rl" or not self.pretrain_epochs):
-      raise ValueError(f"cross.hard_epochs={self.hard_epochs} mines negatives with the "
-                       f"pretrained reranker: expected cross.pretrain_epochs >= 1 and a mode "
-                       f"that pretrains, not mode={cfg.mode} with cross.pretrain_epochs="
+    pretraining = {"cross.hard_epochs": self.hard_epochs,
+                   "cross.second_reading": self.second_reading}
+    if any(pretraining.values()) and (cfg.mode == "rl" or not self.pretrain_epochs):
+      name, value = next((k, v) for k, v in pretraining.items() if v)
+      raise ValueError(f"{name}={str(value).lower()} changes the "
+                       f"pretraining: expected cross.pretrain_epochs >= 1 and a mode that "
+                       f"pretrains, not mode={cfg.mode} with cross.pretrain_epochs="
                        f"{self.pretrain_epochs}")
-    if self.previous_turn and cfg.units != "turn":
-      raise ValueError(f"cross.previous_turn=true reads each turn beside the one before it: "
-                       f"expected units=turn, not {cfg.units}")
+    turns = {"observations": "pairs each observation with the turn it names",
+             "previous_turn": "reads each turn beside the one before it",
+             "second_reading": "reads a question beside an evidence turn it found"}
+    for name, what in turns.items():
+      if getattr(self, name) in (True, "true") and cfg.units != "turn":
+        raise ValueError(f"cross.{name}=true {what}: expected units=turn, not {cfg.units}")
 
   def reads_observations(self, cfg) -> bool:
     """Whether the run looks for observations in its data (auto or true, over turns)."""

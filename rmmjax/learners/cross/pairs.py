@@ -95,6 +95,46 @@ def replay_pairs(tokenizer, convs, max_length: int, previous_turn: bool = False
           for p in first]
 
 
+def second_reading_query(question: str, found: str) -> str:
+  """What the second reading reads as its question: the question followed by the text of a
+  candidate already found (`with_second_readings`)."""
+  return f"{question} {found}"
+
+
+def with_second_readings(conv):
+  """A replayed conversation (turn units) with one more question after its own for each
+  (question, evidence candidate) whose question has other evidence among its K candidates:
+  the question read beside that candidate's text (`second_reading_query`), the candidate
+  itself no longer among its K, the rest of its evidence its targets. Training rows only: a
+  reranker learns from them to find what completes what it has found (category "found
+  evidence")."""
+  k = conv.mask_NxK.shape[1]
+  rows = [(n, j) for n in range(len(conv.questions)) for j in np.flatnonzero(conv.relevant_NxK[n])
+          if conv.relevant_NxK[n].sum() > 1]
+  if not rows:
+    return conv
+  n_, j_ = (np.array(x) for x in zip(*rows))
+  found_NxK = np.arange(k)[None, :] == j_[:, None]
+  evidence = conv.evidence_NxKxE[n_] & ~conv.evidence_NxKxE[n_, j_][:, None, :]
+  order = conv.order_NxR[n_].copy()
+  order[np.arange(len(rows)), j_] = -1  # (its text is not paired: candidate_texts gives None)
+  rest = [tuple(e for e in conv.evidence[n] if e not in conv.unit_turns[conv.order_NxR[n, j]])
+          for n, j in rows]
+  join = lambda old, new: np.concatenate([old, new])  # noqa: E731
+  return dataclasses.replace(
+      conv, questions=conv.questions + tuple(second_reading_query(
+          conv.questions[n], conv.unit_texts[conv.order_NxR[n, j]]) for n, j in rows),
+      categories=conv.categories + ("found evidence",) * len(rows),
+      q_NxD=join(conv.q_NxD, conv.q_NxD[n_]), mem_NxKxD=join(conv.mem_NxKxD, conv.mem_NxKxD[n_]),
+      mask_NxK=join(conv.mask_NxK, conv.mask_NxK[n_] & ~found_NxK),
+      relevant_NxK=join(conv.relevant_NxK, evidence.any(-1)),
+      evidence_NxKxE=join(conv.evidence_NxKxE, evidence),
+      num_evidence_N=join(conv.num_evidence_N, np.array([len(e) for e in rest], np.int32)),
+      num_relevant_N=join(conv.num_relevant_N, conv.num_relevant_N[n_] - 1),  # (one unit a turn)
+      order_NxR=join(conv.order_NxR, order),
+      evidence=conv.evidence + tuple(rest))
+
+
 def candidate_subset(questions_N, n: int, seed: int, negatives_from: int = 0,
                      hardness_NxK: np.ndarray | None = None):
   """A pool of questions (a host `core.Batch`) with `n` of each one's K candidates, each keeping

@@ -24,7 +24,8 @@ from rmmjax.encode.protocol import require_bert, tokenizer_identity
 from rmmjax.encode.bert import load_pooler
 from rmmjax.learners.cross.model import init_cross_params
 from rmmjax.learners.cross.spec import cross_spec
-from rmmjax.learners.cross.pairs import candidate_subset, pack_batch, replay_pairs, step_bytes
+from rmmjax.learners.cross.pairs import (candidate_subset, pack_batch, replay_pairs, step_bytes,
+                                         with_second_readings)
 from rmmjax.replay.inputs import heldout_split, replay_inputs
 from rmmjax.learners.embedding.task import ReplayTask
 
@@ -51,6 +52,9 @@ class CrossRerankerTask(ReplayTask):
     if cfg.cross.reads_observations(cfg):  # (auto reads them only where the data holds them)
       self.input_notes["cross_observations"] = sum(c == "observation" for r in self.train_convs
                                                    for c in r.categories)
+    if cfg.cross.second_reading:
+      self.input_notes["cross_second_readings"] = sum(c == "found evidence" for r in
+                                                      self.train_convs for c in r.categories)
     if progress and self._pair_counts["truncated"]:
       print(f"{self._pair_counts['truncated']} of {self._pair_counts['pairs']} (question, "
             f"memory) pairs are longer than cross.max_length={cfg.cross.max_length} tokens and "
@@ -59,6 +63,9 @@ class CrossRerankerTask(ReplayTask):
 
   def _core_spec(self, encoder) -> core.CoreSpec:
     return cross_spec(self.cfg, encoder.cfg)  # (a BERT: check_cross_workdir saw to it)
+
+  def _training_rows(self, convs) -> list:
+    return [with_second_readings(c) for c in convs] if self.cfg.cross.second_reading else convs
 
   def _inputs(self, convs) -> list | None:
     if not convs:
@@ -123,7 +130,8 @@ def with_pairs_read(record: dict, cfg, encoder, length: int, counts: dict) -> tu
   record = record | {"variant": "cross", "cross": {
       "bert": dataclasses.asdict(encoder.cfg), "tokenizer": tokenizer_identity(encoder),
       "max_length": cfg.cross.max_length, "compute_dtype": dtype, "length": length,
-      "previous_turn": cfg.cross.previous_turn, **counts}}
+      "previous_turn": cfg.cross.previous_turn, "second_reading": cfg.cross.second_reading,
+      **counts}}
   return record, {"cross_compute_dtype": dtype, "cross_pairs": counts["pairs"],
                   "cross_pairs_truncated": counts["truncated"], "cross_pair_length": length}
 

@@ -74,6 +74,7 @@ class ReplayTask(Task):
     self.record = with_ancestors(record, [(cfg.query_encoder, query_encoder_record(
         cfg.query_encoder))] if tuned else [])
     self.encoder = encoder
+    self.train_convs = self._training_rows(self.train_convs)
     train_inputs, test_inputs = self._inputs(self.train_convs), self._inputs(self.test_convs)
     self.train_qs = to_questions(self.train_convs, train_inputs)
     self.train_seq = to_sequence(self.train_convs, cfg.batch, train_inputs)
@@ -92,6 +93,11 @@ class ReplayTask(Task):
   def _core_spec(self, encoder) -> core.CoreSpec:
     """The core's spec (a cross reranker's names its encoder's configuration)."""
     return dataclasses.replace(self.cfg.core_spec(), model=self.model)
+
+  def _training_rows(self, convs) -> list:
+    """The training conversations as the learner learns from them (rows it adds: the cross
+    reranker's second readings)."""
+    return convs
 
   def _inputs(self, convs) -> list | None:
     """The learner's own inputs of these conversations' candidates (None: the embeddings)."""
