@@ -75,6 +75,9 @@ The arms:
   candidate (`cross.second_reading=true`): what a second reading beside the evidence ranked
   first needs to learn (experiments/cross_second_reading.py measures it on this arm's runs).
   About half as many rows again as questions, so about 1.5 times the pretraining.
+- previous-turn-hard: K = 20, the two arms whose intervals left zero out together
+  (`cross.previous_turn=true`, `cross.pretrain_epochs=1`, `cross.hard_epochs=1`): whether
+  their gains add, before either is tried over the defaults (about 1.8 times a run).
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -87,7 +90,8 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
                                              head10|prior0|k50-observations-prior0|
                                              k50-prior0|weakest|defaults-weakest|
                                              previous-turn|hard-negatives|
-                                             defaults-hard|second-reading]
+                                             defaults-hard|second-reading|
+                                             previous-turn-hard]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -153,7 +157,9 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
         "hard-negatives": ("cross.pretrain_epochs=1", "cross.hard_epochs=1"),
         "defaults-hard": ("k=50", "cross.observations=true", "cross.prior_scale=0.0",
                           "cross.pretrain_epochs=1", "cross.hard_epochs=1"),
-        "second-reading": "cross.second_reading=true"}
+        "second-reading": "cross.second_reading=true",
+        "previous-turn-hard": ("cross.previous_turn=true", "cross.pretrain_epochs=1",
+                               "cross.hard_epochs=1")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -168,7 +174,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "previous-turn": "sweep_cross_previous-turn.md",
                 "hard-negatives": "sweep_cross_hard-negatives.md",
                 "defaults-hard": "sweep_cross_defaults-hard.md",
-                "second-reading": "sweep_cross_second-reading.md"}
+                "second-reading": "sweep_cross_second-reading.md",
+                "previous-turn-hard": "sweep_cross_previous-turn-hard.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -194,7 +201,10 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "defaults-hard": "The cross reranker's defaults with a second epoch over the "
                            "negatives their first ranks highest",
           "second-reading": "The cross reranker also pretrained on questions read beside one "
-                            "of their evidence turns"}
+                            "of their evidence turns",
+          "previous-turn-hard": "The cross reranker reading each turn after the one before "
+                                "it, its second epoch over the negatives its first ranks "
+                                "highest"}
 FOLDS, SEEDS = 2, 1
 
 
