@@ -78,6 +78,9 @@ The arms:
 - previous-turn-hard: K = 20, the two arms whose intervals left zero out together
   (`cross.previous_turn=true`, `cross.pretrain_epochs=1`, `cross.hard_epochs=1`): whether
   their gains add, before either is tried over the defaults (about 1.8 times a run).
+- defaults-previous-turn-hard: the previous-turn-hard arm over today's defaults (K = 50, the
+  observations, the flat prior), compared with the defaults' own runs: longer pairs and the
+  mining of 50 pairs a question, about twice a defaults run (well over an hour a fold).
 
 The k50-observations-prior0 arm's settings are the locomo_cross config's since (over turns;
 tests/config/test_sections.py holds them together).
@@ -91,7 +94,8 @@ No best/ (--no-best): no row is chosen. A workdir already holding the same sweep
                                              k50-prior0|weakest|defaults-weakest|
                                              previous-turn|hard-negatives|
                                              defaults-hard|second-reading|
-                                             previous-turn-hard]
+                                             previous-turn-hard|
+                                             defaults-previous-turn-hard]
         [--data PATH] [--workdir DIR]
     python experiments/sweep_cross.py --arm ARM --rewrite   # the .md again from finished runs
 
@@ -122,7 +126,8 @@ K20_ROW = "cross, 2 epochs, over the tuned encoder's candidates (variant=cross)"
 # baseline of the arms that change one thing in the defaults.
 BASELINES = ("recipe", "k50-observations-prior0")
 BASELINE_OF = {"defaults-weakest": "k50-observations-prior0",
-               "defaults-hard": "k50-observations-prior0"}
+               "defaults-hard": "k50-observations-prior0",
+               "defaults-previous-turn-hard": "k50-observations-prior0"}
 
 RECIPE = ("learner=query_encoder,cross", "retriever=hybrid", "units=turn", "k=20", "m=5",
           "batch=4",
@@ -159,7 +164,10 @@ ARMS = {"k50": "k=50", "negatives5": "cross.negatives_from_rank=5",
                           "cross.pretrain_epochs=1", "cross.hard_epochs=1"),
         "second-reading": "cross.second_reading=true",
         "previous-turn-hard": ("cross.previous_turn=true", "cross.pretrain_epochs=1",
-                               "cross.hard_epochs=1")}
+                               "cross.hard_epochs=1"),
+        "defaults-previous-turn-hard": ("k=50", "cross.observations=true",
+                                        "cross.prior_scale=0.0", "cross.previous_turn=true",
+                                        "cross.pretrain_epochs=1", "cross.hard_epochs=1")}
 RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.md",
                 "encoder0": "sweep_cross_encoder0.md", "lr4e-5": "sweep_cross_lr4e-5.md",
                 "observations": "sweep_cross_observations.md",
@@ -175,7 +183,8 @@ RESULT_FILES = {"k50": "sweep_cross.md", "negatives5": "sweep_cross_negatives5.m
                 "hard-negatives": "sweep_cross_hard-negatives.md",
                 "defaults-hard": "sweep_cross_defaults-hard.md",
                 "second-reading": "sweep_cross_second-reading.md",
-                "previous-turn-hard": "sweep_cross_previous-turn-hard.md"}
+                "previous-turn-hard": "sweep_cross_previous-turn-hard.md",
+                "defaults-previous-turn-hard": "sweep_cross_defaults-previous-turn-hard.md"}
 TITLES = {"k50": "The cross reranker reading K = 50 candidates",
           "negatives5": "The cross reranker's pretraining negatives drawn from ranks 5-20",
           "encoder0": "The cross reranker over a query encoder pretrained without online steps",
@@ -204,7 +213,10 @@ TITLES = {"k50": "The cross reranker reading K = 50 candidates",
                             "of their evidence turns",
           "previous-turn-hard": "The cross reranker reading each turn after the one before "
                                 "it, its second epoch over the negatives its first ranks "
-                                "highest"}
+                                "highest",
+          "defaults-previous-turn-hard": "The cross reranker's defaults reading each turn after "
+                                         "the one before it, their second epoch over the "
+                                         "negatives their first ranks highest"}
 FOLDS, SEEDS = 2, 1
 
 
