@@ -127,6 +127,14 @@ def data_mesh(num_devices: int = 0) -> Mesh:
   return Mesh(np.array(devices[:num_devices or len(devices)]), (DATA_AXIS,))
 
 
+def check_fills(count: int, size: int, what: str, key: str = "batch") -> None:
+  """Refuses a batch of `size` that `count` items (`what`) cannot fill once: a larger one
+  would be padded, or leave nothing to train on."""
+  if size > count:
+    raise ValueError(f"{key}={size}: the {count:,} {what} cannot fill one batch; expected "
+                     f"{key} <= {count:,}")
+
+
 def check_divisible(size: int, mesh: Mesh, what: str) -> None:
   n = mesh.devices.size
   if size % n:

@@ -14,7 +14,7 @@ from rmmjax.cli.process import add_flags as add_process_flags
 from rmmjax.config import (CONFIGS, Config, apply_overrides, apply_precision, get_config,
                            get_value, qualified, with_values)
 from rmmjax.io.kinds import EXPORTS, KINDS, model_kind
-from rmmjax.io.outputs import check_output_dir
+from rmmjax.io.outputs import check_export_dir, check_output_dir
 from rmmjax.io.record import code_commit
 from rmmjax.io.checkpoint import saved_steps
 from rmmjax.io.trained import export_manifest
@@ -228,10 +228,8 @@ def cmd_export(args) -> None:
     print(learner_of(cfg.family).export(workdir, out))
     return
   # A run of stages: its first stage's export, then its learner's beside it, then the manifest.
-  if out.suffix == ".safetensors":
-    raise ValueError(f"--out {out}: {workdir} holds a run of two stages (learner={cfg.learner}); "
-                     "it exports as a directory")
-  check_output_dir(out, "--out")
+  check_export_dir(out, f"{workdir} holds a run of two stages (learner={cfg.learner}), which "
+                   "exports as a directory")
   print(learner_of(first.family).export(workdir / STAGE_DIR, out / STAGE_DIR))
   family = learner_of(cfg.family)
   reranker = out / family.export_name

@@ -39,3 +39,11 @@ def _check_output(path: str | Path, flag: str, directory: bool) -> Path:
 
 check_output_file = functools.partial(_check_output, directory=False)
 check_output_dir = functools.partial(_check_output, directory=True)
+
+
+def check_export_dir(out: str | Path, holds: str) -> Path:
+  """--out for an export written as a directory, `holds` saying what it writes and so why it
+  cannot be one .safetensors file (a reranker's export can)."""
+  if Path(out).suffix == ".safetensors":
+    raise ValueError(f"--out {out}: {holds}, not one .safetensors file; give a directory name")
+  return check_output_dir(out, "--out")

@@ -33,19 +33,26 @@ def export_manifest(workdir: Path) -> dict:
           "record": read_record(workdir), "config": json.loads(read_config(workdir).to_json())}
 
 
+def newest_state(workdir: Path, template, what: str) -> tuple[int, "object"]:
+  """(step, state) of a workdir's newest checkpoint that reads back into `template`'s
+  structure, refused when none does (`what`: what the workdir should hold)."""
+  checkpoints = Path(workdir) / "checkpoints"
+  checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
+  try:
+    step, state, _ = checkpointer.restore_latest(template)
+  finally:
+    checkpointer.close()
+  if state is None:
+    raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
+                            f"{what}")
+  return step, state
+
+
 def load_trained_params(workdir: Path, spec: core.CoreSpec,
                         template: dict | None = None) -> tuple[dict, "object", int]:
   """The newest checkpointed parameters of a training workdir, with its config and step;
   `template`: parameters in the checkpoint's structure (None: the spec's model's initial ones)."""
   cfg = read_config(workdir)  # (a reranker's: its learner's export or loader reached here)
-  checkpoints = Path(workdir) / "checkpoints"
-  checkpointer = Checkpointer(checkpoints, read_only=True)  # creates nothing
-  try:
-    state = core.init_state(spec, cfg.hparams(), template)
-    step, state, _ = checkpointer.restore_latest(state)  # the newest that reads back
-  finally:
-    checkpointer.close()
-  if state is None:
-    raise FileNotFoundError(f"{checkpoints} holds no readable checkpoint: {workdir} holds no "
-                            "trained reranker")
+  step, state = newest_state(workdir, core.init_state(spec, cfg.hparams(), template),
+                             "trained reranker")
   return jax.device_get(state.params), cfg, step

@@ -114,9 +114,7 @@ def build_replay(conversations: list[Conversation], units: str, retriever: str, 
   pools = unit_pools(with_questions, units, k, unit_builder)  # before anything is embedded
   for conv in tqdm(with_questions, desc=f"candidates ({retriever}, {units} units)",
                    unit="conversation", disable=not progress):
-    pool = pools[conv.conversation_id]
-    if not pool:
-      raise ValueError(f"conversation {conv.conversation_id} has no {units} units to retrieve")
+    pool = pools[conv.conversation_id]  # (k or more units: unit_pools saw to it)
     texts = [u.text for u in pool]
     questions = [q.question for q in conv.questions]
     unit_emb = encoder.encode(texts)

@@ -37,9 +37,7 @@ def replay_inputs(cfg: Config, encoder=None) -> tuple[Path, list[Conversation], 
   if not cfg.folds and len(conversations) <= cfg.holdout:
     raise ValueError(f"{cfg.data} has {len(conversations)} conversations with questions; "
                      f"holdout={cfg.holdout} would leave none to train on")
-  if cfg.folds > len(conversations):
-    raise ValueError(f"folds={cfg.folds}: {cfg.data} has {len(conversations)} conversations "
-                     "with questions; expected at most one fold per conversation")
+  heldout_split(conversations, cfg)  # (refuses folds it cannot hold out, before any work)
   if cfg.cross is not None and cfg.cross.reads_observations(cfg):
     conversations = with_observations(data, conversations, cfg)
   encoder = base_encoder() if encoder is None else encoder

@@ -15,14 +15,13 @@ from safetensors.numpy import save_file
 
 from rmmjax.encode.bert import param_at, weight_names
 from rmmjax.encode.export import TOKENIZER_FILES
-from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
 from rmmjax.io.trained import export_manifest, load_trained_params
 from rmmjax.encode.encoder import SentenceEncoder
-from rmmjax.io.outputs import check_output_dir
+from rmmjax.io.outputs import check_export_dir
 from rmmjax.io.manifest import RUN_FILE
 from rmmjax.io.workdir import (atomic_path, atomic_write_json, read_config, replace_dir,
                                write_run_record)
-from rmmjax.learners.cross.spec import restore
+from rmmjax.learners.cross.spec import check_trained_beside, restore
 
 IDENTITY = "torch.nn.modules.linear.Identity"
 HOW_TO_SCORE = (
@@ -83,21 +82,14 @@ EXPORT_NAME = "reranker"  # its name in a two-stage export
 def export_run(workdir: Path, out: Path) -> str:
   """The workdir's cross reranker as the directory `out` (nothing half-written on a failure),
   beside the packaged encoder it started from; says what was written."""
-  check_output_dir(out, "--out")
+  check_export_dir(out, "a cross reranker exports as a directory (a CrossEncoder's)")
   workdir, out, encoder = Path(workdir), Path(out), SentenceEncoder()
   spec, template = restore(read_config(workdir), workdir)
   params, _, step = load_trained_params(workdir, spec, template)
   manifest = export_manifest(workdir)
   record = manifest["record"]
-  for what, trained, here in (("encoder", record.get("encoder"), encoder_identity(encoder)),
-                              ("tokenizer", record["cross"]["tokenizer"],
-                               tokenizer_identity(encoder))):
-    if trained != here:
-      raise ValueError(f"{workdir} trained from the {what} {trained}; the one at hand is "
-                       f"{here}: export it beside the encoder it started from")
-  if out.suffix == ".safetensors":
-    raise ValueError(f"--out {out}: a cross reranker exports as a directory (a CrossEncoder's); "
-                     "give a directory name")
+  check_trained_beside(record, encoder, str(workdir),
+                       ": export it beside the encoder it started from")
   if out.exists() and any(out.iterdir()):
     raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
   with replace_dir(out) as staging:

@@ -109,8 +109,8 @@ def with_second_readings(conv):
   reranker learns from them to find what completes what it has found (category "found
   evidence")."""
   k = conv.mask_NxK.shape[1]
-  rows = [(n, j) for n in range(len(conv.questions)) for j in np.flatnonzero(conv.relevant_NxK[n])
-          if conv.relevant_NxK[n].sum() > 1]
+  rows = [(n, j) for n in np.flatnonzero(conv.relevant_NxK.sum(-1) > 1)
+          for j in np.flatnonzero(conv.relevant_NxK[n])]
   if not rows:
     return conv
   n_, j_ = (np.array(x) for x in zip(*rows))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from rmmjax.encode.encoder import compiler_options
-from rmmjax.encode.protocol import encoder_identity, require_bert, tokenizer_identity
+from rmmjax.encode.protocol import require_bert
+from rmmjax.learners.cross.spec import check_trained_beside
 from rmmjax.learners.cross.pairs import (CandidateTokens, pack_batch, pack_streams, pair_tokens,
                                          replay_pairs, step_bytes)
 
@@ -23,14 +24,7 @@ class CrossReader:
   def for_reranker(cls, reranker, encoder) -> "CrossReader":
     """Refused when `encoder` or its tokenizer is not the one the reranker trained with."""
     require_bert(encoder, f"the cross reranker {reranker.source}")
-    trained, here = reranker.record.get("encoder"), encoder_identity(encoder)
-    if trained != here:
-      raise ValueError(f"the cross reranker {reranker.source} was trained beside the encoder "
-                       f"{trained}; this one is {here}")
-    trained, here = reranker.record["cross"]["tokenizer"], tokenizer_identity(encoder)
-    if trained != here:
-      raise ValueError(f"the cross reranker {reranker.source} reads pairs cut by the tokenizer "
-                       f"with sha256 {trained[:12]}; this encoder's tokenizer is {here[:12]}")
+    check_trained_beside(reranker.record, encoder, f"the cross reranker {reranker.source}")
     read = reranker.record["cross"]
     return cls(encoder.tokenizer, read["max_length"], reranker.source,
                read.get("previous_turn", False))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rmmjax import core
 from rmmjax.config import effective_dtype
+from rmmjax.encode.protocol import encoder_identity, tokenizer_identity
 from rmmjax.io.trained import read_record
 from rmmjax.learners.cross.model import CrossModel, cross_params_template
 
@@ -40,3 +41,14 @@ def restore(cfg, workdir: Path) -> tuple[core.CoreSpec, dict]:
   cross = cross_record(read_record(workdir), workdir)
   spec = cross_spec(cfg, core.BertConfig(**cross["bert"]))
   return spec, cross_params_template(spec.model.bert, cfg.k)
+
+
+def check_trained_beside(record: dict, encoder, source: str, fix: str = "") -> None:
+  """Refuses `encoder` unless it and its tokenizer are those the cross reranker of `record`
+  (named `source`) trained beside: its weights read their embeddings and their cut pairs."""
+  for what, trained, here in (("encoder", record.get("encoder"), encoder_identity(encoder)),
+                              ("tokenizer", record["cross"]["tokenizer"],
+                               tokenizer_identity(encoder))):
+    if trained != here:
+      raise ValueError(f"{source} was trained beside the {what} {trained}; this one is "
+                       f"{here}{fix}")

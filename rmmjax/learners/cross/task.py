@@ -209,10 +209,8 @@ def check_cross_workdir(cfg, encoder, workdir) -> None:
   require_bert(encoder, "variant=cross")
   pretrains = cfg.mode != "rl" and cfg.cross.pretrain_epochs > 0 and not done
   if pretrains and cfg.units != "lace":  # (IRIS's episodes are counted where they are made)
-    num = sum(len(c.questions) for c in heldout_split(conversations, cfg)[0])
-    if num < cfg.batch:
-      raise ValueError(f"batch={cfg.batch}: the {num} training questions cannot fill one "
-                       f"pretraining batch; expected batch <= {num}")
+    distributed.check_fills(sum(len(c.questions) for c in heldout_split(conversations, cfg)[0]),
+                            cfg.batch, "training questions")
   phases = {}
   if pretrains:
     phases["a pretraining step"] = ("cross.pretrain_candidates", cfg.cross.pretrain_candidates)

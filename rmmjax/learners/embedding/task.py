@@ -57,10 +57,7 @@ class ReplayTask(Task):
   @classmethod
   def check_run(cls, cfg, encoder, workdir) -> None:
     """The training questions fill one batch (a larger one would be padded out of memory)."""
-    num = training_questions(cfg)
-    if cfg.batch > num:
-      raise ValueError(f"batch={cfg.batch}: the {num:,} training questions cannot fill one "
-                       f"batch; expected batch <= {num:,}")
+    distributed.check_fills(training_questions(cfg), cfg.batch, "training questions")
 
   def __init__(self, cfg: Config, encoder=None, progress: bool = False, workdir=None):
     self.cfg, self.hp = cfg, cfg.hparams()

@@ -150,9 +150,8 @@ def step_episodes(episodes: Sequence[IrisEpisode], batch: int, seed: int,
   """The episodes of update `step` (0-based): passes over the episodes in batches (the last
   partial batch of a pass dropped), each pass in its own order drawn from (seed, pass), so a
   resumed run replays exactly the batches an uninterrupted one would."""
+  distributed.check_fills(len(episodes), batch, "episodes")
   per_pass = len(episodes) // batch
-  if per_pass < 1:
-    raise ValueError(f"{len(episodes)} episodes cannot fill one batch of {batch}")
   order = np.random.default_rng([seed, step // per_pass]).permutation(len(episodes))
   at = (step % per_pass) * batch
   return [episodes[i] for i in order[at:at + batch]]

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
-from rmmjax.io.outputs import check_output_dir
+from rmmjax.io.outputs import check_export_dir
 from rmmjax.io.trained import export_manifest
 from rmmjax.io.kinds import model_kind, refuse_unless
 from rmmjax.io.manifest import another_version, read_run_record
@@ -92,12 +92,10 @@ def load_iris_model(path: Path, encoder) -> IrisModel:
 
 def export_run(workdir: Path, out: Path) -> str:
   """A learner=iris workdir's models as files in the directory `out`; says what was written."""
-  out = check_output_dir(Path(out), "--out")
+  out = check_export_dir(out, "learned IRIS models export as a directory (two encoders and a "
+                             "judge)")
   encoder = SentenceEncoder()
   model = load_iris_model(workdir, encoder)
-  if out.suffix == ".safetensors":
-    raise ValueError(f"--out {out}: learned IRIS models export as a directory (two encoders "
-                     "and a judge), not one .safetensors file")
   there = read_run_record(out) or {}
   if there.get("kind") in ("train", "sweep"):
     raise ValueError(f"--out {out} is a training workdir; give a new or empty folder")

@@ -116,8 +116,8 @@ def fit_ranking_encoder(encoder, examples: RankingExamples, params, *, epochs: i
                         lr: float, tau: float, seed: int, mesh=None) -> tuple[dict, np.ndarray]:
   """(parameters, every step's loss) of a query encoder fine-tuned from `params` by the grouped
   listwise loss, each epoch's batches in a new order (the tail that fills no batch left out)."""
-  if epochs and len(examples) < batch:
-    raise ValueError(f"{len(examples)} training examples do not fill one batch of {batch}")
+  if epochs:
+    distributed.check_fills(len(examples), batch, "training examples")
   ids_NxT, mask_NxT = pad_tokens(encoder, examples.texts, 128)
   module = encoder.module
 

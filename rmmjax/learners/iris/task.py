@@ -130,9 +130,8 @@ class IrisLearnedTask(Task):
                                   self.fit.max_evidence, self.fit.seed + 1, self.fit.hard_share,
                                   HOP_STATES)
       b = self.cfg.batch
+      distributed.check_fills(len(examples), b, "refinement examples")
       n = len(examples) // b * b
-      if n == 0:
-        raise ValueError(f"{len(examples)} refinement examples do not fill a batch of {b}")
       ids, mask = pad_tokens(self.encoder, examples.texts[:n], 128)
       covers = examples.covers_NxKxE[:n]
       shape = lambda x: x.reshape(n // b, b, *x.shape[1:])  # noqa: E731

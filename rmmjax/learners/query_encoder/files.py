@@ -12,9 +12,9 @@ from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.export import save_encoder
 from rmmjax.encode.protocol import encoder_identity
 from rmmjax.encode.tuned import TunedQueryEncoder, encoder_state
-from rmmjax.io.checkpoint import Checkpointer, saved_steps
-from rmmjax.io.outputs import check_output_dir
-from rmmjax.io.trained import export_manifest, read_record
+from rmmjax.io.checkpoint import saved_steps
+from rmmjax.io.outputs import check_export_dir
+from rmmjax.io.trained import export_manifest, newest_state, read_record
 from rmmjax.io.kinds import refuse_unless
 from rmmjax.io.manifest import read_run_record
 from rmmjax.io.workdir import read_config, write_run_record
@@ -45,9 +45,6 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
   if base != encoder_identity(encoder):
     raise ValueError(f"{path} tuned the encoder {base}, but the memories are embedded with "
                      f"{encoder_identity(encoder)}")
-  if cfg.dim != encoder.dim:
-    raise ValueError(f"{path} tuned an encoder of dimension {cfg.dim}; the memories are "
-                     f"embedded in {encoder.dim}")
   saved = saved_steps(path / "checkpoints")
   if saved and saved[-1] < cfg.steps:
     print(f"NOTE: the query encoder {path} has trained {saved[-1]} of its {cfg.steps} steps "
@@ -58,16 +55,8 @@ def load_query_encoder(path: Path, encoder, flag: str = "--encoder") -> TunedQue
 
 def latest_encoder_params(path: Path, cfg, encoder, what: str) -> dict:
   """The encoder parameters of a workdir's newest readable checkpoint (`what`: their name)."""
-  template = encoder_state(encoder, encoder_spec(cfg), cfg.hparams())
-  checkpointer = Checkpointer(path / "checkpoints", read_only=True)
-  try:
-    _, state, _ = checkpointer.restore_latest(template)
-  finally:
-    checkpointer.close()
-  if state is None:
-    raise FileNotFoundError(f"{path}/checkpoints holds no readable checkpoint: {path} holds no "
-                            f"{what}")
-  return state.params
+  return newest_state(path, encoder_state(encoder, encoder_spec(cfg), cfg.hparams()),
+                      what)[1].params
 
 
 def query_encoder_record(path: Path) -> dict:
@@ -79,9 +68,7 @@ def query_encoder_record(path: Path) -> dict:
 def export_run(workdir: Path, out: Path) -> str:
   """The tuned encoder of a query_encoder workdir (or a two-stage run's first stage) as the
   Hugging Face-format directory `out`, with the export's manifest; says what was written."""
-  if Path(out).suffix == ".safetensors":
-    raise ValueError(f"--out {out}: {workdir} holds a query encoder; it exports as a directory")
-  check_output_dir(Path(out), "--out")
+  check_export_dir(out, f"{workdir} holds a query encoder, which exports as a directory")
   encoder = SentenceEncoder()
   tuned = load_query_encoder(workdir, encoder)
   manifest = export_manifest(workdir)

@@ -63,9 +63,7 @@ class QueryEncoderTask(Task):
     if cfg.mode != "rl" and cfg.encoder_tuning.pretrain_epochs and not pretrained:
       batches["encoder_tuning.pretrain_batch"] = cfg.encoder_tuning.pretrain_batch
     for key, size in batches.items():
-      if size > num:
-        raise ValueError(f"{key}={size}: the {num} training questions cannot fill one batch; "
-                         f"expected {key} <= {num}")
+      distributed.check_fills(num, size, "training questions", key)
 
   def initial_state(self) -> core.TrainState:
     """Pretrained on the training conversations' labels (mode pretrain+rl), optimizer fresh."""
