@@ -4,27 +4,18 @@ area under the ROC curve, and calibration in bins."""
 from __future__ import annotations
 
 import numpy as np
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-  """1-based ranks of values, ties sharing the mean of the ranks they span."""
-  _, tie_N, counts = np.unique(np.asarray(values, float), return_inverse=True,
-                               return_counts=True)
-  last = np.cumsum(counts)  # each distinct value spans ranks last - count + 1 .. last
-  return ((last - counts + 1 + last) / 2)[tie_N.reshape(-1)]
+from scipy.stats import mannwhitneyu
 
 
 def roc_auc(scores, labels) -> float:
-  """P(a positive scores above a negative), a tie counting one half (the Mann-Whitney
-  statistic over tie-averaged ranks); NaN without both classes. Heavily tied scores (a
-  heuristic judge's few confidence levels) get 0.5 for their ties, not an order that
-  depends on how the rows happen to be sorted."""
+  """P(a positive scores above a negative), a tie counting one half (the Mann-Whitney U of
+  the positives); NaN without both classes. Heavily tied scores (a heuristic judge's few
+  confidence levels) get 0.5 for their ties, not an order that depends on how the rows
+  happen to be sorted."""
   s, y = np.asarray(scores, float), np.asarray(labels, bool)
-  pos, neg = int(y.sum()), int((~y).sum())
-  if not (pos and neg):
+  if y.all() or not y.any():
     return float("nan")
-  ranks = average_ranks(s)
-  return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
+  return float(mannwhitneyu(s[y], s[~y]).statistic / (y.sum() * (~y).sum()))
 
 
 def reliability(probabilities, labels, bins: int = 10) -> tuple[float, list[tuple]]:

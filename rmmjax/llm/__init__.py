@@ -1,10 +1,9 @@
-"""LLM backends (OpenAI-compatible HTTP, a scripted fake), prompts, and parsing of replies."""
+"""The LLM backend (any OpenAI-compatible HTTP server), prompts, and parsing of replies."""
 
 from __future__ import annotations
 
 from rmmjax.llm.base import LLMError
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
-from rmmjax.llm.fake import ScriptedLLM, ScriptExhausted
 from rmmjax.llm.parse import (
     LLMOutputError, Verdict, extract_json, parse_answer, parse_merge, parse_sufficiency,
     parse_topics, parse_verdict)
@@ -12,7 +11,7 @@ from rmmjax.llm.prompts import (
     add_or_merge, answer_judge, answer_with_citations, sufficiency_judge, topic_extraction)
 
 __all__ = [
-    "LLMError", "LLMOutputError", "LLMSettings", "OpenAICompatibleLLM", "ScriptExhausted",
-    "ScriptedLLM", "Verdict", "add_or_merge", "answer_judge", "answer_with_citations",
-    "extract_json", "parse_answer", "parse_merge", "parse_sufficiency", "parse_topics",
-    "parse_verdict", "sufficiency_judge", "topic_extraction"]
+    "LLMError", "LLMOutputError", "LLMSettings", "OpenAICompatibleLLM", "Verdict", "add_or_merge",
+    "answer_judge", "answer_with_citations", "extract_json", "parse_answer", "parse_merge",
+    "parse_sufficiency", "parse_topics", "parse_verdict", "sufficiency_judge",
+    "topic_extraction"]

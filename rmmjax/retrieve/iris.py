@@ -54,7 +54,6 @@ class IrisSettings:
   exact_floor: float = 0.85
   inferrable_cap: float = 0.75
   partial_cap: float = 0.5
-  max_judged: int | None = None  # the judge sees at most this many top facts (None: all)
   # The final ranking without a reranker: "entry" keeps the order facts entered (iteration 1's
   # anchor hits and their neighbours first); "fused" ranks by reciprocal-rank fusion of every
   # search (the last anchor search and each refinement search once), so facts a refined query
@@ -275,10 +274,9 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
       scores = [float(s) for s in reranker(question, ranked)]
       # (sorted is stable: ties keep the order the loop would end with)
       ranked = [ranked[i] for i in sorted(range(len(ranked)), key=lambda i: -scores[i])]
-    shown = ranked if settings.max_judged is None else ranked[:settings.max_judged]
     retrieval_s = time.perf_counter() - start - refine_s
     tick = time.perf_counter()
-    verdict = judge.judge(question, shown, {f.turn_id: raws[f.turn_id] for f in shown},
+    verdict = judge.judge(question, ranked, {f.turn_id: raws[f.turn_id] for f in ranked},
                           category=category)
     judge_s = time.perf_counter() - tick
     confidence = settings.calibrate(verdict)
@@ -287,7 +285,7 @@ def iris_retrieve(store: EvidenceStore, question: str, *, category: str | None =
     trace.append(IterationTrace(
         iteration, k, query, tuple(anchor), tuple(refined),
         tuple(f for f in reached if f in new_set), tuple(f for f in buffered if f in new_set),
-        thin, tuple(f.fact_id for f in shown), verdict, confidence, reward, retrieval_s,
+        thin, tuple(f.fact_id for f in ranked), verdict, confidence, reward, retrieval_s,
         refine_s, judge_s))
     if verdict.label != "PARTIAL" and confidence >= threshold:
       stopped = True

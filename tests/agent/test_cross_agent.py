@@ -21,7 +21,7 @@ from rmmjax.encode.bert import load_pooler
 from rmmjax.encode.encoder import SentenceEncoder
 from rmmjax.encode.protocol import tokenizer_identity
 from rmmjax.learners.loaded import LoadedReranker
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
 from rmmjax.memory.ingest import ingest_conversations
 from rmmjax.memory.topics import OfflineReflector

@@ -16,7 +16,7 @@ from rmmjax.learners.embedding.model import EMBEDDING
 from rmmjax.agent import Agent, AgentSettings
 from rmmjax.learners.loaded import LoadedReranker
 from rmmjax.llm.client import LLMSettings, OpenAICompatibleLLM
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.memory import MemoryBank, NewMemory
 
 TOPICS = {

@@ -12,9 +12,10 @@ import time
 import pytest
 
 from rmmjax.llm import (
-    LLMError, LLMOutputError, LLMSettings, OpenAICompatibleLLM, ScriptedLLM, ScriptExhausted,
-    add_or_merge, answer_judge, answer_with_citations, extract_json, parse_answer, parse_merge,
-    parse_sufficiency, parse_topics, parse_verdict, sufficiency_judge, topic_extraction)
+    LLMError, LLMOutputError, LLMSettings, OpenAICompatibleLLM, add_or_merge, answer_judge,
+    answer_with_citations, extract_json, parse_answer, parse_merge, parse_sufficiency,
+    parse_topics, parse_verdict, sufficiency_judge, topic_extraction)
+from scripted_llm import ScriptedLLM, ScriptExhausted
 
 KEY = "sk-test-very-secret-4242"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]

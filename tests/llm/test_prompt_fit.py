@@ -12,7 +12,7 @@ from hash_encoder import HashEncoder
 from rmmjax.agent import Agent, AgentSettings
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.llm.base import CHARS_PER_TOKEN, DEFAULT_MAX_TOKENS
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.llm.context import CUT_MARK, MIN_ITEM_CHARS, fit_texts
 from rmmjax.llm.prompts import answer_with_citations, topic_extraction
 from rmmjax.memory import MemoryBank, NewMemory

@@ -83,7 +83,7 @@ import json, sys
 sys.path.insert(0, sys.argv[4])
 from hash_encoder import HashEncoder
 from rmmjax.agent import Agent, AgentSettings
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.memory import MemoryBank, SessionEnded
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 replies = [json.dumps({"answer": f"{tag} answer {i}", "citations": [1]}) for i in range(n)]

@@ -12,7 +12,7 @@ from hash_encoder import HashEncoder
 from rmmjax.data.locomo import load_locomo
 from rmmjax.data.schema import Conversation, Session, Turn
 from rmmjax.retrieve.metrics import question_metrics
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.llm.parse import LLMOutputError, Topic
 from rmmjax.memory.bank import MemoryBank
 from rmmjax.memory.ingest import bank_text, ingest_conversations

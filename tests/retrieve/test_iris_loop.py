@@ -10,7 +10,7 @@ from typing import final
 import pytest
 
 from rmmjax.llm.base import LLMError
-from rmmjax.llm.fake import ScriptedLLM
+from scripted_llm import ScriptedLLM
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, expand, iris_retrieve, merge_by_rank
 from rmmjax.retrieve.judges import (HeuristicJudge, LLMJudge, OracleJudge, SufficiencyJudge,

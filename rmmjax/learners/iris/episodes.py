@@ -18,6 +18,7 @@ from rmmjax.learners.cross.pairs import pack_batch
 from rmmjax.learners.embedding.model import batch_scores
 from rmmjax.retrieve.evidence import EvidenceStore, Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
+from rmmjax.retrieve.fusion import rrf_scores
 from rmmjax.retrieve.refine import QueryRefiner
 from rmmjax.retrieve.judges import SufficiencyJudge, verdict_reward
 
@@ -206,10 +207,8 @@ RERANK_MODES = ("fused", "alone")
 def fuse_with_order(scores_K: np.ndarray, fusion_c: float = 60.0) -> np.ndarray:
   """Reciprocal-rank fusion of the order the scores give and the candidates' own order:
   1 / (c + 1 + rank by score) + 1 / (c + 1 + position), ties in score kept in position order."""
-  scores_K = np.asarray(scores_K, np.float64)
-  rank = np.empty(len(scores_K))
-  rank[np.argsort(-scores_K, kind="stable")] = np.arange(len(scores_K))
-  return 1.0 / (fusion_c + 1.0 + rank) + 1.0 / (fusion_c + 1.0 + np.arange(len(scores_K)))
+  by_score = np.argsort(-np.asarray(scores_K, np.float64), kind="stable")
+  return rrf_scores([by_score, np.arange(len(by_score))], len(by_score), fusion_c)
 
 
 @functools.partial(jax.jit, static_argnums=3)

@@ -1,4 +1,5 @@
-"""A scripted LLM for tests: replies in a fixed order and records what it was asked."""
+"""A scripted LLM for the tests: replies in a fixed order and records what it was asked (the
+LLM protocol of rmmjax.llm.base, without a server)."""
 
 from __future__ import annotations
 
