@@ -58,7 +58,7 @@ from rmmjax.memory.lace import LaceMem
 from rmmjax.replay.candidates import folds
 from rmmjax.learners.iris.episodes import (RERANK_MODES, FactReranker, RewardMix,
                                          collect_episodes, pretrain_on_episodes,
-                                         reinforce_episodes)
+                                         reinforce_steps)
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge
 from rmmjax.learners.registry import with_model
@@ -149,7 +149,8 @@ def train(cfg, episodes, pretrain, mix):
     state, _ = pretrain_on_episodes(state, episodes, cfg.reranker.pretrain_epochs,
                                     cfg.reranker.pretrain_lr, cfg.reranker.pretrain_tau)
   if mix is not None:
-    state, _ = reinforce_episodes(state, episodes, lambda e: HeuristicJudge(), mix, PASSES)
+    state, _ = reinforce_steps(state, episodes, lambda e: HeuristicJudge(), mix,
+                               PASSES * (len(episodes) // state.spec.batch))
   return state
 
 

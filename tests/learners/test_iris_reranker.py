@@ -20,8 +20,8 @@ from rmmjax.data.locomo import load_locomo
 from rmmjax.eval.retrieval import evaluate_retrieval
 from rmmjax.memory.lace import LaceMem
 from rmmjax.learners.iris.episodes import (FactReranker, RewardMix, collect_episodes,
-                                         episodes_batch, mixed_rewards, reinforce_episodes,
-                                         reinforce_steps, step_episodes)
+                                         episodes_batch, mixed_rewards, reinforce_steps,
+                                         step_episodes)
 from rmmjax.retrieve.evidence import Fact, RawTurn
 from rmmjax.retrieve.iris import IrisSettings, iris_retrieve
 from rmmjax.retrieve.judges import HeuristicJudge, SufficiencyJudge, Verdict
@@ -217,8 +217,9 @@ def test_verdicts_alone_teach_the_reranker_what_the_judge_wants():
   judges = {e.question: WantsFact(e.facts[-1].fact_id) for e in episodes}
   state = core.init_state(spec, core.HParams.create(lr=3e-2, tau=0.5, baseline_kind="batch"))
   assert all(t != wanted[e.question] for t, e in zip(_top1(state, episodes), episodes))
-  state, logs = reinforce_episodes(state, episodes * 4, lambda e: judges[e.question],
-                                   RewardMix(citation=0.0, verdict=1.0), passes=10)
+  state, logs = reinforce_steps(state, episodes * 4, lambda e: judges[e.question],
+                                RewardMix(citation=0.0, verdict=1.0),
+                                10 * (len(episodes) * 4 // state.spec.batch))  # 10 passes
   assert all(t == wanted[e.question] for t, e in zip(_top1(state, episodes), episodes))
   assert logs["verdict_reward"][-10:].mean() > logs["verdict_reward"][:10].mean()
   assert sum(j.calls for j in judges.values()) == 10 * 4 * len(episodes)
@@ -241,8 +242,9 @@ def test_citations_alone_need_no_judge_and_select_evidence_facts():
     return int(np.take_along_axis(relevant, top, -1).sum())
 
   before = relevant_in_top2(state)
-  state, logs = reinforce_episodes(state, episodes * 4, lambda e: pytest.fail("judged"),
-                                   RewardMix(citation=1.0, verdict=0.0), passes=20)
+  state, logs = reinforce_steps(state, episodes * 4, lambda e: pytest.fail("judged"),
+                                RewardMix(citation=1.0, verdict=0.0),
+                                20 * (len(episodes) * 4 // state.spec.batch))  # 20 passes
   assert before < best and relevant_in_top2(state) == best
   assert not logs["verdict_reward"].any()
 

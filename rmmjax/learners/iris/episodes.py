@@ -193,14 +193,6 @@ def reinforce_steps(state: core.TrainState, episodes: Sequence[IrisEpisode],
   return state, {name: np.array(values) for name, values in logs.items()}
 
 
-def reinforce_episodes(state: core.TrainState, episodes: Sequence[IrisEpisode],
-                       judge_for: Callable, mix: RewardMix,
-                       passes: int) -> tuple[core.TrainState, dict]:
-  """`passes` passes over the episodes from the state's step on (see `reinforce_steps`)."""
-  return reinforce_steps(state, episodes, judge_for, mix,
-                         passes * (len(episodes) // state.spec.batch))
-
-
 RERANK_MODES = ("fused", "alone")
 
 
