@@ -206,8 +206,10 @@ def test_a_workdir_where_nothing_can_be_created_is_refused_by_name(capsys):
 
 
 # Python's own SIGINT handler, as a terminal's user has it (a suite started in a shell's
-# background inherits SIGINT ignored).
+# background inherits SIGINT ignored: a Ctrl-C before this line would be lost), then a line on
+# stderr from which a test times its Ctrl-C.
 _WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "print('started', file=sys.stderr, flush=True); "
                 "from rmmjax.cli.main import command; command()")
 
 
@@ -244,6 +246,7 @@ def test_ctrl_c_stops_a_run_at_any_moment_of_its_start(tmp_path, delay):
                            str(tmp_path / "run"), "--quiet", *_sets("steps=20000")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.stderr.readline() == "started\n"  # (the interpreter's own start is not rmmjax's)
   time.sleep(delay)
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=120)
